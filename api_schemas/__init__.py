@@ -1,0 +1,239 @@
+"""Pydantic models of seedgrid's REST contract (v1, see DESIGN.md).
+
+This package imports nothing of seedgrid's: the service, the workers, the command line and
+any client can share it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "Comparison",
+    "ConditionStats",
+    "ExperimentCounts",
+    "ExperimentCreated",
+    "ExperimentDetail",
+    "ExperimentSpec",
+    "ExperimentStatus",
+    "ExperimentSummary",
+    "Health",
+    "MetricPoint",
+    "Resources",
+    "RunDetail",
+    "RunOut",
+    "RunStatus",
+    "Stats",
+    "TrainerInfo",
+]
+
+GridValue = bool | int | float | str | None
+
+
+class RunStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    diverged = "diverged"
+    cancelled = "cancelled"
+
+
+ENDED_RUN_STATUSES = frozenset(
+    {RunStatus.completed, RunStatus.failed, RunStatus.diverged, RunStatus.cancelled}
+)
+
+
+class ExperimentStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"  # every run completed
+    partial = "partial"  # every run ended, some not completed
+    cancelled = "cancelled"
+
+
+class Resources(BaseModel):
+    """Ray resources one run asks for; fractions share a device between runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(1.0, ge=0, le=1024)
+    num_gpus: float = Field(0.0, ge=0, le=64)
+
+
+class ExperimentSpec(BaseModel):
+    """What a user submits: a trainer, a base config, a grid of conditions and seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., min_length=1, max_length=200)
+    trainer: str = Field(..., min_length=1, max_length=64)
+    # Base values for the trainer's config model; omitted fields take the trainer's defaults.
+    config: dict[str, Any] = Field(default_factory=dict)
+    # Config field -> levels; the cartesian product of the levels gives the conditions.
+    grid: dict[str, list[GridValue]] = Field(default_factory=dict)
+    # n means seeds 0..n-1; a list gives the seeds explicitly.
+    seeds: int | list[int] = 3
+    # Primary final metric for statistics; None takes the trainer's primary metric.
+    metric: str | None = None
+    resources: Resources = Field(default_factory=Resources)
+    max_retries: int = Field(2, ge=0, le=20)
+    # Higher runs first.
+    priority: int = Field(0, ge=-1000, le=1000)
+
+    @field_validator("grid")
+    @classmethod
+    def _grid_levels(cls, grid: dict[str, list[GridValue]]) -> dict[str, list[GridValue]]:
+        for field, levels in grid.items():
+            if len(levels) == 0:
+                raise ValueError(f"grid field {field!r} has an empty list of levels")
+            if len({_level_key(v) for v in levels}) != len(levels):
+                raise ValueError(f"grid field {field!r} repeats a level: {levels}")
+        return grid
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, seeds: int | list[int]) -> int | list[int]:
+        if isinstance(seeds, int):
+            if seeds < 1:
+                raise ValueError("seeds must be at least 1")
+        else:
+            if len(seeds) == 0:
+                raise ValueError("seeds must list at least one seed")
+            if len(set(seeds)) != len(seeds):
+                raise ValueError("seeds must not repeat a seed")
+            if any(s < 0 for s in seeds):
+                raise ValueError("seeds must be non-negative")
+        return seeds
+
+    def seed_list(self) -> list[int]:
+        return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+
+def _level_key(value: GridValue) -> str:
+    return f"{type(value).__name__}:{value!r}"
+
+
+class ExperimentCreated(BaseModel):
+    id: int
+    name: str
+    status: ExperimentStatus
+    n_conditions: int
+    n_runs: int
+    created_at: datetime
+
+
+class ExperimentCounts(BaseModel):
+    queued: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    diverged: int = 0
+    cancelled: int = 0
+
+
+class ExperimentSummary(BaseModel):
+    id: int
+    name: str
+    trainer: str
+    status: ExperimentStatus
+    counts: ExperimentCounts
+    n_runs: int
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class ExperimentDetail(ExperimentSummary):
+    spec: ExperimentSpec
+    n_conditions: int
+
+
+class RunOut(BaseModel):
+    id: int
+    experiment_id: int
+    condition: dict[str, GridValue]
+    condition_key: str
+    seed: int
+    status: RunStatus
+    attempts: int
+    metrics: dict[str, Any]
+    diagnostics: dict[str, Any]
+    warnings: list[dict[str, Any]]
+    error: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class RunDetail(RunOut):
+    config: dict[str, Any]
+    # seedgrid and torch versions, device, Ray node, worker pid, run time.
+    provenance: dict[str, Any]
+    attempt_history: list[dict[str, Any]]
+
+
+class MetricPoint(BaseModel):
+    step: int
+    epoch: int | None
+    name: str
+    value: float | None
+
+
+class ConditionStats(BaseModel):
+    condition: dict[str, GridValue]
+    condition_key: str
+    n: int
+    mean: float | None
+    std: float | None
+    var: float | None
+    min: float | None
+    median: float | None
+    max: float | None
+    ci95: list[float | None] | None
+    values: list[float]
+
+
+class Comparison(BaseModel):
+    factor: str
+    a: GridValue
+    b: GridValue
+    # None: pooled over every other factor; else the levels of the other factors held fixed.
+    within: dict[str, GridValue] | None
+    n_a: int
+    n_b: int
+    var_a: float | None
+    var_b: float | None
+    var_ratio: float | None
+    var_ratio_ci95: list[float | None] | None
+    f_test_p: float | None
+    brown_forsythe_p: float | None
+    permutation_p: float | None
+    mean_diff: float | None
+    welch_p: float | None
+
+
+class Stats(BaseModel):
+    metric: str
+    conditions: list[ConditionStats]
+    comparisons: list[Comparison]
+
+
+class TrainerInfo(BaseModel):
+    name: str
+    description: str
+    paper: str
+    config_schema: dict[str, Any]
+    metrics: list[str]
+    diagnostics: list[str]
+    primary_metric: str
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    ray: str
+    cluster_resources: dict[str, float]
+    version: str

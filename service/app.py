@@ -1,0 +1,61 @@
+"""The FastAPI app factory: engine, tables, routers, error handlers and the dispatcher."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from service.db import create_tables, make_engine
+from service.dispatcher import Dispatcher
+from service.experiments import Conflict, NotFound, SpecError
+from service.routes import experiments, runs, system
+from service.settings import Settings, get_settings
+from trainers.base import SEEDGRID_VERSION
+
+
+def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
+    """The API; with `dispatch`, the dispatcher runs in the same process (embedded mode)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url)
+        create_tables(engine)
+        app.state.engine = engine
+        app.state.settings = settings
+        app.state.dispatcher = Dispatcher(settings, engine) if dispatch else None
+        if app.state.dispatcher is not None:
+            app.state.dispatcher.start()
+        try:
+            yield
+        finally:
+            if app.state.dispatcher is not None:
+                app.state.dispatcher.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="seedgrid",
+        version=SEEDGRID_VERSION,
+        description="Condition x seed grids of training runs on Ray, with variance statistics.",
+        lifespan=lifespan,
+    )
+    app.include_router(experiments.router)
+    app.include_router(runs.router)
+    app.include_router(system.router)
+
+    @app.exception_handler(SpecError)
+    async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": exc.errors})
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    @app.exception_handler(Conflict)
+    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    return app

@@ -1,0 +1,313 @@
+"""Experiment logic: validate and expand a spec, store it, cancel it, read it back."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter
+from typing import Any
+
+import pydantic
+from sqlalchemy import func, update
+from sqlmodel import Session, select
+
+from api_schemas import (
+    ENDED_RUN_STATUSES,
+    ExperimentCounts,
+    ExperimentDetail,
+    ExperimentSpec,
+    ExperimentStatus,
+    ExperimentSummary,
+    RunDetail,
+    RunOut,
+    RunStatus,
+)
+from service.db import Experiment, Run, RunAttempt, utcnow
+from trainers import REGISTRY, Trainer
+
+
+class SpecError(Exception):
+    """Invalid input the request model alone could not see; rendered as a 422 like pydantic's."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+class NotFound(Exception):
+    pass
+
+
+class Conflict(Exception):
+    pass
+
+
+def _error(loc: list[Any], msg: str, kind: str = "value_error") -> dict[str, Any]:
+    return {"loc": ["body", *loc], "msg": msg, "type": kind}
+
+
+def format_level(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def condition_key(condition: dict[str, Any]) -> str:
+    """Canonical `field=value,field=value` string, fields sorted."""
+    return ",".join(f"{k}={format_level(condition[k])}" for k in sorted(condition))
+
+
+def _pydantic_errors(exc: pydantic.ValidationError, prefix: list[Any]) -> list[dict[str, Any]]:
+    return [
+        _error([*prefix, *err["loc"]], err["msg"], err["type"])
+        for err in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+
+
+def validate_spec(spec: ExperimentSpec, *, max_runs: int) -> tuple[Trainer, list[dict[str, Any]]]:
+    """Check the spec against its trainer; return the trainer and the conditions in grid order."""
+    trainer = REGISTRY.get(spec.trainer)
+    if trainer is None:
+        raise SpecError(
+            [_error(["trainer"], f"unknown trainer {spec.trainer!r}; available: "
+                    f"{', '.join(sorted(REGISTRY))}")]
+        )
+    fields = trainer.Config.model_fields
+    errors: list[dict[str, Any]] = []
+    try:
+        trainer.Config.model_validate(spec.config)
+    except pydantic.ValidationError as exc:
+        errors += _pydantic_errors(exc, ["config"])
+    for field, levels in spec.grid.items():
+        if field not in fields:
+            errors.append(_error(["grid", field], f"unknown config field {field!r} of trainer "
+                                 f"{trainer.name!r}", "extra_forbidden"))
+            continue
+        for i, level in enumerate(levels):
+            try:
+                trainer.Config.model_validate({**spec.config, field: level})
+            except pydantic.ValidationError as exc:
+                errors += [
+                    _error(["grid", field, i], e["msg"], e["type"])
+                    for e in exc.errors(include_url=False, include_context=False)
+                    if tuple(e["loc"][:1]) in {(field,), ()}
+                ]
+    if spec.metric is not None and spec.metric not in {*trainer.metrics, *trainer.diagnostics}:
+        errors.append(_error(["metric"], f"unknown metric {spec.metric!r} of trainer "
+                             f"{trainer.name!r}; known: {', '.join(trainer.metrics)}"))
+    if errors:
+        raise SpecError(errors)
+
+    n_conditions = math.prod(len(v) for v in spec.grid.values())
+    n_runs = n_conditions * len(spec.seed_list())
+    if n_runs > max_runs:
+        raise SpecError([_error(["grid"], f"{n_conditions} conditions x {len(spec.seed_list())} "
+                                f"seeds = {n_runs} runs, over the limit of {max_runs} "
+                                "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)")])
+    names = list(spec.grid)
+    conditions = [dict(zip(names, combo, strict=True))
+                  for combo in itertools.product(*spec.grid.values())]
+    for condition in conditions:
+        try:
+            trainer.Config.model_validate({**spec.config, **condition})
+        except pydantic.ValidationError as exc:
+            errors += [_error(["grid"], f"condition {condition_key(condition)}: {e['msg']}")
+                       for e in exc.errors(include_url=False)]
+    if errors:
+        raise SpecError(errors)
+    return trainer, conditions
+
+
+def create_experiment(*, session: Session, spec: ExperimentSpec, max_runs: int) -> Experiment:
+    """Validate, expand into condition x seed runs and store everything in one transaction."""
+    trainer, conditions = validate_spec(spec, max_runs=max_runs)
+    seeds = spec.seed_list()
+    experiment = Experiment(
+        name=spec.name,
+        trainer=trainer.name,
+        spec=spec.model_dump(mode="json"),
+        metric=spec.metric or trainer.primary_metric,
+        priority=spec.priority,
+        n_conditions=len(conditions),
+        n_runs=len(conditions) * len(seeds),
+    )
+    session.add(experiment)
+    session.flush()
+    assert experiment.id is not None
+    rows = []
+    for condition in conditions:
+        config = trainer.Config.model_validate({**spec.config, **condition}).model_dump(mode="json")
+        key = condition_key(condition)
+        for seed in seeds:
+            rows.append(
+                Run(
+                    experiment_id=experiment.id,
+                    condition_key=key,
+                    condition=condition,
+                    seed=seed,
+                    config=config,
+                    trainer=trainer.name,
+                    priority=spec.priority,
+                    max_retries=spec.max_retries,
+                    num_cpus=spec.resources.num_cpus,
+                    num_gpus=spec.resources.num_gpus,
+                )
+            )
+    session.add_all(rows)
+    session.commit()
+    session.refresh(experiment)
+    return experiment
+
+
+def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
+    experiment = session.get(Experiment, experiment_id)
+    if experiment is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    return experiment
+
+
+def run_counts(*, session: Session, experiment_ids: list[int]) -> dict[int, ExperimentCounts]:
+    rows = session.exec(
+        select(Run.experiment_id, Run.status, func.count())
+        .where(Run.experiment_id.in_(experiment_ids))  # type: ignore[attr-defined]
+        .group_by(Run.experiment_id, Run.status)
+    ).all()
+    counts: dict[int, Counter[str]] = {i: Counter() for i in experiment_ids}
+    for experiment_id, status, n in rows:
+        counts[experiment_id][status] = n
+    return {i: ExperimentCounts(**c) for i, c in counts.items()}
+
+
+def refresh_experiment_status(*, session: Session, experiment_id: int) -> None:
+    """Derive the experiment's status from its runs (no commit)."""
+    experiment = session.get(Experiment, experiment_id)
+    if experiment is None:
+        return
+    c = run_counts(session=session, experiment_ids=[experiment_id])[experiment_id]
+    ended = c.queued == 0 and c.running == 0
+    if experiment.cancel_requested:
+        status = ExperimentStatus.cancelled
+    elif ended:
+        status = (ExperimentStatus.completed if c.completed == experiment.n_runs
+                  else ExperimentStatus.partial)
+    elif c.running or c.completed or c.failed or c.diverged or c.cancelled:
+        status = ExperimentStatus.running
+    else:
+        status = ExperimentStatus.queued
+    experiment.status = status.value
+    if ended and experiment.finished_at is None:
+        experiment.finished_at = utcnow()
+    session.add(experiment)
+
+
+def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
+    """Queued runs become cancelled now; running ones are flagged for the dispatcher to cancel."""
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    if experiment.status in {ExperimentStatus.completed, ExperimentStatus.partial}:
+        raise Conflict(f"experiment {experiment_id} has already ended ({experiment.status})")
+    experiment.cancel_requested = True
+    session.add(experiment)
+    now = utcnow()
+    session.execute(
+        update(Run)
+        .where(Run.experiment_id == experiment_id, Run.status == RunStatus.queued.value)
+        .values(status=RunStatus.cancelled.value, finished_at=now, error="cancelled before start")
+    )
+    session.execute(
+        update(Run)
+        .where(Run.experiment_id == experiment_id, Run.status == RunStatus.running.value)
+        .values(cancel_requested=True)
+    )
+    refresh_experiment_status(session=session, experiment_id=experiment_id)
+    session.commit()
+    session.refresh(experiment)
+    return experiment
+
+
+def experiment_summary(experiment: Experiment, counts: ExperimentCounts) -> ExperimentSummary:
+    assert experiment.id is not None
+    return ExperimentSummary(
+        id=experiment.id,
+        name=experiment.name,
+        trainer=experiment.trainer,
+        status=ExperimentStatus(experiment.status),
+        counts=counts,
+        n_runs=experiment.n_runs,
+        created_at=experiment.created_at,
+        finished_at=experiment.finished_at,
+    )
+
+
+def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDetail:
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    counts = run_counts(session=session, experiment_ids=[experiment_id])[experiment_id]
+    summary = experiment_summary(experiment, counts)
+    return ExperimentDetail(
+        **summary.model_dump(),
+        spec=ExperimentSpec.model_validate(experiment.spec),
+        n_conditions=experiment.n_conditions,
+    )
+
+
+def list_experiments(
+    *, session: Session, status: ExperimentStatus | None, limit: int, offset: int
+) -> list[ExperimentSummary]:
+    query = select(Experiment).order_by(Experiment.id.desc())  # type: ignore[union-attr]
+    if status is not None:
+        query = query.where(Experiment.status == status.value)
+    experiments = session.exec(query.offset(offset).limit(limit)).all()
+    counts = run_counts(session=session, experiment_ids=[e.id for e in experiments if e.id])
+    return [experiment_summary(e, counts[e.id]) for e in experiments if e.id is not None]
+
+
+def run_out(run: Run) -> RunOut:
+    assert run.id is not None
+    return RunOut(
+        id=run.id,
+        experiment_id=run.experiment_id,
+        condition=run.condition,
+        condition_key=run.condition_key,
+        seed=run.seed,
+        status=RunStatus(run.status),
+        attempts=run.attempts,
+        metrics=run.metrics,
+        diagnostics=run.diagnostics,
+        warnings=run.warnings,
+        error=run.error,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+    )
+
+
+def list_runs(*, session: Session, experiment_id: int) -> list[RunOut]:
+    get_experiment(session=session, experiment_id=experiment_id)
+    runs = session.exec(
+        select(Run).where(Run.experiment_id == experiment_id).order_by(Run.id)  # type: ignore[arg-type]
+    ).all()
+    return [run_out(r) for r in runs]
+
+
+def run_detail(*, session: Session, run_id: int) -> RunDetail:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    attempts = session.exec(
+        select(RunAttempt).where(RunAttempt.run_id == run_id).order_by(RunAttempt.attempt)  # type: ignore[arg-type]
+    ).all()
+    provenance = {
+        **run.provenance,
+        "ray_node_id": run.node_id,
+        "ray_worker_id": run.worker_id,
+        "worker_pid": run.worker_pid,
+    }
+    return RunDetail(
+        **run_out(run).model_dump(),
+        config=run.config,
+        provenance=provenance,
+        attempt_history=[
+            a.model_dump(mode="json", exclude={"id", "run_id"}) for a in attempts
+        ],
+    )
+
+
+def is_ended(status: str) -> bool:
+    return RunStatus(status) in ENDED_RUN_STATUSES

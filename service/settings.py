@@ -1,0 +1,56 @@
+"""Service settings, read once from SEEDGRID_* environment variables and validated at start-up."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEEDGRID_", extra="ignore")
+
+    # Any SQLAlchemy URL; the default is an embedded SQLite file in WAL mode.
+    database_url: str = "sqlite:///./seedgrid.db"
+    # None starts a local Ray; "auto" or "ray://host:10001" or "host:6379" joins a cluster.
+    ray_address: str | None = None
+    # CPUs of the local Ray instance (ignored when joining a cluster); None lets Ray decide.
+    ray_num_cpus: int | None = Field(None, ge=1)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    max_runs_per_experiment: int = Field(10_000, ge=1)
+    # Runs submitted to Ray and not yet finished; None: twice the cluster's CPUs (at least 4).
+    max_in_flight: int | None = Field(None, ge=1)
+    # How often a worker sends its buffered metric points.
+    metrics_batch_interval_s: float = Field(0.5, gt=0, le=60)
+    # How often the dispatcher looks for queued runs and cancellations when idle.
+    dispatch_poll_interval_s: float = Field(0.05, gt=0, le=10)
+    log_level: str = "info"
+
+    @field_validator("database_url")
+    @classmethod
+    def _valid_url(cls, value: str) -> str:
+        try:
+            url = make_url(value)
+        except ArgumentError as exc:
+            raise ValueError(f"not a SQLAlchemy database URL: {value!r}") from exc
+        if url.get_backend_name() not in {"sqlite", "postgresql"}:
+            raise ValueError(
+                f"unsupported database {url.get_backend_name()!r}: use sqlite or postgresql"
+            )
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.lower() not in {"critical", "error", "warning", "info", "debug"}:
+            raise ValueError(f"unknown log level {value!r}")
+        return value.lower()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,48 @@
+"""seedgrid trainers: pure PyTorch, runnable with no Ray and no database.
+
+    from trainers import get_trainer
+    trainer = get_trainer("collapse")
+    result = trainer.run(trainer.Config(r=0.1), seed=0, reporter=NullReporter())
+"""
+
+from __future__ import annotations
+
+from trainers.base import (
+    MemoryReporter,
+    NullReporter,
+    Reporter,
+    RunResult,
+    RunWarning,
+    Trainer,
+    TrainerConfig,
+)
+from trainers.collapse import CollapseTrainer
+
+REGISTRY: dict[str, Trainer] = {t.name: t for t in (CollapseTrainer(),)}
+
+
+class UnknownTrainerError(KeyError):
+    pass
+
+
+def get_trainer(name: str) -> Trainer:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownTrainerError(
+            f"unknown trainer {name!r}; available: {', '.join(sorted(REGISTRY))}"
+        ) from None
+
+
+__all__ = [
+    "REGISTRY",
+    "MemoryReporter",
+    "NullReporter",
+    "Reporter",
+    "RunResult",
+    "RunWarning",
+    "Trainer",
+    "TrainerConfig",
+    "UnknownTrainerError",
+    "get_trainer",
+]

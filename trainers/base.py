@@ -1,0 +1,125 @@
+"""The trainer interface shared by every trainer and by the worker that runs them."""
+
+from __future__ import annotations
+
+import math
+import platform
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import pydantic
+import torch
+
+SEEDGRID_VERSION = "0.1.0"
+
+
+@runtime_checkable
+class Reporter(Protocol):
+    """Where a trainer sends its metric curves while it runs."""
+
+    def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None: ...
+
+    def should_stop(self) -> bool:
+        """True once the run was cancelled or diverged: the trainer returns what it has."""
+        ...
+
+
+class NullReporter:
+    """Keeps nothing; for running a trainer outside seedgrid."""
+
+    def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None:
+        return None
+
+    def should_stop(self) -> bool:
+        return False
+
+
+class MemoryReporter:
+    """Keeps every logged point in memory; for notebooks and tests."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, int | None, str, float]] = []
+
+    def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None:
+        self.points.extend((step, epoch, name, float(v)) for name, v in metrics.items())
+
+    def should_stop(self) -> bool:
+        return False
+
+    def curve(self, name: str) -> list[tuple[int, float]]:
+        return [(s, v) for s, _, n, v in self.points if n == name]
+
+
+@dataclass
+class RunWarning:
+    """A diagnostic that crossed its threshold."""
+
+    diagnostic: str
+    value: float
+    threshold: float
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "diagnostic": self.diagnostic,
+            "value": self.value,
+            "threshold": self.threshold,
+            "message": self.message,
+        }
+
+
+@dataclass
+class RunResult:
+    """What a trainer returns: final metrics, diagnostics summary, warnings and provenance."""
+
+    metrics: dict[str, float]
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[RunWarning] = field(default_factory=list)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    # False when the trainer stopped early because the reporter asked it to.
+    finished: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "metrics": {k: finite_or_none(v) for k, v in self.metrics.items()},
+            "diagnostics": self.diagnostics,
+            "warnings": [w.as_dict() for w in self.warnings],
+            "provenance": self.provenance,
+            "finished": self.finished,
+        }
+
+
+class Trainer(Protocol):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    paper: ClassVar[str]
+    Config: ClassVar[type[pydantic.BaseModel]]
+    metrics: ClassVar[tuple[str, ...]]
+    diagnostics: ClassVar[tuple[str, ...]]
+    primary_metric: ClassVar[str]
+
+    def run(self, config: Any, seed: int, reporter: Reporter) -> RunResult: ...
+
+
+class TrainerConfig(pydantic.BaseModel):
+    """Base of every trainer's Config: unknown fields and type coercions (say "1" for 1) are errors."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def provenance(device: torch.device | str, seed: int, config: pydantic.BaseModel) -> dict[str, Any]:
+    """Versions, device and config stored with every result."""
+    return {
+        "seedgrid_version": SEEDGRID_VERSION,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "device": str(device),
+        "seed": seed,
+        "config": config.model_dump(mode="json"),
+    }

@@ -1,0 +1,363 @@
+"""`collapse`: the minimal model of representation collapse (paper 004, arXiv:2604.09979).
+
+Specification: shared/papers/minimal-collapse.md. The model is seedgrid's reconstruction of the
+paper's stated properties (its equations are not published): free sample embeddings x_i and
+label embeddings y_c trained by full-batch gradient descent on
+
+    L = (1/2N) sum_i sum_c p_ic ||x_i - y_c||^2            (mse)
+    L = (1/N)  sum_i sum_c p_ic (1 - cos(x_i, y_c))        (cosine)
+
+where a fraction r of samples is "frustrated" (p_i uniform over the labels). Without
+stop-gradient the classes align fast, then collapse slowly at a rate ~ r/(K+1); with a shared
+linear head W and stop-gradient, non-collapsed fixed points exist and MinL2 stays finite.
+
+Time scaling (spec section 7): the sample update uses N * dL/dx_i (per-sample rate 1), the label
+and head updates use the plain gradient; time is t = lr * step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from trainers.base import Reporter, RunResult, RunWarning, TrainerConfig, provenance
+from trainers.random_sources import random_sources
+from trainers.runtime import deterministic_cpu
+
+
+class CollapseConfig(TrainerConfig):
+    # embedding: free sample embeddings; teacher_student: x_i = A u_i with a learned linear A.
+    model: Literal["embedding", "teacher_student"] = "embedding"
+    # Shared linear head W on the samples, with stop-gradient on the targets of both updates.
+    stop_gradient: bool = False
+    # Fraction of frustrated samples; exactly round(r * n_samples) are frustrated.
+    r: float = Field(0.1, ge=0.0, le=1.0)
+    # all: frustrated samples are uniform over all K labels (lambda_r = 1 - r);
+    # others: uniform over the K - 1 other labels (lambda_r = 1 - rK/(K-1)).
+    frustration_spread: Literal["all", "others"] = "all"
+    loss: Literal["mse", "cosine"] = "mse"
+    n_samples: int = Field(400, ge=2, le=1_000_000)
+    n_classes: int = Field(4, ge=2, le=10_000)
+    dim: int = Field(8, ge=1, le=100_000)
+    # Teacher-student model: inputs u_i = mu_c(i) + input_noise * xi_i in input_dim
+    # dimensions, teacher class means mu_c ~ N(0, I/input_dim) (unit norm on average) and
+    # xi_i ~ N(0, I/input_dim), so that gradient descent at the default lr stays stable.
+    input_dim: int = Field(32, ge=1, le=100_000)
+    # Noise > 0 makes samples of a class unfittable by a linear map: it acts as extra frustration.
+    input_noise: float = Field(0.0, ge=0.0)
+    # None: 0.5 without stop-gradient, 0.2 with it (the spec's numerical check).
+    lr: float | None = Field(None, gt=0.0)
+    # None: 4000 without stop-gradient, 20000 with it (several collapse times (K+1)/r).
+    steps: int | None = Field(None, ge=1, le=100_000_000)
+    # None: about 200 logged points per run.
+    log_every: int | None = Field(None, ge=1)
+    init_x_scale: float = Field(1.0, ge=0.0)
+    init_y_scale: float = Field(3.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> CollapseConfig:
+        if self.n_samples < self.n_classes:
+            raise ValueError("n_samples must be at least n_classes")
+        return self
+
+    @property
+    def resolved_lr(self) -> float:
+        return self.lr if self.lr is not None else (0.2 if self.stop_gradient else 0.5)
+
+    @property
+    def resolved_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        return 20_000 if self.stop_gradient else 4_000
+
+    @property
+    def resolved_log_every(self) -> int:
+        return self.log_every or max(1, self.resolved_steps // 200)
+
+
+def pair_loss(pred: torch.Tensor, labels: torch.Tensor, p: torch.Tensor, kind: str) -> torch.Tensor:
+    """Label-weighted loss between predictions (N x d) and label embeddings (K x d).
+
+    mse:    (1/2N) sum_ic p_ic ||pred_i - y_c||^2
+    cosine: (1/N)  sum_ic p_ic (1 - cos(pred_i, y_c))
+    """
+    n = pred.shape[0]
+    if kind == "mse":
+        sq = (pred[:, None, :] - labels[None, :, :]).pow(2).sum(-1)
+        return 0.5 * (p * sq).sum() / n
+    cos = torch.nn.functional.normalize(pred, dim=1) @ torch.nn.functional.normalize(labels, dim=1).T
+    return (p * (1.0 - cos)).sum() / n
+
+
+def mse_gradients(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor | None,
+    p: torch.Tensor,
+    inputs: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """Closed-form gradients of the mse objective (spec section 2.5), without autograd.
+
+    Returns (dL/dx or dL/dA, dL/dy, dL/dW): dL/dx for free embeddings, dL/dA for the
+    teacher-student model (x_i = A u_i). With a head W, the x/A and W gradients see sg(y) and
+    the y gradient sees sg(x).
+    """
+    n = p.shape[0]
+    emb = x if inputs is None else inputs @ x.T
+    pred = emb if w is None else emb @ w.T
+    # rows of P sum to 1, so sum_c p_ic (pred_i - y_c) = pred_i - (P y)_i
+    residual = pred - p @ y
+    g_emb = residual if w is None else residual @ w
+    g_y = (p.sum(0)[:, None] * y - p.T @ emb) / n
+    g_first = g_emb / n if inputs is None else g_emb.T @ inputs / n
+    if w is None:
+        return g_first, g_y
+    return g_first, g_y, residual.T @ emb / n
+
+
+def frustration_matrix(
+    n: int, k: int, r: float, spread: str, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Label distributions P (N x K), nominal classes and the frustrated mask.
+
+    Exactly round(r N) samples are frustrated (spec section 7: independent coin flips made the
+    realised r drift from the nominal one).
+    """
+    cls = np.arange(n) % k
+    p = np.eye(k)[cls]
+    frustrated = np.zeros(n, dtype=bool)
+    frustrated[rng.choice(n, size=round(r * n), replace=False)] = True
+    if spread == "all":
+        p[frustrated] = 1.0 / k
+    else:
+        p[frustrated] = (1.0 - np.eye(k)[cls[frustrated]]) / (k - 1)
+    return p, cls, frustrated
+
+
+def label_averaging_eigenvalues(p: np.ndarray) -> np.ndarray:
+    """Eigenvalues of M = D^-1 P^T P (descending), via its symmetric similar D^-1/2 P^T P D^-1/2."""
+    d = p.sum(0)
+    s = (p.T @ p) / np.sqrt(np.outer(d, d))
+    return np.sort(np.linalg.eigvalsh(s))[::-1]
+
+
+def predicted_slow_rate(lambda_r: float, k: int) -> float:
+    """Smaller root of s^2 - (1 + 1/K) s + (1 - lambda_r)/K = 0: the exact slow collapse rate."""
+    b = 1.0 + 1.0 / k
+    c = (1.0 - lambda_r) / k
+    return float((b - math.sqrt(max(b * b - 4 * c, 0.0))) / 2.0)
+
+
+def min_pairwise_distance(y: torch.Tensor) -> float:
+    """MinL2: the smallest distance between two label embeddings."""
+    d = torch.cdist(y, y)
+    d.fill_diagonal_(float("inf"))
+    return float(d.min())
+
+
+def fit_decay_rate(times: np.ndarray, values: np.ndarray) -> float | None:
+    """Rate a of values ~ exp(-a t), least squares on log values; None with < 3 usable points."""
+    peak = float(np.max(values)) if len(values) else 0.0
+    usable = (values > peak * 1e-10) & np.isfinite(values) & (values > 0)
+    if usable.sum() < 3:
+        return None
+    slope = np.polyfit(times[usable], np.log(values[usable]), 1)[0]
+    return float(-slope)
+
+
+def class_subspace_eigenvalues(w: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """|eig(W)| restricted to the span of the label embeddings (descending)."""
+    q, _ = torch.linalg.qr(y.T)
+    sub = q.T @ w @ q
+    return sorted((float(v) for v in torch.linalg.eigvals(sub).abs()), reverse=True)
+
+
+class CollapseTrainer:
+    name: ClassVar[str] = "collapse"
+    description: ClassVar[str] = (
+        "Minimal model of representation collapse: free sample and label embeddings, a fraction "
+        "r of frustrated samples, with or without stop-gradient and a linear head."
+    )
+    paper: ClassVar[str] = (
+        "A Minimal Model of Representation Collapse: Frustration, Stop-Gradient, and Dynamics "
+        "(arXiv:2604.09979)"
+    )
+    Config: ClassVar[type[CollapseConfig]] = CollapseConfig
+    metrics: ClassVar[tuple[str, ...]] = (
+        "loss",
+        "train_accuracy",
+        "train_accuracy_clean",
+        "min_l2",
+        "label_spread",
+        "time",
+    )
+    diagnostics: ClassVar[tuple[str, ...]] = (
+        "min_l2",
+        "min_l2_peak",
+        "min_l2_at_10pct",
+        "min_l2_ratio",
+        "min_l2_ratio_10pct",
+        "slow_rate",
+        "predicted_slow_rate",
+        "realised_r",
+        "eig_m",
+        "eig_w_class",
+    )
+    primary_metric: ClassVar[str] = "min_l2"
+
+    def run(self, config: CollapseConfig, seed: int, reporter: Reporter) -> RunResult:
+        device = torch.device("cpu")
+        deterministic_cpu()
+        rs = random_sources(seed)
+        dtype = torch.float64
+        n, k, d = config.n_samples, config.n_classes, config.dim
+        lr, steps, log_every = config.resolved_lr, config.resolved_steps, config.resolved_log_every
+
+        p_np, cls_np, frustrated_np = frustration_matrix(
+            n, k, config.r, config.frustration_spread, rs.data_np
+        )
+        p = torch.tensor(p_np, dtype=dtype)
+        cls = torch.tensor(cls_np)
+        clean = torch.tensor(~frustrated_np)
+
+        y = config.init_y_scale * torch.randn(k, d, generator=rs.init, dtype=dtype)
+        if config.model == "embedding":
+            inputs = None
+            x = config.init_x_scale * torch.randn(n, d, generator=rs.init, dtype=dtype)
+            # Per-sample rate 1: the free embeddings step along N * dL/dx_i.
+            sample_scale = float(n)
+        else:
+            teacher_means = torch.randn(k, config.input_dim, generator=rs.data, dtype=dtype)
+            noise = torch.randn(n, config.input_dim, generator=rs.data, dtype=dtype)
+            inputs = (teacher_means[cls] + config.input_noise * noise) / math.sqrt(config.input_dim)
+            x = config.init_x_scale * torch.randn(d, config.input_dim, generator=rs.init, dtype=dtype)
+            sample_scale = 1.0
+        w = torch.eye(d, dtype=dtype) if config.stop_gradient else None
+
+        params = [t for t in (x, y, w) if t is not None]
+        if config.loss == "cosine":
+            for t in params:
+                t.requires_grad_(True)
+
+        def embeddings() -> torch.Tensor:
+            return x if inputs is None else inputs @ x.T
+
+        def objective() -> torch.Tensor:
+            emb = embeddings()
+            if w is None:
+                return pair_loss(emb, y, p, config.loss)
+            head = pair_loss(emb @ w.T, y.detach(), p, config.loss)
+            labels = pair_loss(emb.detach(), y, p, config.loss)
+            return head + labels
+
+        def gradients() -> tuple[torch.Tensor, ...]:
+            if config.loss == "mse":
+                return mse_gradients(x, y, w, p, inputs)
+            return torch.autograd.grad(objective(), params)
+
+        times: list[float] = []
+        min_l2s: list[float] = []
+        spreads: list[float] = []
+        last: dict[str, float] = {}
+        stopped = False
+        for step in range(steps + 1):
+            if step % log_every == 0 or step == steps:
+                with torch.no_grad():
+                    loss = float(objective())
+                last = self._observe(embeddings().detach(), y.detach(), w, p, cls, clean, loss)
+                last["time"] = lr * step
+                times.append(lr * step)
+                min_l2s.append(last["min_l2"])
+                spreads.append(last["label_spread"])
+                reporter.log(step, last)
+                if not math.isfinite(loss) or reporter.should_stop():
+                    stopped = step != steps
+                    break
+            if step == steps:
+                break
+            if reporter.should_stop():
+                stopped = True
+                break
+            grads = gradients()
+            with torch.no_grad():
+                x -= lr * sample_scale * grads[0]
+                y -= lr * grads[1]
+                if w is not None:
+                    w -= lr * grads[2]
+
+        t = np.array(times)
+        min_l2_arr = np.array(min_l2s)
+        at_10 = int(np.searchsorted(t, 0.1 * lr * steps))
+        at_10 = min(at_10, len(t) - 1)
+        eig_m = label_averaging_eigenvalues(p_np)
+        lambda_r = float(eig_m[1]) if k > 1 else 1.0
+        peak = float(np.nanmax(min_l2_arr)) if np.isfinite(min_l2_arr).any() else float("nan")
+        final = float(min_l2_arr[-1])
+        ref_10 = float(min_l2_arr[at_10])
+        slow = fit_decay_rate(t[at_10:], np.array(spreads)[at_10:])
+        diagnostics: dict[str, Any] = {
+            "min_l2": final,
+            "min_l2_peak": peak,
+            "min_l2_at_10pct": ref_10,
+            "min_l2_ratio": final / peak if peak > 0 else None,
+            "min_l2_ratio_10pct": final / ref_10 if ref_10 > 0 else None,
+            "slow_rate": slow,
+            "predicted_slow_rate": predicted_slow_rate(lambda_r, k),
+            "realised_r": float(frustrated_np.mean()),
+            "eig_m": [float(v) for v in eig_m],
+            "eig_w_class": (
+                class_subspace_eigenvalues(w.detach(), y.detach()) if w is not None else None
+            ),
+            "total_time": lr * steps,
+        }
+        metrics = dict(last)
+        for key in ("min_l2_peak", "min_l2_at_10pct", "min_l2_ratio", "min_l2_ratio_10pct",
+                    "slow_rate", "realised_r"):
+            value = diagnostics[key]
+            if value is not None:
+                metrics[key] = float(value)
+        warnings = []
+        ratio = diagnostics["min_l2_ratio_10pct"]
+        if ratio is not None and ratio < 0.01:
+            warnings.append(
+                RunWarning(
+                    diagnostic="min_l2_ratio_10pct",
+                    value=float(ratio),
+                    threshold=0.01,
+                    message="label embeddings collapsed: MinL2 fell below 1% of its value "
+                    "at 10% of training",
+                )
+            )
+        return RunResult(
+            metrics=metrics,
+            diagnostics=diagnostics,
+            warnings=warnings,
+            provenance=provenance(device, seed, config),
+            finished=not stopped,
+        )
+
+    @staticmethod
+    @torch.no_grad()
+    def _observe(
+        emb: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor | None,
+        p: torch.Tensor,
+        cls: torch.Tensor,
+        clean: torch.Tensor,
+        loss: float,
+    ) -> dict[str, float]:
+        pred = emb if w is None else emb @ w.T
+        nearest = torch.cdist(pred, y).argmin(dim=1)
+        correct = (nearest == cls).double()
+        return {
+            "loss": loss,
+            "train_accuracy": float(correct.mean()),
+            "train_accuracy_clean": float(correct[clean].mean()) if clean.any() else float("nan"),
+            "min_l2": min_pairwise_distance(y),
+            "label_spread": float((y - y.mean(0)).norm()),
+        }

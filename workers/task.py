@@ -1,0 +1,154 @@
+"""The Ray task that runs one (condition, seed) and streams its metrics back.
+
+`run_task` is a Ray streaming generator. It yields, in order:
+
+    {"type": "started", "pid", "node_id", "worker_id", "hostname"}
+    {"type": "metrics", "points": [[step, epoch, name, value], ...]}      (zero or more)
+    {"type": "result", "status", "metrics", "diagnostics", "warnings", "provenance", "error"}
+
+The trainer runs in a thread of the worker process while the generator forwards the metric
+batches it logs, so that the caller (the dispatcher) sees curves while the run goes on. The
+worker never opens the database. Cancellation (`ray.cancel` on the generator) arrives as
+KeyboardInterrupt in the generator: the reporter then answers should_stop() = True, the trainer
+returns at its next check, and the interrupt propagates so that Ray reports the task cancelled.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+
+from trainers import get_trainer
+from trainers.base import RunResult
+
+# How long the trainer thread gets to notice a cancellation before the worker gives up on it.
+CANCEL_GRACE_S = 10.0
+
+
+class StreamingReporter:
+    """Buffers logged points for the generator and watches the loss for divergence."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._points: list[list[Any]] = []
+        self.wake = threading.Event()
+        self.stop_requested = threading.Event()
+        self.last_finite: dict[str, float] = {}
+        self.last_finite_step: int | None = None
+        self.diverged_at_step: int | None = None
+
+    def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None:
+        values = {name: float(v) for name, v in metrics.items()}
+        loss = values.get("loss")
+        if loss is not None and not math.isfinite(loss):
+            if self.diverged_at_step is None:
+                self.diverged_at_step = step
+        elif self.diverged_at_step is None:
+            self.last_finite = values
+            self.last_finite_step = step
+        rows = [[step, epoch, n, v if math.isfinite(v) else None] for n, v in values.items()]
+        with self._lock:
+            self._points.extend(rows)
+
+    def should_stop(self) -> bool:
+        return self.stop_requested.is_set() or self.diverged_at_step is not None
+
+    def drain(self) -> list[list[Any]]:
+        with self._lock:
+            points, self._points = self._points, []
+        return points
+
+
+def _outcome(result: RunResult | None, error: BaseException | None, reporter: StreamingReporter) -> dict[str, Any]:
+    if error is not None:
+        return {
+            "type": "result",
+            "status": "failed",
+            "metrics": reporter.last_finite,
+            "diagnostics": {},
+            "warnings": [],
+            "provenance": {},
+            "error": f"{type(error).__name__}: {error}",
+        }
+    assert result is not None
+    payload = result.as_dict()
+    final_loss = result.metrics.get("loss")
+    diverged = reporter.diverged_at_step is not None or (
+        final_loss is not None and not math.isfinite(final_loss)
+    )
+    error_text = None
+    if diverged:
+        step = reporter.diverged_at_step
+        error_text = f"non-finite loss at step {step}" if step is not None else "non-finite loss"
+        payload["metrics"] = dict(reporter.last_finite)
+        payload["diagnostics"]["last_finite_step"] = reporter.last_finite_step
+        payload["diagnostics"]["diverged_at_step"] = step
+    return {
+        "type": "result",
+        "status": "diverged" if diverged else "completed",
+        "metrics": payload["metrics"],
+        "diagnostics": payload["diagnostics"],
+        "warnings": payload["warnings"],
+        "provenance": payload["provenance"],
+        "error": error_text,
+    }
+
+
+def execute(
+    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float
+) -> Iterator[dict[str, Any]]:
+    """The body of the Ray task, usable without Ray (a plain generator)."""
+    context = ray.get_runtime_context() if ray.is_initialized() else None
+    yield {
+        "type": "started",
+        "pid": os.getpid(),
+        "node_id": context.get_node_id() if context else None,
+        "worker_id": context.get_worker_id() if context else None,
+        "hostname": socket.gethostname(),
+    }
+    reporter = StreamingReporter()
+    box: dict[str, Any] = {}
+    started = time.perf_counter()
+
+    def target() -> None:
+        try:
+            trainer = get_trainer(trainer_name)
+            box["result"] = trainer.run(trainer.Config.model_validate(config), seed, reporter)
+        except BaseException as exc:  # noqa: BLE001 - every trainer failure becomes a failed run
+            box["error"] = exc
+        finally:
+            reporter.wake.set()
+
+    thread = threading.Thread(target=target, name=f"trainer-{trainer_name}-{seed}", daemon=True)
+    thread.start()
+    try:
+        while not reporter.wake.wait(batch_interval_s):
+            points = reporter.drain()
+            if points:
+                yield {"type": "metrics", "points": points}
+    except KeyboardInterrupt:
+        reporter.stop_requested.set()
+        thread.join(CANCEL_GRACE_S)
+        raise
+    thread.join()
+    points = reporter.drain()
+    if points:
+        yield {"type": "metrics", "points": points}
+    outcome = _outcome(box.get("result"), box.get("error"), reporter)
+    outcome["provenance"]["train_seconds"] = time.perf_counter() - started
+    yield outcome
+
+
+@ray.remote(max_retries=0)
+def run_task(
+    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float = 0.5
+) -> Iterator[dict[str, Any]]:
+    """Ray streaming generator running one (condition, seed); the dispatcher does retries."""
+    yield from execute(trainer_name, config, seed, batch_interval_s)
