@@ -268,7 +268,8 @@ class CollapseTrainer:
             if step % log_every == 0 or step == steps:
                 with torch.no_grad():
                     loss = float(objective())
-                last = self._observe(embeddings().detach(), y.detach(), w, p, cls, clean, loss)
+                last = self._observe(embeddings().detach(), y.detach(), w, cls, clean, loss,
+                                     config.loss)
                 last["time"] = lr * step
                 times.append(lr * step)
                 min_l2s.append(last["min_l2"])
@@ -346,13 +347,16 @@ class CollapseTrainer:
         emb: torch.Tensor,
         y: torch.Tensor,
         w: torch.Tensor | None,
-        p: torch.Tensor,
         cls: torch.Tensor,
         clean: torch.Tensor,
         loss: float,
+        kind: str,
     ) -> dict[str, float]:
         pred = emb if w is None else emb @ w.T
-        nearest = torch.cdist(pred, y).argmin(dim=1)
+        if kind == "mse":
+            nearest = torch.cdist(pred, y).argmin(dim=1)
+        else:  # the cosine loss ignores norms: classify by angle
+            nearest = (pred @ torch.nn.functional.normalize(y, dim=1).T).argmax(dim=1)
         correct = (nearest == cls).double()
         return {
             "loss": loss,

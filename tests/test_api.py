@@ -1,0 +1,241 @@
+"""seedgrid end to end: HTTP -> SQLite file -> dispatcher -> real local Ray -> back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from tests.conftest import Service
+from tests.scipy_reference import assert_matches, reference_comparison, reference_condition
+
+FAST = {"n_samples": 200, "steps": 400}
+
+
+def spec(**overrides):
+    base = {
+        "name": "collapse-test",
+        "trainer": "collapse",
+        "config": {**FAST, "r": 0.1},
+        "grid": {"stop_gradient": [False, True]},
+        "seeds": 3,
+        "metric": "min_l2",
+    }
+    base.update(overrides)
+    return base
+
+
+def table_counts(service: Service) -> tuple[int, int, int]:
+    with sqlite3.connect(service.db_path) as db:
+        return tuple(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[return-value]
+                     for t in ("experiment", "run", "metricpoint"))
+
+
+def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None:
+    created = service.submit(spec())
+    assert (created["n_conditions"], created["n_runs"]) == (2, 6)
+    detail = service.wait(created["id"])
+    assert detail["status"] == "completed" and detail["counts"]["completed"] == 6
+
+    runs = service.runs(created["id"])
+    assert sorted((r["condition_key"], r["seed"]) for r in runs) == sorted(
+        (f"stop_gradient={sg}", s) for sg in ("false", "true") for s in range(3))
+    for run in runs:
+        assert run["attempts"] == 1 and run["error"] is None
+        assert {"min_l2", "loss", "train_accuracy"} <= set(run["metrics"])
+        assert run["diagnostics"]["eig_m"][0] == pytest.approx(1.0)
+
+    stats = service.client.get(f"/experiments/{created['id']}/stats").json()
+    assert stats["metric"] == "min_l2"
+    by_level = {lvl: [r["metrics"]["min_l2"] for r in runs if r["condition"]["stop_gradient"] is lvl]
+                for lvl in (False, True)}
+    for cond in stats["conditions"]:
+        assert_matches(cond, reference_condition(by_level[cond["condition"]["stop_gradient"]]))
+    (comparison,) = stats["comparisons"]
+    assert (comparison["factor"], comparison["a"], comparison["b"]) == ("stop_gradient", False, True)
+    assert comparison["within"] is None
+    assert_matches(comparison, reference_comparison(by_level[False], by_level[True]))
+
+    other = service.client.get(f"/experiments/{created['id']}/stats",
+                               params={"metric": "train_accuracy"}).json()
+    assert other["metric"] == "train_accuracy"
+    assert service.client.get(f"/experiments/{created['id']}/stats",
+                              params={"metric": "nope"}).status_code == 422
+
+    # Curves were streamed and stored; provenance names versions, device and the Ray worker.
+    run_id = runs[0]["id"]
+    curve = service.client.get(f"/runs/{run_id}/metrics", params={"name": "min_l2"}).json()
+    assert [p["step"] for p in curve] == list(range(0, 401, 2))
+    later = service.client.get(f"/runs/{run_id}/metrics",
+                               params={"name": "min_l2", "since_step": 390}).json()
+    assert [p["step"] for p in later] == list(range(390, 401, 2))
+    one = service.client.get(f"/runs/{run_id}").json()
+    assert one["provenance"]["torch_version"] and one["provenance"]["device"] == "cpu"
+    assert one["provenance"]["ray_node_id"] and one["provenance"]["worker_pid"] > 0
+    assert one["config"]["n_samples"] == 200 and one["attempt_history"][0]["outcome"] == "completed"
+
+    # The same config and seed, run again through the whole system, give identical metrics.
+    again = service.submit(spec(name="again"))
+    service.wait(again["id"])
+    first = {(r["condition_key"], r["seed"]): r["metrics"] for r in runs}
+    second = {(r["condition_key"], r["seed"]): r["metrics"] for r in service.runs(again["id"])}
+    assert first == second
+
+    listed = service.client.get("/experiments", params={"limit": 1}).json()
+    assert [e["id"] for e in listed] == [again["id"]]
+    assert service.client.get("/experiments", params={"status": "completed"}).json()
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        (spec(trainer="nonexistent"), ["body", "trainer"]),
+        (spec(config={"no_such_field": 1}), ["body", "config", "no_such_field"]),
+        (spec(config={"r": "high"}), ["body", "config", "r"]),
+        (spec(grid={"r": [0.1, "x"]}), ["body", "grid", "r", 1]),
+        (spec(grid={"r": []}), ["body", "grid"]),
+        (spec(grid={"bogus": [1, 2]}), ["body", "grid", "bogus"]),
+        (spec(seeds=0), ["body", "seeds"]),
+        (spec(seeds=[]), ["body", "seeds"]),
+        (spec(grid={"r": [0.0, 0.1, 0.2], "dim": [2, 4, 8, 16]}, seeds=20), ["body", "grid"]),
+        (spec(metric="accuracy_of_nothing"), ["body", "metric"]),
+        (spec(resources={"num_cpus": -1}), ["body", "resources", "num_cpus"]),
+        ({"trainer": "collapse"}, ["body", "name"]),
+    ],
+)
+def test_bad_specs_get_422_naming_the_field_and_store_nothing(
+    start_service, body, loc
+) -> None:
+    service = start_service(max_runs_per_experiment=200)
+    before = table_counts(service)
+    response = service.client.post("/experiments", json=body)
+    assert response.status_code == 422, response.text
+    locs = [e["loc"] for e in response.json()["detail"]]
+    assert any(list(l[: len(loc)]) == loc for l in locs), locs
+    assert table_counts(service) == before
+
+
+def test_unknown_ids_and_bad_json(service: Service) -> None:
+    assert service.client.get("/experiments/9999").status_code == 404
+    assert service.client.get("/experiments/9999/runs").status_code == 404
+    assert service.client.get("/experiments/9999/stats").status_code == 404
+    assert service.client.post("/experiments/9999/cancel").status_code == 404
+    assert service.client.get("/runs/9999").status_code == 404
+    assert service.client.get("/runs/9999/metrics").status_code == 404
+    assert service.client.get("/experiments/abc").status_code == 422
+    bad = service.client.post("/experiments", content=b"{not json",
+                              headers={"content-type": "application/json"})
+    assert bad.status_code == 422
+
+
+def test_trainers_and_health(service: Service) -> None:
+    trainers = service.client.get("/trainers").json()
+    collapse = next(t for t in trainers if t["name"] == "collapse")
+    assert collapse["primary_metric"] == "min_l2"
+    assert "stop_gradient" in collapse["config_schema"]["properties"]
+    health = service.client.get("/healthz").json()
+    assert health["status"] == "ok" and health["database"] == "ok" and health["ray"] == "ok"
+    assert health["cluster_resources"]["CPU"] == 2.0
+
+
+def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(service: Service) -> None:
+    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={},
+                                  seeds=6))
+    deadline = time.monotonic() + 60
+    while service.client.get(f"/experiments/{created['id']}").json()["counts"]["running"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    response = service.client.post(f"/experiments/{created['id']}/cancel")
+    assert response.status_code == 202
+    detail = service.wait(created["id"], timeout_s=60)
+    assert detail["status"] == "cancelled"
+    assert detail["counts"]["cancelled"] == 6
+    assert detail["counts"]["queued"] == detail["counts"]["running"] == 0
+    assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 202
+    time.sleep(1.0)  # nothing comes back to life afterwards
+    again = service.client.get(f"/experiments/{created['id']}").json()
+    assert again["counts"]["cancelled"] == 6 and again["status"] == "cancelled"
+
+
+def test_cancelling_an_ended_experiment_is_a_conflict(service: Service) -> None:
+    created = service.submit(spec(grid={}, seeds=1))
+    service.wait(created["id"])
+    assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 409
+
+
+def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> None:
+    created = service.submit(spec(config={"steps": 20_000, "stop_gradient": True}, grid={},
+                                  seeds=1, max_retries=2))
+    (run,) = service.runs(created["id"])
+    deadline = time.monotonic() + 60
+    pid = None
+    while pid is None:
+        assert time.monotonic() < deadline, "the run never reported its worker"
+        pid = service.client.get(f"/runs/{run['id']}").json()["provenance"]["worker_pid"]
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    detail = service.wait(created["id"], timeout_s=120)
+    assert detail["status"] == "completed"
+    final = service.client.get(f"/runs/{run['id']}").json()
+    assert final["status"] == "completed" and final["attempts"] == 2
+    history = final["attempt_history"]
+    assert [a["outcome"] for a in history] == ["lost", "completed"]
+    assert history[0]["worker_pid"] == pid and final["provenance"]["worker_pid"] != pid
+    # the metrics of the lost attempt were dropped: one curve, not two
+    steps = [p["step"] for p in service.client.get(f"/runs/{run['id']}/metrics",
+                                                   params={"name": "loss"}).json()]
+    assert steps == sorted(set(steps))
+
+
+def test_non_finite_loss_makes_the_run_diverged_with_last_finite_metrics(service: Service) -> None:
+    created = service.submit(spec(config={"lr": 50.0, "steps": 2000, "log_every": 1}, grid={},
+                                  seeds=1))
+    detail = service.wait(created["id"])
+    assert detail["status"] == "partial" and detail["counts"]["diverged"] == 1
+    (run,) = service.runs(created["id"])
+    assert run["status"] == "diverged" and "non-finite loss" in run["error"]
+    assert run["metrics"]["loss"] is not None and run["metrics"]["loss"] > 0
+    step = run["diagnostics"]["diverged_at_step"]
+    assert run["diagnostics"]["last_finite_step"] == step - 1
+
+
+def test_trainer_exception_makes_the_run_failed_with_its_message(service: Service) -> None:
+    # A stored run whose config its trainer rejects (say, written by an older seedgrid).
+    created = service.submit(spec(grid={}, seeds=1, priority=-5,
+                                  config={**FAST, "steps": 10**7}))
+    service.client.post(f"/experiments/{created['id']}/cancel")
+    service.wait(created["id"])
+    with sqlite3.connect(service.db_path) as db:
+        db.execute("INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+                   "n_conditions, n_runs, cancel_requested, created_at) SELECT 'old', trainer, "
+                   "spec, metric, 'queued', 0, 1, 1, 0, created_at FROM experiment WHERE id = ?",
+                   (created["id"],))
+        new_id = db.execute("SELECT max(id) FROM experiment").fetchone()[0]
+        db.execute("INSERT INTO run (experiment_id, condition_key, condition, seed, config, "
+                   "trainer, status, priority, attempts, max_retries, num_cpus, num_gpus, "
+                   "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
+                   "VALUES (?, '', '{}', 0, '{\"retired_field\": 1}', 'collapse', 'queued', 0, 0, "
+                   "2, 1, 0, 0, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00')", (new_id,))
+    detail = service.wait(new_id)
+    assert detail["status"] == "partial" and detail["counts"]["failed"] == 1
+    (run,) = service.runs(new_id)
+    assert run["status"] == "failed" and run["attempts"] == 1
+    assert run["error"].startswith("ValidationError") and "retired_field" in run["error"]
+
+
+def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> None:
+    first = start_service("restart.db")
+    created = first.submit(spec(grid={}, seeds=2))
+    first.wait(created["id"])
+    first.server.stop()
+    with sqlite3.connect(first.db_path) as db:  # as if the process had died mid-run
+        db.execute("UPDATE run SET status = 'running', metrics = '{}', finished_at = NULL")
+        db.execute("UPDATE experiment SET status = 'running', finished_at = NULL")
+    second = start_service("restart.db")
+    detail = second.wait(created["id"])
+    assert detail["status"] == "completed"
+    for run in second.runs(created["id"]):
+        assert run["status"] == "completed" and "min_l2" in run["metrics"]
