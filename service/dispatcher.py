@@ -88,8 +88,9 @@ class Dispatcher:
     def start(self) -> None:
         ensure_ray(self.settings)
         if self.settings.max_in_flight is None:
+            # Enough submitted runs that Ray's own queue never runs dry between two loops.
             cpus = int(ray.cluster_resources().get("CPU", 2))
-            self.max_in_flight = max(4, 2 * cpus)
+            self.max_in_flight = max(32, 4 * cpus)
         self.requeue_orphans()
         self._thread = threading.Thread(target=self._loop, name="seedgrid-dispatcher", daemon=True)
         self._thread.start()

@@ -43,8 +43,19 @@ def condition_stats(condition: dict[str, Any], key: str, values: Sequence[float]
     x = np.asarray(values, dtype=float)
     n = len(x)
     if n == 0:
-        return ConditionStats(condition=condition, condition_key=key, n=0, mean=None, std=None,
-                              var=None, min=None, median=None, max=None, ci95=None, values=[])
+        return ConditionStats(
+            condition=condition,
+            condition_key=key,
+            n=0,
+            mean=None,
+            std=None,
+            var=None,
+            min=None,
+            median=None,
+            max=None,
+            ci95=None,
+            values=[],
+        )
     mean = float(x.mean())
     if n >= 2:
         var = float(x.var(ddof=1))
@@ -86,9 +97,17 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict[str, A
     a = np.asarray(a_values, dtype=float)
     b = np.asarray(b_values, dtype=float)
     out: dict[str, Any] = {
-        "n_a": len(a), "n_b": len(b), "var_a": None, "var_b": None, "var_ratio": None,
-        "var_ratio_ci95": None, "f_test_p": None, "brown_forsythe_p": None,
-        "permutation_p": None, "mean_diff": None, "welch_p": None,
+        "n_a": len(a),
+        "n_b": len(b),
+        "var_a": None,
+        "var_b": None,
+        "var_ratio": None,
+        "var_ratio_ci95": None,
+        "f_test_p": None,
+        "brown_forsythe_p": None,
+        "permutation_p": None,
+        "mean_diff": None,
+        "welch_p": None,
     }
     if len(a) and len(b):
         out["mean_diff"] = _finite(a.mean() - b.mean())
@@ -106,13 +125,24 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict[str, A
             dist = stats.f(len(a) - 1, len(b) - 1)
             out["f_test_p"] = min(1.0, 2.0 * min(float(dist.cdf(ratio)), float(dist.sf(ratio))))
             perm = stats.permutation_test(
-                (a, b), _log_var_ratio, permutation_type="independent", vectorized=True,
-                n_resamples=N_RESAMPLES, alternative="two-sided", random_state=RESAMPLING_SEED,
+                (a, b),
+                _log_var_ratio,
+                permutation_type="independent",
+                vectorized=True,
+                n_resamples=N_RESAMPLES,
+                alternative="two-sided",
+                random_state=RESAMPLING_SEED,
             )
             out["permutation_p"] = _finite(perm.pvalue)
             boot = stats.bootstrap(
-                (a, b), _var_ratio, vectorized=True, paired=False, n_resamples=N_RESAMPLES,
-                confidence_level=0.95, method="percentile", random_state=RESAMPLING_SEED,
+                (a, b),
+                _var_ratio,
+                vectorized=True,
+                paired=False,
+                n_resamples=N_RESAMPLES,
+                confidence_level=0.95,
+                method="percentile",
+                random_state=RESAMPLING_SEED,
             )
             ci = boot.confidence_interval
             out["var_ratio_ci95"] = [_finite(ci.low), _finite(ci.high)]
@@ -134,21 +164,28 @@ def experiment_stats(
         others = [f for f in factors if f != factor]
         for level_a, level_b in itertools.combinations(grid[factor], 2):
             scopes: list[dict[str, Any] | None] = [None]
-            scopes += [dict(zip(others, combo, strict=True))
-                       for combo in itertools.product(*(grid[f] for f in others))] if others else []
+            scopes += (
+                [
+                    dict(zip(others, combo, strict=True))
+                    for combo in itertools.product(*(grid[f] for f in others))
+                ]
+                if others
+                else []
+            )
             for within in scopes:
-                def pick(level: Any, within: dict[str, Any] | None = within) -> list[float]:
-                    return [
-                        v for cond, _, v in runs
-                        if _same(cond.get(factor), level)
-                        and all(_same(cond.get(f), lv) for f, lv in (within or {}).items())
-                    ]
-
-                result = compare(pick(level_a), pick(level_b))
+                fixed = within or {}
+                result = compare(_values(runs, {**fixed, factor: level_a}),
+                                 _values(runs, {**fixed, factor: level_b}))
                 comparisons.append(
                     Comparison(factor=factor, a=level_a, b=level_b, within=within, **result)
                 )
     return Stats(metric=metric, conditions=conditions, comparisons=comparisons)
+
+
+def _values(
+    runs: Sequence[tuple[dict[str, Any], str, float]], wanted: dict[str, Any]
+) -> list[float]:
+    return [v for cond, _, v in runs if all(_same(cond.get(f), lv) for f, lv in wanted.items())]
 
 
 def _same(x: Any, y: Any) -> bool:

@@ -30,8 +30,10 @@ def spec(**overrides):
 
 def table_counts(service: Service) -> tuple[int, int, int]:
     with sqlite3.connect(service.db_path) as db:
-        return tuple(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[return-value]
-                     for t in ("experiment", "run", "metricpoint"))
+        return tuple(
+            db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[return-value]
+            for t in ("experiment", "run", "metricpoint")
+        )
 
 
 def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None:
@@ -42,7 +44,8 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
 
     runs = service.runs(created["id"])
     assert sorted((r["condition_key"], r["seed"]) for r in runs) == sorted(
-        (f"stop_gradient={sg}", s) for sg in ("false", "true") for s in range(3))
+        (f"stop_gradient={sg}", s) for sg in ("false", "true") for s in range(3)
+    )
     for run in runs:
         assert run["attempts"] == 1 and run["error"] is None
         assert {"min_l2", "loss", "train_accuracy"} <= set(run["metrics"])
@@ -50,27 +53,39 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
 
     stats = service.client.get(f"/experiments/{created['id']}/stats").json()
     assert stats["metric"] == "min_l2"
-    by_level = {lvl: [r["metrics"]["min_l2"] for r in runs if r["condition"]["stop_gradient"] is lvl]
-                for lvl in (False, True)}
+    by_level = {
+        lvl: [r["metrics"]["min_l2"] for r in runs if r["condition"]["stop_gradient"] is lvl]
+        for lvl in (False, True)
+    }
     for cond in stats["conditions"]:
         assert_matches(cond, reference_condition(by_level[cond["condition"]["stop_gradient"]]))
     (comparison,) = stats["comparisons"]
-    assert (comparison["factor"], comparison["a"], comparison["b"]) == ("stop_gradient", False, True)
+    assert (comparison["factor"], comparison["a"], comparison["b"]) == (
+        "stop_gradient",
+        False,
+        True,
+    )
     assert comparison["within"] is None
     assert_matches(comparison, reference_comparison(by_level[False], by_level[True]))
 
-    other = service.client.get(f"/experiments/{created['id']}/stats",
-                               params={"metric": "train_accuracy"}).json()
+    other = service.client.get(
+        f"/experiments/{created['id']}/stats", params={"metric": "train_accuracy"}
+    ).json()
     assert other["metric"] == "train_accuracy"
-    assert service.client.get(f"/experiments/{created['id']}/stats",
-                              params={"metric": "nope"}).status_code == 422
+    assert (
+        service.client.get(
+            f"/experiments/{created['id']}/stats", params={"metric": "nope"}
+        ).status_code
+        == 422
+    )
 
     # Curves were streamed and stored; provenance names versions, device and the Ray worker.
     run_id = runs[0]["id"]
     curve = service.client.get(f"/runs/{run_id}/metrics", params={"name": "min_l2"}).json()
     assert [p["step"] for p in curve] == list(range(0, 401, 2))
-    later = service.client.get(f"/runs/{run_id}/metrics",
-                               params={"name": "min_l2", "since_step": 390}).json()
+    later = service.client.get(
+        f"/runs/{run_id}/metrics", params={"name": "min_l2", "since_step": 390}
+    ).json()
     assert [p["step"] for p in later] == list(range(390, 401, 2))
     one = service.client.get(f"/runs/{run_id}").json()
     assert one["provenance"]["torch_version"] and one["provenance"]["device"] == "cpu"
@@ -106,15 +121,13 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
         ({"trainer": "collapse"}, ["body", "name"]),
     ],
 )
-def test_bad_specs_get_422_naming_the_field_and_store_nothing(
-    start_service, body, loc
-) -> None:
+def test_bad_specs_get_422_naming_the_field_and_store_nothing(start_service, body, loc) -> None:
     service = start_service(max_runs_per_experiment=200)
     before = table_counts(service)
     response = service.client.post("/experiments", json=body)
     assert response.status_code == 422, response.text
     locs = [e["loc"] for e in response.json()["detail"]]
-    assert any(list(l[: len(loc)]) == loc for l in locs), locs
+    assert any(list(found[: len(loc)]) == loc for found in locs), locs
     assert table_counts(service) == before
 
 
@@ -126,8 +139,9 @@ def test_unknown_ids_and_bad_json(service: Service) -> None:
     assert service.client.get("/runs/9999").status_code == 404
     assert service.client.get("/runs/9999/metrics").status_code == 404
     assert service.client.get("/experiments/abc").status_code == 422
-    bad = service.client.post("/experiments", content=b"{not json",
-                              headers={"content-type": "application/json"})
+    bad = service.client.post(
+        "/experiments", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert bad.status_code == 422
 
 
@@ -142,8 +156,7 @@ def test_trainers_and_health(service: Service) -> None:
 
 
 def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(service: Service) -> None:
-    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={},
-                                  seeds=6))
+    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={}, seeds=6))
     deadline = time.monotonic() + 60
     while service.client.get(f"/experiments/{created['id']}").json()["counts"]["running"] == 0:
         assert time.monotonic() < deadline
@@ -167,8 +180,9 @@ def test_cancelling_an_ended_experiment_is_a_conflict(service: Service) -> None:
 
 
 def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> None:
-    created = service.submit(spec(config={"steps": 20_000, "stop_gradient": True}, grid={},
-                                  seeds=1, max_retries=2))
+    created = service.submit(
+        spec(config={"steps": 20_000, "stop_gradient": True}, grid={}, seeds=1, max_retries=2)
+    )
     (run,) = service.runs(created["id"])
     deadline = time.monotonic() + 60
     pid = None
@@ -185,14 +199,17 @@ def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> Non
     assert [a["outcome"] for a in history] == ["lost", "completed"]
     assert history[0]["worker_pid"] == pid and final["provenance"]["worker_pid"] != pid
     # the metrics of the lost attempt were dropped: one curve, not two
-    steps = [p["step"] for p in service.client.get(f"/runs/{run['id']}/metrics",
-                                                   params={"name": "loss"}).json()]
+    steps = [
+        p["step"]
+        for p in service.client.get(f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()
+    ]
     assert steps == sorted(set(steps))
 
 
 def test_non_finite_loss_makes_the_run_diverged_with_last_finite_metrics(service: Service) -> None:
-    created = service.submit(spec(config={"lr": 50.0, "steps": 2000, "log_every": 1}, grid={},
-                                  seeds=1))
+    created = service.submit(
+        spec(config={"lr": 50.0, "steps": 2000, "log_every": 1}, grid={}, seeds=1)
+    )
     detail = service.wait(created["id"])
     assert detail["status"] == "partial" and detail["counts"]["diverged"] == 1
     (run,) = service.runs(created["id"])
@@ -204,21 +221,25 @@ def test_non_finite_loss_makes_the_run_diverged_with_last_finite_metrics(service
 
 def test_trainer_exception_makes_the_run_failed_with_its_message(service: Service) -> None:
     # A stored run whose config its trainer rejects (say, written by an older seedgrid).
-    created = service.submit(spec(grid={}, seeds=1, priority=-5,
-                                  config={**FAST, "steps": 10**7}))
+    created = service.submit(spec(grid={}, seeds=1, priority=-5, config={**FAST, "steps": 10**7}))
     service.client.post(f"/experiments/{created['id']}/cancel")
     service.wait(created["id"])
     with sqlite3.connect(service.db_path) as db:
-        db.execute("INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
-                   "n_conditions, n_runs, cancel_requested, created_at) SELECT 'old', trainer, "
-                   "spec, metric, 'queued', 0, 1, 1, 0, created_at FROM experiment WHERE id = ?",
-                   (created["id"],))
+        db.execute(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at) SELECT 'old', trainer, "
+            "spec, metric, 'queued', 0, 1, 1, 0, created_at FROM experiment WHERE id = ?",
+            (created["id"],),
+        )
         new_id = db.execute("SELECT max(id) FROM experiment").fetchone()[0]
-        db.execute("INSERT INTO run (experiment_id, condition_key, condition, seed, config, "
-                   "trainer, status, priority, attempts, max_retries, num_cpus, num_gpus, "
-                   "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
-                   "VALUES (?, '', '{}', 0, '{\"retired_field\": 1}', 'collapse', 'queued', 0, 0, "
-                   "2, 1, 0, 0, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00')", (new_id,))
+        db.execute(
+            "INSERT INTO run (experiment_id, condition_key, condition, seed, config, "
+            "trainer, status, priority, attempts, max_retries, num_cpus, num_gpus, "
+            "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
+            "VALUES (?, '', '{}', 0, '{\"retired_field\": 1}', 'collapse', 'queued', 0, 0, "
+            "2, 1, 0, 0, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00')",
+            (new_id,),
+        )
     detail = service.wait(new_id)
     assert detail["status"] == "partial" and detail["counts"]["failed"] == 1
     (run,) = service.runs(new_id)

@@ -36,10 +36,19 @@ def test_closed_form_gradients_match_autograd(stop_gradient: bool, teacher_stude
     n, k, d, d_in = 12, 3, 4, 5
     p = torch.tensor(frustration_matrix(n, k, 0.25, "all", np.random.default_rng(0))[0])
     inputs = torch.randn(n, d_in, generator=g, dtype=torch.float64) if teacher_student else None
-    x = torch.randn(d if teacher_student else n, d_in if teacher_student else d, generator=g,
-                    dtype=torch.float64, requires_grad=True)
+    x = torch.randn(
+        d if teacher_student else n,
+        d_in if teacher_student else d,
+        generator=g,
+        dtype=torch.float64,
+        requires_grad=True,
+    )
     y = torch.randn(k, d, generator=g, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(d, d, generator=g, dtype=torch.float64, requires_grad=True) if stop_gradient else None
+    w = (
+        torch.randn(d, d, generator=g, dtype=torch.float64, requires_grad=True)
+        if stop_gradient
+        else None
+    )
 
     emb = x if inputs is None else inputs @ x.T
     if w is None:
@@ -168,8 +177,9 @@ def test_random_sources_are_independent_named_streams() -> None:
     c = random_sources(0)
     assert not torch.equal(torch.randn(5, generator=c.init), torch.randn(5, generator=c.data))
     pinned = random_sources(1, overrides={"data": 0})
-    assert torch.equal(torch.randn(5, generator=pinned.data),
-                       torch.randn(5, generator=random_sources(0).data))
+    assert torch.equal(
+        torch.randn(5, generator=pinned.data), torch.randn(5, generator=random_sources(0).data)
+    )
     assert derive_seed(0, "init") != derive_seed(1, "init")
     with pytest.raises(ValueError, match="unknown random source"):
         derive_seed(0, "dropout")

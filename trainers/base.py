@@ -102,7 +102,7 @@ class Trainer(Protocol):
 
 
 class TrainerConfig(pydantic.BaseModel):
-    """Base of every trainer's Config: unknown fields and type coercions (say "1" for 1) are errors."""
+    """Base of every trainer config: unknown fields and coercions (say "1" for 1) are errors."""
 
     model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
 

@@ -89,7 +89,9 @@ def pair_loss(pred: torch.Tensor, labels: torch.Tensor, p: torch.Tensor, kind: s
     if kind == "mse":
         sq = (pred[:, None, :] - labels[None, :, :]).pow(2).sum(-1)
         return 0.5 * (p * sq).sum() / n
-    cos = torch.nn.functional.normalize(pred, dim=1) @ torch.nn.functional.normalize(labels, dim=1).T
+    cos = (
+        torch.nn.functional.normalize(pred, dim=1) @ torch.nn.functional.normalize(labels, dim=1).T
+    )
     return (p * (1.0 - cos)).sum() / n
 
 
@@ -234,7 +236,9 @@ class CollapseTrainer:
             teacher_means = torch.randn(k, config.input_dim, generator=rs.data, dtype=dtype)
             noise = torch.randn(n, config.input_dim, generator=rs.data, dtype=dtype)
             inputs = (teacher_means[cls] + config.input_noise * noise) / math.sqrt(config.input_dim)
-            x = config.init_x_scale * torch.randn(d, config.input_dim, generator=rs.init, dtype=dtype)
+            x = config.init_x_scale * torch.randn(
+                d, config.input_dim, generator=rs.init, dtype=dtype
+            )
             sample_scale = 1.0
         w = torch.eye(d, dtype=dtype) if config.stop_gradient else None
 
@@ -268,8 +272,9 @@ class CollapseTrainer:
             if step % log_every == 0 or step == steps:
                 with torch.no_grad():
                     loss = float(objective())
-                last = self._observe(embeddings().detach(), y.detach(), w, cls, clean, loss,
-                                     config.loss)
+                last = self._observe(
+                    embeddings().detach(), y.detach(), w, cls, clean, loss, config.loss
+                )
                 last["time"] = lr * step
                 times.append(lr * step)
                 min_l2s.append(last["min_l2"])
@@ -316,8 +321,14 @@ class CollapseTrainer:
             "total_time": lr * steps,
         }
         metrics = dict(last)
-        for key in ("min_l2_peak", "min_l2_at_10pct", "min_l2_ratio", "min_l2_ratio_10pct",
-                    "slow_rate", "realised_r"):
+        for key in (
+            "min_l2_peak",
+            "min_l2_at_10pct",
+            "min_l2_ratio",
+            "min_l2_ratio_10pct",
+            "slow_rate",
+            "realised_r",
+        ):
             value = diagnostics[key]
             if value is not None:
                 metrics[key] = float(value)

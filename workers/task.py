@@ -66,7 +66,9 @@ class StreamingReporter:
         return points
 
 
-def _outcome(result: RunResult | None, error: BaseException | None, reporter: StreamingReporter) -> dict[str, Any]:
+def _outcome(
+    result: RunResult | None, error: BaseException | None, reporter: StreamingReporter
+) -> dict[str, Any]:
     if error is not None:
         return {
             "type": "result",
