@@ -43,10 +43,6 @@ class RunStatus(StrEnum):
     cancelled = "cancelled"
 
 
-ENDED_RUN_STATUSES = frozenset(
-    {RunStatus.completed, RunStatus.failed, RunStatus.diverged, RunStatus.cancelled}
-)
-
 
 class ExperimentStatus(StrEnum):
     queued = "queued"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Column, Index, UniqueConstraint, event
 from sqlalchemy.engine import Engine, make_url
-from sqlmodel import Field, Session, SQLModel, create_engine
+from sqlmodel import Field, SQLModel, create_engine
 
 
 def utcnow() -> datetime:
@@ -118,8 +117,3 @@ def make_engine(database_url: str) -> Engine:
 
 def create_tables(engine: Engine) -> None:
     SQLModel.metadata.create_all(engine)
-
-
-def session_scope(engine: Engine) -> Iterator[Session]:
-    with Session(engine) as session:
-        yield session

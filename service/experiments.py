@@ -13,7 +13,6 @@ from sqlalchemy import func, update
 from sqlmodel import Session, select
 
 from api_schemas import (
-    ENDED_RUN_STATUSES,
     ExperimentCounts,
     ExperimentDetail,
     ExperimentSpec,
@@ -307,7 +306,3 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
             a.model_dump(mode="json", exclude={"id", "run_id"}) for a in attempts
         ],
     )
-
-
-def is_ended(status: str) -> bool:
-    return RunStatus(status) in ENDED_RUN_STATUSES
