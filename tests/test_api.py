@@ -260,3 +260,15 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
     assert detail["status"] == "completed"
     for run in second.runs(created["id"]):
         assert run["status"] == "completed" and "min_l2" in run["metrics"]
+
+
+def test_queue_runs_higher_priority_first(start_service) -> None:
+    service = start_service("priority.db", max_in_flight=1)
+    low = service.submit(spec(name="low", grid={}, seeds=4, config={**FAST, "steps": 3000}))
+    high = service.submit(spec(name="high", grid={}, seeds=1, priority=10))
+    service.wait(low["id"])
+    service.wait(high["id"])
+    low_starts = sorted(r["started_at"] for r in service.runs(low["id"]))
+    (high_run,) = service.runs(high["id"])
+    # at most the low run already claimed when `high` arrived runs before it
+    assert high_run["started_at"] < low_starts[1]
