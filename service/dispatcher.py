@@ -53,7 +53,6 @@ class InFlight:
     run_id: int
     experiment_id: int
     attempt: int
-    max_retries: int
     generator: Any
     cancel_sent_at: float | None = None
     started: dict[str, Any] = field(default_factory=dict)
@@ -165,7 +164,7 @@ class Dispatcher:
             return 0
         with Session(self.engine) as session:
             candidates = session.exec(
-                select(Run.id, Run.experiment_id, Run.attempts, Run.max_retries, Run.trainer,
+                select(Run.id, Run.experiment_id, Run.attempts, Run.trainer,
                        Run.config, Run.seed, Run.num_cpus, Run.num_gpus)
                 .where(Run.status == RunStatus.queued.value)
                 .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
@@ -194,7 +193,6 @@ class Dispatcher:
                 run_id=row.id,
                 experiment_id=row.experiment_id,
                 attempt=row.attempts + 1,
-                max_retries=row.max_retries,
                 generator=generator,
             )
         return len(claimed)
