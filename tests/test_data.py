@@ -1,0 +1,236 @@
+"""The dataset layer: real torchvision loaders on tiny files in torchvision's layouts, embedded
+datasets, seeded splits, class imbalance, augmentation and the per-process cache."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.fake_datasets import write_cifar, write_idx, write_svhn
+from trainers.data import (
+    AugmentPlan,
+    DataConfig,
+    DatasetUnavailable,
+    augment,
+    imbalanced_subset,
+    load_count,
+    load_images,
+    prepare_splits,
+)
+from trainers.data.augment import random_crop
+from trainers.random_sources import random_sources
+
+WRITERS = {
+    "cifar10": lambda root: write_cifar(root),
+    "cifar100": lambda root: write_cifar(root, classes=100),
+    "svhn": write_svhn,
+    "fashion_mnist": lambda root: write_idx(root, "FashionMNIST"),
+    "mnist": lambda root: write_idx(root, "MNIST"),
+}
+EXPECTED_FILE = {
+    "cifar10": "cifar-10-batches-py/data_batch_1",
+    "cifar100": "cifar-100-python/train",
+    "svhn": "train_32x32.mat",
+    "fashion_mnist": "FashionMNIST/raw/train-images-idx3-ubyte",
+    "mnist": "MNIST/raw/train-images-idx3-ubyte",
+}
+
+
+class Config(DataConfig):
+    pass
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_torchvision_layouts_load_exactly_what_was_written(name: str, tmp_path: Path) -> None:
+    written = WRITERS[name](tmp_path)
+    native = 28 if "mnist" in name else 32
+    data = load_images(name, root=str(tmp_path), rgb=False, image_size=native)
+    for split, x, y in (("train", data.train_x, data.train_y), ("test", data.test_x, data.test_y)):
+        assert np.array_equal(x.numpy(), written[split][0]), f"{name} {split} pixels differ"
+        assert np.array_equal(y.numpy(), written[split][1]), f"{name} {split} labels differ"
+    assert data.num_classes == (100 if name == "cifar100" else 10)
+
+
+def test_fashion_mnist_is_padded_to_32_and_repeated_to_rgb(tmp_path: Path) -> None:
+    written = write_idx(tmp_path, "FashionMNIST")
+    data = load_images("fashion_mnist", root=str(tmp_path), image_size=32)
+    assert data.image_shape == (3, 32, 32)
+    x = data.train_x.numpy()
+    assert np.array_equal(x[:, 0, 2:30, 2:30], written["train"][0][:, 0])
+    assert np.array_equal(x[:, 0], x[:, 2])
+    assert x[:, :, :2].max() == 0 and x[:, :, 30:].max() == 0
+
+
+def test_data_root_comes_from_the_environment(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    write_svhn(tmp_path / "from-env")
+    monkeypatch.setenv("SEEDGRID_DATA_ROOT", str(tmp_path / "from-env"))
+    assert load_images("svhn").image_shape == (3, 32, 32)
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_missing_dataset_names_dataset_path_and_remedy(name: str, tmp_path: Path) -> None:
+    with pytest.raises(DatasetUnavailable) as info:
+        load_images(name, root=str(tmp_path / "empty"))
+    message = str(info.value)
+    assert repr(name) in message
+    assert str(tmp_path / "empty" / EXPECTED_FILE[name]) in message
+    assert "SEEDGRID_DATA_ROOT" in message and "download: true" in message
+
+
+def test_corrupt_files_are_reported_before_training(tmp_path: Path) -> None:
+    write_cifar(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"not a pickle")
+    with pytest.raises(DatasetUnavailable, match="corrupt or not in torchvision's layout"):
+        load_images("cifar10", root=str(tmp_path))
+    write_idx(tmp_path, "MNIST")
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00")
+    with pytest.raises(DatasetUnavailable, match="'mnist'"):
+        load_images("mnist", root=str(tmp_path))
+
+
+def test_wrong_labels_are_refused(tmp_path: Path) -> None:
+    import scipy.io
+
+    write_svhn(tmp_path)
+    mat = scipy.io.loadmat(tmp_path / "test_32x32.mat")
+    mat["y"][0, 0] = 42
+    scipy.io.savemat(tmp_path / "test_32x32.mat", {"X": mat["X"], "y": mat["y"]})
+    with pytest.raises(DatasetUnavailable, match="test split has labels outside 0..9"):
+        load_images("svhn", root=str(tmp_path))
+
+
+def test_a_dataset_is_decoded_once_per_process() -> None:
+    first = load_images("synthetic", synthetic=(3, 5, 2, 0.3, 123))
+    before = load_count()
+    again = load_images("synthetic", synthetic=(3, 5, 2, 0.3, 123))
+    assert again is first and load_count() == before
+    other = load_images("synthetic", synthetic=(3, 5, 2, 0.3, 124))
+    assert other is not first and load_count() == before + 1
+
+
+def test_digits_are_the_bundled_8x8_images_resized() -> None:
+    from sklearn.datasets import load_digits
+
+    data = load_images("digits", image_size=8, rgb=False)
+    assert len(data.train_y) + len(data.test_y) == 1797
+    assert data.train_x.max() == 255 and data.image_shape == (1, 8, 8)
+    bundled = {tuple(np.round(img * 255 / 16).astype(np.uint8).ravel()) for img in
+               load_digits().images}
+    assert all(tuple(img.ravel()) in bundled for img in data.test_x[:20].numpy())
+    big = load_images("digits", image_size=16)
+    assert big.image_shape == (3, 16, 16) and len(big.test_y) == len(data.test_y)
+
+
+def test_synthetic_difficulty_makes_classes_harder_to_tell_apart() -> None:
+    def nearest_mean_accuracy(difficulty: float) -> float:
+        data = load_images("synthetic", synthetic=(5, 60, 40, difficulty, 0))
+        x = data.train_x.double().flatten(1)
+        means = torch.stack([x[data.train_y == c].mean(0) for c in range(5)])
+        test = data.test_x.double().flatten(1)
+        return float((torch.cdist(test, means).argmin(1) == data.test_y).double().mean())
+
+    easy, hard = nearest_mean_accuracy(0.0), nearest_mean_accuracy(1.0)
+    assert easy > 0.95 and hard < easy - 0.2, (easy, hard)
+    a = load_images("synthetic", synthetic=(5, 4, 2, 0.5, 7))
+    b = load_images("synthetic", synthetic=(5, 4, 2, 0.5, 8))
+    assert not torch.equal(a.train_x, b.train_x)
+
+
+def test_splits_are_seeded_disjoint_and_the_test_set_is_shared() -> None:
+    config = Config(dataset="digits", val_fraction=0.2, test_size=100)
+    a = prepare_splits(config, random_sources(1))
+    a_again = prepare_splits(config, random_sources(1))
+    b = prepare_splits(config, random_sources(2))
+    assert torch.equal(a.train, a_again.train) and torch.equal(a.val, a_again.val)
+    assert not torch.equal(a.val, b.val)
+    assert torch.equal(a.test, b.test) and len(a.test) == 100
+    assert not set(a.train.tolist()) & set(a.val.tolist())
+    assert len(a.train) + len(a.val) == len(a.data.train_y)
+    assert len(a.val) == round(0.2 * len(a.data.train_y))
+    # the data source alone decides the split: pinning it pins the split
+    c = prepare_splits(config, random_sources(3, overrides={"data": 1}))
+    assert torch.equal(a.val, c.val)
+
+
+def test_imbalance_follows_the_exponential_profile() -> None:
+    # the SSL paper's imbalanced CIFAR-10: floor(5000 * 1.5^-i)
+    labels = np.repeat(np.arange(10), 5000)
+    kept = imbalanced_subset(labels, 10, 1.5**9)
+    counts = np.bincount(labels[kept], minlength=10).tolist()
+    assert counts == [5000, 3333, 2222, 1481, 987, 658, 438, 292, 195, 130]
+    config = Config(dataset="digits", imbalance_ratio=10.0, val_fraction=0.0)
+    splits = prepare_splits(config, random_sources(0))
+    pool = np.bincount(splits.data.train_y.numpy(), minlength=10)
+    expected = [math.floor(pool[c] * 10.0 ** (-c / 9) + 1e-9) for c in range(10)]
+    assert np.bincount(splits.labels("train").numpy(), minlength=10).tolist() == expected
+    assert len(splits.test) == len(splits.data.test_y)  # test stays balanced and whole
+
+
+def test_train_size_subsamples_with_the_data_generator() -> None:
+    config = Config(dataset="digits", train_size=200)
+    a = prepare_splits(config, random_sources(0))
+    b = prepare_splits(config, random_sources(1))
+    assert len(a.train) == 200 and not torch.equal(a.train, b.train)
+
+
+def test_strength_maps_to_the_documented_plan() -> None:
+    def plan(s: float) -> AugmentPlan:
+        return AugmentPlan.from_strength(s, image_side=32, padding_fraction=12 / 32, hflip=True)
+
+    assert plan(0.0) == AugmentPlan(0, False, 0, 0.0)
+    assert plan(0.25) == AugmentPlan(6, True, 0, 0.0)
+    assert plan(0.5) == AugmentPlan(12, True, 0, 0.0)  # CFF: RandomCrop(32, 12) + HFlip
+    assert plan(1.0) == AugmentPlan(18, True, 3, 14.0)  # RandAugment(3, 14), 1.5x padding
+    assert plan(0.75).num_ops == 2
+    with pytest.raises(ValueError, match="strength"):
+        plan(1.5)
+
+
+def test_random_crop_is_a_shifted_window_of_the_zero_padded_image() -> None:
+    x = torch.rand(16, 3, 8, 8)
+    out = random_crop(x, 2, torch.Generator().manual_seed(0))
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for image, result in zip(padded, out, strict=True):
+        windows = [image[:, dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)]
+        assert any(torch.equal(result, w) for w in windows)
+
+
+def test_augmentation_is_seeded_and_strength_zero_is_the_identity() -> None:
+    x = torch.rand(32, 3, 16, 16)
+    strong = AugmentPlan.from_strength(1.0, image_side=16, padding_fraction=0.125, hflip=True)
+    one = augment(x, strong, torch.Generator().manual_seed(5))
+    two = augment(x, strong, torch.Generator().manual_seed(5))
+    other = augment(x, strong, torch.Generator().manual_seed(6))
+    assert torch.equal(one, two) and not torch.equal(one, other)
+    assert one.min() >= 0 and one.max() <= 1
+    none = AugmentPlan.from_strength(0.0, image_side=16, padding_fraction=0.125, hflip=True)
+    assert torch.equal(augment(x, none, torch.Generator().manual_seed(5)), x)
+
+
+def test_stronger_augmentation_moves_images_further() -> None:
+    x = load_images("synthetic", synthetic=(4, 16, 1, 0.2, 0)).train_x.float() / 255
+
+    def distance(strength: float) -> float:
+        plan = AugmentPlan.from_strength(strength, image_side=16, padding_fraction=0.125,
+                                         hflip=False)
+        out = augment(x, plan, torch.Generator().manual_seed(0))
+        return float((out - x).pow(2).mean())
+
+    d = [distance(s) for s in (0.0, 0.25, 0.5, 1.0)]
+    assert d[0] == 0.0 and d[1] < d[3] and d[2] < d[3], d
+
+
+def test_batches_are_normalised_and_cover_the_epoch() -> None:
+    config = Config(dataset="digits", image_size=16, augment_strength=0.0)
+    splits = prepare_splits(config, random_sources(0))
+    seen = torch.cat(list(splits.train_batches(100, torch.Generator().manual_seed(0))))
+    assert sorted(seen.tolist()) == list(range(len(splits.train)))
+    x, y = splits.images("train")
+    assert torch.allclose(x.mean(dim=(0, 2, 3)).double(),
+                          torch.zeros(3, dtype=torch.float64), atol=0.05)
+    assert len(y) == len(splits.train)

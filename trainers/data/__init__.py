@@ -1,0 +1,204 @@
+"""The dataset layer shared by every trainer: sources, seeded splits, imbalance, augmentation.
+
+    config = SomeTrainer.Config(dataset="digits", image_size=16, augment_strength=0.5)
+    splits = prepare_splits(config, random_sources(seed))
+    for idx in splits.train_batches(batch_size=128, generator=sources.data):
+        x, y = splits.images("train", idx, augment_generator=sources.augment)
+
+A trainer's Config inherits `DataConfig` to get the dataset fields. The decoded dataset is cached
+per process; splits are index tensors drawn from the run's `data` generator; augmentation draws
+from its `augment` generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from trainers.base import TrainerConfig
+from trainers.data.augment import AugmentPlan, augment, normalize
+from trainers.data.sources import (
+    DATASETS,
+    DatasetUnavailable,
+    ImageData,
+    load_count,
+    load_images,
+)
+from trainers.random_sources import RandomSources
+
+DatasetName = Literal["digits", "synthetic", "cifar10", "cifar100", "svhn", "fashion_mnist",
+                      "mnist"]
+Split = Literal["train", "val", "test"]
+
+
+class DataConfig(TrainerConfig):
+    """Dataset fields shared by every trainer's Config."""
+
+    # digits (scikit-learn's bundled 8x8) and synthetic need no files; the others read
+    # torchvision's on-disk layout under data_root.
+    dataset: DatasetName = "digits"
+    # None: $SEEDGRID_DATA_ROOT, else ~/.cache/seedgrid/data.
+    data_root: str | None = None
+    # Let torchvision download missing files (needs network access on the worker).
+    download: bool = False
+    # Side of the model's input in pixels; None: the dataset's own (digits 8, synthetic 16,
+    # MNIST-like 28, CIFAR/SVHN 32). 28 -> 32 zero-pads; other changes resize bilinearly.
+    image_size: int | None = Field(None, ge=4, le=512)
+    # Repeat grayscale images to 3 channels so one architecture serves every dataset.
+    rgb: bool = True
+    # Seeded fraction of the training set held out for validation.
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    # Exponential class imbalance n_max / n_min over class index (1 = balanced; test stays
+    # balanced): class c keeps the first floor(n_c * ratio^(-c/(K-1))) of its training images.
+    imbalance_ratio: float = Field(1.0, ge=1.0, le=10_000.0)
+    # Seeded subsample of the training set after the split and imbalance (None: all of it).
+    train_size: int | None = Field(None, ge=2)
+    # The first test_size images of a fixed permutation of the test set (the same for all seeds).
+    test_size: int | None = Field(None, ge=1)
+    # 0 = none, 0.5 = the reference crop + flip pipeline, 1 = RandAugment(3, 14) + 1.5x padding.
+    augment_strength: float = Field(0.5, ge=0.0, le=1.0)
+    # Reference crop padding in pixels at strength 0.5; None: the dataset's (CIFAR-10 12/32).
+    crop_padding: int | None = Field(None, ge=0, le=256)
+    # synthetic dataset: classes, images per class, difficulty in [0, 1], generator seed
+    # (fixed across runs, so every seed sees the same dataset).
+    synthetic_classes: int = Field(10, ge=2, le=1000)
+    synthetic_train_per_class: int = Field(200, ge=2, le=100_000)
+    synthetic_test_per_class: int = Field(50, ge=1, le=100_000)
+    synthetic_difficulty: float = Field(0.5, ge=0.0, le=1.0)
+    synthetic_seed: int = Field(0, ge=0)
+
+
+def load_for(config: DataConfig) -> ImageData:
+    """The dataset a config names, at its resolution (cached per process)."""
+    return load_images(
+        config.dataset,
+        image_size=config.image_size,
+        rgb=config.rgb,
+        root=config.data_root,
+        download=config.download,
+        synthetic=(
+            config.synthetic_classes,
+            config.synthetic_train_per_class,
+            config.synthetic_test_per_class,
+            config.synthetic_difficulty,
+            config.synthetic_seed,
+        ),
+    )
+
+
+def imbalanced_subset(labels: np.ndarray, num_classes: int, ratio: float) -> np.ndarray:
+    """Positions kept under the exponential profile: class c keeps its first
+    floor(n_c * ratio^(-c/(K-1))) members (at least one), in the given order."""
+    keep = []
+    for c in range(num_classes):
+        members = np.flatnonzero(labels == c)
+        share = ratio ** (-c / (num_classes - 1)) if num_classes > 1 else 1.0
+        keep.append(members[: max(1, int(np.floor(len(members) * share + 1e-9)))])
+    return np.sort(np.concatenate(keep))
+
+
+@dataclass
+class ImageSplits:
+    """Index views of a cached dataset for one run, and how to turn them into batches."""
+
+    data: ImageData
+    train: torch.Tensor  # indices into data.train_x
+    val: torch.Tensor  # indices into data.train_x, disjoint from train
+    test: torch.Tensor  # indices into data.test_x
+    plan: AugmentPlan
+
+    @property
+    def num_classes(self) -> int:
+        return self.data.num_classes
+
+    def labels(self, split: Split) -> torch.Tensor:
+        source = self.data.test_y if split == "test" else self.data.train_y
+        return source[getattr(self, split)]
+
+    def train_batches(
+        self, batch_size: int, generator: torch.Generator, *, drop_last: bool = False
+    ) -> Iterator[torch.Tensor]:
+        """Positions within `train` for one epoch, shuffled by `generator` (the data source)."""
+        order = torch.randperm(len(self.train), generator=generator)
+        stop = len(order) - len(order) % batch_size if drop_last else len(order)
+        for start in range(0, stop, batch_size):
+            chunk = order[start : start + batch_size]
+            if len(chunk) >= 2:  # a contrastive batch needs two images
+                yield chunk
+
+    def images(
+        self,
+        split: Split,
+        positions: torch.Tensor | None = None,
+        *,
+        augment_generator: torch.Generator | None = None,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalised images and labels at `positions` of a split (all when None); augmented
+        with the split's plan when `augment_generator` is given."""
+        index = getattr(self, split)
+        if positions is not None:
+            index = index[positions]
+        source_x = self.data.test_x if split == "test" else self.data.train_x
+        source_y = self.data.test_y if split == "test" else self.data.train_y
+        x = source_x[index].to(device=device, dtype=dtype).div_(255.0)
+        if augment_generator is not None:
+            x = augment(x, self.plan, augment_generator)
+        return normalize(x, self.data.mean, self.data.std), source_y[index].to(device)
+
+
+def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:
+    """Load (or reuse) the dataset and draw this run's splits from its `data` generator."""
+    data = load_for(config)
+    n = len(data.train_y)
+    order = torch.randperm(n, generator=sources.data).numpy()
+    n_val = int(round(config.val_fraction * n))
+    val = np.sort(order[:n_val])
+    train = np.sort(order[n_val:])
+    if config.imbalance_ratio > 1.0:
+        train = train[imbalanced_subset(data.train_y.numpy()[train], data.num_classes,
+                                        config.imbalance_ratio)]
+    if config.train_size is not None and config.train_size < len(train):
+        pick = torch.randperm(len(train), generator=sources.data)[: config.train_size].numpy()
+        train = np.sort(train[pick])
+    test = np.arange(len(data.test_y))
+    if config.test_size is not None and config.test_size < len(test):
+        test = np.sort(np.random.default_rng(0).permutation(len(test))[: config.test_size])
+    plan = AugmentPlan.from_strength(
+        config.augment_strength,
+        image_side=data.image_shape[-1],
+        padding_fraction=data.crop_padding_fraction,
+        hflip=data.hflip,
+        crop_padding=config.crop_padding,
+    )
+    return ImageSplits(
+        data=data,
+        train=torch.from_numpy(train),
+        val=torch.from_numpy(val),
+        test=torch.from_numpy(test),
+        plan=plan,
+    )
+
+
+__all__ = [
+    "DATASETS",
+    "AugmentPlan",
+    "DataConfig",
+    "DatasetName",
+    "DatasetUnavailable",
+    "ImageData",
+    "ImageSplits",
+    "augment",
+    "imbalanced_subset",
+    "load_count",
+    "load_for",
+    "load_images",
+    "normalize",
+    "prepare_splits",
+]

@@ -1,0 +1,171 @@
+"""Batched, seeded image augmentation with one strength knob from 0 (none) to 1 (aggressive).
+
+Augmentation runs on whole batches of [0, 1] images on the batch's device, drawing every random
+choice from the run's `augment` generator (torchvision's per-image transforms draw from global
+state, which would tie runs together). The strength s maps to:
+
+    s = 0            no augmentation
+    0 < s <= 0.5     random crop with zero padding  p = round(s/0.5 * p_ref), horizontal flip
+                     where the dataset allows it; s = 0.5 is the reference pipeline (CFF's
+                     RandomCrop(32, padding=12) + HFlip on CIFAR-10)
+    0.5 < s <= 1     the reference crop grows to 1.5 * p_ref and RandAugment-style ops are added
+                     first: n = ceil(3 (2s - 1)) ops per image, magnitude 14 (2s - 1) on
+                     RandAugment's 0..30 scale; s = 1 is RandAugment(3, 14) + 1.5x padding,
+                     the "aggressive augmentation" of the CFF difficulty sweep.
+
+The RandAugment ops follow torchvision's list and magnitude ranges (identity, shear x/y 0.3,
+translate x/y 0.45 of the side, rotate 30 degrees, brightness/color/contrast/sharpness 0.9,
+posterize 8 -> 4 bits, solarize, autocontrast, equalize), applied per image.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+RANDAUGMENT_OPS = (
+    "identity", "shear_x", "shear_y", "translate_x", "translate_y", "rotate", "brightness",
+    "color", "contrast", "sharpness", "posterize", "solarize", "autocontrast", "equalize",
+)
+
+
+@dataclass(frozen=True)
+class AugmentPlan:
+    """What a strength means for one dataset: crop padding, flips, RandAugment ops."""
+
+    crop_padding: int
+    hflip: bool
+    num_ops: int
+    magnitude: float  # on RandAugment's 0..30 scale
+
+    @classmethod
+    def from_strength(
+        cls, strength: float, *, image_side: int, padding_fraction: float, hflip: bool,
+        crop_padding: int | None = None,
+    ) -> AugmentPlan:
+        if not 0.0 <= strength <= 1.0:
+            raise ValueError(f"augmentation strength must be in [0, 1], got {strength}")
+        reference = crop_padding if crop_padding is not None else round(
+            padding_fraction * image_side
+        )
+        if strength == 0.0:
+            return cls(0, False, 0, 0.0)
+        if strength <= 0.5:
+            return cls(round(reference * strength / 0.5), hflip, 0, 0.0)
+        excess = 2.0 * strength - 1.0
+        return cls(round(reference * (1.0 + 0.5 * excess)), hflip, math.ceil(3 * excess),
+                   14.0 * excess)
+
+    @property
+    def active(self) -> bool:
+        return self.crop_padding > 0 or self.hflip or self.num_ops > 0
+
+
+def augment(x: torch.Tensor, plan: AugmentPlan, generator: torch.Generator) -> torch.Tensor:
+    """Augment a batch of [0, 1] images (B x C x H x W); random draws from `generator` (CPU)."""
+    if not plan.active:
+        return x
+    for _ in range(plan.num_ops):
+        x = _randaugment_step(x, plan.magnitude, generator)
+    if plan.crop_padding > 0:
+        x = random_crop(x, plan.crop_padding, generator)
+    if plan.hflip:
+        flip = _rand(len(x), generator, x.device) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return x
+
+
+def _rand(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.rand(n, generator=generator).to(device)
+
+
+def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """torchvision's RandomCrop(side, padding) with zero fill, one offset per image."""
+    b, c, h, w = x.shape
+    padded = F.pad(x, (padding, padding, padding, padding))
+    dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(x.device)
+    dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(x.device)
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+    batch = torch.arange(b, device=x.device)[:, None, None, None]
+    channel = torch.arange(c, device=x.device)[None, :, None, None]
+    return padded[batch, channel, rows, cols]
+
+
+def _randaugment_step(
+    x: torch.Tensor, magnitude: float, generator: torch.Generator
+) -> torch.Tensor:
+    """One RandAugment op per image, each image drawing its own op and sign."""
+    b = len(x)
+    choice = torch.randint(0, len(RANDAUGMENT_OPS), (b,), generator=generator)
+    sign = torch.where(torch.rand(b, generator=generator) < 0.5, -1.0, 1.0)
+    m = magnitude / 30.0
+    out = x.clone()
+    for index, op in enumerate(RANDAUGMENT_OPS):
+        members = (choice == index).nonzero().flatten()
+        if len(members) == 0 or op == "identity":
+            continue
+        s = sign[members].to(x.device)
+        out[members.to(x.device)] = _apply(op, x[members.to(x.device)], m, s).clamp(0.0, 1.0)
+    return out
+
+
+def _apply(op: str, x: torch.Tensor, m: float, sign: torch.Tensor) -> torch.Tensor:
+    side = x.shape[-1]
+    if op in ("shear_x", "shear_y", "translate_x", "translate_y", "rotate"):
+        theta = torch.zeros(len(x), 2, 3, device=x.device)
+        theta[:, 0, 0] = theta[:, 1, 1] = 1.0
+        if op == "shear_x":
+            theta[:, 0, 1] = 0.3 * m * sign
+        elif op == "shear_y":
+            theta[:, 1, 0] = 0.3 * m * sign
+        elif op == "translate_x":  # affine_grid coordinates span 2 per side
+            theta[:, 0, 2] = 2 * 0.45 * m * sign
+        elif op == "translate_y":
+            theta[:, 1, 2] = 2 * 0.45 * m * sign
+        else:
+            angle = math.radians(30.0 * m) * sign
+            theta[:, 0, 0], theta[:, 0, 1] = torch.cos(angle), -torch.sin(angle)
+            theta[:, 1, 0], theta[:, 1, 1] = torch.sin(angle), torch.cos(angle)
+        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        return F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    factor = (1.0 + 0.9 * m * sign)[:, None, None, None]
+    if op == "brightness":
+        return x * factor
+    gray = (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]) if x.shape[1] == 3 else x
+    if op == "color":
+        return gray + factor * (x - gray)
+    if op == "contrast":
+        mean = gray.mean(dim=(1, 2, 3), keepdim=True)
+        return mean + factor * (x - mean)
+    if op == "sharpness":
+        kernel = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]],
+                              device=x.device) / 13.0
+        c = x.shape[1]
+        smooth = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"),
+                          kernel.expand(c, 1, 3, 3), groups=c)
+        return smooth + factor * (x - smooth)
+    if op == "posterize":
+        bits = 8 - int(round(4 * m))
+        step = 2 ** (8 - bits)
+        return torch.floor(x * 255 / step) * step / 255
+    if op == "solarize":
+        return torch.where(x >= 1.0 - m, 1.0 - x, x)
+    flat = x.reshape(len(x), x.shape[1], -1)
+    if op == "autocontrast":
+        lo, hi = flat.amin(-1, keepdim=True), flat.amax(-1, keepdim=True)
+        scaled = (flat - lo) / (hi - lo).clamp(min=1e-6)
+        return torch.where(hi > lo, scaled, flat).reshape(x.shape)
+    # equalize: map each pixel to its value's empirical CDF within its image and channel
+    ordered = flat.sort(dim=-1).values.contiguous()
+    cdf = torch.searchsorted(ordered, flat.contiguous(), right=True).to(x.dtype)
+    return (cdf / (side * side)).reshape(x.shape)
+
+
+def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device)[None, :, None, None]
+    s = torch.tensor(std, dtype=x.dtype, device=x.device)[None, :, None, None]
+    return (x - m) / s

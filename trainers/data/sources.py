@@ -1,0 +1,393 @@
+"""Where images come from: torchvision's on-disk datasets, scikit-learn's digits, synthetic data.
+
+Every source returns an `ImageData`: uint8 images N x C x H x W at the model's resolution, int64
+labels, and the per-channel normalisation. Sources are cached per process (`load_images`), so the
+runs a Ray worker process executes one after another read and decode a dataset once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DEFAULT_DATA_ROOT = Path("~/.cache/seedgrid/data").expanduser()
+
+TORCHVISION_DATASETS = ("cifar10", "cifar100", "svhn", "fashion_mnist", "mnist")
+DATASETS = ("digits", "synthetic", *TORCHVISION_DATASETS)
+
+
+class DatasetUnavailable(RuntimeError):
+    """A dataset's files are missing, unreadable or not in the expected layout."""
+
+
+@dataclass(frozen=True)
+class ImageData:
+    """A dataset at the model's resolution, shared read-only by the runs of one process."""
+
+    name: str
+    train_x: torch.Tensor  # uint8, N x C x H x W
+    train_y: torch.Tensor  # int64, N
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    mean: tuple[float, ...]  # per channel, on [0, 1] pixel values
+    std: tuple[float, ...]
+    # Horizontal flips preserve the label (not for digits or house numbers).
+    hflip: bool
+    # The reference crop padding as a fraction of the image side (CFF: 12/32 on CIFAR-10).
+    crop_padding_fraction: float
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Facts about a torchvision dataset: layout, where to get it, normalisation."""
+
+    folder_hint: str
+    files: tuple[str, ...]
+    url: str
+    num_classes: int
+    hflip: bool
+    crop_padding_fraction: float
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+_SPECS: dict[str, _Spec] = {
+    "cifar10": _Spec(
+        "cifar-10-batches-py",
+        (*(f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)),
+         "cifar-10-batches-py/test_batch"),
+        "https://www.cs.toronto.edu/~kriz/cifar.html",
+        10,
+        True,
+        12 / 32,  # CFF's CIFAR-10 padding (paper spec section 3, mirrored quirk)
+        (0.4914, 0.4822, 0.4465),
+        (0.2023, 0.1994, 0.2010),  # CFF's constants, not the true std (0.247, ...)
+    ),
+    "cifar100": _Spec(
+        "cifar-100-python",
+        ("cifar-100-python/train", "cifar-100-python/test"),
+        "https://www.cs.toronto.edu/~kriz/cifar.html",
+        100,
+        True,
+        4 / 32,
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+    ),
+    "svhn": _Spec(
+        ".",
+        ("train_32x32.mat", "test_32x32.mat"),
+        "http://ufldl.stanford.edu/housenumbers/ (format 2: train_32x32.mat, test_32x32.mat)",
+        10,
+        False,
+        4 / 32,
+    ),
+    "fashion_mnist": _Spec(
+        "FashionMNIST/raw",
+        tuple(
+            f"FashionMNIST/raw/{f}"
+            for f in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+        ),
+        "https://github.com/zalandoresearch/fashion-mnist (gunzip the four files)",
+        10,
+        True,
+        4 / 32,
+    ),
+    "mnist": _Spec(
+        "MNIST/raw",
+        tuple(
+            f"MNIST/raw/{f}"
+            for f in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+        ),
+        "https://yann.lecun.com/exdb/mnist/ (gunzip the four files)",
+        10,
+        False,
+        4 / 32,
+    ),
+}
+
+NATIVE_SIZE = {"digits": 8, "synthetic": 16, "cifar10": 32, "cifar100": 32, "svhn": 32,
+               "fashion_mnist": 28, "mnist": 28}
+
+
+def data_root(configured: str | None) -> Path:
+    """The configured root, else $SEEDGRID_DATA_ROOT, else ~/.cache/seedgrid/data."""
+    if configured:
+        return Path(configured).expanduser()
+    env = os.environ.get("SEEDGRID_DATA_ROOT")
+    return Path(env).expanduser() if env else DEFAULT_DATA_ROOT
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision datasets
+
+
+def _torchvision_class(name: str) -> type:
+    """The torchvision dataset class, with md5 checks relaxed to presence checks.
+
+    torchvision verifies the md5 of the official archives' files; seedgrid checks that each file
+    exists and then that what it decodes has the right shapes and labels, so a corrupt file still
+    fails before training, while re-packed or subsetted files (and the tests' tiny files) load.
+    """
+    from torchvision import datasets
+
+    if name in ("cifar10", "cifar100"):
+        base = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+
+        class _Cifar(base):  # type: ignore[valid-type, misc]
+            def _check_integrity(self) -> bool:
+                folder = Path(self.root) / self.base_folder
+                return all((folder / f).is_file() for f, _ in self.train_list + self.test_list)
+
+            def _load_meta(self) -> None:  # class names are not needed
+                self.classes = []
+                self.class_to_idx = {}
+
+        return _Cifar
+    if name == "svhn":
+
+        class _SVHN(datasets.SVHN):
+            def _check_integrity(self) -> bool:
+                return (Path(self.root) / self.filename).is_file()
+
+        return _SVHN
+    return datasets.FashionMNIST if name == "fashion_mnist" else datasets.MNIST
+
+
+def _not_found(name: str, root: Path, missing: list[str], spec: _Spec) -> DatasetUnavailable:
+    shown = ", ".join(str(root / m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
+    return DatasetUnavailable(
+        f"dataset {name!r} not found under {root} (missing {shown}). Put torchvision's layout "
+        f"there ({root / spec.folder_hint}); get the files from {spec.url}, or run once with "
+        f"'download: true' on a machine with internet access. The data root is the config's "
+        f"data_root, else $SEEDGRID_DATA_ROOT, else {DEFAULT_DATA_ROOT}."
+    )
+
+
+def _load_torchvision(name: str, root: Path, download: bool) -> tuple[np.ndarray, ...]:
+    spec = _SPECS[name]
+    missing = [f for f in spec.files if not (root / f).is_file()]
+    if missing and not download:
+        raise _not_found(name, root, missing, spec)
+    cls = _torchvision_class(name)
+    arrays = []
+    for train in (True, False):
+        kwargs = {"split": "train" if train else "test"} if name == "svhn" else {"train": train}
+        try:
+            ds = cls(str(root), download=download, **kwargs)
+        except DatasetUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad file
+            if download and missing:
+                raise DatasetUnavailable(
+                    f"dataset {name!r}: download into {root} failed ({exc}); without network "
+                    f"access put the files there by hand ({spec.url})"
+                ) from exc
+            raise DatasetUnavailable(
+                f"dataset {name!r} under {root} is corrupt or not in torchvision's layout: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        x, y = _as_arrays(name, ds)
+        arrays += [x, y]
+    return tuple(arrays)
+
+
+def _as_arrays(name: str, ds: object) -> tuple[np.ndarray, np.ndarray]:
+    """N x C x H x W uint8 images and int64 labels from a torchvision dataset object."""
+    if name in ("cifar10", "cifar100"):
+        x = np.asarray(ds.data).transpose(0, 3, 1, 2)  # type: ignore[attr-defined]
+        y = np.asarray(ds.targets)  # type: ignore[attr-defined]
+    elif name == "svhn":
+        x = np.asarray(ds.data)  # type: ignore[attr-defined]
+        y = np.asarray(ds.labels)  # type: ignore[attr-defined]
+    else:
+        x = np.asarray(ds.data)[:, None]  # type: ignore[attr-defined]
+        y = np.asarray(ds.targets)  # type: ignore[attr-defined]
+    return x, y.astype(np.int64)
+
+
+def _check_arrays(name: str, root: Path, x: np.ndarray, y: np.ndarray, split: str) -> None:
+    spec = _SPECS[name]
+    channels, side = (1, 28) if name in ("mnist", "fashion_mnist") else (3, 32)
+    problem = None
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (channels, side, side):
+        problem = f"images of shape {x.shape[1:]} and dtype {x.dtype}, expected " \
+                  f"{(channels, side, side)} uint8"
+    elif len(x) != len(y) or len(x) == 0:
+        problem = f"{len(x)} images but {len(y)} labels"
+    elif y.min() < 0 or y.max() >= spec.num_classes:
+        problem = f"labels outside 0..{spec.num_classes - 1}"
+    if problem:
+        raise DatasetUnavailable(f"dataset {name!r} under {root}: {split} split has {problem}")
+
+
+# ---------------------------------------------------------------------------------------------
+# embedded datasets
+
+
+def _load_digits() -> tuple[np.ndarray, ...]:
+    """scikit-learn's bundled 8x8 digits (1,797 images); a fixed 20% stratified test split."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    y = bunch.target.astype(np.int64)
+    # Fixed across seeds (generator seeded 0): every run of a study sees the same test set.
+    order = np.random.default_rng(0).permutation(len(y))
+    test = np.zeros(len(y), dtype=bool)
+    for c in range(10):
+        members = order[y[order] == c]
+        test[members[: len(members) // 5]] = True
+    return x[~test], y[~test], x[test], y[test]
+
+
+def synthetic_images(
+    num_classes: int, train_per_class: int, test_per_class: int, difficulty: float, seed: int
+) -> tuple[np.ndarray, ...]:
+    """Class-structured 3 x 16 x 16 images; `difficulty` in [0, 1] scales within-class noise.
+
+    Each class has a smooth random prototype (4 x 4 Gaussian noise, bilinearly upsampled); a
+    sample is its prototype plus smooth noise of scale 0.2 + 3 * difficulty, shifted by up to
+    2 pixels, squashed to [0, 255] with a sigmoid. At difficulty 0 classes are trivially
+    separable (nearest class mean: 100% with 5 classes); at 1 that accuracy falls to ~47%.
+    """
+    g = torch.Generator().manual_seed(seed)
+    side = NATIVE_SIZE["synthetic"]
+
+    def smooth(n: int) -> torch.Tensor:
+        coarse = torch.randn(n, 3, 4, 4, generator=g)
+        return F.interpolate(coarse, size=(side, side), mode="bilinear", align_corners=False)
+
+    prototypes = smooth(num_classes)
+    noise_scale = 0.2 + 3.0 * difficulty
+
+    def draw(per_class: int) -> tuple[np.ndarray, np.ndarray]:
+        y = torch.arange(num_classes).repeat_interleave(per_class)
+        x = prototypes[y] + noise_scale * smooth(len(y))
+        shifts = torch.randint(-2, 3, (len(y), 2), generator=g)
+        x = torch.stack([torch.roll(img, (int(a), int(b)), (1, 2))
+                         for img, (a, b) in zip(x, shifts, strict=True)])
+        pixels = torch.round(torch.sigmoid(x) * 255).to(torch.uint8)
+        return pixels.numpy(), y.numpy().astype(np.int64)
+
+    return (*draw(train_per_class), *draw(test_per_class))
+
+
+# ---------------------------------------------------------------------------------------------
+# resolution and caching
+
+
+def _to_size(x: np.ndarray, size: int, name: str) -> torch.Tensor:
+    """uint8 images at `size` x `size`: zero-pad 28 -> 32 (as CFF does for FMNIST), else resize."""
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    side = t.shape[-1]
+    if side == size:
+        return t
+    if name in ("mnist", "fashion_mnist") and size > side and (size - side) % 2 == 0:
+        p = (size - side) // 2
+        return F.pad(t, (p, p, p, p))
+    resized = F.interpolate(t.float(), size=(size, size), mode="bilinear", align_corners=False,
+                            antialias=size < side)
+    return resized.round().clamp(0, 255).to(torch.uint8)
+
+
+def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    values = x.double().div(255).transpose(0, 1).reshape(x.shape[1], -1)
+    std = values.std(dim=1).clamp(min=1e-3)
+    return tuple(float(v) for v in values.mean(dim=1)), tuple(float(v) for v in std)
+
+
+_cache: dict[tuple, ImageData] = {}
+_cache_lock = threading.Lock()
+_loads = {"count": 0}
+
+
+def load_images(
+    name: str,
+    *,
+    image_size: int | None = None,
+    rgb: bool = True,
+    root: str | None = None,
+    download: bool = False,
+    synthetic: tuple[int, int, int, float, int] = (10, 200, 50, 0.5, 0),
+) -> ImageData:
+    """A dataset at `image_size` (None: native), cached per process.
+
+    `rgb` repeats grayscale images to 3 channels so that one architecture serves every dataset.
+    `synthetic` is (classes, train per class, test per class, difficulty, dataset seed).
+    Raises DatasetUnavailable, naming the dataset and the expected path, when files are missing
+    or corrupt.
+    """
+    if name not in DATASETS:
+        raise DatasetUnavailable(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
+    resolved = data_root(root) if name in TORCHVISION_DATASETS else None
+    size = image_size or NATIVE_SIZE[name]
+    key = (name, str(resolved), size, rgb, synthetic if name == "synthetic" else None)
+    with _cache_lock:
+        if key not in _cache:
+            _cache[key] = _build(name, resolved, size, rgb, download, synthetic)
+            _loads["count"] += 1
+        return _cache[key]
+
+
+def load_count() -> int:
+    """How many datasets this process has decoded (a cache hit does not count)."""
+    return _loads["count"]
+
+
+def _build(
+    name: str,
+    root: Path | None,
+    size: int,
+    rgb: bool,
+    download: bool,
+    synthetic: tuple[int, int, int, float, int],
+) -> ImageData:
+    loaders: dict[str, Callable[[], tuple[np.ndarray, ...]]] = {
+        "digits": _load_digits,
+        "synthetic": lambda: synthetic_images(*synthetic),
+    }
+    if name in loaders:
+        train_x, train_y, test_x, test_y = loaders[name]()
+        num_classes = synthetic[0] if name == "synthetic" else 10
+        hflip, pad_fraction = False, 1 / 8
+    else:
+        assert root is not None
+        train_x, train_y, test_x, test_y = _load_torchvision(name, root, download)
+        _check_arrays(name, root, train_x, train_y, "train")
+        _check_arrays(name, root, test_x, test_y, "test")
+        spec = _SPECS[name]
+        num_classes, hflip, pad_fraction = spec.num_classes, spec.hflip, spec.crop_padding_fraction
+    tx, sx = _to_size(train_x, size, name), _to_size(test_x, size, name)
+    if rgb and tx.shape[1] == 1:
+        tx, sx = tx.expand(-1, 3, -1, -1).contiguous(), sx.expand(-1, 3, -1, -1).contiguous()
+    spec_stats = _SPECS.get(name)
+    if spec_stats is not None and spec_stats.mean is not None and spec_stats.std is not None:
+        mean, std = spec_stats.mean, spec_stats.std
+    else:
+        mean, std = _channel_stats(tx)
+    return ImageData(
+        name=name,
+        train_x=tx,
+        train_y=torch.from_numpy(train_y),
+        test_x=sx,
+        test_y=torch.from_numpy(test_y),
+        num_classes=num_classes,
+        mean=mean,
+        std=std,
+        hflip=hflip,
+        crop_padding_fraction=pad_fraction,
+    )
