@@ -16,9 +16,10 @@ from trainers.base import (
     Trainer,
     TrainerConfig,
 )
+from trainers.cff import CFFTrainer
 from trainers.collapse import CollapseTrainer
 
-REGISTRY: dict[str, Trainer] = {t.name: t for t in (CollapseTrainer(),)}
+REGISTRY: dict[str, Trainer] = {t.name: t for t in (CollapseTrainer(), CFFTrainer())}
 
 
 class UnknownTrainerError(KeyError):

@@ -1,0 +1,75 @@
+"""The `cff` trainer end to end through the HTTP API on a real local Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import Service
+from tests.scipy_reference import assert_matches, reference_comparison
+
+TINY = {"dataset": "digits", "image_size": 8, "width": 16, "depth": 2, "heads": 2, "patch": 4,
+        "epochs": 2, "head_epochs": 2, "batch_size": 128, "head_lr": 0.02}
+
+
+def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: Service) -> None:
+    created = service.submit({
+        "name": "cff-2x2",
+        "trainer": "cff",
+        "config": TINY,
+        "grid": {"margin_mode": ["clamp", "subtract"], "stability": ["detach", "direct"]},
+        "seeds": 3,
+    })
+    assert created["n_runs"] == 12
+    detail = service.wait(created["id"], timeout_s=300)
+    assert detail["counts"]["completed"] == 12, detail
+    runs = service.runs(created["id"])
+    for run in runs:
+        assert 0.0 <= run["metrics"]["car_layer0_early"] <= 1.0
+        assert len(run["diagnostics"]["final_grad_norms"]) == 2
+        assert run["metrics"]["test_accuracy"] > 0.1
+    curve = service.client.get(f"/runs/{runs[0]['id']}/metrics",
+                               params={"name": "grad_norm_layer0"}).json()
+    assert [p["epoch"] for p in curve] == [0, 1]
+
+    stats = service.client.get(f"/experiments/{created['id']}/stats").json()
+    assert stats["metric"] == "test_accuracy"
+    margin = [c for c in stats["comparisons"] if c["factor"] == "margin_mode"]
+    scopes = {None if c["within"] is None else c["within"]["stability"]: c for c in margin}
+    assert set(scopes) == {None, "detach", "direct"}
+
+    def accuracies(mode: str, stability: str | None) -> list[float]:
+        return [r["metrics"]["test_accuracy"] for r in runs
+                if r["condition"]["margin_mode"] == mode
+                and stability in (None, r["condition"]["stability"])]
+
+    for stability, comparison in scopes.items():
+        assert (comparison["a"], comparison["b"]) == ("clamp", "subtract")
+        expected_n = 6 if stability is None else 3
+        assert comparison["n_a"] == comparison["n_b"] == expected_n
+        assert_matches(comparison, reference_comparison(accuracies("clamp", stability),
+                                                        accuracies("subtract", stability)))
+    # the diagnostics are served as metrics too
+    car = service.client.get(f"/experiments/{created['id']}/stats",
+                             params={"metric": "grad_norm_layer0"}).json()
+    assert len(car["conditions"]) == 4
+
+
+def test_missing_dataset_stores_a_failed_run_with_the_message(service: Service,
+                                                              tmp_path: Path) -> None:
+    empty = tmp_path / "no-data-here"
+    created = service.submit({
+        "name": "cff-missing",
+        "trainer": "cff",
+        "config": {**TINY, "dataset": "cifar10", "image_size": None, "data_root": str(empty)},
+        "grid": {"margin_mode": ["clamp"]},
+        "seeds": 1,
+    })
+    detail = service.wait(created["id"], timeout_s=120)
+    assert detail["counts"]["failed"] == 1
+    (run,) = service.runs(created["id"])
+    error = run["error"]
+    assert error.startswith("DatasetUnavailable: dataset 'cifar10' not found under")
+    assert str(empty / "cifar-10-batches-py" / "data_batch_1") in error
+    assert "SEEDGRID_DATA_ROOT" in error and "Traceback" not in error
+    points = service.client.get(f"/runs/{run['id']}/metrics").json()
+    assert points == []  # it failed before any training
