@@ -27,6 +27,11 @@ def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: 
         assert 0.0 <= run["metrics"]["car_layer0_early"] <= 1.0
         assert len(run["diagnostics"]["final_grad_norms"]) == 2
         assert run["metrics"]["test_accuracy"] > 0.1
+    # each worker process decodes the dataset once; its later runs reuse it
+    pids = {service.client.get(f"/runs/{r['id']}").json()["provenance"]["worker_pid"]
+            for r in runs}
+    decoded = [r for r in runs if not r["diagnostics"]["dataset_cached"]]
+    assert 1 <= len(decoded) <= len(pids) < len(runs)
     curve = service.client.get(f"/runs/{runs[0]['id']}/metrics",
                                params={"name": "grad_norm_layer0"}).json()
     assert [p["epoch"] for p in curve] == [0, 1]

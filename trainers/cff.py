@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from trainers.base import Reporter, RunResult, RunWarning, provenance
-from trainers.data import DataConfig, ImageSplits, prepare_splits
+from trainers.data import DataConfig, ImageSplits, load_count, prepare_splits
 from trainers.data.sources import NATIVE_SIZE
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu, pick_device
@@ -362,7 +362,9 @@ def fit(config: CFFConfig, seed: int, reporter: Reporter) -> CFFOutcome:
     if device.type == "cpu":
         deterministic_cpu()
     sources = random_sources(seed)
+    decoded_before = load_count()
     splits = prepare_splits(config, sources)
+    dataset_cached = load_count() == decoded_before
     channels, side, _ = splits.data.image_shape
     layers = build_layers(config, channels, side, sources.init).to(device)
     head = build_head(config.width, splits.num_classes, sources.init).to(device)
@@ -390,6 +392,8 @@ def fit(config: CFFConfig, seed: int, reporter: Reporter) -> CFFOutcome:
         "n_train": len(splits.train),
         "n_val": len(splits.val),
         "n_test": len(splits.test),
+        # True when this worker process had already decoded the dataset for an earlier run
+        "dataset_cached": dataset_cached,
         # wall-clock figures live here, not in metrics, so metrics stay reproducible
         "stage1_train_time_s": stage1.train_time_s,
         "stage1_images": stage1.images_seen,
