@@ -1,12 +1,23 @@
-"""SQLModel tables, the engine and sessions. The only module that defines what is stored."""
+"""SQLModel tables, the engine, and the schema migrations that bring a database up to them.
+The only module that defines what is stored."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, UniqueConstraint, event
-from sqlalchemy.engine import Engine, make_url
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import JSON, Column, Index, UniqueConstraint, event, inspect, pool, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, SQLModel, create_engine
 
 
@@ -96,24 +107,159 @@ class MetricPoint(SQLModel, table=True):
     value: float | None = None
 
 
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
 def make_engine(database_url: str) -> Engine:
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
         engine = create_engine(
             database_url, connect_args={"check_same_thread": False, "timeout": 30}
         )
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
+        event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def create_tables(engine: Engine) -> None:
-    SQLModel.metadata.create_all(engine)
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# The revision that reproduces the schema seedgrid 0.1.0 made with create_all.
+INITIAL_REVISION = "0001"
+INITIAL_TABLES = frozenset({"experiment", "run", "runattempt", "metricpoint"})
+# Any fixed 64-bit number: the PostgreSQL advisory lock every seedgrid process takes to migrate.
+MIGRATION_LOCK_KEY = 0x5EED_6121_D000_0001
+# How long a process waits for another one's migration (SQLite busy timeout) or to connect.
+MIGRATION_WAIT_S = 600
+CONNECT_TIMEOUT_S = 10
+# alembic.context and alembic.op are process-wide proxies: one migration at a time per process.
+_alembic_lock = threading.Lock()
+
+
+class DatabaseError(Exception):
+    """The database cannot be reached or migrated; the message is one line naming the URL."""
+
+
+@dataclass(frozen=True)
+class SchemaUpgrade:
+    before: str | None  # revision found; None for a database with no alembic_version table
+    after: str
+    stamped: bool  # the tables predate migrations and were stamped at INITIAL_REVISION
+
+
+def masked_url(database_url: str) -> str:
+    return make_url(database_url).render_as_string(hide_password=True)
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None, f"no migrations in {MIGRATIONS_DIR}"
+    return head
+
+
+def upgrade_database(database_url: str) -> SchemaUpgrade:
+    """Run every migration the database lacks (`alembic upgrade head`), holding a lock.
+
+    One transaction does it all: PostgreSQL takes an advisory lock first, SQLite opens it with
+    BEGIN IMMEDIATE (its database-wide write lock). A process starting alongside waits, then finds
+    the schema at head. Both have transactional DDL, so a failed upgrade leaves nothing behind.
+    Tables made by create_all before seedgrid had migrations are stamped at INITIAL_REVISION.
+    Raises DatabaseError, whose message is one line naming the URL (password masked).
+    """
+    with _alembic_lock, _migration_connection(database_url, doing="migrate") as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
+        before = _current_revision(connection)
+        stamped = before is None and _predates_migrations(connection, database_url)
+        config = _alembic_config(connection)
+        if stamped:
+            command.stamp(config, INITIAL_REVISION)
+        command.upgrade(config, "head")
+        after = _current_revision(connection)
+    assert after is not None
+    return SchemaUpgrade(before=before, after=after, stamped=stamped)
+
+
+def database_revision(database_url: str) -> str | None:
+    """The revision the database is at; None when it has no alembic_version table."""
+    with _migration_connection(database_url, doing="read the revision of") as connection:
+        return _current_revision(connection)
+
+
+@contextmanager
+def _migration_connection(database_url: str, *, doing: str) -> Iterator[Connection]:
+    """A connection in one transaction, committed on success, on a throw-away engine whose
+    SQLite transactions are real (BEGIN IMMEDIATE) rather than pysqlite's implicit ones."""
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        engine = create_engine(
+            url, poolclass=pool.NullPool, connect_args={"timeout": MIGRATION_WAIT_S}
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_manual_transactions)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
+    else:
+        engine = create_engine(
+            url, poolclass=pool.NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+        )
+    try:
+        try:
+            connection = engine.connect()
+        except DBAPIError as exc:
+            raise DatabaseError(
+                f"cannot connect to the database {masked_url(database_url)}: {_reason(exc)}"
+            ) from None
+        try:
+            with connection, connection.begin():
+                yield connection
+        except DBAPIError as exc:
+            raise DatabaseError(
+                f"cannot {doing} the database {masked_url(database_url)}: {_reason(exc)}"
+            ) from None
+    finally:
+        engine.dispose()
+
+
+def _sqlite_manual_transactions(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite would otherwise run DDL outside any transaction and BEGIN only before DML.
+    dbapi_connection.isolation_level = None
+
+
+def _sqlite_begin_immediate(connection: Connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["connection"] = connection
+    return config
+
+
+def _current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def _predates_migrations(connection: Connection, database_url: str) -> bool:
+    """Whether the database holds seedgrid's tables from before migrations (no alembic_version).
+
+    All of them: stamp. None: a new database, migrate from scratch. Some: refuse to guess.
+    """
+    present = INITIAL_TABLES & set(inspect(connection).get_table_names())
+    if present and present != INITIAL_TABLES:
+        raise DatabaseError(
+            f"the database {masked_url(database_url)} has seedgrid tables "
+            f"{', '.join(sorted(present))} but not {', '.join(sorted(INITIAL_TABLES - present))}"
+            " and no alembic_version table: not a database seedgrid made; refusing to migrate it"
+        )
+    return bool(present)
+
+
+def _reason(exc: DBAPIError) -> str:
+    """The driver's message, first line only (psycopg adds hints on further lines)."""
+    return str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc).__name__

@@ -1,18 +1,27 @@
-"""Shared fixtures: one real local Ray per test session, and real seedgrid services over HTTP."""
+"""Shared fixtures: one real local Ray per test session, real seedgrid services over HTTP on a
+real SQLite file, and (`start_backend_service`) the same on SQLite and on the local PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import ray
+from sqlalchemy import create_engine, pool, text
+from sqlalchemy.engine import Engine
 
 from service.server import BackgroundServer
 from service.settings import Settings
+
+# An admin connection to the local PostgreSQL (trust auth), used to create per-test databases.
+PG_ADMIN_DSN = os.environ.get("SEEDGRID_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(scope="session")
@@ -23,12 +32,30 @@ def ray_cluster() -> Iterator[None]:
 
 
 class Service:
-    """A running seedgrid (API + dispatcher) on a real SQLite file, reached through HTTP."""
+    """A running seedgrid (API + dispatcher) on a real database, reached through HTTP."""
 
-    def __init__(self, server: BackgroundServer, db_path: Path) -> None:
+    def __init__(
+        self, server: BackgroundServer, db_path: Path | None, database_url: str | None = None
+    ) -> None:
         self.server = server
-        self.db_path = db_path
+        self.db_path = db_path  # the SQLite file; None on PostgreSQL
+        self.database_url = database_url or f"sqlite:///{db_path}"
         self.client = httpx.Client(base_url=server.url, timeout=60)
+        self._engine: Engine | None = None
+
+    def sql(self, statement: str, **params: Any) -> list[Any]:
+        """Run SQL on the service's database behind its back (committed); the rows it returns."""
+        if self._engine is None:
+            self._engine = create_engine(self.database_url, poolclass=pool.NullPool)
+        with self._engine.begin() as connection:
+            result = connection.execute(text(statement), params)
+            return list(result) if result.returns_rows else []
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+        if self._engine is not None:
+            self._engine.dispose()
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         response = self.client.post("/experiments", json=spec)
@@ -51,24 +78,98 @@ class Service:
         return response.json()
 
 
+class PostgresDatabases:
+    """Fresh databases on the local PostgreSQL, one per name, all dropped by `drop_all`."""
+
+    def __init__(self) -> None:
+        info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_DSN)
+        self.server = f"{info.get('user', 'postgres')}@{info['host']}:{info.get('port', 5432)}"
+        self.created: dict[str, str] = {}
+
+    def _admin(self) -> psycopg.Connection:
+        try:
+            return psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5)
+        except psycopg.OperationalError as exc:
+            reason = str(exc).strip().splitlines()[0]
+        pytest.fail(
+            f"PostgreSQL is not reachable at {PG_ADMIN_DSN} (set SEEDGRID_TEST_PG_DSN): {reason}",
+            pytrace=False,
+        )
+
+    def url(self, name: str = "seedgrid") -> str:
+        """The SQLAlchemy URL of this test's database `name`, created empty on first use."""
+        if name not in self.created:
+            database = f"seedgrid_test_{uuid.uuid4().hex[:12]}"
+            with self._admin() as admin:
+                admin.execute(f'CREATE DATABASE "{database}"')
+            self.created[name] = database
+        return f"postgresql+psycopg://{self.server}/{self.created[name]}"
+
+    def drop_all(self) -> None:
+        if self.created:
+            with self._admin() as admin:
+                for database in self.created.values():
+                    admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
 @pytest.fixture
-def start_service(ray_cluster: None, tmp_path: Path) -> Iterator[Callable[..., Service]]:
+def pg_databases() -> Iterator[PostgresDatabases]:
+    databases = PostgresDatabases()
+    yield databases
+    databases.drop_all()
+
+
+def _service_starter(
+    database_url: Callable[[str], str], sqlite_dir: Path | None
+) -> tuple[Callable[..., Service], list[Service]]:
     started: list[Service] = []
 
     def start(db_name: str = "seedgrid.db", **overrides: Any) -> Service:
-        db_path = tmp_path / db_name
-        settings = Settings(database_url=f"sqlite:///{db_path}", metrics_batch_interval_s=0.2,
-                            **overrides)
-        service = Service(BackgroundServer(settings).start(), db_path)
+        url = database_url(db_name)
+        settings = Settings(database_url=url, metrics_batch_interval_s=0.2, **overrides)
+        db_path = sqlite_dir / db_name if sqlite_dir is not None else None
+        service = Service(BackgroundServer(settings).start(), db_path, url)
         started.append(service)
         return service
 
+    return start, started
+
+
+@pytest.fixture
+def start_service(ray_cluster: None, tmp_path: Path) -> Iterator[Callable[..., Service]]:
+    """`start(db_name="seedgrid.db", **settings)`: a service on a SQLite file of this test."""
+    start, started = _service_starter(lambda name: f"sqlite:///{tmp_path / name}", tmp_path)
     yield start
     for service in started:
-        service.client.close()
-        service.server.stop()
+        service.close()
 
 
 @pytest.fixture
 def service(start_service: Callable[..., Service]) -> Service:
     return start_service()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def start_backend_service(
+    backend: str, ray_cluster: None, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Service]]:
+    """Like `start_service`, once on a SQLite file and once on a fresh PostgreSQL database of
+    this test (the same `db_name` twice reaches the same database, as a restart would)."""
+    if backend == "sqlite":
+        start, started = _service_starter(lambda name: f"sqlite:///{tmp_path / name}", tmp_path)
+    else:
+        databases: PostgresDatabases = request.getfixturevalue("pg_databases")
+        start, started = _service_starter(databases.url, None)
+    yield start
+    for service in started:
+        service.close()
+
+
+@pytest.fixture
+def backend_service(start_backend_service: Callable[..., Service]) -> Service:
+    return start_backend_service()

@@ -1,11 +1,14 @@
-"""seedgrid end to end: HTTP -> SQLite file -> dispatcher -> real local Ray -> back."""
+"""seedgrid end to end: HTTP -> database -> dispatcher -> real local Ray -> back.
+
+Every test here runs twice: on a SQLite file and on a fresh database of the local PostgreSQL.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +16,16 @@ from tests.conftest import Service
 from tests.scipy_reference import assert_matches, reference_comparison, reference_condition
 
 FAST = {"n_samples": 200, "steps": 400}
+
+
+@pytest.fixture
+def service(backend_service: Service) -> Service:
+    return backend_service
+
+
+@pytest.fixture
+def start_service(start_backend_service: Callable[..., Service]) -> Callable[..., Service]:
+    return start_backend_service
 
 
 def spec(**overrides):
@@ -28,12 +41,11 @@ def spec(**overrides):
     return base
 
 
-def table_counts(service: Service) -> tuple[int, int, int]:
-    with sqlite3.connect(service.db_path) as db:
-        return tuple(
-            db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[return-value]
-            for t in ("experiment", "run", "metricpoint")
-        )
+def table_counts(service: Service) -> tuple[int, ...]:
+    return tuple(
+        service.sql(f"SELECT count(*) FROM {table}")[0][0]
+        for table in ("experiment", "run", "metricpoint")
+    )
 
 
 def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None:
@@ -224,22 +236,21 @@ def test_trainer_exception_makes_the_run_failed_with_its_message(service: Servic
     created = service.submit(spec(grid={}, seeds=1, priority=-5, config={**FAST, "steps": 10**7}))
     service.client.post(f"/experiments/{created['id']}/cancel")
     service.wait(created["id"])
-    with sqlite3.connect(service.db_path) as db:
-        db.execute(
-            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
-            "n_conditions, n_runs, cancel_requested, created_at) SELECT 'old', trainer, "
-            "spec, metric, 'queued', 0, 1, 1, 0, created_at FROM experiment WHERE id = ?",
-            (created["id"],),
-        )
-        new_id = db.execute("SELECT max(id) FROM experiment").fetchone()[0]
-        db.execute(
-            "INSERT INTO run (experiment_id, condition_key, condition, seed, config, "
-            "trainer, status, priority, attempts, max_retries, num_cpus, num_gpus, "
-            "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
-            "VALUES (?, '', '{}', 0, '{\"retired_field\": 1}', 'collapse', 'queued', 0, 0, "
-            "2, 1, 0, 0, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00')",
-            (new_id,),
-        )
+    ((new_id,),) = service.sql(
+        "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+        "n_conditions, n_runs, cancel_requested, created_at) SELECT 'old', trainer, "
+        "spec, metric, 'queued', 0, 1, 1, false, created_at FROM experiment WHERE id = :id "
+        "RETURNING id",
+        id=created["id"],
+    )
+    service.sql(
+        "INSERT INTO run (experiment_id, condition_key, condition, seed, config, "
+        "trainer, status, priority, attempts, max_retries, num_cpus, num_gpus, "
+        "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
+        "VALUES (:id, '', '{}', 0, '{\"retired_field\": 1}', 'collapse', 'queued', 0, 0, "
+        "2, 1, 0, false, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00')",
+        id=new_id,
+    )
     detail = service.wait(new_id)
     assert detail["status"] == "partial" and detail["counts"]["failed"] == 1
     (run,) = service.runs(new_id)
@@ -252,9 +263,9 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
     created = first.submit(spec(grid={}, seeds=2))
     first.wait(created["id"])
     first.server.stop()
-    with sqlite3.connect(first.db_path) as db:  # as if the process had died mid-run
-        db.execute("UPDATE run SET status = 'running', metrics = '{}', finished_at = NULL")
-        db.execute("UPDATE experiment SET status = 'running', finished_at = NULL")
+    # as if the process had died mid-run
+    first.sql("UPDATE run SET status = 'running', metrics = '{}', finished_at = NULL")
+    first.sql("UPDATE experiment SET status = 'running', finished_at = NULL")
     second = start_service("restart.db")
     detail = second.wait(created["id"])
     assert detail["status"] == "completed"

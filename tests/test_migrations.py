@@ -1,0 +1,327 @@
+"""Schema migrations (service/migrations) on a SQLite file and on a fresh PostgreSQL database:
+the migrated schema is the models' schema, databases from before migrations are adopted,
+concurrent start-ups migrate once, and `seedgrid db` reports clearly, bad URLs included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Column, Integer, MetaData, create_engine, inspect, pool
+from sqlmodel import SQLModel
+
+from service.db import (
+    INITIAL_REVISION,
+    MIGRATIONS_DIR,
+    DatabaseError,
+    SchemaUpgrade,
+    database_revision,
+    head_revision,
+    make_engine,
+    upgrade_database,
+)
+from service.server import BackgroundServer
+from service.settings import Settings
+from tests.conftest import PostgresDatabases
+
+
+@pytest.fixture
+def new_database(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Callable[[str], str]:
+    """`new_database(name)`: the URL of an empty database, a new SQLite file or a new database
+    on the local PostgreSQL (dropped after the test)."""
+    if backend == "sqlite":
+        return lambda name: f"sqlite:///{tmp_path / name}.db"
+    databases: PostgresDatabases = request.getfixturevalue("pg_databases")
+    return databases.url
+
+
+@pytest.fixture
+def database_url(new_database: Callable[[str], str]) -> str:
+    return new_database("seedgrid")
+
+
+def create_all_like_seedgrid_0_1(database_url: str) -> None:
+    """What the service did at start-up before it had migrations. (The models are still at
+    revision 0001; once a migration changes them, build this from revision 0001's tables.)"""
+    engine = make_engine(database_url)
+    SQLModel.metadata.create_all(engine)
+    engine.dispose()
+
+
+def metadata_diffs(database_url: str, metadata: MetaData) -> list[Any]:
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        diffs = compare_metadata(MigrationContext.configure(connection), metadata)
+    engine.dispose()
+    return diffs
+
+
+def reflected_schema(database_url: str) -> dict[str, Any]:
+    """Every table's columns (with the dialect's types), keys, indexes and unique constraints."""
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        db = inspect(connection)
+        schema = {
+            table: {
+                "columns": [
+                    (c["name"], repr(c["type"]), c["nullable"], c.get("default"))
+                    for c in db.get_columns(table)
+                ],
+                "primary_key": db.get_pk_constraint(table)["constrained_columns"],
+                "foreign_keys": sorted(
+                    (fk["constrained_columns"], fk["referred_table"], fk["referred_columns"])
+                    for fk in db.get_foreign_keys(table)
+                ),
+                "indexes": sorted(
+                    (ix["name"], ix["column_names"], ix["unique"]) for ix in db.get_indexes(table)
+                ),
+                "unique": sorted(
+                    (uc["name"], uc["column_names"]) for uc in db.get_unique_constraints(table)
+                ),
+            }
+            for table in sorted(set(db.get_table_names()) - {"alembic_version"})
+        }
+    engine.dispose()
+    return schema
+
+
+def test_migrated_schema_is_the_models_schema(
+    database_url: str, new_database: Callable[[str], str]
+) -> None:
+    done = upgrade_database(database_url)
+    assert done == SchemaUpgrade(before=None, after=head_revision(), stamped=False)
+    assert database_revision(database_url) == head_revision()
+
+    # The guard that a model change comes with its migration: Alembic's autogenerate finds
+    # nothing to add, drop or alter between the migrated database and SQLModel.metadata.
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+    changed = MetaData()
+    for table in SQLModel.metadata.sorted_tables:
+        table.to_metadata(changed)
+    changed.tables["run"].append_column(Column("gpu_hours", Integer))
+    assert [d[0] for d in metadata_diffs(database_url, changed)] == ["add_column"]
+
+    # ...and what the migrations build is exactly what create_all built, types included.
+    legacy_url = new_database("create_all")
+    create_all_like_seedgrid_0_1(legacy_url)
+    assert reflected_schema(database_url) == reflected_schema(legacy_url)
+    assert set(reflected_schema(database_url)) == {"experiment", "run", "runattempt", "metricpoint"}
+
+
+def test_downgrade_to_nothing_and_back(database_url: str) -> None:
+    upgrade_database(database_url)
+    engine = make_engine(database_url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "base")
+    assert set(inspect(engine).get_table_names()) - {"alembic_version"} == set()
+    engine.dispose()
+    assert upgrade_database(database_url).before is None
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def test_tables_from_before_migrations_are_stamped_not_recreated(database_url: str) -> None:
+    create_all_like_seedgrid_0_1(database_url)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at) VALUES ('old', 'collapse', "
+            "'{}', 'min_l2', 'completed', 0, 1, 1, false, '2026-01-01 00:00:00')"
+        )
+    assert database_revision(database_url) is None
+
+    done = upgrade_database(database_url)
+    assert done == SchemaUpgrade(before=None, after=head_revision(), stamped=True)
+    with engine.connect() as connection:
+        names = connection.exec_driver_sql("SELECT name FROM experiment").scalars().all()
+        versions = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+    engine.dispose()
+    assert names == ["old"] and versions == [(INITIAL_REVISION,)]
+    assert upgrade_database(database_url) == SchemaUpgrade(
+        before=head_revision(), after=head_revision(), stamped=False
+    )
+
+
+def test_some_seedgrid_tables_without_alembic_version_are_refused(database_url: str) -> None:
+    engine = make_engine(database_url)
+    SQLModel.metadata.tables["experiment"].create(engine)
+    engine.dispose()
+    with pytest.raises(DatabaseError) as error:
+        upgrade_database(database_url)
+    message = str(error.value)
+    assert "has seedgrid tables experiment but not metricpoint, run, runattempt" in message
+    assert "\n" not in message
+    assert database_revision(database_url) is None  # and nothing was half-done
+
+
+# Starts, says "ready", waits for "go" on stdin, migrates, prints where the database was.
+START_UP = """
+import sys
+from service.db import upgrade_database
+print("ready", flush=True)
+sys.stdin.readline()
+print(upgrade_database(sys.argv[1]).before, flush=True)
+"""
+
+
+def test_processes_starting_together_migrate_a_new_database_once(database_url: str) -> None:
+    processes = [
+        subprocess.Popen([sys.executable, "-c", START_UP, database_url], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    try:
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        for process in processes:  # all at once, as replicas of one deployment start
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        outcomes = [process.communicate(timeout=120) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [p.returncode for p in processes] == [0] * 3, [err for _, err in outcomes]
+    head = head_revision()
+    assert sorted(out.strip() for out, _ in outcomes) == sorted(["None"] + [head] * 2)
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def test_threads_migrating_different_databases_at_once_do_not_mix_them(tmp_path: Path) -> None:
+    urls = [f"sqlite:///{tmp_path / f'db{i}.db'}" for i in range(4)]
+    barrier = threading.Barrier(len(urls))
+    errors: list[BaseException] = []
+
+    def start_up(url: str) -> None:
+        barrier.wait()
+        try:
+            upgrade_database(url)
+        except BaseException as exc:  # collected and asserted on below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start_up, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    for url in urls:
+        assert database_revision(url) == head_revision()
+        assert metadata_diffs(url, SQLModel.metadata) == []
+
+
+def test_service_started_on_a_database_from_before_migrations_serves_its_data(
+    database_url: str,
+) -> None:
+    create_all_like_seedgrid_0_1(database_url)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at) VALUES ('old', 'collapse', "
+            "'{}', 'min_l2', 'completed', 0, 1, 0, false, '2026-01-01 00:00:00')"
+        )
+    engine.dispose()
+    with BackgroundServer(Settings(database_url=database_url), dispatch=False) as server:
+        listed = httpx.get(f"{server.url}/experiments", timeout=30).json()
+    assert [e["name"] for e in listed] == ["old"]
+    assert database_revision(database_url) == head_revision()
+
+
+def seedgrid(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_db_upgrade_and_current_commands(tmp_path: Path) -> None:
+    database_url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    head = head_revision()
+    before = seedgrid("db", "current", "--database-url", database_url)
+    assert before.returncode == 0, before.stderr
+    assert "no alembic_version table" in before.stdout
+
+    first = seedgrid("db", "upgrade", env={"SEEDGRID_DATABASE_URL": database_url})
+    assert first.returncode == 0, first.stderr
+    assert f"schema upgraded from an empty database to {head}" in first.stdout
+    again = seedgrid("db", "upgrade", "--database-url", database_url)
+    assert again.returncode == 0 and f"schema at revision {head}, up to date" in again.stdout
+    current = seedgrid("db", "current", "--database-url", database_url)
+    assert current.returncode == 0 and f"revision {head} (head)" in current.stdout
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def test_db_upgrade_command_stamps_a_database_from_before_migrations(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    create_all_like_seedgrid_0_1(url)
+    result = seedgrid("db", "upgrade", "--database-url", url)
+    assert result.returncode == 0, result.stderr
+    assert f"tables made before migrations stamped at revision {INITIAL_REVISION}" in result.stdout
+    assert database_revision(url) == head_revision()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "reason"),
+    [
+        (
+            "postgresql+psycopg://seedgrid:hunter2@127.0.0.1:1/seedgrid",
+            "postgresql+psycopg://seedgrid:***@127.0.0.1:1/seedgrid",
+            "Connection refused",
+        ),
+        (
+            "postgresql+psycopg://postgres@127.0.0.1:5432/no_such_seedgrid_db",
+            "postgresql+psycopg://postgres@127.0.0.1:5432/no_such_seedgrid_db",
+            'database "no_such_seedgrid_db" does not exist',
+        ),
+        (
+            "sqlite:////no/such/directory/seedgrid.db",
+            "sqlite:////no/such/directory/seedgrid.db",
+            "unable to open database file",
+        ),
+    ],
+)
+def test_unreachable_database_is_one_line_naming_the_url(url: str, shown: str, reason: str) -> None:
+    for read in (upgrade_database, database_revision):
+        with pytest.raises(DatabaseError) as error:
+            read(url)
+        message = str(error.value)
+        assert message.startswith(f"cannot connect to the database {shown}: ")
+        assert reason in message and "\n" not in message and "hunter2" not in message
+
+
+def test_serve_and_db_upgrade_on_an_unreachable_database_stop_with_one_line() -> None:
+    url = "postgresql+psycopg://seedgrid:hunter2@127.0.0.1:1/seedgrid"
+    for result in (
+        seedgrid("serve", env={"SEEDGRID_DATABASE_URL": url}),
+        seedgrid("db", "upgrade", "--database-url", url),
+    ):
+        assert result.returncode == 2
+        assert result.stderr.startswith(
+            "error: cannot connect to the database postgresql+psycopg://seedgrid:***@127.0.0.1:1/"
+            "seedgrid: "
+        )
+        assert "Connection refused" in result.stderr and result.stderr.count("\n") == 1
+        assert "hunter2" not in result.stderr + result.stdout
+        assert "Traceback" not in result.stderr
+
+
+def test_bad_database_url_option_is_named() -> None:
+    result = seedgrid("db", "upgrade", "--database-url", "mysql://db/seedgrid")
+    assert result.returncode == 2
+    assert "--database-url" in result.stderr and "mysql" in result.stderr
+    assert "Traceback" not in result.stderr
