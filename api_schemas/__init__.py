@@ -6,9 +6,10 @@ any client can share it.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,6 +33,21 @@ __all__ = [
 ]
 
 GridValue = bool | int | float | str | None
+
+# Bounds on a spec, so that a hostile one is a 422 naming the field rather than a load.
+MAX_GRID_AXES = 32
+MAX_GRID_LEVELS = 1000  # per axis; SEEDGRID_MAX_RUNS_PER_EXPERIMENT bounds the product
+MAX_KEY_LENGTH = 100  # a grid axis (config field) or metric name
+MAX_LEVEL_LENGTH = 200  # a string grid level
+MAX_SEEDS = 1_000_000
+MAX_SEED = 2**31 - 1  # seeds are stored in a 32-bit integer column
+
+# No NUL (PostgreSQL text refuses it); a pattern also makes pydantic refuse lone surrogates,
+# which Python's JSON parser lets through and no database can encode.
+STORABLE_TEXT = r"^[^\x00]*$"
+GridKey = Annotated[str, Field(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)]
+GridLevel = (bool | int | float
+             | Annotated[str, Field(max_length=MAX_LEVEL_LENGTH, pattern=STORABLE_TEXT)] | None)
 
 
 class RunStatus(StrEnum):
@@ -64,22 +80,42 @@ class Resources(BaseModel):
 class ExperimentSpec(BaseModel):
     """What a user submits: a trainer, a base config, a grid of conditions and seeds."""
 
-    model_config = ConfigDict(extra="forbid")
+    # No Infinity or NaN (Python's JSON parser accepts them; a JSON column does not).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [{
+        "name": "collapse-sg", "trainer": "collapse", "config": {"n_samples": 64, "steps": 50},
+        "grid": {"stop_gradient": [False, True]}, "seeds": 2, "metric": "min_l2",
+    }]})
 
-    name: str = Field(..., min_length=1, max_length=200)
+    name: str = Field(..., min_length=1, max_length=200, pattern=STORABLE_TEXT)
     trainer: str = Field(..., min_length=1, max_length=64)
     # Base values for the trainer's config model; omitted fields take the trainer's defaults.
     config: dict[str, Any] = Field(default_factory=dict)
     # Config field -> levels; the cartesian product of the levels gives the conditions.
-    grid: dict[str, list[GridValue]] = Field(default_factory=dict)
+    grid: dict[GridKey, Annotated[list[GridLevel], Field(max_length=MAX_GRID_LEVELS)]] = Field(
+        default_factory=dict, max_length=MAX_GRID_AXES
+    )
     # n means seeds 0..n-1; a list gives the seeds explicitly.
     seeds: int | list[int] = 3
     # Primary final metric for statistics; None takes the trainer's primary metric.
-    metric: str | None = None
+    metric: str | None = Field(None, max_length=MAX_KEY_LENGTH)
     resources: Resources = Field(default_factory=Resources)
     max_retries: int = Field(2, ge=0, le=20)
     # Higher runs first.
     priority: int = Field(0, ge=-1000, le=1000)
+
+    @field_validator("config")
+    @classmethod
+    def _finite_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        pending: list[tuple[str, Any]] = [("config", config)]
+        while pending:  # iterative: the nesting may be as deep as the JSON parser allows
+            path, value = pending.pop()
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{path} is {value}: numbers must be finite")
+            if isinstance(value, dict):
+                pending += [(f"{path}.{k}", v) for k, v in value.items()]
+            elif isinstance(value, list):
+                pending += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        return config
 
     @field_validator("grid")
     @classmethod
@@ -97,9 +133,15 @@ class ExperimentSpec(BaseModel):
         if isinstance(seeds, int):
             if seeds < 1:
                 raise ValueError("seeds must be at least 1")
+            if seeds > MAX_SEEDS:
+                raise ValueError(f"seeds must be at most {MAX_SEEDS}")
         else:
             if len(seeds) == 0:
                 raise ValueError("seeds must list at least one seed")
+            if len(seeds) > MAX_SEEDS:
+                raise ValueError(f"seeds must list at most {MAX_SEEDS} seeds")
+            if any(s > MAX_SEED for s in seeds):
+                raise ValueError(f"seeds must be at most {MAX_SEED}")
             if len(set(seeds)) != len(seeds):
                 raise ValueError("seeds must not repeat a seed")
             if any(s < 0 for s in seeds):

@@ -6,12 +6,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from service.db import create_tables, make_engine
+from service.db import make_engine, upgrade_database
 from service.dispatcher import Dispatcher
 from service.experiments import Conflict, NotFound, SpecError
 from service.routes import experiments, runs, system
+from service.security import RequestGuard, declare_bearer_auth, json_safe
 from service.settings import Settings, get_settings
 from trainers.base import SEEDGRID_VERSION
 
@@ -23,7 +25,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url)
-        create_tables(engine)
+        upgrade_database(settings.database_url)
         app.state.engine = engine
         app.state.settings = settings
         app.state.dispatcher = Dispatcher(settings, engine) if dispatch else None
@@ -46,9 +48,24 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.include_router(runs.router)
     app.include_router(system.router)
 
+    # Open without the token: the health probe, and the docs (a browser cannot send the header).
+    public = {("GET", "/healthz")} | {
+        ("GET", url) for url in (app.openapi_url, app.docs_url, app.redoc_url,
+                                 app.swagger_ui_oauth2_redirect_url) if url
+    }
+    token = settings.api_token.get_secret_value()
+    app.add_middleware(RequestGuard, token=token, public=public,
+                       max_body_bytes=settings.max_request_body_bytes)
+    if token:
+        declare_bearer_auth(app, public)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": json_safe(exc.errors())})
+
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": exc.errors})
+        return JSONResponse(status_code=422, content={"detail": json_safe(exc.errors)})
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:

@@ -1,8 +1,10 @@
-"""The `seedgrid` command line: serve, submit, status, stats, and `run` (all in one process)."""
+"""The `seedgrid` command line: serve, submit, status, stats, `run` (all in one process), and
+`db upgrade` / `db current` (schema migrations)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import pydantic
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -23,26 +26,54 @@ app = typer.Typer(
     no_args_is_help=True,
     help="seedgrid: does an implementation choice change the seed-to-seed variance?",
 )
+db_app = typer.Typer(no_args_is_help=True, help="The database schema: apply and show migrations.")
+app.add_typer(db_app, name="db")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 ENDED = {"completed", "partial", "cancelled"}
 DEFAULT_URL = "http://127.0.0.1:8000"
 UrlOpt = Annotated[str, typer.Option("--url", envvar="SEEDGRID_URL", help="seedgrid API address")]
+DatabaseUrlOpt = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL [default: SEEDGRID_DATABASE_URL]"),
+]
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}")
+    # soft_wrap: one line however long, so that log scrapers and tests see the whole message
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
 
-def load_settings() -> Settings:
+def load_settings(**options: Any) -> Settings:
+    """Settings from the environment, overridden by the command's `options` (None: not given)."""
+    given = {name: value for name, value in options.items() if value is not None}
     try:
-        return Settings()
+        return Settings(**given)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        field = "SEEDGRID_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
-        raise _fail(f"{field}: {first['msg']}") from None
+        name = str(first["loc"][0]) if first["loc"] else ""
+        field = ("--" + name.replace("_", "-")) if name in given else "SEEDGRID_" + name.upper()
+        raise _fail(f"{field if name else 'settings'}: {first['msg']}") from None
+
+
+def upgrade_schema(database_url: str) -> None:
+    """Migrate the database to the newest schema, or stop with one line naming it."""
+    from service.db import INITIAL_REVISION, DatabaseError, masked_url, upgrade_database
+
+    try:
+        done = upgrade_database(database_url)
+    except DatabaseError as exc:
+        raise _fail(str(exc)) from None
+    if done.stamped:
+        change = f"tables made before migrations stamped at revision {INITIAL_REVISION}"
+        change += f", upgraded to {done.after}" if done.after != INITIAL_REVISION else ""
+    elif done.before == done.after:
+        change = f"schema at revision {done.after}, up to date"
+    else:
+        change = f"schema upgraded from {done.before or 'an empty database'} to {done.after}"
+    console.print(f"database {masked_url(database_url)}: {change}", markup=False, soft_wrap=True)
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -60,6 +91,13 @@ def load_spec(path: Path) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise _fail(f"spec file {path} must hold a mapping (name, trainer, config, grid, seeds)")
     return spec
+
+
+def _client(url: str, timeout_s: float) -> httpx.Client:
+    """An API client that sends the bearer token of SEEDGRID_API_TOKEN when it is set."""
+    token = os.environ.get("SEEDGRID_API_TOKEN", "").strip()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, timeout=timeout_s, headers=headers)
 
 
 def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
@@ -192,6 +230,7 @@ def serve(
     from service.app import create_app
 
     settings = load_settings()
+    upgrade_schema(settings.database_url)
     uvicorn.run(
         create_app(settings, dispatch=dispatch),
         host=settings.host,
@@ -208,7 +247,7 @@ def submit(
 ) -> None:
     """Submit an experiment spec (JSON or YAML) to a running service."""
     spec = load_spec(spec_file)
-    with httpx.Client(base_url=url, timeout=60) as client:
+    with _client(url, 60) as client:
         created = _request(client, "POST", "/experiments", json=spec)
         console.print(
             f"experiment {created['id']} {created['name']}: {created['n_conditions']} "
@@ -222,7 +261,7 @@ def submit(
 @app.command()
 def status(experiment_id: int, url: UrlOpt = DEFAULT_URL) -> None:
     """An experiment's status and run counts."""
-    with httpx.Client(base_url=url, timeout=60) as client:
+    with _client(url, 60) as client:
         d = _request(client, "GET", f"/experiments/{experiment_id}")
     counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
     console.print(
@@ -238,7 +277,7 @@ def stats(
     metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
 ) -> None:
     """Per-condition table and variance comparisons of an experiment."""
-    with httpx.Client(base_url=url, timeout=120) as client:
+    with _client(url, 120) as client:
         report(client, experiment_id, metric)
 
 
@@ -252,12 +291,13 @@ def run(
     settings = load_settings()
     spec = load_spec(spec_file)
     started = time.perf_counter()
+    upgrade_schema(settings.database_url)
     console.print(
         f"database {settings.database_url}; Ray {settings.ray_address or 'local (started here)'}"
     )
     with (
         BackgroundServer(settings) as server,
-        httpx.Client(base_url=server.url, timeout=120) as client,
+        _client(server.url, 120) as client,
     ):
         created = _request(client, "POST", "/experiments", json=spec)
         console.print(
@@ -268,6 +308,30 @@ def run(
         watch(client, created["id"])
         report(client, created["id"], metric)
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
+
+
+@db_app.command("upgrade")
+def db_upgrade(database_url: DatabaseUrlOpt = None) -> None:
+    """Apply every migration the database lacks (`alembic upgrade head`); safe to repeat."""
+    upgrade_schema(load_settings(database_url=database_url).database_url)
+
+
+@db_app.command("current")
+def db_current(database_url: DatabaseUrlOpt = None) -> None:
+    """The schema revision the database is at, and the newest one this seedgrid knows."""
+    from service.db import DatabaseError, database_revision, head_revision, masked_url
+
+    url = load_settings(database_url=database_url).database_url
+    try:
+        revision = database_revision(url)
+    except DatabaseError as exc:
+        raise _fail(str(exc)) from None
+    head = head_revision()
+    if revision is None:
+        state = f"no alembic_version table (`seedgrid db upgrade` brings it to revision {head})"
+    else:
+        state = f"revision {revision}" + (" (head)" if revision == head else f", head is {head}")
+    console.print(f"database {masked_url(url)}: {state}", markup=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlmodel import Session
 
 from service.settings import Settings
@@ -22,3 +22,10 @@ def _settings(request: Request) -> Settings:
 
 SessionDep = Annotated[Session, Depends(_session)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
+
+# The largest integer SQLite stores; a larger id, offset or step is invalid input, not a driver
+# overflow.
+MAX_DB_INT = 2**63 - 1
+
+ExperimentId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]
+RunId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]

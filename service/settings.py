@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # How often the dispatcher looks for queued runs and cancellations when idle.
     dispatch_poll_interval_s: float = Field(0.05, gt=0, le=10)
     log_level: str = "info"
+    # Bearer token every endpoint but GET /healthz requires; empty: no authentication.
+    api_token: SecretStr = SecretStr("")
+    # Larger request bodies are refused with 413 before they are read.
+    max_request_body_bytes: int = Field(1_048_576, ge=1024)
 
     @field_validator("database_url")
     @classmethod
@@ -43,6 +47,14 @@ class Settings(BaseSettings):
                 f"unsupported database {url.get_backend_name()!r}: use sqlite or postgresql"
             )
         return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _token(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value().strip()
+        if any(not ("!" <= c <= "~") for c in token):
+            raise ValueError("the token must be printable ASCII without spaces")
+        return SecretStr(token)
 
     @field_validator("log_level")
     @classmethod

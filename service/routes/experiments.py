@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from sqlmodel import select
 
 from api_schemas import (
+    MAX_KEY_LENGTH,
     ExperimentCreated,
     ExperimentDetail,
     ExperimentSpec,
@@ -19,7 +20,7 @@ from api_schemas import (
 )
 from service import experiments as logic
 from service.db import Run
-from service.deps import SessionDep, SettingsDep
+from service.deps import MAX_DB_INT, ExperimentId, SessionDep, SettingsDep
 from service.stats import experiment_stats
 from trainers import REGISTRY
 
@@ -47,29 +48,33 @@ def list_all(
     session: SessionDep,
     status: ExperimentStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0,
 ) -> list[ExperimentSummary]:
     return logic.list_experiments(session=session, status=status, limit=limit, offset=offset)
 
 
 @router.get("/{experiment_id}", response_model=ExperimentDetail)
-def detail(experiment_id: int, session: SessionDep) -> ExperimentDetail:
+def detail(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
 @router.post("/{experiment_id}/cancel", status_code=202, response_model=ExperimentDetail)
-def cancel(experiment_id: int, session: SessionDep) -> ExperimentDetail:
+def cancel(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     logic.cancel_experiment(session=session, experiment_id=experiment_id)
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
 @router.get("/{experiment_id}/runs", response_model=list[RunOut])
-def runs(experiment_id: int, session: SessionDep) -> list[RunOut]:
+def runs(experiment_id: ExperimentId, session: SessionDep) -> list[RunOut]:
     return logic.list_runs(session=session, experiment_id=experiment_id)
 
 
 @router.get("/{experiment_id}/stats", response_model=Stats)
-def stats(experiment_id: int, session: SessionDep, metric: str | None = None) -> Stats:
+def stats(
+    experiment_id: ExperimentId,
+    session: SessionDep,
+    metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH)] = None,
+) -> Stats:
     experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
     metric = metric or experiment.metric
     trainer = REGISTRY[experiment.trainer]

@@ -7,25 +7,25 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlmodel import select
 
-from api_schemas import MetricPoint, RunDetail
+from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, MetricPoint, RunDetail
 from service import experiments as logic
 from service.db import MetricPoint as MetricRow
-from service.deps import SessionDep
+from service.deps import MAX_DB_INT, RunId, SessionDep
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 
 @router.get("/{run_id}", response_model=RunDetail)
-def detail(run_id: int, session: SessionDep) -> RunDetail:
+def detail(run_id: RunId, session: SessionDep) -> RunDetail:
     return logic.run_detail(session=session, run_id=run_id)
 
 
 @router.get("/{run_id}/metrics", response_model=list[MetricPoint])
 def metrics(
-    run_id: int,
+    run_id: RunId,
     session: SessionDep,
-    name: str | None = None,
-    since_step: Annotated[int | None, Query(ge=0)] = None,
+    name: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
+    since_step: Annotated[int | None, Query(ge=0, le=MAX_DB_INT)] = None,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
 ) -> list[MetricPoint]:
     logic.run_detail(session=session, run_id=run_id)
