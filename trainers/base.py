@@ -82,8 +82,9 @@ class RunResult:
     def as_dict(self) -> dict[str, Any]:
         return {
             "metrics": {k: finite_or_none(v) for k, v in self.metrics.items()},
-            "diagnostics": self.diagnostics,
-            "warnings": [w.as_dict() for w in self.warnings],
+            # JSON has no inf/nan (PostgreSQL's json type refuses them): they are stored as null
+            "diagnostics": json_finite(self.diagnostics),
+            "warnings": [json_finite(w.as_dict()) for w in self.warnings],
             "provenance": self.provenance,
             "finished": self.finished,
         }
@@ -111,6 +112,15 @@ def finite_or_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def json_finite(value: Any) -> Any:
+    """`value` with every non-finite float, at any depth, replaced by None."""
+    if isinstance(value, dict):
+        return {k: json_finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_finite(v) for v in value]
+    return finite_or_none(value)
 
 
 def provenance(device: torch.device | str, seed: int, config: pydantic.BaseModel) -> dict[str, Any]:
