@@ -18,8 +18,12 @@ from trainers.base import (
 )
 from trainers.cff import CFFTrainer
 from trainers.collapse import CollapseTrainer
+from trainers.ssl import SSLTrainer
+from trainers.ssl_sim import SSLSimTrainer
 
-REGISTRY: dict[str, Trainer] = {t.name: t for t in (CollapseTrainer(), CFFTrainer())}
+REGISTRY: dict[str, Trainer] = {
+    t.name: t for t in (CollapseTrainer(), CFFTrainer(), SSLTrainer(), SSLSimTrainer())
+}
 
 
 class UnknownTrainerError(KeyError):

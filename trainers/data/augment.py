@@ -169,3 +169,74 @@ def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) 
     m = torch.tensor(mean, dtype=x.dtype, device=x.device)[None, :, None, None]
     s = torch.tensor(std, dtype=x.dtype, device=x.device)[None, :, None, None]
     return (x - m) / s
+
+
+def simclr_augment(
+    x: torch.Tensor, generator: torch.Generator, *, hflip: bool, strength: float = 0.5,
+    min_scale: float = 0.2,
+) -> torch.Tensor:
+    """SimCLR's view pipeline on a batch of [0, 1] images, one draw per image (paper 001):
+    RandomResizedCrop(side, scale=(min_scale, 1), ratio=(3/4, 4/3)) + HFlip where the dataset
+    allows it; then brightness, contrast and saturation jitter of 0.8 * strength and hue jitter
+    of 0.2 * strength (0.4 / 0.4 / 0.4 / 0.1 at strength 0.5), each applied with p = 0.8;
+    grayscale with p = 0.2. No normalisation, as the paper's code."""
+    b, c, h, w = x.shape
+    device = x.device
+
+    def uniform(lo: float, hi: float) -> torch.Tensor:
+        return (lo + (hi - lo) * torch.rand(b, generator=generator)).to(device)
+
+    area = uniform(min_scale, 1.0)
+    log_ratio = uniform(math.log(3 / 4), math.log(4 / 3))
+    ratio = torch.exp(log_ratio)
+    # crop width and height as fractions of the side (clipped to the image, as torchvision's
+    # fallback does)
+    cw = torch.sqrt(area * ratio).clamp(max=1.0)
+    ch = torch.sqrt(area / ratio).clamp(max=1.0)
+    cx = (uniform(0.0, 1.0) * (1 - cw) + cw / 2) * 2 - 1  # centre in [-1, 1] coordinates
+    cy = (uniform(0.0, 1.0) * (1 - ch) + ch / 2) * 2 - 1
+    flip = torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0) if hflip else torch.ones(b,
+                                                                                   device=device)
+    theta = torch.zeros(b, 2, 3, device=device)
+    theta[:, 0, 0] = cw * flip
+    theta[:, 0, 2] = cx
+    theta[:, 1, 1] = ch
+    theta[:, 1, 2] = cy
+    grid = F.affine_grid(theta, [b, c, h, w], align_corners=False)
+    out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    jitter = 0.8 * strength
+    if c == 3:
+        gray_weights = torch.tensor([0.299, 0.587, 0.114], device=device)[None, :, None, None]
+    for op in ("brightness", "contrast", "saturation", "hue"):
+        apply = (uniform(0.0, 1.0) < 0.8)[:, None, None, None]
+        if op == "hue":
+            if c != 3:
+                continue
+            changed = _hue_shift(out, uniform(-0.25 * jitter, 0.25 * jitter))
+        else:
+            factor = uniform(max(0.0, 1 - jitter), 1 + jitter)[:, None, None, None]
+            if op == "brightness":
+                changed = out * factor
+            else:
+                gray = (out * gray_weights).sum(1, keepdim=True) if c == 3 else out
+                if op == "contrast":
+                    gray = gray.mean(dim=(1, 2, 3), keepdim=True)
+                changed = gray + factor * (out - gray)
+        out = torch.where(apply, changed.clamp(0.0, 1.0), out)
+    if c == 3:
+        to_gray = (uniform(0.0, 1.0) < 0.2)[:, None, None, None]
+        out = torch.where(to_gray, (out * gray_weights).sum(1, keepdim=True).expand_as(out), out)
+    return out
+
+
+def _hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Rotate hue by `shift` turns (per image) in YIQ space, an exact rotation of chroma."""
+    to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322],
+                           [0.211, -0.523, 0.312]], device=x.device, dtype=x.dtype)
+    from_yiq = torch.linalg.inv(to_yiq)
+    yiq = torch.einsum("ij,bjhw->bihw", to_yiq, x)
+    angle = 2 * math.pi * shift
+    cos, sin = torch.cos(angle)[:, None, None], torch.sin(angle)[:, None, None]
+    i, q = yiq[:, 1], yiq[:, 2]
+    rotated = torch.stack([yiq[:, 0], cos * i - sin * q, sin * i + cos * q], dim=1)
+    return torch.einsum("ij,bjhw->bihw", from_yiq, rotated)

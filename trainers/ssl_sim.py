@@ -1,0 +1,211 @@
+"""`ssl_sim`: the two simulations of paper 001 (shared/papers/ssl-embedding-norms.md §2.5).
+
+A trainer of its own rather than a mode of `ssl`: the simulations share no config, model or
+metric with image SSL training, and a separate name keeps both configs strict and short.
+
+- `convergence`: free embeddings, n positive pairs in d dimensions at initial norm rho, plain
+  SGD (lr 10) on -mean cos; the number of steps until mean cos >= 1 - 1e-3 grows as rho^2
+  (about 96 rho^2 with these settings), because the angular step shrinks as 1/||z||^2.
+  GradScale (grad_scale_power) can be switched on to see it remove the dependence.
+- `latent_class`: K latent classes on the sphere S^9 with frequencies in class_weights, observed
+  through x = A u (A ~ 10 N(0, 1), 64 x 10); an MLP 64 -> 64 -> ReLU -> 10 trained with a
+  supervised InfoNCE (one random same-class positive per anchor, t = 1) by SGD; the mean
+  embedding norm of each class is logged per epoch and ends ordered by class frequency.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from scipy import stats as scipy_stats
+from torch import nn
+
+from trainers.base import Reporter, RunResult, TrainerConfig, provenance
+from trainers.random_sources import random_sources
+from trainers.runtime import deterministic_cpu
+from trainers.ssl import grad_scale, negative_cosine
+
+MAX_SIM_CLASSES = 16
+
+
+class SSLSimConfig(TrainerConfig):
+    simulation: Literal["convergence", "latent_class"] = "convergence"
+    # convergence: initial norm rho of every embedding, pairs, dimension, SGD lr, tolerance.
+    initial_norm: float = Field(1.0, gt=0.0, le=1000.0)
+    n_pairs: int = Field(500, ge=1, le=1_000_000)
+    dim: int = Field(20, ge=2, le=10_000)
+    lr: float | None = Field(None, gt=0.0, le=1000.0)  # None: 10 (convergence), 0.01 (latent)
+    tolerance: float = Field(1e-3, gt=0.0, lt=1.0)
+    max_steps: int = Field(200_000, ge=1, le=10_000_000)
+    grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0)
+    # latent_class: relative class frequencies, samples, latent spread, epochs, batch size.
+    class_weights: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0])
+    n_samples: int = Field(2000, ge=10, le=1_000_000)
+    class_spread: float = Field(1.0, ge=0.0, le=100.0)
+    input_scale: float = Field(10.0, gt=0.0, le=1000.0)
+    epochs: int = Field(100, ge=1, le=100_000)
+    batch_size: int = Field(128, ge=2, le=65_536)
+
+    @model_validator(mode="after")
+    def _check(self) -> SSLSimConfig:
+        weights = self.class_weights
+        if not 2 <= len(weights) <= MAX_SIM_CLASSES or any(w <= 0 for w in weights):
+            raise ValueError(f"class_weights needs 2..{MAX_SIM_CLASSES} positive weights")
+        return self
+
+
+def cosine_convergence_steps(
+    z1: torch.Tensor, z2: torch.Tensor, lr: float, tolerance: float, max_steps: int,
+    power: float = 0.0,
+) -> tuple[int, float]:
+    """Plain SGD on -mean cos(z1_i, z2_i) over both sets of free embeddings; the steps taken
+    until mean cos >= 1 - tolerance (max_steps if never) and the final mean cos."""
+    z1 = z1.clone().requires_grad_()
+    z2 = z2.clone().requires_grad_()
+    for step in range(max_steps + 1):
+        loss = negative_cosine(grad_scale(z1, power), grad_scale(z2, power))
+        mean_cos = -float(loss.detach())
+        if mean_cos >= 1 - tolerance or step == max_steps:
+            return step, mean_cos
+        g1, g2 = torch.autograd.grad(loss, (z1, z2))
+        with torch.no_grad():
+            z1 -= lr * g1
+            z2 -= lr * g2
+    raise AssertionError("unreachable")
+
+
+def spherical_latent_data(
+    weights: list[float], n: int, spread: float, generator: torch.Generator,
+    input_scale: float = 10.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The official SphericalDataset: class centres uniform on S^9, u = centre + N(0, spread^2)
+    renormalised to the sphere, x = A u with A ~ 10 N(0, 1) (64 x 10); class sizes multinomial
+    in the normalised weights."""
+    k = len(weights)
+    centres = F.normalize(torch.randn(k, 10, generator=generator, dtype=torch.float64), dim=1)
+    p = torch.tensor(weights, dtype=torch.float64)
+    labels = torch.multinomial(p / p.sum(), n, replacement=True, generator=generator)
+    u = centres[labels] + spread * torch.randn(n, 10, generator=generator, dtype=torch.float64)
+    u = F.normalize(u, dim=1)
+    a = input_scale * torch.randn(64, 10, generator=generator, dtype=torch.float64)
+    return (u @ a.T).float(), labels
+
+
+def supervised_pair_infonce(
+    z: torch.Tensor, labels: torch.Tensor, generator: torch.Generator, temperature: float = 1.0
+) -> torch.Tensor:
+    """The simulation's "attract_pairs" loss: each anchor i gets one random same-class partner
+    j(i) (itself when it has none), and the pair is used both ways:
+    l_i = -s_ij/t + log sum_{k != i} exp(s_ik/t) with s the cosine similarity."""
+    n = len(z)
+    zn = F.normalize(z, dim=1)
+    s = zn @ zn.T / temperature
+    same = (labels[:, None] == labels[None, :]) & ~torch.eye(n, dtype=torch.bool)
+    # pick one partner per row uniformly among its same-class items
+    scores = torch.rand(n, n, generator=generator).masked_fill(~same, -1.0)
+    partner = torch.where(same.any(1), scores.argmax(1), torch.arange(n))
+    log_denominator = torch.logsumexp(s.masked_fill(torch.eye(n, dtype=torch.bool), -math.inf),
+                                      dim=1)
+    forward = log_denominator - s[torch.arange(n), partner]
+    backward = log_denominator[partner] - s[partner, torch.arange(n)]
+    return 0.5 * (forward.mean() + backward.mean())
+
+
+class SSLSimTrainer:
+    name: ClassVar[str] = "ssl_sim"
+    description: ClassVar[str] = (
+        "Paper 001's simulations: steps to converge vs initial embedding norm under a cosine "
+        "loss, and per-class embedding norms vs class frequency on latent-class data."
+    )
+    paper: ClassVar[str] = "Draganov et al., ICML 2025, arXiv:2502.09252 (Simulations.ipynb)"
+    Config: ClassVar[type[SSLSimConfig]] = SSLSimConfig
+    metrics: ClassVar[tuple[str, ...]] = (
+        "steps_to_converge", "final_mean_cos", "norm_mean", "loss",
+        "norm_frequency_spearman", "norm_ordered_by_frequency",
+        *(f"norm_class{c}" for c in range(MAX_SIM_CLASSES)),
+    )
+    diagnostics: ClassVar[tuple[str, ...]] = ("class_counts", "class_norms")
+    primary_metric: ClassVar[str] = "steps_to_converge"
+
+    def run(self, config: SSLSimConfig, seed: int, reporter: Reporter) -> RunResult:
+        deterministic_cpu()
+        sources = random_sources(seed)
+        if config.simulation == "convergence":
+            return self._convergence(config, seed, sources, reporter)
+        return self._latent_class(config, seed, sources, reporter)
+
+    def _convergence(self, config: SSLSimConfig, seed: int, sources: Any,
+                     reporter: Reporter) -> RunResult:
+        shape = (config.n_pairs, config.dim)
+        z1 = config.initial_norm * F.normalize(
+            torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+        z2 = config.initial_norm * F.normalize(
+            torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+        lr = config.lr if config.lr is not None else 10.0
+        steps, final = cosine_convergence_steps(z1, z2, lr, config.tolerance, config.max_steps,
+                                                config.grad_scale_power)
+        metrics = {"steps_to_converge": float(steps), "final_mean_cos": final}
+        reporter.log(steps, metrics)
+        converged = final >= 1 - config.tolerance
+        return RunResult(
+            metrics=metrics,
+            diagnostics={"converged": converged, "lr": lr,
+                         "expected_steps_96_rho_squared": 96 * config.initial_norm**2},
+            provenance=provenance("cpu", seed, config),
+        )
+
+    def _latent_class(self, config: SSLSimConfig, seed: int, sources: Any,
+                      reporter: Reporter) -> RunResult:
+        x, labels = spherical_latent_data(config.class_weights, config.n_samples,
+                                          config.class_spread, sources.data, config.input_scale)
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        for layer in (model[0], model[2]):
+            nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=sources.init)
+            bound = 1 / math.sqrt(layer.weight.shape[1])
+            nn.init.uniform_(layer.bias, -bound, bound, generator=sources.init)
+        lr = config.lr if config.lr is not None else 0.01
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        k = len(config.class_weights)
+        step = 0
+        class_norms: list[float] = []
+        for epoch in range(config.epochs):
+            order = torch.randperm(len(x), generator=sources.data)
+            total = 0.0
+            for start in range(0, len(x), config.batch_size):
+                index = order[start : start + config.batch_size]
+                if len(index) < 2:
+                    continue
+                loss = supervised_pair_infonce(model(x[index]), labels[index], sources.augment)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach()) * len(index)
+                step += 1
+            with torch.no_grad():  # the training set itself is embedded (quirk 8, fixed)
+                norms = model(x).norm(dim=1)
+            class_norms = [float(norms[labels == c].mean()) if (labels == c).any()
+                           else float("nan") for c in range(k)]
+            point = {"loss": total / len(x), "norm_mean": float(norms.mean()),
+                     **{f"norm_class{c}": v for c, v in enumerate(class_norms)}}
+            reporter.log(step, point, epoch=epoch)
+            if reporter.should_stop():
+                break
+        counts = torch.bincount(labels, minlength=k).tolist()
+        finite = [(n, w) for n, w in zip(class_norms, config.class_weights, strict=True)
+                  if math.isfinite(n)]
+        rho = scipy_stats.spearmanr([w for _, w in finite], [n for n, _ in finite]).statistic
+        by_frequency = [n for _, n in sorted(zip(counts, class_norms, strict=True))]
+        ordered = all(a < b for a, b in zip(by_frequency, by_frequency[1:], strict=False))
+        metrics = {**point, "norm_ordered_by_frequency": float(ordered)}
+        if np.isfinite(rho):
+            metrics["norm_frequency_spearman"] = float(rho)
+        return RunResult(
+            metrics=metrics,
+            diagnostics={"class_counts": counts, "class_norms": class_norms},
+            provenance=provenance("cpu", seed, config),
+        )
