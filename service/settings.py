@@ -15,7 +15,8 @@ class Settings(BaseSettings):
 
     # Any SQLAlchemy URL; the default is an embedded SQLite file in WAL mode.
     database_url: str = "sqlite:///./seedgrid.db"
-    # None starts a local Ray; "auto" or "ray://host:10001" or "host:6379" joins a cluster.
+    # None starts a local Ray; "auto" or "host:6379" joins a cluster (Ray Client, ray://, cannot
+    # carry the workers' streaming generators).
     ray_address: str | None = None
     # CPUs of the local Ray instance (ignored when joining a cluster); None lets Ray decide.
     ray_num_cpus: int | None = Field(None, ge=1)
