@@ -126,7 +126,7 @@ class SSLSimTrainer:
     Config: ClassVar[type[SSLSimConfig]] = SSLSimConfig
     metrics: ClassVar[tuple[str, ...]] = (
         "steps_to_converge", "final_mean_cos", "norm_mean", "loss",
-        "norm_frequency_spearman", "norm_ordered_by_frequency",
+        "norm_frequency_spearman", "norm_ordered_by_frequency", "norm_most_over_least_frequent",
         *(f"norm_class{c}" for c in range(MAX_SIM_CLASSES)),
     )
     diagnostics: ClassVar[tuple[str, ...]] = ("class_counts", "class_norms")
@@ -201,7 +201,8 @@ class SSLSimTrainer:
         rho = scipy_stats.spearmanr([w for _, w in finite], [n for n, _ in finite]).statistic
         by_frequency = [n for _, n in sorted(zip(counts, class_norms, strict=True))]
         ordered = all(a < b for a, b in zip(by_frequency, by_frequency[1:], strict=False))
-        metrics = {**point, "norm_ordered_by_frequency": float(ordered)}
+        metrics = {**point, "norm_ordered_by_frequency": float(ordered),
+                   "norm_most_over_least_frequent": by_frequency[-1] / by_frequency[0]}
         if np.isfinite(rho):
             metrics["norm_frequency_spearman"] = float(rho)
         return RunResult(
