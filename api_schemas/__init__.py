@@ -251,6 +251,12 @@ class Comparison(BaseModel):
     permutation_p: float | None
     mean_diff: float | None
     welch_p: float | None
+    # Pooled comparisons only: the within-cell pooled variance sum (n_k - 1) s_k^2 / sum (n_k - 1)
+    # over the cells of the other factors, and its ratio (the var_ratio above is the plain
+    # variance of all runs of a level); null within a cell or with no other factor.
+    within_cell_var_a: float | None = None
+    within_cell_var_b: float | None = None
+    within_cell_var_ratio: float | None = None
 
 
 class Stats(BaseModel):
@@ -275,3 +281,6 @@ class Health(BaseModel):
     ray: str
     cluster_resources: dict[str, float]
     version: str
+    # This process's dispatcher: active (holds the dispatch lock), standby (waits for it),
+    # stopped, or absent (an API started with --no-dispatch).
+    dispatcher: str

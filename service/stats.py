@@ -9,7 +9,10 @@ once pooled over every other factor and once within each combination of the othe
 - permutation_p: scipy.stats.permutation_test on log(var_a / var_b), two-sided;
 - var_ratio_ci95: scipy.stats.bootstrap percentile interval of the ratio (BCa is undefined for
   the 3-5 seeds typical here, so the percentile method is used);
-- mean_diff = mean_a - mean_b and welch_p from ttest_ind(equal_var=False).
+- mean_diff = mean_a - mean_b and welch_p from ttest_ind(equal_var=False);
+- pooled comparisons also give the within-cell pooled variance of each level,
+  sum_k (n_k - 1) s_k^2 / sum_k (n_k - 1) over the cells of the other factors, and its ratio
+  (paper 000 asks for both readings of "pooled").
 
 Resampling tests use a fixed seed (RESAMPLING_SEED) so that the same stored results always give
 the same p-values. Anything undefined (n < 2, zero variance) is null, never an error.
@@ -176,10 +179,31 @@ def experiment_stats(
                 fixed = within or {}
                 result = compare(_values(runs, {**fixed, factor: level_a}),
                                  _values(runs, {**fixed, factor: level_b}))
+                if within is None and others:
+                    cells = scopes[1:]
+                    var_a = within_cell_variance(
+                        [_values(runs, {**c, factor: level_a}) for c in cells])
+                    var_b = within_cell_variance(
+                        [_values(runs, {**c, factor: level_b}) for c in cells])
+                    result.update(
+                        within_cell_var_a=var_a,
+                        within_cell_var_b=var_b,
+                        within_cell_var_ratio=_finite(var_a / var_b)
+                        if var_a is not None and var_b else None,
+                    )
                 comparisons.append(
                     Comparison(factor=factor, a=level_a, b=level_b, within=within, **result)
                 )
     return Stats(metric=metric, conditions=conditions, comparisons=comparisons)
+
+
+def within_cell_variance(cells: Sequence[Sequence[float]]) -> float | None:
+    """sum_k (n_k - 1) s_k^2 / sum_k (n_k - 1) over cells with at least two values."""
+    usable = [np.asarray(c, dtype=float) for c in cells if len(c) >= 2]
+    dof = sum(len(c) - 1 for c in usable)
+    if dof == 0:
+        return None
+    return _finite(sum((len(c) - 1) * np.var(c, ddof=1) for c in usable) / dof)
 
 
 def _values(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from tests.conftest import Service
 from tests.scipy_reference import assert_matches, reference_comparison
 
@@ -53,6 +56,12 @@ def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: 
         assert comparison["n_a"] == comparison["n_b"] == expected_n
         assert_matches(comparison, reference_comparison(accuracies("clamp", stability),
                                                         accuracies("subtract", stability)))
+    # both readings of "pooled" (paper 000 section 4.1): plain variance of the 6 runs, and the
+    # within-cell pooled variance over the two stability cells
+    cells = {mode: sum(2 * np.var(accuracies(mode, st), ddof=1) for st in ("detach", "direct"))
+             / 4 for mode in ("clamp", "subtract")}
+    assert scopes[None]["within_cell_var_a"] == pytest.approx(cells["clamp"], rel=1e-9)
+    assert scopes[None]["within_cell_var_b"] == pytest.approx(cells["subtract"], rel=1e-9)
     # the diagnostics are served as metrics too
     car = service.client.get(f"/experiments/{created['id']}/stats",
                              params={"metric": "grad_norm_layer0"}).json()

@@ -63,6 +63,32 @@ def test_pooled_and_within_comparisons_follow_the_grid() -> None:
     b = [v for c, _, v in runs if c == {"mode": "subtract", "stability": "direct"}]
     assert (within.n_a, within.n_b) == (4, 4)
     assert_matches(within.model_dump(), reference_comparison(a, b))
+    assert within.within_cell_var_ratio is None  # only pooled comparisons carry it
+
+
+def test_pooled_comparisons_also_give_the_within_cell_pooled_variance() -> None:
+    grid = {"mode": ["clamp", "subtract"], "stability": ["detach", "direct"]}
+    rng = np.random.default_rng(2)
+    runs, cells = [], {}
+    for mode in grid["mode"]:
+        for stability, shift in zip(grid["stability"], (0.0, 5.0), strict=True):
+            values = [float(v) for v in rng.normal(loc=shift, size=7)]
+            cells[(mode, stability)] = values
+            cond = {"mode": mode, "stability": stability}
+            runs += [(cond, f"mode={mode},stability={stability}", v) for v in values]
+    pooled = next(c for c in experiment_stats(metric="m", grid=grid, runs=runs).comparisons
+                  if c.factor == "mode" and c.within is None)
+
+    def within_cells(mode: str) -> float:  # sum (n_k - 1) s_k^2 / sum (n_k - 1), by hand
+        parts = [cells[(mode, s)] for s in grid["stability"]]
+        return sum(6 * np.var(p, ddof=1) for p in parts) / 12
+
+    assert pooled.within_cell_var_a == pytest.approx(within_cells("clamp"), rel=1e-12)
+    assert pooled.within_cell_var_b == pytest.approx(within_cells("subtract"), rel=1e-12)
+    assert pooled.within_cell_var_ratio == pytest.approx(
+        within_cells("clamp") / within_cells("subtract"), rel=1e-12)
+    # the plain variance of the 14 runs also counts the stability shift: much larger
+    assert pooled.var_a > 3 * pooled.within_cell_var_a
 
 
 def test_boolean_and_integer_levels_are_not_confused() -> None:
