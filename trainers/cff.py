@@ -25,6 +25,7 @@ from torch import nn
 from trainers.base import Reporter, RunResult, RunWarning, provenance
 from trainers.data import DataConfig, ImageSplits, load_count, prepare_splits
 from trainers.data.sources import NATIVE_SIZE
+from trainers.init import init_linear
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu, pick_device
 
@@ -273,7 +274,7 @@ def build_layers(
         layers.append(CFFLayer(Block(config.width, config.heads, config.mlp_ratio), embedding))
     for module in layers.modules():
         if isinstance(module, nn.Linear):
-            _init_linear(module, generator)
+            init_linear(module, generator)
         elif isinstance(module, Attention):
             nn.init.xavier_uniform_(module.qkv.weight, generator=generator)
             nn.init.zeros_(module.qkv.bias)
@@ -283,16 +284,9 @@ def build_layers(
     return layers
 
 
-def _init_linear(linear: nn.Linear, generator: torch.Generator) -> None:
-    nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5), generator=generator)
-    if linear.bias is not None:
-        bound = 1 / math.sqrt(linear.weight.shape[1])
-        nn.init.uniform_(linear.bias, -bound, bound, generator=generator)
-
-
 def build_head(width: int, num_classes: int, generator: torch.Generator) -> nn.Sequential:
     head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, num_classes))
-    _init_linear(head[1], generator)
+    init_linear(head[1], generator)
     return head
 
 

@@ -25,6 +25,7 @@ from torch import nn
 from trainers.base import Reporter, RunResult, provenance
 from trainers.data import DataConfig, ImageSplits, prepare_splits
 from trainers.data.augment import simclr_augment
+from trainers.init import init_linear
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu, pick_device
 
@@ -219,9 +220,7 @@ def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
-            nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
-            bound = 1 / math.sqrt(module.weight.shape[1])
-            nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+            init_linear(module, generator)
     for module in model.modules():
         if isinstance(module, BasicBlock):
             nn.init.zeros_(module.bn2.weight)

@@ -26,6 +26,7 @@ from scipy import stats as scipy_stats
 from torch import nn
 
 from trainers.base import Reporter, RunResult, TrainerConfig, provenance
+from trainers.init import init_linear
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu
 from trainers.ssl import grad_scale, negative_cosine
@@ -165,9 +166,7 @@ class SSLSimTrainer:
                                           config.class_spread, sources.data, config.input_scale)
         model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
         for layer in (model[0], model[2]):
-            nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=sources.init)
-            bound = 1 / math.sqrt(layer.weight.shape[1])
-            nn.init.uniform_(layer.bias, -bound, bound, generator=sources.init)
+            init_linear(layer, sources.init)
         lr = config.lr if config.lr is not None else 0.01
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         k = len(config.class_weights)
