@@ -18,11 +18,13 @@ from trainers.base import (
 )
 from trainers.cff import CFFTrainer
 from trainers.collapse import CollapseTrainer
+from trainers.feedback import FeedbackTrainer
 from trainers.ssl import SSLTrainer
 from trainers.ssl_sim import SSLSimTrainer
 
 REGISTRY: dict[str, Trainer] = {
-    t.name: t for t in (CollapseTrainer(), CFFTrainer(), SSLTrainer(), SSLSimTrainer())
+    t.name: t for t in (CollapseTrainer(), CFFTrainer(), SSLTrainer(), SSLSimTrainer(),
+                        FeedbackTrainer())
 }
 
 

@@ -1,0 +1,188 @@
+"""ResMLP, ViT-Mini and StudentNet as residual streams h_0 = embed(x), h_{l+1} = h_l + f_l(h_l),
+read out by head(out_norm(h_L)) (spec section 2.1); and the StudentNet teacher-student task."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainers.cff import Attention, patchify
+from trainers.feedback.config import FeedbackConfig
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh,
+}
+
+
+class MLPBranch(nn.Module):
+    """The residual branch f(h) = W2 phi(W1 LN(h)), W1 and W2: d -> d."""
+
+    def __init__(self, width: int, activation: str) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, width)
+        self.fc2 = nn.Linear(width, width)
+        self.activation = activation
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc2(ACTIVATIONS[self.activation](self.fc1(self.norm(h))))
+
+
+class ViTBranch(nn.Module):
+    """A pre-LN encoder block's whole residual contribution: f(h) = a + m with
+    a = MHA(LN1(h)) and m = fc2(GELU(fc1(LN2(h + a)))), so that the block is h + f(h)."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.norm2 = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, mlp_ratio * width)
+        self.fc2 = nn.Linear(mlp_ratio * width, width)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        a = self.attn(self.norm1(h))
+        return a + self.fc2(F.gelu(self.fc1(self.norm2(h + a))))
+
+
+class FlatEmbedding(nn.Module):
+    """h_0 = Linear(input -> d) of the flattened input."""
+
+    def __init__(self, in_features: int, width: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_features, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.flatten(1))
+
+
+class PatchEmbedding(nn.Module):
+    """h_0 = [CLS; Linear(C p^2 -> d)(patches)] + positions: B x (1 + T) x d."""
+
+    def __init__(self, patch_dim: int, tokens: int, width: int, patch: int) -> None:
+        super().__init__()
+        self.patch = patch
+        self.proj = nn.Linear(patch_dim, width)
+        self.cls = nn.Parameter(torch.zeros(1, 1, width))
+        self.position = nn.Parameter(torch.zeros(1, tokens + 1, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.proj(patchify(x, self.patch))
+        cls = self.cls.expand(len(x), -1, -1)
+        return torch.cat([cls, tokens], dim=1) + self.position
+
+
+class ResidualNet(nn.Module):
+    """embed, residual branches f_0..f_{L-1}, terminal norm (LayerNorm or identity) and head.
+    With `cls_token` the states are B x T x d and the CLS token (index 0) is read out."""
+
+    def __init__(self, embed: nn.Module, branches: nn.ModuleList, out_norm: nn.Module,
+                 head: nn.Linear, cls_token: bool) -> None:
+        super().__init__()
+        self.embed = embed
+        self.branches = branches
+        self.out_norm = out_norm
+        self.head = head
+        self.cls_token = cls_token
+
+    def states(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """h_0..h_L of the full residual stream, one autograd graph in which every h_l can be
+        differentiated (also when the embedding is not trained)."""
+        h = [self.embed(x)]
+        if not h[0].requires_grad:
+            h[0].requires_grad_(True)
+        for branch in self.branches:
+            h.append(h[-1] + branch(h[-1]))
+        return h
+
+    def vector(self, h: torch.Tensor) -> torch.Tensor:
+        """The per-sample vector the diagnostics see: the CLS token, or the state itself."""
+        return h[:, 0] if self.cls_token else h
+
+    def normed(self, h_last: torch.Tensor) -> torch.Tensor:
+        return self.out_norm(self.vector(h_last))
+
+    def readout(self, h_last: torch.Tensor) -> torch.Tensor:
+        return self.head(self.normed(h_last))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.readout(self.states(x)[-1])
+
+    def branch_weights(self) -> list[nn.Parameter]:
+        """The parameters the frozen-block baseline freezes: every branch parameter but the
+        LayerNorms'."""
+        return [p for branch in self.branches for m in branch.modules()
+                if not isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)]
+
+
+def build_model(config: FeedbackConfig, input_shape: tuple[int, ...], num_classes: int,
+                generator: torch.Generator) -> ResidualNet:
+    """The configured architecture, initialised from the run's `init` generator: PyTorch's
+    default Linear init, W2 (each branch's output weights) N(0, branch_init_std^2) with zero
+    bias, attention in-projection xavier-uniform with zero biases, CLS and positions N(0, 0.02^2).
+    """
+    d = config.width
+    if config.arch == "vit_mini":
+        channels, side, _ = input_shape
+        tokens = (side // config.patch) ** 2
+        embed: nn.Module = PatchEmbedding(channels * config.patch**2, tokens, d, config.patch)
+        branches = nn.ModuleList(ViTBranch(d, config.heads, config.mlp_ratio)
+                                 for _ in range(config.depth))
+    else:
+        embed = FlatEmbedding(math.prod(input_shape), d)
+        branches = nn.ModuleList(MLPBranch(d, config.activation) for _ in range(config.depth))
+    out_norm = nn.Identity() if config.arch == "studentnet" else nn.LayerNorm(d)
+    model = ResidualNet(embed, branches, out_norm, nn.Linear(d, num_classes),
+                        cls_token=config.arch == "vit_mini")
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            _default_linear_init(module, generator)
+        elif isinstance(module, Attention):
+            nn.init.xavier_uniform_(module.qkv.weight, generator=generator)
+            nn.init.zeros_(module.qkv.bias)
+        elif isinstance(module, PatchEmbedding):
+            nn.init.normal_(module.cls, std=0.02, generator=generator)
+            nn.init.normal_(module.position, std=0.02, generator=generator)
+    for branch in branches:
+        outputs = [branch.fc2] + ([branch.attn.out] if isinstance(branch, ViTBranch) else [])
+        for linear in outputs:
+            nn.init.normal_(linear.weight, std=config.branch_init_std, generator=generator)
+            nn.init.zeros_(linear.bias)
+    return model
+
+
+def _default_linear_init(linear: nn.Linear, generator: torch.Generator) -> None:
+    nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5), generator=generator)
+    if linear.bias is not None:
+        bound = 1 / math.sqrt(linear.weight.shape[1])
+        nn.init.uniform_(linear.bias, -bound, bound, generator=generator)
+
+
+class Teacher:
+    """StudentNet's teacher (a reconstruction; the spec gives only the teacher map): inputs
+    x ~ N(0, I_D); `teacher_depth` layers z_1 = phi(x A_1 / sqrt D), z_k = phi(z_{k-1} A_k /
+    sqrt m) with phi(u) = (1 - alpha) u + alpha tanh(gain u); labels y = argmax_c (z_K W)_c;
+    A_k and W standard normal, drawn from `teacher_seed` (the same task for every run)."""
+
+    def __init__(self, config: FeedbackConfig) -> None:
+        self.generator = torch.Generator().manual_seed(config.teacher_seed)
+        self.dim, m = config.student_input_dim, config.teacher_width
+        self.alpha, self.gain = config.teacher_alpha, config.teacher_gain
+        fan_in = [self.dim] + [m] * (config.teacher_depth - 1)
+        self.layers = [torch.randn(n, m, generator=self.generator) / math.sqrt(n)
+                       for n in fan_in]
+        self.readout = torch.randn(m, config.teacher_classes, generator=self.generator)
+
+    def inputs(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.randn(n, self.dim, generator=generator)
+
+    def label(self, x: torch.Tensor) -> torch.Tensor:
+        z = x
+        for a in self.layers:
+            u = z @ a
+            z = (1 - self.alpha) * u + self.alpha * torch.tanh(self.gain * u)
+        return (z @ self.readout).argmax(dim=1)

@@ -1,0 +1,459 @@
+"""The `feedback` training loop, its evaluation and the protocol diagnostics per epoch."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from trainers.base import Reporter, RunResult, RunWarning, provenance
+from trainers.data import ImageSplits, prepare_splits
+from trainers.feedback import protocol
+from trainers.feedback.config import MAX_DEPTH, FeedbackConfig
+from trainers.feedback.credit import (
+    FeedbackMatrices,
+    bp_credits,
+    dfa_credits,
+    draw_feedback,
+    encode_feedback,
+    fa_credits,
+    fa_top_credit,
+    local_credit_loss,
+    output_error,
+    scale_penalty,
+    spread,
+)
+from trainers.feedback.models import ResidualNet, Teacher, build_model
+from trainers.random_sources import RandomSources, random_sources
+from trainers.runtime import deterministic_cpu, pick_device
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+# ---------------------------------------------------------------------------------------------
+# tasks: image datasets (the shared data layer) and StudentNet's teacher-student data
+
+
+class ImageTask:
+    """Batches of an image dataset through the shared data layer (augmented only when
+    augment_strength > 0)."""
+
+    def __init__(self, config: FeedbackConfig, sources: RandomSources,
+                 device: torch.device) -> None:
+        self.splits: ImageSplits = prepare_splits(config, sources)
+        self.sources = sources
+        self.device = device
+        self.augment = config.augment_strength > 0
+        self.num_classes = self.splits.num_classes
+        self.input_shape: tuple[int, ...] = self.splits.data.image_shape
+        self.n_train, self.n_test = len(self.splits.train), len(self.splits.test)
+
+    def train_batches(self, batch_size: int) -> Iterator[Batch]:
+        generator = self.sources.augment if self.augment else None
+        for positions in self.splits.train_batches(batch_size, self.sources.data):
+            yield self.splits.images("train", positions, augment_generator=generator,
+                                     device=self.device)
+
+    def test_batches(self, batch_size: int) -> Iterator[Batch]:
+        for start in range(0, self.n_test, batch_size):
+            positions = torch.arange(start, min(start + batch_size, self.n_test))
+            yield self.splits.images("test", positions, device=self.device)
+
+    def eval_batch(self, size: int) -> Batch:
+        return self.splits.images("test", torch.arange(min(size, self.n_test)),
+                                  device=self.device)
+
+
+class TeacherStudentTask:
+    """StudentNet's synthetic task: a fixed test set from the teacher's own seed; training
+    inputs from the run's data generator, fresh every epoch when `student_online`."""
+
+    def __init__(self, config: FeedbackConfig, sources: RandomSources,
+                 device: torch.device) -> None:
+        self.teacher = Teacher(config)
+        test_x = self.teacher.inputs(config.student_test_size, self.teacher.generator)
+        self.test = (test_x.to(device), self.teacher.label(test_x).to(device))
+        self.generator = sources.data
+        self.device = device
+        self.online = config.student_online
+        self.train = None if self.online else self._draw(config.student_train_size)
+        self.num_classes = config.teacher_classes
+        self.input_shape = (config.student_input_dim,)
+        self.n_train, self.n_test = config.student_train_size, config.student_test_size
+
+    def _draw(self, n: int) -> Batch:
+        x = self.teacher.inputs(n, self.generator)
+        return x.to(self.device), self.teacher.label(x).to(self.device)
+
+    def train_batches(self, batch_size: int) -> Iterator[Batch]:
+        x, y = self.train if self.train is not None else self._draw(self.n_train)
+        order = torch.randperm(self.n_train, generator=self.generator).to(self.device)
+        for start in range(0, self.n_train, batch_size):
+            chunk = order[start:start + batch_size]
+            yield x[chunk], y[chunk]
+
+    def test_batches(self, batch_size: int) -> Iterator[Batch]:
+        for start in range(0, self.n_test, batch_size):
+            yield self.test[0][start:start + batch_size], self.test[1][start:start + batch_size]
+
+    def eval_batch(self, size: int) -> Batch:
+        return self.test[0][:size], self.test[1][:size]
+
+
+Task = ImageTask | TeacherStudentTask
+
+
+def load_task(config: FeedbackConfig, sources: RandomSources, device: torch.device) -> Task:
+    if config.arch == "studentnet":
+        return TeacherStudentTask(config, sources, device)
+    return ImageTask(config, sources, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# one training step in the shared local-loss form
+
+
+def method_credits(method: str, *, model: ResidualNet, states: list[torch.Tensor],
+                   normed: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+                   matrices: FeedbackMatrices | None, config: FeedbackConfig
+                   ) -> list[torch.Tensor]:
+    """a_0..a_L of a method. bp needs `states` to be one graph ending in `logits`; fa's
+    through_norm top credit needs `normed` = model.normed(states[-1])."""
+    if method == "bp":
+        return bp_credits(states, logits, labels)
+    assert matrices is not None
+    error = output_error(logits, labels)
+    if method == "dfa":
+        return dfa_credits(error, matrices)
+    assert matrices.top is not None
+    top = fa_top_credit(model, states[-1], normed, error, matrices.top, config.fa_top_credit)
+    return fa_credits(top, matrices, skip=config.fa_skip)
+
+
+@dataclass
+class StepLosses:
+    total: torch.Tensor  # what is differentiated
+    ce: torch.Tensor
+    local: torch.Tensor
+    penalty: torch.Tensor
+    logits: torch.Tensor
+
+
+def step_losses(model: ResidualNet, x: torch.Tensor, y: torch.Tensor, method: str,
+                matrices: FeedbackMatrices | None, config: FeedbackConfig) -> StepLosses:
+    """CE(head(norm(h_L.detach()))) + <embed(x), a_0> + sum_l <f_l(h_l.detach()), a_{l+1}>
+    + lambda sum_l ||f_l(h_l.detach())||^2 (spec section 2.3)."""
+    bp_reference = None
+    if method == "bp":  # the credits need the full graph; the update below is still local
+        states = model.states(x)
+        normed = model.normed(states[-1])
+        bp_reference = bp_credits(states, model.head(normed), y)
+    h0 = model.embed(x)
+    outs, h = [], h0
+    for branch in model.branches:
+        out = branch(h.detach())
+        outs.append(out)
+        h = h.detach() + out
+    last = h.detach().requires_grad_(True)
+    normed = model.normed(last)
+    logits = model.head(normed)
+    credits = bp_reference if bp_reference is not None else method_credits(
+        method, model=model, states=[last], normed=normed, logits=logits, labels=y,
+        matrices=matrices, config=config)
+    ce = F.cross_entropy(logits, y)
+    local = sum((local_credit_loss(o, spread(a, o, config.vit_credit_tokens))
+                 for o, a in zip(outs, credits[1:], strict=True)), torch.zeros(()))
+    if config.embed_credit != "none":
+        a0 = credits[0] if config.embed_credit == "own" else credits[1]
+        local = local + local_credit_loss(h0, spread(a0, h0, config.vit_credit_tokens))
+    penalty = (sum((scale_penalty(o) for o in outs), torch.zeros(())) if config.penalty > 0
+               else torch.zeros(()))
+    total = ce + local + config.penalty * penalty
+    return StepLosses(total=total, ce=ce.detach(), local=local.detach(),
+                      penalty=(config.penalty * penalty).detach(), logits=logits.detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# the protocol snapshot on the fixed evaluation batch
+
+
+@dataclass
+class Snapshot:
+    """The protocol diagnostics of one epoch (medians over the evaluation batch)."""
+
+    h_norms: list[float]  # ||h_l||, l = 0..L
+    ref_grad_norms: list[float]  # ||g_l|| = ||dCE/dh_l||, l = 0..L
+    rho: float
+    cosines: list[float]  # Gamma per pair, nan when D2 fails
+    deep_cos: float
+    aggregate_cos: float
+    d1_fired: bool
+    d2_fired: bool
+
+    @property
+    def ref_grad_norm(self) -> float:
+        return self.ref_grad_norms[-1]
+
+    def metrics(self) -> dict[str, float]:
+        out = {"residual_growth_max": self.rho, "ref_grad_norm": self.ref_grad_norm,
+               "deep_cos": self.deep_cos, "aggregate_cos": self.aggregate_cos}
+        out.update({f"h_norm_layer{i}": v for i, v in enumerate(self.h_norms)})
+        out.update({f"ref_grad_norm_layer{i}": v for i, v in enumerate(self.ref_grad_norms)})
+        out.update({f"cos_layer{i}": v for i, v in enumerate(self.cosines)})
+        return out
+
+
+def protocol_snapshot(model: ResidualNet, x: torch.Tensor, y: torch.Tensor, method: str,
+                      matrices: FeedbackMatrices | None, config: FeedbackConfig) -> Snapshot:
+    """Norms, rho, the BP reference gradients (CE reduced by config.ce_reduction) and the
+    per-layer cosines between the method's credit and BP's, on one batch."""
+    states = model.states(x)
+    normed = model.normed(states[-1])
+    logits = model.head(normed)
+    loss = F.cross_entropy(logits, y, reduction=config.ce_reduction)
+    grads = torch.autograd.grad(loss, states, retain_graph=True)
+    credits = method_credits(method, model=model, states=states, normed=normed, logits=logits,
+                             labels=y, matrices=matrices, config=config)
+    vec = model.vector
+    h_norms = [protocol.median_norm(vec(h.detach())) for h in states]
+    g_norms = [protocol.median_norm(vec(g)) for g in grads]
+    rho = protocol.scale_growth(h_norms)
+    d1 = protocol.scale_check_fires(rho, config.scale_growth_threshold)
+    d2 = protocol.reference_check_fires(g_norms[-1], config.ref_grad_floor)
+    refs = [vec(g) for g in grads]
+    credit_vectors = [vec(a) if a.dim() == 3 else a for a in credits]
+    if config.cosine_pairing == "output":
+        cosines = protocol.layer_cosines(credit_vectors, refs)
+    else:  # block l's credit (for h_{l+1}) against g at its input h_l
+        cosines = protocol.layer_cosines(credit_vectors[1:], refs[:-1])
+    if d2:  # the reference is below the cosine's floor: the cosines measure noise
+        cosines = [math.nan] * len(cosines)
+    deep, aggregate = protocol.deep_and_aggregate(cosines)
+    return Snapshot(h_norms, g_norms, rho, cosines, deep, aggregate, d1, d2)
+
+
+@torch.no_grad()
+def test_accuracy(model: ResidualNet, task: Task, batch_size: int = 1024) -> float:
+    correct = 0
+    for x, y in task.test_batches(batch_size):
+        correct += int((model(x).argmax(1) == y).sum())
+    return correct / task.n_test
+
+
+# ---------------------------------------------------------------------------------------------
+# the trainer
+
+
+def _metric_names() -> tuple[str, ...]:
+    per_layer = ("h_norm_layer", "ref_grad_norm_layer", "cos_layer")
+    return (
+        "test_accuracy",
+        "test_accuracy_noise_floor",
+        "train_accuracy",
+        "loss",
+        "local_loss",
+        "penalty_loss",
+        "residual_growth_max",
+        "ref_grad_norm",
+        "deep_cos",
+        "aggregate_cos",
+        *(f"{p}{i}" for p in per_layer for i in range(MAX_DEPTH + 1)),
+    )
+
+
+@dataclass
+class FeedbackOutcome:
+    """The trained model and its feedback matrices, with the run's result."""
+
+    model: ResidualNet
+    matrices: FeedbackMatrices | None
+    result: RunResult
+
+
+class FeedbackTrainer:
+    name: ClassVar[str] = "feedback"
+    description: ClassVar[str] = (
+        "BP, feedback alignment and direct feedback alignment on residual networks (ResMLP, "
+        "ViT-Mini, StudentNet) in one local-loss form, with the frozen-block baseline and the "
+        "three-check audit protocol: scale stability (D1), reference validity (D2) and depth "
+        "utility (D3, via GET /experiments/{id}/protocol), plus per-layer cosines every epoch."
+    )
+    paper: ClassVar[str] = (
+        "Hao, Wan, Zhai, What Accuracy and Gradient Cosine Miss: Evaluating Feedback Alignment "
+        "via Scale Stability, Reference Validity, and Depth Utility, arXiv:2606.21126 (2026)"
+    )
+    Config: ClassVar[type[FeedbackConfig]] = FeedbackConfig
+    metrics: ClassVar[tuple[str, ...]] = _metric_names()
+    diagnostics: ClassVar[tuple[str, ...]] = ("protocol", "feedback_matrices")
+    primary_metric: ClassVar[str] = "test_accuracy"
+    # Config fields a frozen-block run does not use (its blocks follow no credit rule): the
+    # protocol report pairs a run with the frozen run whose condition differs only in these.
+    baseline_ignores: ClassVar[tuple[str, ...]] = (
+        "method", "penalty", "fa_top_credit", "fa_skip", "vit_credit_tokens", "cosine_pairing",
+        "store_feedback_matrices")
+
+    def run(self, config: FeedbackConfig, seed: int, reporter: Reporter) -> RunResult:
+        return fit(config, seed, reporter).result
+
+
+def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcome:
+    """Build the task (failing before training if data is missing), the model and the
+    feedback matrices, train, and audit every epoch (epoch 0 is the initialisation)."""
+    device = pick_device(config.device)
+    if device.type == "cpu":
+        deterministic_cpu()
+    sources = random_sources(seed)
+    task = load_task(config, sources, device)
+    model = build_model(config, task.input_shape, task.num_classes, sources.init).to(device)
+    method = "bp" if config.frozen_blocks else config.method
+    drawn = draw_feedback(method, config.depth, config.width, task.num_classes, sources.init)
+    matrices = drawn.to(device) if drawn is not None else None
+    if config.frozen_blocks:
+        for p in model.branch_weights():
+            p.requires_grad_(False)
+    if config.embed_credit == "none":
+        for p in model.embed.parameters():
+            p.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "adam":
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(
+            trainable, lr=config.lr, weight_decay=config.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(trainable, lr=config.lr, momentum=0.9,
+                                    weight_decay=config.weight_decay)
+    eval_x, eval_y = task.eval_batch(config.eval_batch_size)
+
+    def audit() -> Snapshot:
+        return protocol_snapshot(model, eval_x, eval_y, method, matrices, config)
+
+    snapshots = [audit()]
+    accuracy = test_accuracy(model, task)
+    reporter.log(0, {**snapshots[0].metrics(), "test_accuracy": accuracy}, epoch=0)
+    last: dict[str, float] = {}
+    step, stopped, started = 0, False, time.perf_counter()
+    for epoch in range(1, config.epochs + 1):
+        sums = {"loss": 0.0, "local_loss": 0.0, "penalty_loss": 0.0, "correct": 0.0}
+        seen = 0
+        model.train()
+        for x, y in task.train_batches(config.batch_size):
+            losses = step_losses(model, x, y, method, matrices, config)
+            optimizer.zero_grad(set_to_none=True)
+            losses.total.backward()
+            optimizer.step()
+            step += 1
+            n = len(y)
+            seen += n
+            sums["loss"] += float(losses.ce) * n
+            sums["local_loss"] += float(losses.local) * n
+            sums["penalty_loss"] += float(losses.penalty) * n
+            sums["correct"] += float((losses.logits.argmax(1) == y).sum())
+            if reporter.should_stop():
+                stopped = True
+                break
+        if stopped:
+            break
+        model.eval()
+        snapshots.append(audit())
+        accuracy = test_accuracy(model, task)
+        last = {
+            "loss": sums["loss"] / seen,
+            "local_loss": sums["local_loss"] / seen,
+            "penalty_loss": sums["penalty_loss"] / seen,
+            "train_accuracy": sums["correct"] / seen,
+            "test_accuracy": accuracy,
+            **snapshots[-1].metrics(),
+        }
+        reporter.log(step, last, epoch=epoch)
+        if reporter.should_stop():
+            stopped = True
+            break
+        if not math.isfinite(last["loss"]):  # diverged: the worker reads it from `loss`
+            break
+    train_time_s = time.perf_counter() - started
+    model.eval()
+    accuracy = test_accuracy(model, task)
+    final = snapshots[-1]
+    metrics = {
+        **last,
+        **final.metrics(),
+        "test_accuracy": accuracy,
+        "test_accuracy_noise_floor": accuracy * (1 - accuracy) / task.n_test,
+    }
+    diagnostics: dict[str, Any] = {
+        "protocol": protocol_summary(snapshots, config, method),
+        "feedback_matrices": (
+            encode_feedback(matrices, include_data=config.store_feedback_matrices)
+            if matrices is not None else None),
+        "epochs_run": len(snapshots) - 1,
+        "optimizer_steps": step,
+        "n_train": task.n_train,
+        "n_test": task.n_test,
+        "train_time_s": train_time_s,
+    }
+    result = RunResult(
+        metrics=metrics,
+        diagnostics=diagnostics,
+        warnings=protocol_warnings(final, config),
+        provenance=provenance(device, seed, config),
+        finished=not stopped,
+    )
+    return FeedbackOutcome(model=model, matrices=matrices, result=result)
+
+
+def protocol_summary(snapshots: list[Snapshot], config: FeedbackConfig, method: str
+                     ) -> dict[str, Any]:
+    """D1 and D2 on the final model (the authors' FAProtocol audits the final checkpoint),
+    the first epoch each fired, the run's D1/D2 verdict and the per-layer cosines."""
+    final = snapshots[-1]
+    fired = [name for name, f in (("D1", final.d1_fired), ("D2", final.d2_fired)) if f]
+    epochs = list(enumerate(snapshots))
+    return {
+        "checks": {
+            "D1": {"name": "scale_stability", "metric": "residual_growth_max",
+                   "value": final.rho, "threshold": config.scale_growth_threshold,
+                   "fired": final.d1_fired,
+                   "first_epoch": protocol.first_firing([(e, s.d1_fired) for e, s in epochs])},
+            "D2": {"name": "reference_validity", "metric": "ref_grad_norm",
+                   "value": final.ref_grad_norm, "threshold": config.ref_grad_floor,
+                   "fired": final.d2_fired,
+                   "first_epoch": protocol.first_firing([(e, s.d2_fired) for e, s in epochs])},
+        },
+        # D3 needs the frozen-block run of the same condition and seed: the service adds it
+        "verdict": protocol.verdict(fired),
+        "verdict_checks": ["D1", "D2"],
+        "method": method,
+        "frozen_blocks": config.frozen_blocks,
+        "depth_utility_margin_pp": config.depth_utility_margin_pp,
+        "cosine_pairing": config.cosine_pairing,
+        "per_layer_cosine": final.cosines,
+        "deep_cos": final.deep_cos,
+        "aggregate_cos": final.aggregate_cos,
+        "h_norms": final.h_norms,
+        "ref_grad_norms": final.ref_grad_norms,
+        "eval_batch_size": config.eval_batch_size,
+        "ce_reduction": config.ce_reduction,
+    }
+
+
+def protocol_warnings(final: Snapshot, config: FeedbackConfig) -> list[RunWarning]:
+    warnings = []
+    if final.d1_fired:
+        warnings.append(RunWarning(
+            diagnostic="residual_growth_max", value=final.rho,
+            threshold=config.scale_growth_threshold,
+            message="D1 scale stability fails: one block amplifies the residual stream more "
+                    "than the threshold (residual-stream explosion, the precursor of reference "
+                    "collapse)"))
+    if final.d2_fired:
+        warnings.append(RunWarning(
+            diagnostic="ref_grad_norm", value=final.ref_grad_norm,
+            threshold=config.ref_grad_floor,
+            message="D2 reference validity fails: the BP reference gradient at h_L is below "
+                    "the cosine's numerical floor, so gradient cosines measure noise (reported "
+                    "as null)"))
+    return warnings
