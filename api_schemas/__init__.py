@@ -281,6 +281,9 @@ class Health(BaseModel):
     ray: str
     cluster_resources: dict[str, float]
     version: str
+    # This process's dispatcher: active (holds the dispatch lock), standby (waits for it),
+    # stopped, or absent (an API started with --no-dispatch).
+    dispatcher: str
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The FastAPI app factory: engine, tables, routers, error handlers and the dispatcher."""
+"""The FastAPI app factories: engine, tables, routers, error handlers and the dispatcher."""
 
 from __future__ import annotations
 
@@ -77,3 +77,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     return app
+
+
+def create_api_app() -> FastAPI:
+    """The API without a dispatcher, settings from the environment: the factory uvicorn calls
+    in each worker process of `seedgrid serve --no-dispatch --workers N`."""
+    return create_app(get_settings(), dispatch=False)

@@ -1,9 +1,10 @@
-"""The `seedgrid` command line: serve, submit, status, stats, `run` (all in one process), and
-`db upgrade` / `db current` (schema migrations)."""
+"""The `seedgrid` command line: serve, dispatcher, submit, status, stats, `run` (all in one
+process), and `db upgrade` / `db current` (schema migrations)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -44,6 +45,22 @@ def _fail(message: str) -> typer.Exit:
     # soft_wrap: one line however long, so that log scrapers and tests see the whole message
     err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def log_to_stderr(level: str) -> None:
+    """seedgrid's own log lines (the dispatcher's active/standby/take-over) on stderr."""
+    logger = logging.getLogger("seedgrid")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(level.upper())
 
 
 def load_settings(**options: Any) -> Settings:
@@ -222,21 +239,75 @@ def report(client: httpx.Client, experiment_id: int, metric: str | None = None) 
 
 @app.command()
 def serve(
-    dispatch: Annotated[bool, typer.Option(help="run the dispatcher in this process")] = True,
+    dispatch: Annotated[
+        bool,
+        typer.Option(help="run the dispatcher in this process (embedded mode); --no-dispatch: "
+                          "the API only, with `seedgrid dispatcher` running elsewhere"),
+    ] = True,
+    workers: Annotated[
+        int, typer.Option(min=1, help="API worker processes (more than 1 needs --no-dispatch)")
+    ] = 1,
 ) -> None:
     """Serve the REST API (and, by default, the dispatcher) with uvicorn."""
     import uvicorn
 
-    from service.app import create_app
+    if workers > 1 and dispatch:
+        raise _fail("--workers: more than one worker process needs --no-dispatch (run the "
+                    "dispatcher as its own process: `seedgrid dispatcher`)")
+    settings = load_settings()
+    log_to_stderr(settings.log_level)
+    upgrade_schema(settings.database_url)
+    if dispatch:
+        from service.app import create_app
+
+        uvicorn.run(create_app(settings, dispatch=True), host=settings.host, port=settings.port,
+                    log_level=settings.log_level)
+    else:
+        # Each worker process builds its app from the same SEEDGRID_* environment.
+        uvicorn.run("service.app:create_api_app", factory=True, workers=workers,
+                    host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+@app.command()
+def dispatcher() -> None:
+    """Run the dispatcher alone: the database queue -> Ray, results -> the database.
+
+    Exactly one dispatcher acts per database: this one waits as a standby while another holds
+    the dispatch lock (a `seedgrid dispatcher` or an embedded `seedgrid serve`), and takes over
+    when it is gone. SIGTERM or SIGINT stops it cleanly: runs in flight go back to the queue.
+    """
+    import signal
+    import threading
+
+    from service.db import make_engine
+    from service.dispatcher import Dispatcher, ensure_ray
 
     settings = load_settings()
+    log_to_stderr(settings.log_level)
     upgrade_schema(settings.database_url)
-    uvicorn.run(
-        create_app(settings, dispatch=dispatch),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-    )
+    if settings.ray_address:
+        # Connect now: a wrong address fails here, and a standby is ready to take over at once.
+        try:
+            ensure_ray(settings)
+        except Exception as exc:
+            raise _fail(f"cannot connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}: "
+                        f"{_first_line(exc)}") from None
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    engine = make_engine(settings.database_url)
+    worker = Dispatcher(settings, engine)
+    try:
+        worker.start()
+        while worker.alive and not stopping.wait(0.5):
+            pass
+    except Exception as exc:
+        raise _fail(f"the dispatcher could not start: {_first_line(exc)}") from None
+    finally:
+        worker.stop()
+        engine.dispose()
+    if worker.error is not None and not stopping.is_set():
+        raise _fail(f"the dispatcher stopped: {_first_line(worker.error)}")
 
 
 @app.command()

@@ -1,33 +1,43 @@
 """The dispatcher: the database queue -> Ray tasks, and their results -> the database.
 
-One dispatcher acts per deployment; it is the Ray driver. Each loop it
+One dispatcher acts per database; it is the Ray driver. It acts only while it holds the dispatch
+lock (service.lease); a dispatcher that cannot take it stands by and polls, and takes over when
+the holder is gone. Taking over, it re-queues the runs a previous holder left `running`. Then
+each loop it
 1. claims queued runs in priority order (higher first, then oldest) up to `max_in_flight`,
    marks them running, counts the attempt and submits one `workers.run_task` per run with the
    run's resources;
 2. forwards cancellations requested through the API to Ray;
 3. reads whatever the in-flight tasks streamed (start, metric batches, final result) and
    persists it in one transaction.
-A run whose worker or node died is re-queued until it has used max_retries + 1 attempts. Runs
-left `running` by a previous process are re-queued when the dispatcher starts.
+A run whose worker or node died is re-queued until it has used max_retries + 1 attempts.
+
+Stopping (SIGTERM, the API's shutdown), it saves the results Ray already has, cancels the runs
+still in flight and puts them back in the queue without charging them an attempt: Ray ties a
+task's life to its driver's, so none of them could outlive this process anyway.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.exceptions import RayError, TaskCancelledError
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, func, insert, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, select
 
 from api_schemas import RunStatus
-from service.db import MetricPoint, Run, RunAttempt, utcnow
+from service.db import Experiment, MetricPoint, Run, RunAttempt, masked_url, utcnow
 from service.experiments import refresh_experiment_status
+from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
 from service.settings import Settings
 from workers import run_task
 
@@ -36,16 +46,33 @@ log = logging.getLogger("seedgrid.dispatcher")
 # After a cooperative cancel, how long a task gets before it is killed.
 FORCE_CANCEL_AFTER_S = 15.0
 CANCEL_CHECK_INTERVAL_S = 0.25
+# How often a standby tries the lock: the bound on a takeover's delay once the holder is gone.
+STANDBY_POLL_S = 0.5
+# How often the active dispatcher confirms it still holds the lock when it has nothing to write.
+LOCK_CHECK_INTERVAL_S = 1.0
+# A batch read from Ray that this many transactions failed to write: its runs count as lost.
+PERSIST_TRIES = 3
+# Attempts cut short by a dispatcher that stopped cleanly: recorded, not charged to max_retries.
+INTERRUPTED = "interrupted"
+ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
 
 
 def ensure_ray(settings: Settings) -> None:
     """Join the configured cluster, or start a local Ray, once per process."""
     if ray.is_initialized():
         return
-    if settings.ray_address:
-        ray.init(address=settings.ray_address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    # ray.init makes SIGTERM exit the process at once; keep the handler we had (uvicorn's, the
+    # dispatcher command's), so that SIGTERM still stops seedgrid cleanly.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    try:
+        if settings.ray_address:
+            ray.init(address=settings.ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -67,102 +94,334 @@ class Batch:
     results: list[tuple[InFlight, dict[str, Any]]] = field(default_factory=list)
     lost: list[tuple[InFlight, str]] = field(default_factory=list)
     cancelled: list[InFlight] = field(default_factory=list)
+    # every flight something above came from, by run id
+    flights: dict[int, InFlight] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.metrics or self.started or self.results or self.lost or self.cancelled)
 
+    def only(self, run_ids: set[int]) -> Batch:
+        """The part of this batch about the given runs."""
+        return Batch(
+            metrics=[m for m in self.metrics if m["run_id"] in run_ids],
+            started=[(f, m) for f, m in self.started if f.run_id in run_ids],
+            results=[(f, m) for f, m in self.results if f.run_id in run_ids],
+            lost=[(f, r) for f, r in self.lost if f.run_id in run_ids],
+            cancelled=[f for f in self.cancelled if f.run_id in run_ids],
+            flights={i: f for i, f in self.flights.items() if i in run_ids},
+        )
+
 
 class Dispatcher:
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(
+        self, settings: Settings, engine: Engine, *, lock: DispatchLock | None = None
+    ) -> None:
         self.settings = settings
         self.engine = engine
+        self.identity = lock.identity if lock is not None else dispatcher_identity()
+        self.lock = lock or make_dispatch_lock(settings.database_url, self.identity)
         self.in_flight: dict[int, InFlight] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_cancel_check = 0.0
+        self._last_lock_check = 0.0
+        # A batch read from Ray whose transaction failed: written before anything else.
+        self._unsaved: Batch | None = None
+        self._unsaved_failures = 0
+        self._standby_announced = False
+        self._database_unreachable = False
         self.max_in_flight = settings.max_in_flight or 4
         self.error: BaseException | None = None
+        # "active" (holds the lock and dispatches), "standby" (waits for the lock) or "stopped"
+        self.state = "stopped"
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        ensure_ray(self.settings)
-        if self.settings.max_in_flight is None:
-            # Enough submitted runs that Ray's own queue never runs dry between two loops.
-            cpus = int(ray.cluster_resources().get("CPU", 2))
-            self.max_in_flight = max(32, 4 * cpus)
-        self.requeue_orphans()
-        self._thread = threading.Thread(target=self._loop, name="seedgrid-dispatcher", daemon=True)
+        """Take the lock now if it is free (then Ray is up and orphans re-queued on return);
+        otherwise stand by in the background."""
+        self._stop.clear()
+        self.state = "standby"
+        acquired = self._try_acquire()
+        if acquired is False or (acquired and not self._activate()):
+            self._announce_standby()
+        self._thread = threading.Thread(target=self._run, name="seedgrid-dispatcher", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop dispatching; cancel what is in flight and put it back in the queue."""
+        """Stop dispatching: save what Ray already returned, put the runs still in flight back
+        in the queue (not charged as an attempt), release the lock."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        for flight in list(self.in_flight.values()):
-            ray.cancel(flight.generator, force=True)
-        if self.in_flight:
-            with Session(self.engine) as session:
-                for flight in self.in_flight.values():
-                    session.execute(
-                        update(Run)
-                        .where(Run.id == flight.run_id, Run.status == RunStatus.running.value)
-                        .values(status=RunStatus.queued.value, attempts=Run.attempts - 1)
-                    )
-                    self._end_attempt(session, flight, "interrupted", "dispatcher stopped")
-                session.commit()
-            self.in_flight.clear()
+        else:
+            self.lock.close()
+            self.state = "stopped"
 
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def requeue_orphans(self) -> int:
-        """Runs left `running` by a previous dispatcher go back to the queue."""
-        with Session(self.engine) as session:
-            orphans = session.exec(select(Run).where(Run.status == RunStatus.running.value)).all()
-            for run in orphans:
-                if run.cancel_requested:
-                    run.status = RunStatus.cancelled.value
-                    run.finished_at = utcnow()
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self.state == "active":
+                    self._dispatch()
                 else:
-                    run.status = RunStatus.queued.value
-                session.add(run)
+                    self._stand_by()
+        except BaseException as exc:  # only Ray failing to start gets here; the CLI reports it
+            self.error = exc
+            log.exception("the dispatcher stopped")
+        finally:
+            self._shut_down()
+
+    # -- the lock ------------------------------------------------------------------------------
+    def _try_acquire(self) -> bool | None:
+        """Whether this process holds the lock now; None when the database did not answer."""
+        try:
+            acquired = self.lock.try_acquire()
+        except (DBAPIError, OSError) as exc:
+            if not self._database_unreachable:
+                log.warning("cannot take the dispatch lock (%s); retrying every %s s",
+                            _first_line(exc), STANDBY_POLL_S)
+                self._database_unreachable = True
+            return None
+        self._database_unreachable = False
+        return acquired
+
+    def _activate(self) -> bool:
+        """Just took the lock: connect to Ray and settle what earlier holders left running."""
+        try:
+            ensure_ray(self.settings)
+        except BaseException:
+            self.lock.release()
+            raise
+        if self.settings.max_in_flight is None:
+            # Enough submitted runs that Ray's own queue never runs dry between two loops.
+            cpus = int(ray.cluster_resources().get("CPU", 2))
+            self.max_in_flight = max(32, 4 * cpus)
+        try:
+            self.requeue_orphans()
+        except (LockLost, DBAPIError) as exc:
+            log.warning("took the dispatch lock but could not take over (%s); standing by", exc)
+            self.lock.drop()
+            return False
+        self.state = "active"
+        self._standby_announced = False
+        self._last_lock_check = time.monotonic()
+        log.info("dispatcher %s is active on %s", self.identity,
+                 masked_url(self.settings.database_url))
+        return True
+
+    def _announce_standby(self) -> None:
+        if not self._standby_announced:
+            log.info("dispatcher %s is standby: %s holds the dispatch lock on %s; polling "
+                     "every %s s", self.identity, self.lock.holder() or "another dispatcher",
+                     masked_url(self.settings.database_url), STANDBY_POLL_S)
+            self._standby_announced = True
+
+    def _stand_by(self) -> None:
+        while not self._stop.is_set():
+            acquired = self._try_acquire()
+            if acquired and self._activate():
+                return
+            if acquired is False:
+                # Another dispatcher holds the lock, so it has re-queued what this one had left
+                # in Ray; those copies could never be saved.
+                self._cancel_in_ray("another dispatcher holds the lock")
+                self._announce_standby()
+            self._stop.wait(STANDBY_POLL_S)
+
+    def _lost_lock(self, reason: str) -> None:
+        """Stop dispatching at once. What is in flight stays in Ray until this process takes
+        the lock back (then it is kept) or sees that another dispatcher holds it."""
+        self.lock.drop()
+        self.state = "standby"
+        log.error("dispatcher %s lost the dispatch lock (%s) and stopped dispatching; %d runs "
+                  "are left in Ray", self.identity, reason, len(self.in_flight))
+
+    def _session(self) -> Session:
+        """A session for the holder's work; on PostgreSQL it runs on the lock's connection."""
+        return Session(bind=self.lock.bind(self.engine))
+
+    # -- taking over and stopping --------------------------------------------------------------
+    def requeue_orphans(self) -> int:
+        """Runs `running` that this process is not running go back to the queue.
+
+        Only a holder of the lock claims runs, and its claims commit only while it holds it,
+        so every such run was left by an earlier holder: a process that died, or this one
+        before it lost the lock (its runs still in flight at the same attempt are kept). The
+        lost attempt counts against the run's max_retries, as a lost worker's does.
+        """
+        ours = {flight.run_id: flight for flight in self.in_flight.values()}
+        if self._unsaved is not None:
+            ours.update(self._unsaved.flights)
+        now = utcnow()
+        with self._session() as session:
+            _lock_experiments(session, session.exec(
+                select(Run.experiment_id).where(Run.status == RunStatus.running.value).distinct()
+            ).all())
+            running = session.exec(select(Run).where(Run.status == RunStatus.running.value)).all()
+            kept = {run.id for run in running
+                    if run.id in ours and ours[run.id].attempt == run.attempts}
+            orphans = [run for run in running if run.id not in kept]
+            interrupted = _interrupted_attempts(session, [run.id for run in orphans])
+            for run in orphans:
                 session.execute(
                     update(RunAttempt)
                     .where(RunAttempt.run_id == run.id, RunAttempt.finished_at.is_(None))  # type: ignore[union-attr]
-                    .values(outcome="lost", error="dispatcher restarted", finished_at=utcnow())
+                    .values(outcome="lost", error=ORPHANED, finished_at=now)
                 )
                 session.execute(delete(MetricPoint).where(MetricPoint.run_id == run.id))
-            for experiment_id in {r.experiment_id for r in orphans}:
+                charged = run.attempts - interrupted.get(run.id, 0)
+                if run.cancel_requested:
+                    run.status, run.finished_at = RunStatus.cancelled.value, now
+                elif charged <= run.max_retries:
+                    run.status = RunStatus.queued.value
+                else:
+                    run.status, run.finished_at = RunStatus.failed.value, now
+                    run.error = f"lost on each of {charged} attempts; last: {ORPHANED}"
+                session.add(run)
+            for experiment_id in {run.experiment_id for run in orphans}:
                 refresh_experiment_status(session=session, experiment_id=experiment_id)
             session.commit()
+        for run_id in [run_id for run_id in self.in_flight if run_id not in kept]:
+            # Cooperatively: the trainer returns at its next step and the worker stays warm.
+            ray.cancel(self.in_flight.pop(run_id).generator)
+        if self._unsaved is not None:
+            self._unsaved = self._unsaved.only(kept)
         if orphans:
-            log.info("re-queued %d runs left running by a previous process", len(orphans))
+            log.info("re-queued %d runs left running by an earlier dispatcher", len(orphans))
         return len(orphans)
 
+    def _shut_down(self) -> None:
+        was_active = self.state == "active"
+        if was_active:
+            try:
+                self._save_and_interrupt()
+            except Exception:  # the next holder re-queues them as orphans instead
+                log.exception("could not put the runs in flight back in the queue")
+        self._cancel_in_ray("the dispatcher stopped", force=True)
+        self.lock.close()
+        self.state = "stopped"
+        log.info("dispatcher %s stopped%s", self.identity,
+                 " and released the dispatch lock" if was_active else "")
+
+    def _save_and_interrupt(self) -> None:
+        self._save_unsaved()
+        batch = self._pump(timeout_s=0)  # results Ray already has are kept, not re-run
+        if batch:
+            self._unsaved = batch
+            self._save_unsaved()
+        if not self.in_flight:
+            return
+        flights = list(self.in_flight.values())
+        for flight in flights:
+            ray.cancel(flight.generator, force=True)
+        now = utcnow()
+        with self._session() as session:
+            _lock_experiments(session, [flight.experiment_id for flight in flights])
+            for flight in flights:
+                this_attempt = (Run.id == flight.run_id, Run.status == RunStatus.running.value,
+                                Run.attempts == flight.attempt)
+                session.execute(
+                    update(Run).where(*this_attempt, Run.cancel_requested == True)  # noqa: E712
+                    .values(status=RunStatus.cancelled.value, finished_at=now,
+                            error="cancelled while running")
+                )
+                session.execute(
+                    update(Run).where(*this_attempt, Run.cancel_requested == False)  # noqa: E712
+                    .values(status=RunStatus.queued.value)
+                )
+                session.execute(delete(MetricPoint).where(MetricPoint.run_id == flight.run_id))
+                self._end_attempt(session, flight, INTERRUPTED, "the dispatcher stopped")
+            for experiment_id in {flight.experiment_id for flight in flights}:
+                refresh_experiment_status(session=session, experiment_id=experiment_id)
+            session.commit()
+        self.in_flight.clear()
+        log.info("put %d runs in flight back in the queue", len(flights))
+
+    def _cancel_in_ray(self, reason: str, force: bool = False) -> None:
+        """Drop this process's flights without a database write (it may not hold the lock).
+        Cooperatively unless `force`: the trainers return at their next step, and their
+        workers stay up for the next runs."""
+        if self.in_flight:
+            log.warning("cancelling the %d runs this dispatcher had in Ray: %s",
+                        len(self.in_flight), reason)
+            for flight in self.in_flight.values():
+                ray.cancel(flight.generator, force=force)
+            self.in_flight.clear()
+        self._unsaved = None
+
     # -- the loop ------------------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _dispatch(self) -> None:
         while not self._stop.is_set():
             try:
                 self.step()
-            except Exception as exc:  # keep dispatching; a database blip must not stop the service
+                now = time.monotonic()
+                if now - self._last_lock_check >= LOCK_CHECK_INTERVAL_S:
+                    self._last_lock_check = now
+                    self.lock.check()
+            except LockLost as exc:
+                self._lost_lock(str(exc))
+                return
+            except Exception as exc:  # keep dispatching; a database blip must not stop it
+                try:
+                    self.lock.check()
+                except LockLost as lost:  # the blip took the lock's connection with it
+                    self._lost_lock(str(lost))
+                    return
                 self.error = exc
                 log.exception("dispatcher step failed; retrying")
-                time.sleep(1.0)
+                self._stop.wait(1.0)
 
     def step(self) -> None:
+        self._save_unsaved()
         claimed = self._fill()
         self._forward_cancellations()
         batch = self._pump(timeout_s=0 if claimed else self.settings.dispatch_poll_interval_s)
         if batch:
+            # Read from Ray once only: kept until a transaction has written it.
+            self._unsaved = batch
+            self._save_unsaved()
+
+    def _save_unsaved(self) -> None:
+        batch = self._unsaved
+        if batch is None:
+            return
+        try:
             self._persist(batch)
+        except Exception as exc:
+            self.lock.check()  # a lost lock is not the batch's fault: LockLost, keep the batch
+            self._unsaved_failures += 1
+            if self._unsaved_failures < PERSIST_TRIES:
+                raise
+            # The same rows failed every time (a value the database refuses, say): give up on
+            # them rather than stall every other run behind them.
+            reason = f"its results could not be stored: {_first_line(exc)}"
+            log.error("%d tries could not store a batch from runs %s (%s); they count as lost",
+                      self._unsaved_failures, sorted(batch.flights), _first_line(exc))
+            self._give_up_on(batch, reason)  # if this fails too, both are tried again next loop
+        self._unsaved, self._unsaved_failures = None, 0
+
+    def _give_up_on(self, batch: Batch, reason: str) -> None:
+        """The runs of a batch that cannot be stored are lost, as if their worker had died."""
+        for flight in batch.flights.values():
+            if self.in_flight.pop(flight.run_id, None) is not None:
+                ray.cancel(flight.generator, force=True)
+        now = utcnow()
+        with self._session() as session:
+            _lock_experiments(session, [flight.experiment_id for flight in batch.flights.values()])
+            for flight in batch.flights.values():
+                self._handle_lost(session, flight, reason, now)
+            for experiment_id in {flight.experiment_id for flight in batch.flights.values()}:
+                refresh_experiment_status(session=session, experiment_id=experiment_id)
+            session.commit()
 
     def _fill(self) -> int:
         free = self.max_in_flight - len(self.in_flight)
         if free <= 0:
             return 0
-        with Session(self.engine) as session:
+        with self._session() as session:
             candidates = session.exec(
                 select(Run.id, Run.experiment_id, Run.attempts, Run.trainer,
                        Run.config, Run.seed, Run.num_cpus, Run.num_gpus)
@@ -170,6 +429,7 @@ class Dispatcher:
                 .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
                 .limit(free)
             ).all()
+            _lock_experiments(session, [row.experiment_id for row in candidates])
             claimed = []
             for row in candidates:
                 result = session.execute(
@@ -202,7 +462,7 @@ class Dispatcher:
         if not self.in_flight or now - self._last_cancel_check < CANCEL_CHECK_INTERVAL_S:
             return
         self._last_cancel_check = now
-        with Session(self.engine) as session:
+        with self._session() as session:
             ids = session.exec(
                 select(Run.id).where(
                     Run.id.in_(list(self.in_flight)),  # type: ignore[union-attr]
@@ -232,6 +492,7 @@ class Dispatcher:
             ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
         for generator in ready:
             flight = by_generator[id(generator)]
+            batch.flights[flight.run_id] = flight
             self._drain(flight, batch)
         return batch
 
@@ -278,7 +539,8 @@ class Dispatcher:
     def _persist(self, batch: Batch) -> None:
         now = utcnow()
         touched: set[int] = set()
-        with Session(self.engine) as session:
+        with self._session() as session:
+            _lock_experiments(session, [flight.experiment_id for flight in batch.flights.values()])
             for flight, message in batch.started:
                 session.execute(
                     update(Run)
@@ -296,7 +558,7 @@ class Dispatcher:
                 session.execute(insert(MetricPoint), batch.metrics)
             for flight, message in batch.results:
                 provenance = {**message["provenance"], "hostname": flight.started.get("hostname"),
-                              "attempt": flight.attempt}
+                              "attempt": flight.attempt, "dispatcher": self.identity}
                 session.execute(
                     update(Run)
                     .where(Run.id == flight.run_id, Run.status == RunStatus.running.value,
@@ -328,15 +590,16 @@ class Dispatcher:
         if run is None or run.status != RunStatus.running.value:
             return
         self._end_attempt(session, flight, "lost", reason)
+        charged = run.attempts - _interrupted_attempts(session, [run.id]).get(run.id, 0)
         if run.cancel_requested:
             run.status, run.finished_at, run.error = RunStatus.cancelled.value, now, "cancelled"
-        elif run.attempts <= run.max_retries:
-            log.warning("run %s lost its worker (%s); retrying", run.id, reason)
+        elif charged <= run.max_retries:
+            log.warning("run %s was lost (%s); retrying", run.id, reason)
             run.status = RunStatus.queued.value
             session.execute(delete(MetricPoint).where(MetricPoint.run_id == run.id))
         else:
             run.status, run.finished_at = RunStatus.failed.value, now
-            run.error = f"worker lost on each of {run.attempts} attempts; last: {reason}"
+            run.error = f"lost on each of {charged} attempts; last: {reason}"
         session.add(run)
 
     @staticmethod
@@ -348,6 +611,30 @@ class Dispatcher:
         )
 
 
+def _lock_experiments(session: Session, experiment_ids: Iterable[int]) -> None:
+    """Lock these experiments' rows, in id order, before any of their runs' rows: the API's
+    cancel locks an experiment and then its runs, and taking them in the same order keeps the
+    two from deadlocking on PostgreSQL. (SQLite locks the whole database: nothing to do.)"""
+    ids = sorted(set(experiment_ids))
+    if ids and session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            select(Experiment.id).where(Experiment.id.in_(ids))  # type: ignore[union-attr]
+            .order_by(Experiment.id).with_for_update()
+        )
+
+
+def _interrupted_attempts(session: Session, run_ids: list[int]) -> dict[int, int]:
+    """Per run, its attempts cut short by a dispatcher that stopped (not charged)."""
+    if not run_ids:
+        return {}
+    rows = session.execute(
+        select(RunAttempt.run_id, func.count())
+        .where(RunAttempt.run_id.in_(run_ids), RunAttempt.outcome == INTERRUPTED)  # type: ignore[attr-defined]
+        .group_by(RunAttempt.run_id)
+    ).all()
+    return {run_id: count for run_id, count in rows}
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    text = str(getattr(exc, "orig", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

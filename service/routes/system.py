@@ -49,4 +49,5 @@ def healthz(request: Request, session: SessionDep) -> Health:
         ray_status = "dispatcher stopped"
     ok = database == "ok" and ray_status in {"ok", "not connected"}
     return Health(status="ok" if ok else "degraded", database=database, ray=ray_status,
-                  cluster_resources=resources, version=SEEDGRID_VERSION)
+                  cluster_resources=resources, version=SEEDGRID_VERSION,
+                  dispatcher="absent" if dispatcher is None else dispatcher.state)
