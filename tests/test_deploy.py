@@ -1,0 +1,620 @@
+"""The deployment files under deploy/: they parse, agree with each other and with the code.
+
+Nothing here builds an image or starts a container (no Docker engine, no cluster, no network).
+What is checked: every YAML file parses; the Dockerfile's pins, base Python, copied paths and
+Ray version agree with pyproject.toml and the RayCluster; the compose file passes
+`docker-compose config` (when installed) and a structural check that always runs; the
+Kubernetes manifests build with `kubectl kustomize` (offline), validate against the Kubernetes
+schemas (kubernetes-validate, when installed), and hang together (names, ports, selectors,
+secrets, GPU counts); every seedgrid command line they run exists in the CLI; every SEEDGRID_*
+variable they set is one seedgrid reads, with a value its settings accept.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from typer.testing import CliRunner
+
+from service.cli import app as cli_app
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+COMPOSE = DEPLOY / "compose.yaml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+# Values for the variables compose.yaml requires from the host (interpolation in the test).
+COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password"}
+SEEDGRID_SERVICES = {"ray-head", "ray-gpu-worker", "api", "dispatcher"}
+# The Kubernetes API version the built-in kinds are validated against.
+KUBERNETES_VERSION = "1.30.0"
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def yaml_documents(path: Path) -> list[Any]:
+    with path.open() as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc is not None]
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, args = (pending + line).partition(" ")
+        instructions.append((keyword.upper(), args.strip()))
+        pending = ""
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return instructions
+
+
+def dockerfile_args() -> dict[str, str]:
+    return dict(
+        args.split("=", 1) for keyword, args in dockerfile_instructions() if keyword == "ARG"
+    )
+
+
+def pip_requirements(instructions: list[tuple[str, str]]) -> list[str]:
+    """Every requirement named after `pip install` in RUN instructions, ARGs substituted."""
+    args = dockerfile_args()
+    found: list[str] = []
+    for keyword, command in instructions:
+        if keyword != "RUN":
+            continue
+        for part in re.split(r"&&|;", command):
+            words = shlex.split(part)
+            if words[:2] == ["pip", "install"]:
+                for word in words[2:]:
+                    if not word.startswith("-"):
+                        found.append(re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], word))
+    return found
+
+
+def dockerignore_excludes(path: str) -> bool:
+    """Whether the root .dockerignore keeps `path` (relative to the repository) out of the
+    build context: a pattern matching the path or one of its parents, last match wins."""
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    parts = Path(path).parts
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        body = pattern.lstrip("!").strip("/")
+        globs = {body, body.removeprefix("**/")}
+        if any(fnmatch.fnmatchcase(c, g) for c in candidates for g in globs):
+            excluded = not negated
+    return excluded
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's variable interpolation: ${VAR}, ${VAR:-default}, ${VAR:?error}, $$."""
+
+    def one(match: re.Match[str]) -> str:
+        if match[0] == "$$":
+            return "$"
+        name, op, arg = match["name"], match["op"], match["arg"]
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise AssertionError(f"compose requires {name}: {arg}")
+        return arg or ""
+
+    return re.sub(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}", one, value)
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    assert isinstance(env, dict), "environment: use the mapping form"
+    return {k: interpolate(str(v), COMPOSE_ENV) for k, v in env.items() if v is not None}
+
+
+def seedgrid_invocations_in_shell(script: str) -> list[list[str]]:
+    """The argument lists of `seedgrid ...` commands in a shell command line."""
+    return [
+        shlex.split(m[1])
+        for m in re.finditer(r"(?:^|&&|;|\bexec)\s*seedgrid\s+([^;&|]+)", script)
+    ]
+
+
+def read_env_names() -> set[str]:
+    """SEEDGRID_* names seedgrid reads: Settings fields, and names its code looks up itself."""
+    names = {"SEEDGRID_" + field.upper() for field in Settings.model_fields}
+    for package in ("api_schemas", "trainers", "workers", "service"):
+        for source in (ROOT / package).rglob("*.py"):
+            names |= set(re.findall(r"[\"'](SEEDGRID_[A-Z0-9_]+)[\"']", source.read_text()))
+    return names
+
+
+def check_seedgrid_env(env: dict[str, str], where: str) -> None:
+    """Every SEEDGRID_* name is one seedgrid reads, and the settings accept the values."""
+    unknown = {k for k in env if k.startswith("SEEDGRID_")} - read_env_names()
+    assert not unknown, f"{where}: seedgrid reads no variable named {sorted(unknown)}"
+    given = {k.removeprefix("SEEDGRID_").lower(): v for k, v in env.items()
+             if k.startswith("SEEDGRID_")}
+    fields = {k: v for k, v in given.items() if k in Settings.model_fields}
+    Settings(**fields)  # raises ValidationError naming the field on a bad value
+
+
+def check_cli_invocation(args: list[str], where: str) -> None:
+    """The seedgrid command line exists: its subcommand and options parse (then --help)."""
+    result = CliRunner().invoke(cli_app, [*args, "--help"])
+    assert result.exit_code == 0, (
+        f"{where} runs `seedgrid {' '.join(args)}`, which the CLI rejects: {result.output}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# every file
+
+
+def test_every_yaml_file_under_deploy_parses_into_mappings() -> None:
+    files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
+    assert COMPOSE in files and K8S / "kustomization.yaml" in files
+    for path in files:
+        docs = yaml_documents(path)
+        assert docs, f"{path} holds no YAML document"
+        for doc in docs:
+            assert isinstance(doc, dict), f"{path}: a document is not a mapping"
+            if path.parent == K8S and path.name != "kustomization.yaml":
+                assert {"apiVersion", "kind", "metadata"} <= doc.keys(), path
+                assert doc["metadata"].get("name"), f"{path}: a {doc['kind']} without a name"
+
+
+# --------------------------------------------------------------------------------------------
+# the image
+
+
+def test_dockerfile_builds_seedgrid_on_the_pinned_torch_as_a_non_root_user() -> None:
+    instructions = dockerfile_instructions()
+    keywords = [k for k, _ in instructions]
+    first_from = keywords.index("FROM")
+    assert set(keywords[:first_from]) <= {"ARG"}, "only ARG may come before the first FROM"
+    assert keywords.count("FROM") == 1
+
+    # The base image's Python satisfies requires-python.
+    base = instructions[first_from][1]
+    match = re.fullmatch(r"python:(\d+\.\d+)[-\w.]*", base)
+    assert match, f"base image {base!r} is not an official python:X.Y image"
+    assert f"{match[1]}.0" in SpecifierSet(PYPROJECT["project"]["requires-python"])
+
+    # Every exact pin of pyproject.toml (torch, torchvision) is installed with the same pin.
+    installed = {Requirement(r).name: Requirement(r) for r in pip_requirements(instructions)
+                 if r != "."}
+    pins = [Requirement(d) for d in PYPROJECT["project"]["dependencies"]]
+    pins = [r for r in pins if len(r.specifier) == 1 and next(iter(r.specifier)).operator == "=="]
+    assert {p.name for p in pins} >= {"torch", "torchvision"}
+    for pin in pins:
+        assert pin.name in installed, f"the Dockerfile does not install {pin}"
+        assert installed[pin.name].specifier == pin.specifier, (
+            f"Dockerfile installs {installed[pin.name]}, pyproject.toml pins {pin}"
+        )
+    assert "." in pip_requirements(instructions), "seedgrid itself is not installed"
+
+    # Its Ray version is one pyproject.toml allows.
+    ray_version = dockerfile_args()["RAY_VERSION"]
+    ray_req = next(Requirement(d) for d in PYPROJECT["project"]["dependencies"]
+                   if Requirement(d).name == "ray")
+    assert ray_version in ray_req.specifier
+    assert installed["ray"].specifier == SpecifierSet(f"=={ray_version}")
+
+    # Non-root at run time, `seedgrid` as the entrypoint.
+    user = [args for k, args in instructions if k == "USER"]
+    assert user and user[-1].split(":")[0] not in {"root", "0"}, "the image runs as root"
+    assert keywords.index("USER") > max(i for i, k in enumerate(keywords) if k == "RUN")
+    entrypoint = [args for k, args in instructions if k == "ENTRYPOINT"]
+    assert entrypoint and yaml.safe_load(entrypoint[-1]) == ["seedgrid"]
+
+
+def test_dockerfile_copies_every_package_and_the_context_keeps_them() -> None:
+    sources: list[str] = []
+    for keyword, args in dockerfile_instructions():
+        if keyword == "COPY":
+            words = [w for w in shlex.split(args) if not w.startswith("--")]
+            sources += words[:-1]
+    for source in sources:
+        assert (ROOT / source).exists(), f"COPY {source}: no such path in the repository"
+        assert not dockerignore_excludes(source), f".dockerignore drops {source}, COPY needs it"
+    # Every package pyproject.toml installs is copied before `pip install .`.
+    packages = [p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]
+                ["include"]]
+    assert set(packages) <= set(sources), f"packages not copied: {set(packages) - set(sources)}"
+    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= set(sources)
+    # ... and the heavy or private things stay out of the build context.
+    for path in (".venv", ".git", "seedgrid.db", "data/cifar-10-batches-py", "tests"):
+        assert dockerignore_excludes(path), f".dockerignore lets {path} into the build context"
+
+
+def test_what_the_image_copies_builds_a_wheel_with_every_package_file(tmp_path: Path) -> None:
+    """The image installs seedgrid from its COPY sources, not in editable mode as the tests do,
+    so a module or data file left out of the package would only be missed in the container."""
+    context = tmp_path / "context"
+    for keyword, args in dockerfile_instructions():
+        if keyword == "COPY" and "--from" not in args:
+            for source in [w for w in shlex.split(args) if not w.startswith("--")][:-1]:
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, context / source,
+                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                else:
+                    (context / source).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(ROOT / source, context / source)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(context), "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path / "dist"), "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (wheel,) = (tmp_path / "dist").glob("seedgrid-*.whl")
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    packages = [p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]
+                ["include"]]
+    expected = {
+        path.relative_to(ROOT).as_posix()
+        for package in packages
+        for path in (ROOT / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+    assert expected, "no package files found"
+    assert not expected - in_wheel, f"left out of the installed package: {expected - in_wheel}"
+
+
+# --------------------------------------------------------------------------------------------
+# compose
+
+
+def compose_services() -> dict[str, dict[str, Any]]:
+    (doc,) = yaml_documents(COMPOSE)
+    return doc["services"]
+
+
+def test_compose_file_wires_database_ray_gpu_workers_api_and_dispatcher() -> None:
+    services = compose_services()
+    assert set(services) == {"postgres"} | SEEDGRID_SERVICES
+
+    # One image, built from deploy/Dockerfile with the repository as context.
+    images = {services[s]["image"] for s in SEEDGRID_SERVICES}
+    assert len(images) == 1, f"seedgrid services use different images: {images}"
+    for name in SEEDGRID_SERVICES:
+        build = services[name]["build"]
+        context = (COMPOSE.parent / build["context"]).resolve()
+        assert context == ROOT and (context / build["dockerfile"]) == DOCKERFILE, name
+
+    # depends_on names real services; a health condition needs a healthcheck there.
+    for name, service in services.items():
+        for dep, condition in (service.get("depends_on") or {}).items():
+            assert dep in services, f"{name} depends on unknown service {dep}"
+            if condition.get("condition") == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits on {dep}'s missing check"
+    # ... and each process starts once what it connects to answers.
+    for name, deps in (("api", {"postgres"}), ("dispatcher", {"postgres", "ray-head"}),
+                       ("ray-gpu-worker", {"ray-head"})):
+        for dep in deps:
+            assert services[name]["depends_on"][dep] == {"condition": "service_healthy"}, name
+
+    # The Ray head: GCS port, no runs scheduled on it.
+    head = services["ray-head"]
+    assert head["entrypoint"] == ["ray"] and head["command"][:2] == ["start", "--head"]
+    head_port = next(a.split("=")[1] for a in head["command"] if a.startswith("--port="))
+    assert {"--num-cpus=0", "--num-gpus=0", "--block"} <= set(head["command"])
+
+    # GPU workers: join the head, get the NVIDIA GPUs, read datasets from a read-only mount.
+    worker = services["ray-gpu-worker"]
+    assert worker["entrypoint"] == ["ray"] and worker["command"][0] == "start"
+    assert f"--address=ray-head:{head_port}" in worker["command"]
+    assert not any(a.startswith(("--num-gpus=0", "--num-cpus=0")) for a in worker["command"])
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    worker_env = compose_env(worker)
+    mounts = [interpolate(v, COMPOSE_ENV).rsplit(":", 2) for v in worker["volumes"]]
+    assert [worker_env["SEEDGRID_DATA_ROOT"], "ro"] in [m[1:] for m in mounts], (
+        "SEEDGRID_DATA_ROOT is not a read-only mount in the GPU worker"
+    )
+    check_seedgrid_env(worker_env, "compose ray-gpu-worker")
+
+    # API and dispatcher: the same PostgreSQL database, the one the postgres service creates.
+    pg_env = compose_env(services["postgres"])
+    api_env, dispatcher_env = compose_env(services["api"]), compose_env(services["dispatcher"])
+    assert api_env["SEEDGRID_DATABASE_URL"] == dispatcher_env["SEEDGRID_DATABASE_URL"]
+    url = urlsplit(api_env["SEEDGRID_DATABASE_URL"])
+    assert url.scheme == "postgresql+psycopg" and url.hostname == "postgres"
+    assert (url.username, url.password, url.path.lstrip("/")) == (
+        pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"], pg_env["POSTGRES_DB"]
+    )
+    assert dispatcher_env["SEEDGRID_RAY_ADDRESS"] == f"ray-head:{head_port}"
+    assert api_env["SEEDGRID_HOST"] == "0.0.0.0"
+    published = services["api"]["ports"][0].rsplit(":", 1)[-1]
+    assert published == api_env["SEEDGRID_PORT"], "the API's port is not the one published"
+    check_seedgrid_env(api_env, "compose api")
+    check_seedgrid_env(dispatcher_env, "compose dispatcher")
+
+    # The commands: API-only processes, and one dispatcher on a zero-resource Ray node.
+    assert services["api"]["command"][:2] == ["serve", "--no-dispatch"]
+    dispatcher = services["dispatcher"]
+    assert dispatcher["entrypoint"] == ["bash", "-c"]
+    (script,) = dispatcher["command"]
+    script = interpolate(script, COMPOSE_ENV)
+    assert 'ray start --address="$SEEDGRID_RAY_ADDRESS" --num-cpus=0 --num-gpus=0' in script
+    assert seedgrid_invocations_in_shell(script) == [["dispatcher"]]
+
+
+def compose_command() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker") and subprocess.run(
+        ["docker", "compose", "version"], capture_output=True
+    ).returncode == 0:
+        return ["docker", "compose"]
+    return None
+
+
+def test_compose_file_passes_docker_compose_config() -> None:
+    command = compose_command()
+    if command is None:
+        pytest.skip(
+            "docker-compose not installed (apt-get install -y --no-install-recommends "
+            "docker-compose); the structural compose test still ran"
+        )
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_")}
+    run = [*command, "-f", str(COMPOSE), "config"]
+    done = subprocess.run(run, env=base_env | COMPOSE_ENV, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    assert set(resolved["services"]) == {"postgres"} | SEEDGRID_SERVICES
+    devices = resolved["services"]["ray-gpu-worker"]["deploy"]["resources"]["reservations"]
+    assert devices["devices"][0]["driver"] == "nvidia"
+
+    # Without the database password the file refuses to resolve, naming the variable.
+    done = subprocess.run(run, env=base_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "SEEDGRID_DB_PASSWORD" in done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+def k8s_objects() -> list[dict[str, Any]]:
+    kustomization = yaml_documents(K8S / "kustomization.yaml")[0]
+    listed = kustomization["resources"]
+    on_disk = sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk, "kustomization.yaml and deploy/k8s/ list different files"
+    return [doc for name in listed for doc in yaml_documents(K8S / name)]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name}, found {len(matches)}"
+    return matches[0]
+
+
+def pod_containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return obj["spec"]["template"]["spec"]["containers"]
+
+
+def test_kustomize_builds_everything_into_the_seedgrid_namespace() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed; the structural Kubernetes tests still ran")
+    # `kubectl apply --dry-run=client` needs an API server even for client-side dry runs
+    # (discovery); `kubectl kustomize` is the part of kubectl that works with no cluster.
+    done = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True,
+                          timeout=60, env=os.environ | {"KUBECONFIG": os.devnull})
+    assert done.returncode == 0, done.stderr
+    built = [d for d in yaml.safe_load_all(done.stdout) if d]
+    kustomization = yaml_documents(K8S / "kustomization.yaml")[0]
+    namespace = kustomization["namespace"]
+    assert {(o["kind"], o["metadata"]["name"]) for o in built} == {
+        (o["kind"], o["metadata"]["name"]) for o in k8s_objects()
+    }
+    for obj in built:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == namespace, obj["metadata"]["name"]
+    find(built, "Namespace", namespace)
+    # The images: entry reaches every seedgrid container, the RayCluster's included.
+    (image,) = kustomization["images"]
+    wanted = f"{image['newName']}:{image['newTag']}"
+    cluster = find(built, "RayCluster", "seedgrid")["spec"]
+    containers = [
+        *pod_containers(find(built, "Deployment", "seedgrid-api")),
+        *pod_containers(find(built, "Deployment", "seedgrid-dispatcher")),
+        *cluster["headGroupSpec"]["template"]["spec"]["containers"],
+        *(c for g in cluster["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]),
+    ]
+    assert {c["image"] for c in containers} == {wanted}
+
+
+def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.skip("kubernetes-validate not installed (pip install kubernetes-validate); "
+                    "the structural Kubernetes tests still ran")
+    objects = k8s_objects()
+    checked = []
+    for obj in objects:
+        if obj["kind"] == "RayCluster":
+            # The operator's CRD is not in the schemas; its pod templates are plain pods.
+            groups = [obj["spec"]["headGroupSpec"], *obj["spec"]["workerGroupSpecs"]]
+            for i, group in enumerate(groups):
+                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"ray-{i}"},
+                       "spec": group["template"]["spec"]}
+                kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+                checked.append(f"RayCluster group {i}")
+            continue
+        # Raises ValidationError with the field path on an unknown or mistyped field.
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        checked.append(obj["kind"])
+    assert {"Deployment", "Service", "StatefulSet", "Secret", "ConfigMap"} <= set(checked)
+
+
+def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits() -> None:
+    objects = k8s_objects()
+    (cluster,) = [o for o in objects if o["kind"] == "RayCluster"]
+    assert cluster["apiVersion"] == "ray.io/v1"
+    spec = cluster["spec"]
+    assert spec["rayVersion"] == dockerfile_args()["RAY_VERSION"], (
+        "rayVersion differs from the Ray version the image installs"
+    )
+    head = spec["headGroupSpec"]
+    groups = spec["workerGroupSpecs"]
+    for group in (head, *groups):
+        params = group["rayStartParams"]
+        assert all(isinstance(v, str) for v in params.values()), "rayStartParams must be strings"
+        assert group["template"]["spec"]["containers"][0]["image"] == "seedgrid"
+    assert head["rayStartParams"]["num-cpus"] == "0", "runs would be scheduled on the head"
+
+    gpu_groups = 0
+    for group in groups:
+        assert group["groupName"]
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        (container,) = group["template"]["spec"]["containers"]
+        resources = container["resources"]
+        limit = int(resources.get("limits", {}).get("nvidia.com/gpu", 0))
+        request = resources.get("requests", {}).get("nvidia.com/gpu")
+        assert request is None or int(request) == limit, "GPU request differs from the limit"
+        ray_gpus = int(group["rayStartParams"].get("num-gpus", limit))
+        assert ray_gpus == limit, (
+            f"group {group['groupName']}: Ray is told {ray_gpus} GPUs, the pod gets {limit}"
+        )
+        if limit:
+            gpu_groups += 1
+            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            data_root = env["SEEDGRID_DATA_ROOT"]
+            check_seedgrid_env(env, f"RayCluster group {group['groupName']}")
+            mount = next(m for m in container["volumeMounts"] if m["mountPath"] == data_root)
+            assert mount.get("readOnly") is True
+            volume = next(v for v in group["template"]["spec"]["volumes"]
+                          if v["name"] == mount["name"])
+            find(objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert gpu_groups >= 1, "no worker group gets an nvidia.com/gpu"
+
+    # The address seedgrid joins is the Service KubeRay makes for the head: <name>-head-svc.
+    config = find(objects, "ConfigMap", "seedgrid-config")["data"]
+    gcs_port = next(p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]
+                    if p["name"] == "gcs")
+    assert config["SEEDGRID_RAY_ADDRESS"] == f"{cluster['metadata']['name']}-head-svc:{gcs_port}"
+
+
+def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
+    objects = k8s_objects()
+    config = find(objects, "ConfigMap", "seedgrid-config")["data"]
+    secret = find(objects, "Secret", "seedgrid-secrets")["stringData"]
+    check_seedgrid_env(config | secret, "ConfigMap + Secret")
+
+    # The API: API-only processes behind a Service that reaches their port.
+    api = find(objects, "Deployment", "seedgrid-api")
+    (api_container,) = pod_containers(api)
+    assert api_container["args"][:2] == ["serve", "--no-dispatch"]
+    api_env = {e["name"]: e["value"] for e in api_container["env"]}
+    check_seedgrid_env(config | secret | api_env, "the API Deployment")
+    port = next(p for p in api_container["ports"] if p["containerPort"] == int(
+        api_env["SEEDGRID_PORT"]))
+    assert api_env["SEEDGRID_HOST"] == "0.0.0.0"
+    assert api_container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    service = find(objects, "Service", "seedgrid-api")
+    labels = api["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert api["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] in (port["name"], port["containerPort"])
+
+    # The dispatcher: exactly one, never two during an update, on a zero-resource Ray node.
+    dispatcher = find(objects, "Deployment", "seedgrid-dispatcher")
+    assert dispatcher["spec"]["replicas"] == 1
+    assert dispatcher["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = pod_containers(dispatcher)
+    assert container["command"] == ["bash", "-c"]
+    (script,) = container["args"]
+    assert 'ray start --address="$SEEDGRID_RAY_ADDRESS" --num-cpus=0 --num-gpus=0' in script
+    assert seedgrid_invocations_in_shell(script) == [["dispatcher"]]
+
+    # Both read the ConfigMap and the Secret that exist.
+    for deployment in (api, dispatcher):
+        refs = pod_containers(deployment)[0]["envFrom"]
+        assert {r["configMapRef"]["name"] for r in refs if "configMapRef" in r} == {
+            "seedgrid-config"}
+        assert {r["secretRef"]["name"] for r in refs if "secretRef" in r} == {"seedgrid-secrets"}
+
+    # PostgreSQL: the URL in the Secret reaches the StatefulSet's Service with its credentials.
+    postgres = find(objects, "StatefulSet", "postgres")
+    pg_service = find(objects, "Service", postgres["spec"]["serviceName"])
+    assert pg_service["spec"]["selector"].items() <= (
+        postgres["spec"]["template"]["metadata"]["labels"].items())
+    assert postgres["spec"]["volumeClaimTemplates"], "PostgreSQL without a persistent volume"
+    (pg,) = pod_containers(postgres)
+    pg_env = {e["name"]: e.get("value") for e in pg["env"]}
+    password_ref = next(e for e in pg["env"] if e["name"] == "POSTGRES_PASSWORD")
+    assert password_ref["valueFrom"]["secretKeyRef"]["name"] == "seedgrid-secrets"
+    url = urlsplit(secret["SEEDGRID_DATABASE_URL"])
+    assert url.scheme == "postgresql+psycopg"
+    assert url.hostname == pg_service["metadata"]["name"]
+    assert url.port == pg_service["spec"]["ports"][0]["port"]
+    assert (url.username, url.path.lstrip("/")) == (pg_env["POSTGRES_USER"], pg_env["POSTGRES_DB"])
+    assert url.password == secret[password_ref["valueFrom"]["secretKeyRef"]["key"]], (
+        "the password in SEEDGRID_DATABASE_URL differs from POSTGRES_PASSWORD"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the commands
+
+
+def manifest_invocations() -> dict[str, list[str]]:
+    """Every seedgrid command line the compose file and the Kubernetes manifests run."""
+    found: dict[str, list[str]] = {}
+    for name, service in compose_services().items():
+        entrypoint, command = service.get("entrypoint"), service.get("command")
+        if name in SEEDGRID_SERVICES and entrypoint is None:  # the image's: ["seedgrid"]
+            found[f"compose {name}"] = command
+        elif entrypoint == ["bash", "-c"]:
+            for i, args in enumerate(seedgrid_invocations_in_shell(command[0])):
+                found[f"compose {name} #{i}"] = args
+    for obj in k8s_objects():
+        if obj["kind"] != "Deployment":
+            continue
+        for container in pod_containers(obj):
+            where = f"Deployment {obj['metadata']['name']}"
+            if "command" not in container:  # the image's entrypoint: seedgrid
+                found[where] = container["args"]
+            elif container["command"] == ["bash", "-c"]:
+                for i, args in enumerate(seedgrid_invocations_in_shell(container["args"][0])):
+                    found[f"{where} #{i}"] = args
+    return found
+
+
+def test_every_seedgrid_command_line_in_the_manifests_exists_in_the_cli() -> None:
+    invocations = manifest_invocations()
+    subcommands = {args[0] for args in invocations.values()}
+    assert subcommands == {"serve", "dispatcher"}, invocations
+    assert len(invocations) == 4, invocations  # API and dispatcher, compose and Kubernetes
+    for where, args in invocations.items():
+        check_cli_invocation(args, where)
