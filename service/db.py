@@ -3,7 +3,9 @@ The only module that defines what is stored."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -109,10 +111,26 @@ class MetricPoint(SQLModel, table=True):
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _enable_wal(cursor)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _enable_wal(cursor: Any, wait_s: float = 60.0) -> None:
+    """Switch to WAL, retrying while another process holds the lock: converting a new database
+    takes an exclusive lock for which SQLite does not call its busy handler, so processes that
+    start together on a new file (replicas, the migration at start-up) would otherwise fail
+    with "database is locked"."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def make_engine(database_url: str) -> Engine:
