@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from trainers.base import Reporter, RunResult, RunWarning, provenance
-from trainers.data import DataConfig, ImageSplits, load_count, prepare_splits
+from trainers.data import DataConfig, ImageSplits, Split, load_count, prepare_splits
 from trainers.data.sources import NATIVE_SIZE
 from trainers.init import init_linear
 from trainers.random_sources import random_sources
@@ -484,11 +484,7 @@ class _Stage1:
         batches = 0
         self.layers.train()
         for positions in splits.train_batches(config.batch_size, self.sources.data):
-            x1, y = splits.images("train", positions, augment_generator=self.sources.augment,
-                                  device=self.device)
-            x2, _ = splits.images("train", positions, augment_generator=self.sources.augment,
-                                  device=self.device)
-            h = patchify(torch.cat([x1, x2]), config.patch)
+            h, y = self._two_views("train", positions)
             n = len(y)
             for index, (layer, optimizer) in enumerate(zip(self.layers, self.optimizers,
                                                            strict=True)):
@@ -520,6 +516,15 @@ class _Stage1:
         out["positives"] = positives / max(batches, 1)
         return out
 
+    def _two_views(self, split: Split, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Two independently augmented views of the same images, patchified and stacked
+        (view-1 rows first), and their labels."""
+        x1, y = self.splits.images(split, positions, augment_generator=self.sources.augment,
+                                   device=self.device)
+        x2, _ = self.splits.images(split, positions, augment_generator=self.sources.augment,
+                                   device=self.device)
+        return patchify(torch.cat([x1, x2]), self.config.patch), y
+
     @torch.no_grad()
     def _validate(self) -> list[float]:
         """Per-layer loss on the augmented validation split (the checkpoint criterion)."""
@@ -531,11 +536,7 @@ class _Stage1:
             positions = torch.arange(start, min(start + config.batch_size, len(splits.val)))
             if len(positions) < 2:
                 continue
-            x1, y = splits.images("val", positions, augment_generator=self.sources.augment,
-                                  device=self.device)
-            x2, _ = splits.images("val", positions, augment_generator=self.sources.augment,
-                                  device=self.device)
-            h = patchify(torch.cat([x1, x2]), config.patch)
+            h, y = self._two_views("val", positions)
             n = len(y)
             for index, layer in enumerate(self.layers):
                 h = layer(h)

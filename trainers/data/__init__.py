@@ -194,6 +194,7 @@ __all__ = [
     "DatasetUnavailable",
     "ImageData",
     "ImageSplits",
+    "Split",
     "augment",
     "imbalanced_subset",
     "load_count",
