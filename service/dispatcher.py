@@ -20,6 +20,7 @@ task's life to its driver's, so none of them could outlive this process anyway.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -46,6 +47,8 @@ log = logging.getLogger("seedgrid.dispatcher")
 # After a cooperative cancel, how long a task gets before it is killed.
 FORCE_CANCEL_AFTER_S = 15.0
 CANCEL_CHECK_INTERVAL_S = 0.25
+# How often the dispatcher re-reads the nodes' resources for the feasibility check.
+NODE_CHECK_INTERVAL_S = 5.0
 # How often a standby tries the lock: the bound on a takeover's delay once the holder is gone.
 STANDBY_POLL_S = 0.5
 # How often the active dispatcher confirms it still holds the lock when it has nothing to write.
@@ -55,6 +58,17 @@ PERSIST_TRIES = 3
 # Attempts cut short by a dispatcher that stopped cleanly: recorded, not charged to max_retries.
 INTERRUPTED = "interrupted"
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
+
+
+def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]]) -> str | None:
+    """Why no node in `nodes` ((CPUs, GPUs) each) can ever hold a run asking for these, or
+    None when one can (or when nothing is known about the nodes)."""
+    if not nodes or any(c >= num_cpus and g >= num_gpus for c, g in nodes):
+        return None
+    cpus, gpus = max(c for c, _ in nodes), max(g for _, g in nodes)
+    return (f"no node of the Ray cluster can hold this run: it asks for num_cpus={num_cpus:g}, "
+            f"num_gpus={num_gpus:g}, and the largest nodes have {cpus:g} CPUs and {gpus:g} GPUs "
+            f"(set SEEDGRID_FAIL_INFEASIBLE_RUNS=false on an autoscaling cluster)")
 
 
 def ensure_ray(settings: Settings) -> None:
@@ -124,6 +138,8 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_cancel_check = 0.0
+        self._nodes: list[tuple[float, float]] = []
+        self._nodes_checked_at = -math.inf
         self._last_lock_check = 0.0
         # A batch read from Ray whose transaction failed: written before anything else.
         self._unsaved: Batch | None = None
@@ -430,8 +446,14 @@ class Dispatcher:
                 .limit(free)
             ).all()
             _lock_experiments(session, [row.experiment_id for row in candidates])
-            claimed = []
+            claimed, refused = [], []
+            nodes = self._node_capacities()
             for row in candidates:
+                problem = infeasible(row.num_cpus, row.num_gpus, nodes)
+                if problem is not None:
+                    refused.append(row.experiment_id)
+                    self._fail_unschedulable(session, row, problem)
+                    continue
                 result = session.execute(
                     update(Run)
                     .where(Run.id == row.id, Run.status == RunStatus.queued.value)
@@ -442,7 +464,7 @@ class Dispatcher:
                 if result.rowcount == 1:
                     claimed.append(row)
                     session.add(RunAttempt(run_id=row.id, attempt=row.attempts + 1))
-            for experiment_id in {r.experiment_id for r in claimed}:
+            for experiment_id in {r.experiment_id for r in claimed} | set(refused):
                 refresh_experiment_status(session=session, experiment_id=experiment_id)
             session.commit()
         for row in claimed:
@@ -456,6 +478,34 @@ class Dispatcher:
                 generator=generator,
             )
         return len(claimed)
+
+    def _node_capacities(self) -> list[tuple[float, float]]:
+        """(CPUs, GPUs) of every alive Ray node, refreshed every few seconds; empty when the
+        check is off."""
+        if not self.settings.fail_infeasible_runs:
+            return []
+        now = time.monotonic()
+        if now - self._nodes_checked_at > NODE_CHECK_INTERVAL_S:
+            self._nodes = [
+                (float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)))
+                for n in ray.nodes() if n.get("Alive")
+            ]
+            self._nodes_checked_at = now
+        return self._nodes
+
+    @staticmethod
+    def _fail_unschedulable(session: Session, row: Any, problem: str) -> None:
+        now = utcnow()
+        result = session.execute(
+            update(Run)
+            .where(Run.id == row.id, Run.status == RunStatus.queued.value)
+            .values(status=RunStatus.failed.value, attempts=Run.attempts + 1, error=problem,
+                    finished_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount == 1:
+            session.add(RunAttempt(run_id=row.id, attempt=row.attempts + 1, outcome="failed",
+                                   error=problem, finished_at=now))
 
     def _forward_cancellations(self) -> None:
         now = time.monotonic()

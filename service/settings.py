@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     metrics_batch_interval_s: float = Field(0.5, gt=0, le=60)
     # How often the dispatcher looks for queued runs and cancellations when idle.
     dispatch_poll_interval_s: float = Field(0.05, gt=0, le=10)
+    # Fail a run at once when no alive node of the cluster has the CPUs and GPUs it asks for
+    # (Ray would keep it pending for ever). Turn off on an autoscaling cluster, where such a
+    # node may still be added.
+    fail_infeasible_runs: bool = True
     log_level: str = "info"
     # Bearer token every endpoint but GET /healthz requires; empty: no authentication.
     api_token: SecretStr = SecretStr("")
