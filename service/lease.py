@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import socket
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from sqlalchemy import pool, text
@@ -53,23 +54,23 @@ def dispatcher_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class DispatchLock:
+class DispatchLock(ABC):
     """The lock of one database. Used by one thread at a time (the dispatcher's)."""
 
     identity: str
     held: bool = False
 
+    @abstractmethod
     def try_acquire(self) -> bool:
         """Take the lock if it is free (or already ours); never waits. Database errors raise."""
-        raise NotImplementedError
 
+    @abstractmethod
     def holder(self) -> str | None:
         """Who holds the lock, as far as this database can tell; for standby logs."""
-        raise NotImplementedError
 
+    @abstractmethod
     def check(self) -> None:
         """Raise LockLost unless this process still holds the lock."""
-        raise NotImplementedError
 
     def bind(self, engine: Engine) -> Engine | Connection:
         """What the holder's dispatcher sessions run on."""
@@ -81,9 +82,9 @@ class DispatchLock:
         """Forget a lock that is gone (no database round trip)."""
         self.held = False
 
+    @abstractmethod
     def release(self) -> None:
         """Give the lock up, so that a standby takes over now."""
-        raise NotImplementedError
 
     def close(self) -> None:
         self.release()
