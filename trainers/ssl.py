@@ -23,7 +23,7 @@ from scipy import stats as scipy_stats
 from torch import nn
 
 from trainers.base import Reporter, RunResult, provenance
-from trainers.data import DataConfig, ImageSplits, prepare_splits
+from trainers.data import DataConfig, ImageSplits, Split, prepare_splits
 from trainers.data.augment import simclr_augment
 from trainers.init import init_linear
 from trainers.random_sources import random_sources
@@ -451,14 +451,10 @@ def _in_distribution(splits: ImageSplits, held_out: int) -> dict[str, torch.Tens
     }
 
 
-def _raw(splits: ImageSplits, split: str, positions: torch.Tensor,
+def _raw(splits: ImageSplits, split: Split, positions: torch.Tensor,
          device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """[0, 1] images without normalisation (the paper's SSL pipeline uses ToTensor only)."""
-    index = getattr(splits, split)[positions]
-    source_x = splits.data.test_x if split == "test" else splits.data.train_x
-    source_y = splits.data.test_y if split == "test" else splits.data.train_y
-    return source_x[index].to(device=device, dtype=torch.float32) / 255.0, \
-        source_y[index].to(device)
+    return splits.images(split, positions, device=device, normalized=False)
 
 
 def _optimizer(config: SSLConfig, model: SSLModel) -> torch.optim.Optimizer:
@@ -482,7 +478,7 @@ def _ema(target: nn.Module, online: nn.Module, tau: float) -> None:
 
 
 @torch.no_grad()
-def _embed_all(model: SSLModel, splits: ImageSplits, split: str, positions: torch.Tensor,
+def _embed_all(model: SSLModel, splits: ImageSplits, split: Split, positions: torch.Tensor,
                device: torch.device, augment_generator: torch.Generator | None = None,
                batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     model.eval()

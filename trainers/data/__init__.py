@@ -139,9 +139,11 @@ class ImageSplits:
         augment_generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        normalized: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normalised images and labels at `positions` of a split (all when None); augmented
-        with the split's plan when `augment_generator` is given."""
+        """Images and labels at `positions` of a split (all when None), normalised per channel
+        unless `normalized` is false (then on [0, 1]); augmented with the split's plan when
+        `augment_generator` is given."""
         index = getattr(self, split)
         if positions is not None:
             index = index[positions]
@@ -150,7 +152,9 @@ class ImageSplits:
         x = source_x[index].to(device=device, dtype=dtype).div_(255.0)
         if augment_generator is not None:
             x = augment(x, self.plan, augment_generator)
-        return normalize(x, self.data.mean, self.data.std), source_y[index].to(device)
+        if normalized:
+            x = normalize(x, self.data.mean, self.data.std)
+        return x, source_y[index].to(device)
 
 
 def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:
