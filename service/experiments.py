@@ -236,10 +236,37 @@ def experiment_summary(experiment: Experiment, counts: ExperimentCounts) -> Expe
     )
 
 
+def _with_counts(query: Any) -> Any:
+    """`query` over Experiment plus one count column per run status.
+
+    The experiment row and its counts must come from one statement: as two statements, a
+    dispatcher committing between them (PostgreSQL's READ COMMITTED and SQLite's autocommit
+    reads each take a new snapshot per statement) gave an experiment still `running` beside
+    counts in which every run had ended.
+    """
+    counts = [
+        select(func.count())
+        .where(Run.experiment_id == Experiment.id, Run.status == status.value)
+        .correlate(Experiment)
+        .scalar_subquery()
+        .label(status.value)
+        for status in RunStatus
+    ]
+    return query.add_columns(*counts)
+
+
+def _counts(row: Any) -> ExperimentCounts:
+    return ExperimentCounts(**{status.value: row[i + 1] for i, status in enumerate(RunStatus)})
+
+
 def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDetail:
-    experiment = get_experiment(session=session, experiment_id=experiment_id)
-    counts = run_counts(session=session, experiment_ids=[experiment_id])[experiment_id]
-    summary = experiment_summary(experiment, counts)
+    row = session.execute(
+        _with_counts(select(Experiment)).where(Experiment.id == experiment_id)  # type: ignore[arg-type]
+    ).first()
+    if row is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    experiment = row[0]
+    summary = experiment_summary(experiment, _counts(row))
     return ExperimentDetail(
         **summary.model_dump(),
         spec=ExperimentSpec.model_validate(experiment.spec),
@@ -250,12 +277,11 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
 def list_experiments(
     *, session: Session, status: ExperimentStatus | None, limit: int, offset: int
 ) -> list[ExperimentSummary]:
-    query = select(Experiment).order_by(Experiment.id.desc())  # type: ignore[union-attr]
+    query = _with_counts(select(Experiment)).order_by(Experiment.id.desc())  # type: ignore[union-attr]
     if status is not None:
         query = query.where(Experiment.status == status.value)
-    experiments = session.exec(query.offset(offset).limit(limit)).all()
-    counts = run_counts(session=session, experiment_ids=[e.id for e in experiments if e.id])
-    return [experiment_summary(e, counts[e.id]) for e in experiments if e.id is not None]
+    rows = session.execute(query.offset(offset).limit(limit)).all()
+    return [experiment_summary(row[0], _counts(row)) for row in rows]
 
 
 def run_out(run: Run) -> RunOut:
