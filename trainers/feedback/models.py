@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.cff import Attention, patchify
+from trainers.cff import Attention, Block, patchify
 from trainers.feedback.config import FeedbackConfig
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -32,21 +32,14 @@ class MLPBranch(nn.Module):
         return self.fc2(ACTIVATIONS[self.activation](self.fc1(self.norm(h))))
 
 
-class ViTBranch(nn.Module):
+class ViTBranch(Block):
     """A pre-LN encoder block's whole residual contribution: f(h) = a + m with
-    a = MHA(LN1(h)) and m = fc2(GELU(fc1(LN2(h + a)))), so that the block is h + f(h)."""
-
-    def __init__(self, width: int, heads: int, mlp_ratio: int) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(width)
-        self.attn = Attention(width, heads)
-        self.norm2 = nn.LayerNorm(width)
-        self.fc1 = nn.Linear(width, mlp_ratio * width)
-        self.fc2 = nn.Linear(mlp_ratio * width, width)
+    a = MHA(LN1(h)) and m = fc2(GELU(fc1(LN2(h + a)))), so that the block is h + f(h).
+    cff's Block, whose layers it shares, returning the branch instead of the block's output."""
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        a = self.attn(self.norm1(h))
-        return a + self.fc2(F.gelu(self.fc1(self.norm2(h + a))))
+        a = self.attn(self.ln1(h))
+        return a + self.fc2(F.gelu(self.fc1(self.ln2(h + a))))
 
 
 class FlatEmbedding(nn.Module):
