@@ -10,9 +10,10 @@ metric with image SSL training, and a separate name keeps both configs strict an
 - `latent_class`: K latent classes on the sphere S^9 with frequencies in class_weights, observed
   through x = A u (A ~ 10 N(0, 1), 64 x 10); an MLP 64 -> 64 -> ReLU -> 10 trained with the
   notebook's supervised InfoNCE (one random same-class pick per anchor, made symmetric, t = 1)
-  by SGD; the mean embedding norm of each class is logged per epoch. The paper expects it
-  ordered by class frequency; its figure averages 5 runs, and single runs are noisy (see the
-  metrics norm_frequency_spearman and norm_most_over_least_frequent).
+  by SGD; the mean embedding norm of each class is logged per epoch (epoch 0: untrained). The
+  paper expects it ordered by class frequency; its figure averages 5 runs. Single runs are
+  noisy: the effect shows across seeds, in /stats of norm_frequency_spearman and
+  norm_most_over_least_frequent (docs/design-notes.md, `ssl`, has the measurements).
 """
 
 from __future__ import annotations
@@ -182,7 +183,18 @@ class SSLSimTrainer:
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         k = len(config.class_weights)
         step = 0
-        class_norms: list[float] = []
+
+        def class_norms_now() -> tuple[torch.Tensor, list[float]]:
+            with torch.no_grad():  # the training set itself is embedded (quirk 8, fixed)
+                norms = model(x).norm(dim=1)
+            return norms, [float(norms[labels == c].mean()) if (labels == c).any()
+                           else float("nan") for c in range(k)]
+
+        # epoch 0 is the untrained network, as index 0 of the notebook's norm curves; epoch
+        # e + 1 follows training epoch e
+        norms, class_norms = class_norms_now()
+        reporter.log(0, {"norm_mean": float(norms.mean()),
+                         **{f"norm_class{c}": v for c, v in enumerate(class_norms)}}, epoch=0)
         for epoch in range(config.epochs):
             order = torch.randperm(len(x), generator=sources.data)
             total = 0.0
@@ -196,13 +208,10 @@ class SSLSimTrainer:
                 optimizer.step()
                 total += float(loss.detach()) * len(index)
                 step += 1
-            with torch.no_grad():  # the training set itself is embedded (quirk 8, fixed)
-                norms = model(x).norm(dim=1)
-            class_norms = [float(norms[labels == c].mean()) if (labels == c).any()
-                           else float("nan") for c in range(k)]
+            norms, class_norms = class_norms_now()
             point = {"loss": total / len(x), "norm_mean": float(norms.mean()),
                      **{f"norm_class{c}": v for c, v in enumerate(class_norms)}}
-            reporter.log(step, point, epoch=epoch)
+            reporter.log(step, point, epoch=epoch + 1)
             if reporter.should_stop():
                 break
         counts = torch.bincount(labels, minlength=k).tolist()
