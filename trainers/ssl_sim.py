@@ -184,17 +184,18 @@ class SSLSimTrainer:
         k = len(config.class_weights)
         step = 0
 
-        def class_norms_now() -> tuple[torch.Tensor, list[float]]:
-            with torch.no_grad():  # the training set itself is embedded (quirk 8, fixed)
+        def norm_point() -> dict[str, float]:
+            """norm_mean and norm_class{c} over the training set (quirk 8, fixed)."""
+            with torch.no_grad():
                 norms = model(x).norm(dim=1)
-            return norms, [float(norms[labels == c].mean()) if (labels == c).any()
-                           else float("nan") for c in range(k)]
+            return {"norm_mean": float(norms.mean()),
+                    **{f"norm_class{c}": float(norms[labels == c].mean())
+                       if (labels == c).any() else float("nan") for c in range(k)}}
 
         # epoch 0 is the untrained network, as index 0 of the notebook's norm curves; epoch
         # e + 1 follows training epoch e
-        norms, class_norms = class_norms_now()
-        reporter.log(0, {"norm_mean": float(norms.mean()),
-                         **{f"norm_class{c}": v for c, v in enumerate(class_norms)}}, epoch=0)
+        point = norm_point()
+        reporter.log(0, point, epoch=0)
         for epoch in range(config.epochs):
             order = torch.randperm(len(x), generator=sources.data)
             total = 0.0
@@ -208,13 +209,12 @@ class SSLSimTrainer:
                 optimizer.step()
                 total += float(loss.detach()) * len(index)
                 step += 1
-            norms, class_norms = class_norms_now()
-            point = {"loss": total / len(x), "norm_mean": float(norms.mean()),
-                     **{f"norm_class{c}": v for c, v in enumerate(class_norms)}}
+            point = {"loss": total / len(x), **norm_point()}
             reporter.log(step, point, epoch=epoch + 1)
             if reporter.should_stop():
                 break
         counts = torch.bincount(labels, minlength=k).tolist()
+        class_norms = [point[f"norm_class{c}"] for c in range(k)]
         finite = [(n, w) for n, w in zip(class_norms, config.class_weights, strict=True)
                   if math.isfinite(n)]
         rho = scipy_stats.spearmanr([w for _, w in finite], [n for n, _ in finite]).statistic
