@@ -92,11 +92,13 @@ def test_top5_is_reported_with_twenty_or_more_classes() -> None:
     assert m["test_top5_accuracy"] >= m["test_accuracy"]
 
 
-def test_missing_dataset_fails_before_any_training(tmp_path: Path) -> None:
+def test_missing_dataset_fails_before_any_training(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEEDGRID_DATA_ROOTS", f"empty={tmp_path}")
     reporter = MemoryReporter()
     with pytest.raises(DatasetUnavailable, match="'cifar10' not found under") as info:
-        get_trainer("cff").run(tiny(dataset="cifar10", image_size=None,
-                                    data_root=str(tmp_path)), 0, reporter)
+        get_trainer("cff").run(tiny(dataset="cifar10", image_size=None, data_root="empty"), 0,
+                               reporter)
     assert str(tmp_path / "cifar-10-batches-py" / "data_batch_1") in str(info.value)
     assert reporter.points == []
 

@@ -234,3 +234,72 @@ def test_batches_are_normalised_and_cover_the_epoch() -> None:
     assert torch.allclose(x.mean(dim=(0, 2, 3)).double(),
                           torch.zeros(3, dtype=torch.float64), atol=0.05)
     assert len(y) == len(splits.train)
+
+
+# ---------------------------------------------------------------------------------------------
+# roots the operator controls: a config names a root, never a path
+
+
+@pytest.mark.parametrize("value", ["/etc", "../data", "data/cifar", "~", "a b", "", "x" * 65,
+                                   "C:\\data", "fake\x00"])
+def test_a_config_cannot_name_a_path_as_its_data_root(value: str) -> None:
+    with pytest.raises(ValueError, match="not a path"):
+        Config(data_root=value)
+
+
+def test_a_named_root_is_resolved_from_the_operators_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    written = write_svhn(tmp_path / "svhn-here")
+    monkeypatch.setenv("SEEDGRID_DATA_ROOTS", f"house={tmp_path / 'svhn-here'}, other=/nowhere")
+    splits = prepare_splits(Config(dataset="svhn", data_root="house", rgb=False, image_size=32),
+                            random_sources(0))
+    assert len(splits.data.train_y) == len(written["train"][1])
+    with pytest.raises(DatasetUnavailable) as info:
+        prepare_splits(Config(dataset="svhn", data_root="elsewhere"), random_sources(0))
+    message = str(info.value)
+    assert "'elsewhere' is not configured on this worker" in message
+    assert "house, other" in message and "SEEDGRID_DATA_ROOTS" in message
+
+
+@pytest.mark.parametrize("text", ["just-a-name", "name=relative/path", "../x=/abs",
+                                  "a=/x,a=/y", "bad name=/x"])
+def test_malformed_data_roots_are_refused_naming_the_entry(text: str) -> None:
+    from trainers.data.sources import parse_data_roots
+
+    with pytest.raises(ValueError, match="SEEDGRID_DATA_ROOTS"):
+        parse_data_roots(text)
+
+
+def test_download_needs_the_operators_leave(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEEDGRID_DATA_ROOT", str(tmp_path))
+    monkeypatch.delenv("SEEDGRID_ALLOW_DOWNLOAD", raising=False)
+    with pytest.raises(DatasetUnavailable, match="downloads are off on this worker") as info:
+        prepare_splits(Config(dataset="cifar10", download=True), random_sources(0))
+    assert "SEEDGRID_ALLOW_DOWNLOAD" in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # nothing was fetched or written
+
+
+def test_the_dataset_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainers.data import sources
+
+    one = load_images("synthetic", synthetic=(4, 50, 10, 0.5, 900))
+    size_gb = sources.dataset_bytes(one) / 2**30
+    # room for two of these, not three: the least recently used goes
+    monkeypatch.setenv("SEEDGRID_DATASET_CACHE_GB", str(2.5 * size_gb))
+    first = load_images("synthetic", synthetic=(4, 50, 10, 0.5, 901))
+    second = load_images("synthetic", synthetic=(4, 50, 10, 0.5, 902))
+    assert load_images("synthetic", synthetic=(4, 50, 10, 0.5, 901)) is first  # refreshed
+    before = load_count()
+    load_images("synthetic", synthetic=(4, 50, 10, 0.5, 903))
+    assert sources.cached_datasets() == 2
+    assert load_images("synthetic", synthetic=(4, 50, 10, 0.5, 901)) is first
+    assert load_images("synthetic", synthetic=(4, 50, 10, 0.5, 902)) is not second  # evicted
+    assert load_count() == before + 2
+    monkeypatch.setenv("SEEDGRID_DATASET_CACHE_GB", "1000")
+    for seed in range(904, 904 + sources.MAX_CACHED_DATASETS + 3):
+        load_images("synthetic", synthetic=(2, 2, 1, 0.5, seed))
+    assert sources.cached_datasets() == sources.MAX_CACHED_DATASETS
+    monkeypatch.setenv("SEEDGRID_DATASET_CACHE_GB", "lots")
+    with pytest.raises(DatasetUnavailable, match="SEEDGRID_DATASET_CACHE_GB='lots'"):
+        load_images("synthetic", synthetic=(2, 2, 1, 0.5, 999))

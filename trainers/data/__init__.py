@@ -18,14 +18,18 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trainers.base import TrainerConfig
 from trainers.data.augment import AugmentPlan, augment, normalize
 from trainers.data.sources import (
     DATASETS,
+    ROOT_NAME,
+    TORCHVISION_DATASETS,
     DatasetUnavailable,
     ImageData,
+    data_root,
+    downloads_allowed,
     load_count,
     load_images,
 )
@@ -40,11 +44,13 @@ class DataConfig(TrainerConfig):
     """Dataset fields shared by every trainer's Config."""
 
     # digits (scikit-learn's bundled 8x8) and synthetic need no files; the others read
-    # torchvision's on-disk layout under data_root.
+    # torchvision's on-disk layout under the operator's data root.
     dataset: DatasetName = "digits"
-    # None: $SEEDGRID_DATA_ROOT, else ~/.cache/seedgrid/data.
+    # The name of one of the operator's data roots (SEEDGRID_DATA_ROOTS), never a path;
+    # None: the default root, $SEEDGRID_DATA_ROOT (else ~/.cache/seedgrid/data).
     data_root: str | None = None
-    # Let torchvision download missing files (needs network access on the worker).
+    # Let torchvision download missing files into the data root (the operator must allow it
+    # with SEEDGRID_ALLOW_DOWNLOAD, and the worker needs internet access).
     download: bool = False
     # Side of the model's input in pixels; None: the dataset's own (digits 8, synthetic 16,
     # MNIST-like 28, CIFAR/SVHN 32). 28 -> 32 zero-pads; other changes resize bilinearly.
@@ -73,13 +79,31 @@ class DataConfig(TrainerConfig):
     synthetic_seed: int = Field(0, ge=0)
 
 
+    @field_validator("data_root")
+    @classmethod
+    def _a_root_name(cls, value: str | None) -> str | None:
+        if value is not None and not ROOT_NAME.fullmatch(value):
+            raise ValueError(
+                "data_root names one of the operator's data roots (SEEDGRID_DATA_ROOTS), not a "
+                "path: a spec never chooses the directories a worker reads (the CIFAR format is "
+                "a pickle, and unpickling runs code)")
+        return value
+
+
 def load_for(config: DataConfig) -> ImageData:
-    """The dataset a config names, at its resolution (cached per process)."""
+    """The dataset a config names, at its resolution (cached per process), from the
+    operator's root the config selects; a download only where the operator allows it."""
+    if config.download and not downloads_allowed():
+        raise DatasetUnavailable(
+            f"dataset {config.dataset!r}: the config asks for 'download: true', but downloads "
+            "are off on this worker (the operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true)"
+            "; without them the operator puts the files under the data root")
+    needs_files = config.dataset in TORCHVISION_DATASETS
     return load_images(
         config.dataset,
         image_size=config.image_size,
         rgb=config.rgb,
-        root=config.data_root,
+        root=data_root(config.data_root) if needs_files else None,
         download=config.download,
         synthetic=(
             config.synthetic_classes,

@@ -8,7 +8,9 @@ runs a Ray worker process executes one after another read and decode a dataset o
 from __future__ import annotations
 
 import os
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,12 +125,45 @@ NATIVE_SIZE = {"digits": 8, "synthetic": 16, "cifar10": 32, "cifar100": 32, "svh
                "fashion_mnist": 28, "mnist": 28}
 
 
-def data_root(configured: str | None) -> Path:
-    """The configured root, else $SEEDGRID_DATA_ROOT, else ~/.cache/seedgrid/data."""
-    if configured:
-        return Path(configured).expanduser()
-    env = os.environ.get("SEEDGRID_DATA_ROOT")
-    return Path(env).expanduser() if env else DEFAULT_DATA_ROOT
+# A spec selects a root by name only: the operator decides which directories workers read.
+ROOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def parse_data_roots(text: str) -> dict[str, Path]:
+    """The operator's named roots, `name=/absolute/path,name=/absolute/path` (the value of
+    SEEDGRID_DATA_ROOTS). Raises ValueError naming the entry that is not of that form."""
+    roots: dict[str, Path] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, sep, path = (part.strip() for part in entry.partition("="))
+        if not sep or not ROOT_NAME.fullmatch(name) or not Path(path).is_absolute():
+            raise ValueError(f"SEEDGRID_DATA_ROOTS entry {entry!r} is not name=/absolute/path "
+                             "(names: letters, digits, _ and -, up to 64)")
+        if name in roots:
+            raise ValueError(f"SEEDGRID_DATA_ROOTS names {name!r} twice")
+        roots[name] = Path(path)
+    return roots
+
+
+def data_root(name: str | None = None) -> Path:
+    """The directory a run reads datasets from: the operator's root called `name`
+    (SEEDGRID_DATA_ROOTS), or with no name $SEEDGRID_DATA_ROOT, else ~/.cache/seedgrid/data."""
+    if name is None:
+        env = os.environ.get("SEEDGRID_DATA_ROOT")
+        return Path(env).expanduser() if env else DEFAULT_DATA_ROOT
+    roots = parse_data_roots(os.environ.get("SEEDGRID_DATA_ROOTS", ""))
+    if name not in roots:
+        known = ", ".join(sorted(roots)) or "none"
+        raise DatasetUnavailable(
+            f"data root {name!r} is not configured on this worker (named roots here: {known}); "
+            "the operator names roots in SEEDGRID_DATA_ROOTS on the service and every worker")
+    return roots[name]
+
+
+def downloads_allowed() -> bool:
+    """Whether the operator lets runs download dataset files (SEEDGRID_ALLOW_DOWNLOAD)."""
+    return os.environ.get("SEEDGRID_ALLOW_DOWNLOAD", "").strip().lower() in {"1", "true", "yes"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,9 +206,11 @@ def _not_found(name: str, root: Path, missing: list[str], spec: _Spec) -> Datase
     shown = ", ".join(str(root / m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
     return DatasetUnavailable(
         f"dataset {name!r} not found under {root} (missing {shown}). Put torchvision's layout "
-        f"there ({root / spec.folder_hint}); get the files from {spec.url}, or run once with "
-        f"'download: true' on a machine with internet access. The data root is the config's "
-        f"data_root, else $SEEDGRID_DATA_ROOT, else {DEFAULT_DATA_ROOT}."
+        f"there ({root / spec.folder_hint}); get the files from {spec.url}. The operator sets "
+        f"the data root ($SEEDGRID_DATA_ROOT, or a named root in SEEDGRID_DATA_ROOTS that "
+        f"config.data_root selects; default {DEFAULT_DATA_ROOT}); 'download: true' works only "
+        f"where the operator allows it (SEEDGRID_ALLOW_DOWNLOAD) and the worker has internet "
+        f"access."
     )
 
 
@@ -310,9 +347,33 @@ def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...
     return tuple(float(v) for v in values.mean(dim=1)), tuple(float(v) for v in std)
 
 
-_cache: dict[tuple, ImageData] = {}
+# Decoded datasets kept per process, least recently used first; bounded so that a stream of
+# different resolutions or synthetic sizes cannot grow a worker without limit.
+DEFAULT_CACHE_BYTES = 8 * 2**30
+MAX_CACHED_DATASETS = 8
+_cache: OrderedDict[tuple, ImageData] = OrderedDict()
 _cache_lock = threading.Lock()
 _loads = {"count": 0}
+
+
+def cache_limit_bytes() -> int:
+    """The cache's bound in bytes: SEEDGRID_DATASET_CACHE_GB on the worker, else 8 GiB."""
+    value = os.environ.get("SEEDGRID_DATASET_CACHE_GB", "").strip()
+    if not value:
+        return DEFAULT_CACHE_BYTES
+    try:
+        gigabytes = float(value)
+    except ValueError:
+        gigabytes = -1.0
+    if not gigabytes >= 0:
+        raise DatasetUnavailable(
+            f"SEEDGRID_DATASET_CACHE_GB={value!r} on this worker is not a number of GB >= 0")
+    return int(gigabytes * 2**30)
+
+
+def dataset_bytes(data: ImageData) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in (data.train_x, data.train_y, data.test_x, data.test_y))
 
 
 def load_images(
@@ -320,12 +381,14 @@ def load_images(
     *,
     image_size: int | None = None,
     rgb: bool = True,
-    root: str | None = None,
+    root: str | Path | None = None,
     download: bool = False,
     synthetic: tuple[int, int, int, float, int] = (10, 200, 50, 0.5, 0),
 ) -> ImageData:
-    """A dataset at `image_size` (None: native), cached per process.
+    """A dataset at `image_size` (None: native), cached per process (a bounded LRU).
 
+    `root` is the directory the operator's configuration resolved (None: $SEEDGRID_DATA_ROOT,
+    else ~/.cache/seedgrid/data); specs never choose it (`data_root` resolves a root's name).
     `rgb` repeats grayscale images to 3 channels so that one architecture serves every dataset.
     `synthetic` is (classes, train per class, test per class, difficulty, dataset seed).
     Raises DatasetUnavailable, naming the dataset and the expected path, when files are missing
@@ -333,14 +396,28 @@ def load_images(
     """
     if name not in DATASETS:
         raise DatasetUnavailable(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
-    resolved = data_root(root) if name in TORCHVISION_DATASETS else None
+    resolved = None
+    if name in TORCHVISION_DATASETS:
+        resolved = Path(root).expanduser() if root is not None else data_root(None)
     size = image_size or NATIVE_SIZE[name]
     key = (name, str(resolved), size, rgb, synthetic if name == "synthetic" else None)
+    limit = cache_limit_bytes()
     with _cache_lock:
-        if key not in _cache:
-            _cache[key] = _build(name, resolved, size, rgb, download, synthetic)
-            _loads["count"] += 1
-        return _cache[key]
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+        data = _build(name, resolved, size, rgb, download, synthetic)
+        _loads["count"] += 1
+        _cache[key] = data
+        total = sum(dataset_bytes(d) for d in _cache.values())
+        while _cache and (total > limit or len(_cache) > MAX_CACHED_DATASETS):
+            total -= dataset_bytes(_cache.popitem(last=False)[1])
+        return data
+
+
+def cached_datasets() -> int:
+    """How many decoded datasets this process holds now."""
+    return len(_cache)
 
 
 def load_count() -> int:
