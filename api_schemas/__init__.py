@@ -7,6 +7,7 @@ any client can share it.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -30,6 +31,10 @@ __all__ = [
     "RunStatus",
     "Stats",
     "TrainerInfo",
+    "json_problems",
+    "storable_json",
+    "storable_text",
+    "text_problem",
 ]
 
 GridValue = bool | int | float | str | None
@@ -41,6 +46,9 @@ MAX_KEY_LENGTH = 100  # a grid axis (config field) or metric name
 MAX_LEVEL_LENGTH = 200  # a string grid level
 MAX_SEEDS = 1_000_000
 MAX_SEED = 2**31 - 1  # seeds are stored in a 32-bit integer column
+
+MAX_TEXT_LENGTH = 1000  # any other string in a spec, at any depth of `config`
+MAX_STORED_TEXT_LENGTH = 10_000  # error messages and other text a worker sends back
 
 # No NUL (PostgreSQL text refuses it); a pattern also makes pydantic refuse lone surrogates,
 # which Python's JSON parser lets through and no database can encode.
@@ -59,7 +67,6 @@ class RunStatus(StrEnum):
     cancelled = "cancelled"
 
 
-
 class ExperimentStatus(StrEnum):
     queued = "queued"
     running = "running"
@@ -73,8 +80,74 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    num_cpus: float = Field(1.0, ge=0, le=1024)
+    # Above 0: a task asking for no CPU is not counted against Ray's CPU limit at all.
+    num_cpus: float = Field(1.0, gt=0, le=1024)
     num_gpus: float = Field(0.0, ge=0, le=64)
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_problem(text: str, max_length: int = MAX_TEXT_LENGTH) -> str | None:
+    """Why `text` cannot be stored as it is (None when it can): the one rule for every string
+    of a spec. PostgreSQL's text refuses NUL; no database encodes a lone surrogate, which
+    Python's JSON parser lets through."""
+    if len(text) > max_length:
+        return f"is {len(text)} characters long, more than {max_length}"
+    if "\x00" in text:
+        return "contains NUL (U+0000)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"contains a lone surrogate (U+{ord(text[exc.start]):04X})"
+    return None
+
+
+def storable_text(text: str, max_length: int | None = MAX_STORED_TEXT_LENGTH) -> str:
+    """`text` made storable: NUL and lone surrogates become U+FFFD, and it is cut to
+    `max_length` characters (None: not cut). For text a worker or a database sends back."""
+    text = _UNSTORABLE.sub("\ufffd", text)
+    if max_length is None or len(text) <= max_length:
+        return text
+    return text[: max_length - 1] + "\u2026"
+
+
+def storable_json(value: Any, max_length: int | None = MAX_STORED_TEXT_LENGTH) -> Any:
+    """A JSON value with every string (keys included) made storable, at any depth; strings are
+    cut to `max_length` unless it is None."""
+    if isinstance(value, str):
+        return storable_text(value, max_length)
+    if isinstance(value, dict):
+        return {storable_text(str(k), max_length): storable_json(v, max_length)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable_json(v, max_length) for v in value]
+    return value
+
+
+def json_problems(value: Any, path: str) -> list[str]:
+    """Every string (keys included) and number at any depth of a JSON value that cannot be
+    stored, as `path: why`."""
+    problems: list[str] = []
+    pending: list[tuple[str, Any]] = [(path, value)]
+    while pending:  # iterative: the nesting may be as deep as the JSON parser allows
+        where, item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            problems.append(f"{where} is {item}: numbers must be finite")
+        elif isinstance(item, str):
+            problem = text_problem(item)
+            if problem:
+                problems.append(f"{where} {problem}")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                problem = text_problem(key, MAX_KEY_LENGTH)
+                if problem:
+                    problems.append(f"a key of {where} {problem}")
+                    key = storable_text(key, 40)
+                pending.append((f"{where}.{key}", child))
+        elif isinstance(item, list):
+            pending += [(f"{where}[{i}]", v) for i, v in enumerate(item)]
+    return sorted(problems)
 
 
 class ExperimentSpec(BaseModel):
@@ -87,7 +160,7 @@ class ExperimentSpec(BaseModel):
     }]})
 
     name: str = Field(..., min_length=1, max_length=200, pattern=STORABLE_TEXT)
-    trainer: str = Field(..., min_length=1, max_length=64)
+    trainer: str = Field(..., min_length=1, max_length=64, pattern=STORABLE_TEXT)
     # Base values for the trainer's config model; omitted fields take the trainer's defaults.
     config: dict[str, Any] = Field(default_factory=dict)
     # Config field -> levels; the cartesian product of the levels gives the conditions.
@@ -97,7 +170,7 @@ class ExperimentSpec(BaseModel):
     # n means seeds 0..n-1; a list gives the seeds explicitly.
     seeds: int | list[int] = 3
     # Primary final metric for statistics; None takes the trainer's primary metric.
-    metric: str | None = Field(None, max_length=MAX_KEY_LENGTH)
+    metric: str | None = Field(None, max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)
     resources: Resources = Field(default_factory=Resources)
     max_retries: int = Field(2, ge=0, le=20)
     # Higher runs first.
@@ -105,16 +178,12 @@ class ExperimentSpec(BaseModel):
 
     @field_validator("config")
     @classmethod
-    def _finite_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        pending: list[tuple[str, Any]] = [("config", config)]
-        while pending:  # iterative: the nesting may be as deep as the JSON parser allows
-            path, value = pending.pop()
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{path} is {value}: numbers must be finite")
-            if isinstance(value, dict):
-                pending += [(f"{path}.{k}", v) for k, v in value.items()]
-            elif isinstance(value, list):
-                pending += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    def _storable_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        problems = json_problems(config, "config")
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
+                                               if len(problems) > 5 else "")
+            raise ValueError(shown)
         return config
 
     @field_validator("grid")
@@ -261,7 +330,17 @@ class Comparison(BaseModel):
 
 class Stats(BaseModel):
     metric: str
+    # The completed runs these statistics come from; they are recomputed (and stored again)
+    # only when another run of the experiment completes.
+    n_completed: int = 0
+    computed_at: datetime | None = None
     conditions: list[ConditionStats]
+    # One page of the comparisons: those of `factor` (None: of every factor, in grid order),
+    # from `offset`; `next_offset` asks for the next page (None: this is the last one).
+    factor: str | None = None
+    total_comparisons: int = 0
+    offset: int = 0
+    next_offset: int | None = None
     comparisons: list[Comparison]
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from service.db import make_engine, upgrade_database
 from service.dispatcher import Dispatcher
-from service.experiments import Conflict, NotFound, SpecError
+from service.experiments import Conflict, NotFound, QueueFull, SpecError
 from service.routes import experiments, protocol, runs, system
 from service.security import RequestGuard, declare_bearer_auth, json_safe
 from service.settings import Settings, get_settings
@@ -75,6 +75,11 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    @app.exception_handler(QueueFull)
+    async def _queue_full(_: Request, exc: QueueFull) -> JSONResponse:
+        return JSONResponse(status_code=429, content={"detail": str(exc)},
+                            headers={"Retry-After": str(QueueFull.RETRY_AFTER_S)})
 
     return app
 

@@ -3,6 +3,7 @@ process), and `db upgrade` / `db current` (schema migrations)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -75,6 +76,25 @@ def load_settings(**options: Any) -> Settings:
         raise _fail(f"{field if name else 'settings'}: {first['msg']}") from None
 
 
+def refuse_open_exposure(settings: Settings, insecure: bool) -> None:
+    """A service other machines can reach needs the token: without it, anyone who can connect
+    submits work to the cluster. Loopback addresses stay open for local use."""
+    if settings.api_token.get_secret_value() or insecure or is_loopback(settings.host):
+        return
+    raise _fail(f"SEEDGRID_HOST={settings.host} is reachable from other machines and "
+                "SEEDGRID_API_TOKEN is not set: set a token (e.g. `openssl rand -hex 32`), "
+                "listen on 127.0.0.1, or pass --insecure to serve it open anyway")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
 def upgrade_schema(database_url: str) -> None:
     """Migrate the database to the newest schema, or stop with one line naming it."""
     from service.db import INITIAL_REVISION, DatabaseError, masked_url, upgrade_database
@@ -127,7 +147,8 @@ def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any
             f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
             for e in response.json().get("detail", [])
         ]
-        raise _fail("the spec was rejected:\n" + "\n".join(lines))
+        what = "the spec was rejected" if method == "POST" else f"GET {path} was refused"
+        raise _fail(f"{what}:\n" + "\n".join(lines))
     if response.status_code >= 400:
         raise _fail(f"{method} {path}: {response.status_code} {response.json().get('detail')}")
     return response.json()
@@ -214,6 +235,9 @@ def print_stats(stats: dict[str, Any]) -> None:
             _fmt(c["welch_p"], 3),
         )
     console.print(comp)
+    if stats.get("next_offset") is not None:
+        console.print(f"showing comparisons {stats['offset'] + 1}-{stats['next_offset']} of "
+                      f"{stats['total_comparisons']}")
 
 
 def report(client: httpx.Client, experiment_id: int, metric: str | None = None) -> None:
@@ -227,8 +251,9 @@ def report(client: httpx.Client, experiment_id: int, metric: str | None = None) 
     print_stats(stats)
     failed = [
         r
-        for r in _request(client, "GET", f"/experiments/{experiment_id}/runs")
-        if r["status"] in {"failed", "diverged"}
+        for status in ("failed", "diverged")
+        for r in _request(client, "GET", f"/experiments/{experiment_id}/runs",
+                          params={"status": status, "limit": 10})
     ]
     for r in failed[:10]:
         console.print(
@@ -247,6 +272,11 @@ def serve(
     workers: Annotated[
         int, typer.Option(min=1, help="API worker processes (more than 1 needs --no-dispatch)")
     ] = 1,
+    insecure: Annotated[
+        bool,
+        typer.Option("--insecure", help="listen on a non-loopback SEEDGRID_HOST without "
+                                        "SEEDGRID_API_TOKEN (anyone who reaches it can submit)"),
+    ] = False,
 ) -> None:
     """Serve the REST API (and, by default, the dispatcher) with uvicorn."""
     import uvicorn
@@ -255,6 +285,7 @@ def serve(
         raise _fail("--workers: more than one worker process needs --no-dispatch (run the "
                     "dispatcher as its own process: `seedgrid dispatcher`)")
     settings = load_settings()
+    refuse_open_exposure(settings, insecure)
     log_to_stderr(settings.log_level)
     upgrade_schema(settings.database_url)
     if dispatch:
@@ -360,6 +391,7 @@ def run(
     from service.server import BackgroundServer
 
     settings = load_settings()
+    refuse_open_exposure(settings, insecure=False)
     spec = load_spec(spec_file)
     started = time.perf_counter()
     upgrade_schema(settings.database_url)

@@ -17,7 +17,17 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import JSON, Column, Index, UniqueConstraint, event, inspect, pool, text
+from sqlalchemy import (
+    JSON,
+    Column,
+    Index,
+    Text,
+    UniqueConstraint,
+    event,
+    inspect,
+    pool,
+    text,
+)
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, SQLModel, create_engine
@@ -53,8 +63,8 @@ class Run(SQLModel, table=True):
     condition_key: str
     condition: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     seed: int
-    # The full trainer config of this run (base config + condition, defaults filled in).
-    config: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    # The run's config is the experiment's base config (stored once, in its spec) with this
+    # condition: a run row does not repeat it.
     trainer: str
     status: str = "queued"
     priority: int = 0
@@ -99,7 +109,11 @@ class RunAttempt(SQLModel, table=True):
 
 
 class MetricPoint(SQLModel, table=True):
-    __table_args__ = (Index("ix_metric_run_name_step", "run_id", "name", "step"),)
+    __table_args__ = (
+        Index("ix_metric_run_name_step", "run_id", "name", "step"),
+        # a run's whole curve in step order, paged, without a sort
+        Index("ix_metric_run_step", "run_id", "step", "id"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: int = Field(foreign_key="run.id")
@@ -107,6 +121,26 @@ class MetricPoint(SQLModel, table=True):
     epoch: int | None = None
     name: str
     value: float | None = None
+
+
+class StatsCache(SQLModel, table=True):
+    """The variance statistics served for one page of one metric of an experiment, as the JSON
+    the API returns: computed once from the completed runs and recomputed only when their
+    number changes, so that every API replica serves the same stored result."""
+
+    __tablename__ = "statscache"
+    __table_args__ = (
+        UniqueConstraint("experiment_id", "metric", "page", name="uq_stats_page"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    experiment_id: int = Field(foreign_key="experiment.id", index=True)
+    metric: str
+    # which comparisons: "<factor or empty>|<offset>|<limit>"
+    page: str
+    n_completed: int
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    computed_at: datetime = Field(default_factory=utcnow)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

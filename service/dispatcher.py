@@ -9,7 +9,8 @@ each loop it
    run's resources;
 2. forwards cancellations requested through the API to Ray;
 3. reads whatever the in-flight tasks streamed (start, metric batches, final result) and
-   persists it in one transaction.
+   persists it in one transaction; when the database refuses that, run by run, so that a run
+   whose rows cannot be stored ends `failed` alone and every other run is written.
 A run whose worker or node died is re-queued until it has used max_retries + 1 attempts.
 
 Stopping (SIGTERM, the API's shutdown), it saves the results Ray already has, cancels the runs
@@ -32,10 +33,10 @@ import ray
 from ray.exceptions import RayError, TaskCancelledError
 from sqlalchemy import delete, func, insert, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlmodel import Session, select
 
-from api_schemas import RunStatus
+from api_schemas import RunStatus, storable_json, storable_text
 from service.db import Experiment, MetricPoint, Run, RunAttempt, masked_url, utcnow
 from service.experiments import refresh_experiment_status
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
@@ -53,8 +54,8 @@ NODE_CHECK_INTERVAL_S = 5.0
 STANDBY_POLL_S = 0.5
 # How often the active dispatcher confirms it still holds the lock when it has nothing to write.
 LOCK_CHECK_INTERVAL_S = 1.0
-# A batch read from Ray that this many transactions failed to write: its runs count as lost.
-PERSIST_TRIES = 3
+# Base configs of experiments the dispatcher keeps (a spec never changes; the bound is memory).
+MAX_CACHED_CONFIGS = 1024
 # Attempts cut short by a dispatcher that stopped cleanly: recorded, not charged to max_retries.
 INTERRUPTED = "interrupted"
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
@@ -143,7 +144,7 @@ class Dispatcher:
         self._last_lock_check = 0.0
         # A batch read from Ray whose transaction failed: written before anything else.
         self._unsaved: Batch | None = None
-        self._unsaved_failures = 0
+        self._configs: dict[int, dict[str, Any]] = {}
         self._standby_announced = False
         self._database_unreachable = False
         self.max_in_flight = settings.max_in_flight or 4
@@ -401,6 +402,10 @@ class Dispatcher:
             self._save_unsaved()
 
     def _save_unsaved(self) -> None:
+        """Write the batch read from Ray. When its transaction fails, write it run by run, so
+        that one run whose rows the database refuses can neither hold back nor fail another:
+        that run alone ends `failed`, with the reason stored. A failure of the database itself
+        (a dropped connection, a lock) keeps what is unwritten for the next loop."""
         batch = self._unsaved
         if batch is None:
             return
@@ -408,30 +413,56 @@ class Dispatcher:
             self._persist(batch)
         except Exception as exc:
             self.lock.check()  # a lost lock is not the batch's fault: LockLost, keep the batch
-            self._unsaved_failures += 1
-            if self._unsaved_failures < PERSIST_TRIES:
-                raise
-            # The same rows failed every time (a value the database refuses, say): give up on
-            # them rather than stall every other run behind them.
-            reason = f"its results could not be stored: {_first_line(exc)}"
-            log.error("%d tries could not store a batch from runs %s (%s); they count as lost",
-                      self._unsaved_failures, sorted(batch.flights), _first_line(exc))
-            self._give_up_on(batch, reason)  # if this fails too, both are tried again next loop
-        self._unsaved, self._unsaved_failures = None, 0
+            if _database_trouble(exc):
+                raise  # kept; the loop pauses and writes it again
+            self._persist_run_by_run(batch)
+        self._unsaved = None
 
-    def _give_up_on(self, batch: Batch, reason: str) -> None:
-        """The runs of a batch that cannot be stored are lost, as if their worker had died."""
-        for flight in batch.flights.values():
-            if self.in_flight.pop(flight.run_id, None) is not None:
-                ray.cancel(flight.generator, force=True)
+    def _persist_run_by_run(self, batch: Batch) -> None:
+        """Each run's part of `batch` in its own transaction; a part the database refuses ends
+        its run `failed`. What is not written yet (database trouble, a lost lock) stays unsaved,
+        never a part already written: that would store its points twice."""
+        remaining = set(batch.flights)
+        trouble: Exception | None = None
+        try:
+            for run_id, flight in list(batch.flights.items()):
+                try:
+                    self._persist(batch.only({run_id}))
+                except Exception as exc:
+                    self.lock.check()
+                    if _database_trouble(exc):
+                        trouble = exc
+                        continue
+                    reason = f"its results could not be stored: {_first_line(exc)}"
+                    log.error("run %s: %s", run_id, reason)
+                    self._fail_unstorable(flight, storable_text(reason))
+                remaining.discard(run_id)
+        finally:
+            self._unsaved = batch.only(remaining) if remaining else None
+        if trouble is not None:
+            raise trouble
+
+    def _fail_unstorable(self, flight: InFlight, reason: str) -> None:
+        """The run's rows cannot be stored: stop its task and end it `failed` with `reason`
+        (not retried: the same config would send the same rows again)."""
+        if self.in_flight.pop(flight.run_id, None) is not None:
+            ray.cancel(flight.generator, force=True)
         now = utcnow()
-        with self._session() as session:
-            _lock_experiments(session, [flight.experiment_id for flight in batch.flights.values()])
-            for flight in batch.flights.values():
-                self._handle_lost(session, flight, reason, now)
-            for experiment_id in {flight.experiment_id for flight in batch.flights.values()}:
-                refresh_experiment_status(session=session, experiment_id=experiment_id)
-            session.commit()
+        try:
+            with self._session() as session:
+                _lock_experiments(session, [flight.experiment_id])
+                ended = session.execute(
+                    update(Run)
+                    .where(Run.id == flight.run_id, Run.status == RunStatus.running.value,
+                           Run.attempts == flight.attempt)
+                    .values(status=RunStatus.failed.value, finished_at=now, error=reason)
+                )
+                if ended.rowcount:
+                    self._end_attempt(session, flight, "failed", reason)
+                refresh_experiment_status(session=session, experiment_id=flight.experiment_id)
+                session.commit()
+        except Exception:  # the next dispatcher to take the lock re-queues it as an orphan
+            log.exception("run %s: could not store its failure either", flight.run_id)
 
     def _fill(self) -> int:
         free = self.max_in_flight - len(self.in_flight)
@@ -440,7 +471,7 @@ class Dispatcher:
         with self._session() as session:
             candidates = session.exec(
                 select(Run.id, Run.experiment_id, Run.attempts, Run.trainer,
-                       Run.config, Run.seed, Run.num_cpus, Run.num_gpus)
+                       Run.condition, Run.seed, Run.num_cpus, Run.num_gpus)
                 .where(Run.status == RunStatus.queued.value)
                 .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
                 .limit(free)
@@ -466,11 +497,13 @@ class Dispatcher:
                     session.add(RunAttempt(run_id=row.id, attempt=row.attempts + 1))
             for experiment_id in {r.experiment_id for r in claimed} | set(refused):
                 refresh_experiment_status(session=session, experiment_id=experiment_id)
+            base = self._base_configs(session, {row.experiment_id for row in claimed})
             session.commit()
         for row in claimed:
+            config = {**base[row.experiment_id], **row.condition}
             generator = run_task.options(
                 num_cpus=row.num_cpus, num_gpus=row.num_gpus, name=f"seedgrid-run-{row.id}"
-            ).remote(row.trainer, row.config, row.seed, self.settings.metrics_batch_interval_s)
+            ).remote(row.trainer, config, row.seed, self.settings.metrics_batch_interval_s)
             self.in_flight[row.id] = InFlight(
                 run_id=row.id,
                 experiment_id=row.experiment_id,
@@ -478,6 +511,20 @@ class Dispatcher:
                 generator=generator,
             )
         return len(claimed)
+
+    def _base_configs(self, session: Session, experiment_ids: set[int]) -> dict[int, Any]:
+        """The base config of each experiment (its spec's, stored once), read once each: a
+        spec never changes."""
+        missing = experiment_ids - set(self._configs)
+        if missing:
+            if len(self._configs) > MAX_CACHED_CONFIGS:
+                self._configs.clear()
+            for experiment_id, spec in session.exec(
+                select(Experiment.id, Experiment.spec)
+                .where(Experiment.id.in_(sorted(missing)))  # type: ignore[union-attr]
+            ).all():
+                self._configs[experiment_id] = spec.get("config", {})
+        return {i: self._configs[i] for i in experiment_ids}
 
     def _node_capacities(self) -> list[tuple[float, float]]:
         """(CPUs, GPUs) of every alive Ray node, refreshed every few seconds; empty when the
@@ -566,7 +613,8 @@ class Dispatcher:
                 if isinstance(getattr(exc, "cause", None), TaskCancelledError):
                     batch.cancelled.append(flight)
                 else:
-                    batch.lost.append((flight, f"{type(exc).__name__}: {_first_line(exc)}"))
+                    reason = storable_text(f"{type(exc).__name__}: {_first_line(exc)}")
+                    batch.lost.append((flight, reason))
                 del self.in_flight[flight.run_id]
                 return
             kind = message["type"]
@@ -579,7 +627,9 @@ class Dispatcher:
                     for s, e, n, v in message["points"]
                 ]
             elif kind == "result":
-                batch.results.append((flight, message))
+                # Whatever the worker sent, every string becomes storable (no NUL, no lone
+                # surrogate, bounded): a run's own text must not make its results unstorable.
+                batch.results.append((flight, storable_json(message, max_length=None)))
                 del self.in_flight[flight.run_id]
                 return
             if not generator.next_ready():
@@ -683,6 +733,13 @@ def _interrupted_attempts(session: Session, run_ids: list[int]) -> dict[int, int
         .group_by(RunAttempt.run_id)
     ).all()
     return {run_id: count for run_id, count in rows}
+
+
+def _database_trouble(exc: BaseException) -> bool:
+    """Whether a failed write looks like the database's state (a dropped connection, a lock
+    held too long) rather than a row it refuses."""
+    return isinstance(exc, OperationalError | InterfaceError) or bool(
+        getattr(exc, "connection_invalidated", False))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pydantic
-from sqlalchemy import func, update
+from sqlalchemy import func, insert, text, update
 from sqlmodel import Session, select
 
 from api_schemas import (
@@ -23,7 +23,16 @@ from api_schemas import (
     RunStatus,
 )
 from service.db import Experiment, Run, RunAttempt, utcnow
+from service.settings import Settings
 from trainers import REGISTRY, Trainer
+
+# Any fixed 64-bit number: the PostgreSQL advisory lock submissions take to count the queue.
+SUBMIT_LOCK_KEY = 0x5EED_6121_D000_0003
+# Columns of a new run that the insert does not set (bulk inserts skip the models' defaults).
+RUN_DEFAULTS: dict[str, Any] = {
+    "status": RunStatus.queued.value, "attempts": 0, "cancel_requested": False, "metrics": {},
+    "diagnostics": {}, "warnings": [], "provenance": {},
+}
 
 
 class SpecError(Exception):
@@ -62,8 +71,11 @@ def _pydantic_errors(exc: pydantic.ValidationError, prefix: list[Any]) -> list[d
     ]
 
 
-def validate_spec(spec: ExperimentSpec, *, max_runs: int) -> tuple[Trainer, list[dict[str, Any]]]:
-    """Check the spec against its trainer; return the trainer and the conditions in grid order."""
+def validate_spec(
+    spec: ExperimentSpec, *, settings: Settings
+) -> tuple[Trainer, list[dict[str, Any]]]:
+    """Check the spec against its trainer and the operator's limits; return the trainer and
+    the conditions in grid order."""
     trainer = REGISTRY.get(spec.trainer)
     if trainer is None:
         raise SpecError(
@@ -98,6 +110,7 @@ def validate_spec(spec: ExperimentSpec, *, max_runs: int) -> tuple[Trainer, list
 
     n_conditions = math.prod(len(v) for v in spec.grid.values())
     n_runs = n_conditions * len(spec.seed_list())
+    max_runs = settings.max_runs_per_experiment
     if n_runs > max_runs:
         raise SpecError([_error(["grid"], f"{n_conditions} conditions x {len(spec.seed_list())} "
                                 f"seeds = {n_runs} runs, over the limit of {max_runs} "
@@ -105,21 +118,109 @@ def validate_spec(spec: ExperimentSpec, *, max_runs: int) -> tuple[Trainer, list
     names = list(spec.grid)
     conditions = [dict(zip(names, combo, strict=True))
                   for combo in itertools.product(*spec.grid.values())]
+    refusals = _Refusals(spec)
     for condition in conditions:
         try:
-            trainer.Config.model_validate({**spec.config, **condition})
+            config = trainer.Config.model_validate({**spec.config, **condition})
         except pydantic.ValidationError as exc:
             errors += [_error(["grid"], f"condition {condition_key(condition)}: {e['msg']}")
                        for e in exc.errors(include_url=False)]
+            continue
+        _check_operator_limits(trainer, config, condition, settings, refusals)
+    errors += refusals.errors()
     if errors:
         raise SpecError(errors)
     return trainer, conditions
 
 
-def create_experiment(*, session: Session, spec: ExperimentSpec, max_runs: int) -> Experiment:
-    """Validate, expand into condition x seed runs and store everything in one transaction."""
-    trainer, conditions = validate_spec(spec, max_runs=max_runs)
+class _Refusals:
+    """Per kind of refusal, the field it names and the conditions it hit (the first few are
+    listed in the message, the rest counted), so that a 10,000-condition grid gives one error
+    per kind, not 10,000."""
+
+    SHOWN = 3
+
+    def __init__(self, spec: ExperimentSpec) -> None:
+        self.spec = spec
+        self.found: dict[tuple[str, str], tuple[str, list[str]]] = {}
+
+    def add(self, kind: str, field: str, message: str, condition: dict[str, Any]) -> None:
+        _, hit = self.found.setdefault((kind, field), (message, []))
+        hit.append(condition_key(condition))
+
+    def errors(self) -> list[dict[str, Any]]:
+        out = []
+        for (_, field), (message, hit) in self.found.items():
+            where = ["grid", field] if field in self.spec.grid else ["config", field]
+            if self.spec.grid:
+                shown = "; ".join(hit[: self.SHOWN])
+                more = f" and {len(hit) - self.SHOWN} more" if len(hit) > self.SHOWN else ""
+                message = f"{message} (conditions: {shown}{more})"
+            out.append(_error(where, message))
+        return out
+
+
+def _check_operator_limits(trainer: Trainer, config: Any, condition: dict[str, Any],
+                           settings: Settings, refusals: _Refusals) -> None:
+    """What the operator allows a run: which data roots, downloads, memory, logged points."""
+    root = getattr(config, "data_root", None)
+    if root is not None and root not in settings.data_root_names:
+        configured = ", ".join(settings.data_root_names) or "none are configured"
+        refusals.add("data_root", "data_root",
+                     f"data root {root!r} is not one of this service's named data roots "
+                     f"(SEEDGRID_DATA_ROOTS: {configured}); leave data_root out for the default "
+                     "root", condition)
+    if getattr(config, "download", False) and not settings.allow_download:
+        refusals.add("download", "download",
+                     "download: true is refused: downloads are off on this service (the "
+                     "operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true); the operator puts "
+                     "the dataset's files under the data root instead", condition)
+    estimate = trainer.estimate(config)
+    limit_bytes = settings.max_run_memory_gb * 1e9
+    if estimate.memory_bytes > limit_bytes:
+        fields = ", ".join(estimate.memory_fields)
+        refusals.add("memory", estimate.memory_fields[0],
+                     f"one run needs about {estimate.memory_bytes / 1e9:,.1f} GB (estimated from "
+                     f"{fields}), over SEEDGRID_MAX_RUN_MEMORY_GB={settings.max_run_memory_gb:g}",
+                     condition)
+    if estimate.logged_points > settings.max_points_per_run:
+        fields = ", ".join(estimate.points_fields)
+        refusals.add("points", estimate.points_fields[0],
+                     f"one run would log {estimate.logged_points:,} metric points (from "
+                     f"{fields}), over SEEDGRID_MAX_POINTS_PER_RUN="
+                     f"{settings.max_points_per_run:,}", condition)
+
+
+class QueueFull(Exception):
+    """Accepting the spec would pass the cap on queued runs: a 429 with Retry-After."""
+
+    RETRY_AFTER_S = 30
+
+    def __init__(self, queued: int, adding: int, cap: int) -> None:
+        super().__init__(
+            f"the queue holds {queued:,} runs and this spec adds {adding:,}, over the cap of "
+            f"{cap:,} queued runs (SEEDGRID_MAX_QUEUED_RUNS); retry when runs have ended")
+
+
+def _queued_runs(session: Session) -> int:
+    return session.exec(
+        select(func.count()).select_from(Run).where(Run.status == RunStatus.queued.value)
+    ).one()
+
+
+def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Settings) -> Experiment:
+    """Validate, expand into condition x seed runs and store everything in one transaction.
+    The spec's config is stored once, with the experiment; a run stores its condition."""
+    trainer, conditions = validate_spec(spec, settings=settings)
     seeds = spec.seed_list()
+    n_runs = len(conditions) * len(seeds)
+    cap = settings.max_queued_runs
+    if session.get_bind().dialect.name == "postgresql":
+        # Submissions count the queue one at a time, or two could each fit under the cap.
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
+    queued = _queued_runs(session)
+    if queued + n_runs > cap:
+        raise QueueFull(queued, n_runs, cap)
     experiment = Experiment(
         name=spec.name,
         trainer=trainer.name,
@@ -127,31 +228,25 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, max_runs: int) 
         metric=spec.metric or trainer.primary_metric,
         priority=spec.priority,
         n_conditions=len(conditions),
-        n_runs=len(conditions) * len(seeds),
+        n_runs=n_runs,
     )
     session.add(experiment)
     session.flush()
     assert experiment.id is not None
-    rows = []
-    for condition in conditions:
-        config = trainer.Config.model_validate({**spec.config, **condition}).model_dump(mode="json")
-        key = condition_key(condition)
-        for seed in seeds:
-            rows.append(
-                Run(
-                    experiment_id=experiment.id,
-                    condition_key=key,
-                    condition=condition,
-                    seed=seed,
-                    config=config,
-                    trainer=trainer.name,
-                    priority=spec.priority,
-                    max_retries=spec.max_retries,
-                    num_cpus=spec.resources.num_cpus,
-                    num_gpus=spec.resources.num_gpus,
-                )
-            )
-    session.add_all(rows)
+    rows = [
+        {"experiment_id": experiment.id, "condition_key": condition_key(condition),
+         "condition": condition, "seed": seed, "trainer": trainer.name,
+         "priority": spec.priority, "max_retries": spec.max_retries,
+         "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus}
+        for condition in conditions for seed in seeds
+    ]
+    session.execute(insert(Run), [{**RUN_DEFAULTS, **row, "created_at": utcnow()}
+                                  for row in rows])
+    # On SQLite the insert holds the database's write lock: counted again now, the queue
+    # includes every submission that committed meanwhile.
+    if _queued_runs(session) > cap:
+        session.rollback()
+        raise QueueFull(queued, n_runs, cap)
     session.commit()
     session.refresh(experiment)
     return experiment
@@ -199,8 +294,15 @@ def refresh_experiment_status(*, session: Session, experiment_id: int) -> None:
 
 
 def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
-    """Queued runs become cancelled now; running ones are flagged for the dispatcher to cancel."""
+    """Queued runs become cancelled now; running ones are flagged for the dispatcher to cancel.
+
+    One rule: only an experiment that is queued or running can be cancelled. One that ended
+    (completed, partial) or was cancelled already is a Conflict (409), so a client can tell
+    whether its request changed anything.
+    """
     experiment = get_experiment(session=session, experiment_id=experiment_id)
+    if experiment.cancel_requested or experiment.status == ExperimentStatus.cancelled:
+        raise Conflict(f"experiment {experiment_id} was cancelled already")
     if experiment.status in {ExperimentStatus.completed, ExperimentStatus.partial}:
         raise Conflict(f"experiment {experiment_id} has already ended ({experiment.status})")
     experiment.cancel_requested = True
@@ -303,18 +405,38 @@ def run_out(run: Run) -> RunOut:
     )
 
 
-def list_runs(*, session: Session, experiment_id: int) -> list[RunOut]:
+def list_runs(
+    *, session: Session, experiment_id: int, status: RunStatus | None = None, limit: int,
+    offset: int = 0,
+) -> list[RunOut]:
+    """One page of an experiment's runs in id order, optionally only those in `status`."""
     get_experiment(session=session, experiment_id=experiment_id)
-    runs = session.exec(
-        select(Run).where(Run.experiment_id == experiment_id).order_by(Run.id)  # type: ignore[arg-type]
-    ).all()
+    query = select(Run).where(Run.experiment_id == experiment_id)
+    if status is not None:
+        query = query.where(Run.status == status.value)
+    runs = session.exec(query.order_by(Run.id).offset(offset).limit(limit)).all()  # type: ignore[arg-type]
     return [run_out(r) for r in runs]
+
+
+def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any]
+               ) -> dict[str, Any]:
+    """A run's full config: the experiment's base config with the run's condition, defaults
+    filled in; as stored when the trainer no longer accepts it (a retired field, say)."""
+    merged = {**base, **condition}
+    trainer = REGISTRY.get(trainer_name)
+    if trainer is None:
+        return merged
+    try:
+        return trainer.Config.model_validate(merged).model_dump(mode="json")
+    except pydantic.ValidationError:
+        return merged
 
 
 def run_detail(*, session: Session, run_id: int) -> RunDetail:
     run = session.get(Run, run_id)
     if run is None:
         raise NotFound(f"run {run_id} not found")
+    experiment = get_experiment(session=session, experiment_id=run.experiment_id)
     attempts = session.exec(
         select(RunAttempt).where(RunAttempt.run_id == run_id).order_by(RunAttempt.attempt)  # type: ignore[arg-type]
     ).all()
@@ -326,7 +448,7 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
     }
     return RunDetail(
         **run_out(run).model_dump(),
-        config=run.config,
+        config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition),
         provenance=provenance,
         attempt_history=[
             a.model_dump(mode="json", exclude={"id", "run_id"}) for a in attempts

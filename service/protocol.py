@@ -39,7 +39,9 @@ def protocol_report(*, experiment: Experiment, runs: Sequence[Run],
     frozen_axis = FROZEN_AXIS in experiment.spec.get("grid", {})
     ignores = set(baseline_ignores) | {FROZEN_AXIS}
     completed = [r for r in runs if r.status == RunStatus.completed.value]
-    audited = [run_protocol(r, runs, frozen_axis=frozen_axis, ignores=ignores)
+    base: dict[str, Any] = experiment.spec.get("config", {})
+    baselines = FrozenRuns(runs, ignores, base)
+    audited = [run_protocol(r, baselines, base=base, frozen_axis=frozen_axis)
                for r in completed]
     return ProtocolReport(
         experiment_id=experiment.id,
@@ -53,26 +55,28 @@ def protocol_report(*, experiment: Experiment, runs: Sequence[Run],
     )
 
 
-def run_protocol(run: Run, runs: Sequence[Run], *, frozen_axis: bool,
-                 ignores: set[str]) -> RunProtocol:
-    """One run's D1 and D2 (stored by the trainer), its D3 and its verdict."""
+def run_protocol(run: Run, baselines: FrozenRuns, *, base: dict[str, Any],
+                 frozen_axis: bool) -> RunProtocol:
+    """One run's D1 and D2 (stored by the trainer), its D3 and its verdict. `base`: the
+    experiment's base config, which the run's condition completes."""
+    config = {**base, **run.condition}
     assert run.id is not None
     stored: dict[str, Any] = run.diagnostics.get("protocol") or {}
     stored_checks = stored.get("checks", {})
     d1 = _stored_check("D1", "scale_stability", stored_checks)
     d2 = _stored_check("D2", "reference_validity", stored_checks)
     accuracy = _number(run.metrics.get("test_accuracy"))
-    frozen = bool(run.config.get(FROZEN_AXIS, False))
+    frozen = bool(config.get(FROZEN_AXIS, False))
     baseline: Run | None = None
     utility: float | None = None
-    margin = float(run.config.get("depth_utility_margin_pp",
+    margin = float(config.get("depth_utility_margin_pp",
                                   checks.DEPTH_UTILITY_MARGIN_PP))
     if not frozen_axis:
         reason: str | None = NO_FROZEN_AXIS
     elif frozen:
         reason = "this run is a frozen-block baseline"
     else:
-        baseline, reason = find_baseline(run, runs, ignores)
+        baseline, reason = baselines.find(run)
         frozen_accuracy = _number(baseline.metrics.get("test_accuracy")) if baseline else None
         if baseline is not None and reason is None:
             if accuracy is None or frozen_accuracy is None:
@@ -105,26 +109,34 @@ def run_protocol(run: Run, runs: Sequence[Run], *, frozen_axis: bool,
     )
 
 
-def find_baseline(run: Run, runs: Sequence[Run], ignores: set[str]
-                  ) -> tuple[Run | None, str | None]:
-    """The frozen-block run for `run` (same seed, same condition on every axis outside
-    `ignores`, an exact match on the ignored ones preferred) and, when it cannot serve, why."""
+class FrozenRuns:
+    """The frozen-block runs of an experiment indexed by seed and condition (outside the
+    ignored axes), so that finding every run's baseline is one pass, not one scan per run."""
 
-    def key(condition: dict[str, GridValue], skip: set[str]) -> list[tuple[str, str]]:
-        return sorted((k, repr(v)) for k, v in condition.items() if k not in skip)
+    def __init__(self, runs: Sequence[Run], ignores: set[str], base: dict[str, Any]) -> None:
+        self.ignores = ignores
+        self.by_key: dict[tuple[int, tuple[tuple[str, str], ...]], list[Run]] = {}
+        for r in runs:
+            if {**base, **r.condition}.get(FROZEN_AXIS):
+                self.by_key.setdefault((r.seed, _key(r.condition, ignores)), []).append(r)
 
-    wanted, exact = key(run.condition, ignores), key(run.condition, {FROZEN_AXIS})
-    candidates = [r for r in runs if r.seed == run.seed and r.config.get(FROZEN_AXIS)
-                  and key(r.condition, ignores) == wanted]
-    if not candidates:
-        return None, (f"no frozen-block run with seed {run.seed} matches condition "
-                      f"{run.condition_key!r}")
-    candidates.sort(key=lambda r: (key(r.condition, {FROZEN_AXIS}) != exact,
-                                   r.status != RunStatus.completed.value, r.id or 0))
-    best = candidates[0]
-    if best.status != RunStatus.completed.value:
-        return best, f"the matching frozen-block run {best.id} is {best.status}, not completed"
-    return best, None
+    def find(self, run: Run) -> tuple[Run | None, str | None]:
+        """The frozen-block run for `run` (same seed, same condition on every axis outside
+        the ignored ones, an exact match on those preferred) and, when it cannot serve, why."""
+        candidates = self.by_key.get((run.seed, _key(run.condition, self.ignores)), [])
+        if not candidates:
+            return None, (f"no frozen-block run with seed {run.seed} matches condition "
+                          f"{run.condition_key!r}")
+        exact = _key(run.condition, {FROZEN_AXIS})
+        best = min(candidates, key=lambda r: (_key(r.condition, {FROZEN_AXIS}) != exact,
+                                              r.status != RunStatus.completed.value, r.id or 0))
+        if best.status != RunStatus.completed.value:
+            return best, f"the matching frozen-block run {best.id} is {best.status}, not completed"
+        return best, None
+
+
+def _key(condition: dict[str, GridValue], skip: set[str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in condition.items() if k not in skip))
 
 
 def condition_summaries(audited: Sequence[RunProtocol]) -> list[ProtocolConditionSummary]:

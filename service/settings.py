@@ -9,6 +9,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from trainers.data.sources import parse_data_roots
+
+MIN_TOKEN_LENGTH = 16
+# Values shipped in examples and templates: a token anyone can read is no token.
+PLACEHOLDER_TOKENS = frozenset({
+    "change-me", "change-me-too", "changeme", "change_me", "replace-me", "replaceme", "secret",
+    "token", "password", "seedgrid", "example", "placeholder", "your-token-here", "xxxxxxxx",
+    "0123456789abcdef", "changemechangeme",
+})
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SEEDGRID_", extra="ignore")
@@ -39,6 +49,19 @@ class Settings(BaseSettings):
     api_token: SecretStr = SecretStr("")
     # Larger request bodies are refused with 413 before they are read.
     max_request_body_bytes: int = Field(1_048_576, ge=1024)
+    # Specs whose runs would each need more memory (the trainer's estimate from the config:
+    # parameters, optimiser state, activations, dataset) are refused with 422.
+    max_run_memory_gb: float = Field(64.0, gt=0)
+    # Specs whose runs would each log more metric points are refused with 422.
+    max_points_per_run: int = Field(1_000_000, ge=1)
+    # Runs queued over all experiments; a spec that would pass it gets 429 with Retry-After.
+    max_queued_runs: int = Field(100_000, ge=1)
+    # Named dataset roots a spec may select with config.data_root ("name=/path,name=/path");
+    # without one, runs read $SEEDGRID_DATA_ROOT. Workers read the same variables.
+    data_roots: str = ""
+    # Let runs ask torchvision to download missing dataset files (config.download) into the
+    # operator's data root; off, such specs are refused.
+    allow_download: bool = False
 
     @field_validator("database_url")
     @classmethod
@@ -60,6 +83,26 @@ class Settings(BaseSettings):
         if any(not ("!" <= c <= "~") for c in token):
             raise ValueError("the token must be printable ASCII without spaces")
         return SecretStr(token)
+
+    @field_validator("api_token")
+    @classmethod
+    def _not_a_placeholder(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value()
+        if token and (token.lower() in PLACEHOLDER_TOKENS or len(token) < MIN_TOKEN_LENGTH):
+            raise ValueError(
+                f"the token must be a secret of at least {MIN_TOKEN_LENGTH} characters, not a "
+                "placeholder (e.g. `openssl rand -hex 32`)")
+        return value
+
+    @field_validator("data_roots")
+    @classmethod
+    def _data_roots(cls, value: str) -> str:
+        parse_data_roots(value)  # raises ValueError naming the bad entry
+        return value
+
+    @property
+    def data_root_names(self) -> list[str]:
+        return sorted(parse_data_roots(self.data_roots))
 
     @field_validator("log_level")
     @classmethod

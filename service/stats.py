@@ -23,7 +23,8 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -152,49 +153,141 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict[str, A
     return out
 
 
+# One response carries at most this many comparisons; more are paged (limit, offset).
+MAX_COMPARISONS_PER_PAGE = 2000
+
+
+def _level_key(value: Any) -> tuple[str, str]:
+    # True == 1 in Python; grid levels of different JSON types are different levels.
+    return type(value).__name__, repr(value)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one comparison sits: a factor, two of its levels, and the other factors' levels
+    held fixed (None: pooled over them)."""
+
+    factor: str
+    a: Any
+    b: Any
+    within: dict[str, Any] | None
+
+
+class ComparisonPlan:
+    """The comparisons of a grid in their fixed order (factor by factor in grid order, pairs
+    of levels in grid order, pooled first, then within each combination of the other factors),
+    counted and paged without enumerating the ones before the page."""
+
+    def __init__(self, grid: dict[str, list[Any]], factor: str | None = None) -> None:
+        self.grid = grid
+        self.factors = [factor] if factor is not None else list(grid)
+
+    def scopes(self, factor: str) -> int:
+        others = [f for f in self.grid if f != factor]
+        return 1 + math.prod(len(self.grid[f]) for f in others) if others else 1
+
+    def count(self, factor: str) -> int:
+        return math.comb(len(self.grid[factor]), 2) * self.scopes(factor)
+
+    @property
+    def total(self) -> int:
+        return sum(self.count(f) for f in self.factors)
+
+    def page(self, offset: int, limit: int) -> Iterator[Slot]:
+        for factor in self.factors:
+            if limit <= 0:
+                return
+            n = self.count(factor)
+            if offset >= n:
+                offset -= n
+                continue
+            others = [f for f in self.grid if f != factor]
+            scopes: list[dict[str, Any] | None] = [None]
+            scopes += [dict(zip(others, combo, strict=True))
+                       for combo in itertools.product(*(self.grid[f] for f in others))
+                       ] if others else []
+            first_pair, first_scope = divmod(offset, len(scopes))
+            pairs = itertools.islice(itertools.combinations(self.grid[factor], 2), first_pair,
+                                     None)
+            for i, (level_a, level_b) in enumerate(pairs):
+                for within in scopes[first_scope if i == 0 else 0:]:
+                    if limit <= 0:
+                        return
+                    yield Slot(factor, level_a, level_b, within)
+                    limit -= 1
+            offset = 0
+
+
+class RunValues:
+    """The metric's values grouped by condition and by (factor, level), in run order, so that
+    every comparison finds its samples by lookup instead of a scan of all runs."""
+
+    def __init__(self, grid: dict[str, list[Any]],
+                 runs: Sequence[tuple[dict[str, Any], str, float]]) -> None:
+        self.factors = list(grid)
+        self.by_condition: dict[tuple, list[float]] = {}
+        self.by_level: dict[tuple[str, tuple[str, str]], list[float]] = {}
+        # per (factor, level): the conditions holding that level, each with its values
+        self.cells: dict[tuple[str, tuple[str, str]], list[list[float]]] = {}
+        for condition, _, value in runs:
+            if any(f not in condition for f in self.factors):
+                continue  # not a condition of this grid
+            key = tuple(_level_key(condition[f]) for f in self.factors)
+            cell = self.by_condition.get(key)
+            if cell is None:
+                cell = self.by_condition[key] = []
+                for f, level in zip(self.factors, key, strict=True):
+                    self.cells.setdefault((f, level), []).append(cell)
+            cell.append(value)
+            for f, level in zip(self.factors, key, strict=True):
+                self.by_level.setdefault((f, level), []).append(value)
+
+    def values(self, factor: str, level: Any, within: dict[str, Any] | None) -> list[float]:
+        if within is None:
+            return self.by_level.get((factor, _level_key(level)), [])
+        fixed = {**within, factor: level}
+        return self.by_condition.get(tuple(_level_key(fixed[f]) for f in self.factors), [])
+
+    def level_cells(self, factor: str, level: Any) -> list[list[float]]:
+        return self.cells.get((factor, _level_key(level)), [])
+
+
 def experiment_stats(
-    *, metric: str, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]]
+    *, metric: str, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]],
+    factor: str | None = None, offset: int = 0, limit: int | None = None,
 ) -> Stats:
-    """Statistics of one metric; `runs` holds (condition, condition_key, value) per run."""
+    """Statistics of one metric; `runs` holds (condition, condition_key, value) per run.
+
+    Every condition's summary, and the comparisons of `factor` (None: of every factor) from
+    `offset`, at most `limit` of them (None: all; the caller bounds the work)."""
     by_key: dict[str, tuple[dict[str, Any], list[float]]] = {}
     for condition, key, value in runs:
         by_key.setdefault(key, (condition, []))[1].append(value)
     conditions = [condition_stats(c, k, v) for k, (c, v) in by_key.items()]
 
-    comparisons: list[Comparison] = []
-    factors = list(grid)
-    for factor in factors:
-        others = [f for f in factors if f != factor]
-        for level_a, level_b in itertools.combinations(grid[factor], 2):
-            scopes: list[dict[str, Any] | None] = [None]
-            scopes += (
-                [
-                    dict(zip(others, combo, strict=True))
-                    for combo in itertools.product(*(grid[f] for f in others))
-                ]
-                if others
-                else []
-            )
-            for within in scopes:
-                fixed = within or {}
-                result = compare(_values(runs, {**fixed, factor: level_a}),
-                                 _values(runs, {**fixed, factor: level_b}))
-                if within is None and others:
-                    cells = scopes[1:]
-                    var_a = within_cell_variance(
-                        [_values(runs, {**c, factor: level_a}) for c in cells])
-                    var_b = within_cell_variance(
-                        [_values(runs, {**c, factor: level_b}) for c in cells])
-                    result.update(
-                        within_cell_var_a=var_a,
-                        within_cell_var_b=var_b,
-                        within_cell_var_ratio=_finite(var_a / var_b)
-                        if var_a is not None and var_b else None,
-                    )
-                comparisons.append(
-                    Comparison(factor=factor, a=level_a, b=level_b, within=within, **result)
-                )
-    return Stats(metric=metric, conditions=conditions, comparisons=comparisons)
+    plan = ComparisonPlan(grid, factor)
+    total = plan.total
+    limit = total if limit is None else limit
+    values = RunValues(grid, runs)
+    comparisons = [_comparison(slot, values) for slot in plan.page(offset, limit)]
+    end = offset + len(comparisons)
+    return Stats(metric=metric, conditions=conditions, comparisons=comparisons, factor=factor,
+                 total_comparisons=total, offset=offset,
+                 next_offset=end if end < total else None)
+
+
+def _comparison(slot: Slot, values: RunValues) -> Comparison:
+    result = compare(values.values(slot.factor, slot.a, slot.within),
+                     values.values(slot.factor, slot.b, slot.within))
+    if slot.within is None and len(values.factors) > 1:
+        var_a = within_cell_variance(values.level_cells(slot.factor, slot.a))
+        var_b = within_cell_variance(values.level_cells(slot.factor, slot.b))
+        result.update(
+            within_cell_var_a=var_a,
+            within_cell_var_b=var_b,
+            within_cell_var_ratio=_finite(var_a / var_b) if var_a is not None and var_b else None,
+        )
+    return Comparison(factor=slot.factor, a=slot.a, b=slot.b, within=slot.within, **result)
 
 
 def within_cell_variance(cells: Sequence[Sequence[float]]) -> float | None:
@@ -204,14 +297,3 @@ def within_cell_variance(cells: Sequence[Sequence[float]]) -> float | None:
     if dof == 0:
         return None
     return _finite(sum((len(c) - 1) * np.var(c, ddof=1) for c in usable) / dof)
-
-
-def _values(
-    runs: Sequence[tuple[dict[str, Any], str, float]], wanted: dict[str, Any]
-) -> list[float]:
-    return [v for cond, _, v in runs if all(_same(cond.get(f), lv) for f, lv in wanted.items())]
-
-
-def _same(x: Any, y: Any) -> bool:
-    # True == 1 in Python; grid levels of different JSON types are different levels.
-    return type(x) is type(y) and x == y

@@ -19,13 +19,34 @@ from sqlalchemy.engine import Engine
 
 from service.server import BackgroundServer
 from service.settings import Settings
+from tests.fake_datasets import write_cifar
 
 # An admin connection to the local PostgreSQL (trust auth), used to create per-test databases.
 PG_ADMIN_DSN = os.environ.get("SEEDGRID_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
+def data_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """The operator's data roots for this session, set before Ray starts so that its workers
+    inherit them as a cluster's would: an empty default root ($SEEDGRID_DATA_ROOT) and a root
+    named `fake` holding a tiny CIFAR-10 in torchvision's layout (SEEDGRID_DATA_ROOTS)."""
+    base = tmp_path_factory.mktemp("data-roots")
+    roots = {"default": base / "default", "fake": base / "fake"}
+    roots["default"].mkdir()
+    write_cifar(roots["fake"])
+    saved = {k: os.environ.get(k) for k in ("SEEDGRID_DATA_ROOT", "SEEDGRID_DATA_ROOTS")}
+    os.environ["SEEDGRID_DATA_ROOT"] = str(roots["default"])
+    os.environ["SEEDGRID_DATA_ROOTS"] = f"fake={roots['fake']}"
+    yield roots
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(data_roots: dict[str, Path]) -> Iterator[None]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

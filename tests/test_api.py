@@ -179,7 +179,9 @@ def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(servic
     assert detail["status"] == "cancelled"
     assert detail["counts"]["cancelled"] == 6
     assert detail["counts"]["queued"] == detail["counts"]["running"] == 0
-    assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 202
+    # one rule: cancelling what is cancelled already changes nothing and says so
+    again = service.client.post(f"/experiments/{created['id']}/cancel")
+    assert again.status_code == 409 and "cancelled already" in again.json()["detail"]
     time.sleep(1.0)  # nothing comes back to life afterwards
     again = service.client.get(f"/experiments/{created['id']}").json()
     assert again["counts"]["cancelled"] == 6 and again["status"] == "cancelled"
@@ -188,7 +190,9 @@ def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(servic
 def test_cancelling_an_ended_experiment_is_a_conflict(service: Service) -> None:
     created = service.submit(spec(grid={}, seeds=1))
     service.wait(created["id"])
-    assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 409
+    response = service.client.post(f"/experiments/{created['id']}/cancel")
+    assert response.status_code == 409 and "already ended (completed)" in response.json()["detail"]
+    assert service.client.get(f"/experiments/{created['id']}").json()["status"] == "completed"
 
 
 def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> None:
@@ -233,21 +237,17 @@ def test_non_finite_loss_makes_the_run_diverged_with_last_finite_metrics(service
 
 def test_trainer_exception_makes_the_run_failed_with_its_message(service: Service) -> None:
     # A stored run whose config its trainer rejects (say, written by an older seedgrid).
-    created = service.submit(spec(grid={}, seeds=1, priority=-5, config={**FAST, "steps": 10**7}))
-    service.client.post(f"/experiments/{created['id']}/cancel")
-    service.wait(created["id"])
     ((new_id,),) = service.sql(
         "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
-        "n_conditions, n_runs, cancel_requested, created_at) SELECT 'old', trainer, "
-        "spec, metric, 'queued', 0, 1, 1, false, created_at FROM experiment WHERE id = :id "
-        "RETURNING id",
-        id=created["id"],
+        "n_conditions, n_runs, cancel_requested, created_at) VALUES ('old', 'collapse', "
+        "'{\"name\": \"old\", \"trainer\": \"collapse\", \"config\": {\"retired_field\": 1}, "
+        "\"grid\": {}}', 'min_l2', 'queued', 0, 1, 1, false, '2026-01-01 00:00:00') RETURNING id",
     )
     service.sql(
-        "INSERT INTO run (experiment_id, condition_key, condition, seed, config, "
+        "INSERT INTO run (experiment_id, condition_key, condition, seed, "
         "trainer, status, priority, attempts, max_retries, num_cpus, num_gpus, "
         "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
-        "VALUES (:id, '', '{}', 0, '{\"retired_field\": 1}', 'collapse', 'queued', 0, 0, "
+        "VALUES (:id, '', '{}', 0, 'collapse', 'queued', 0, 0, "
         "2, 1, 0, false, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00')",
         id=new_id,
     )

@@ -10,6 +10,13 @@ import pytest
 from tests.conftest import Service
 from tests.scipy_reference import assert_matches, reference_comparison
 
+
+@pytest.fixture
+def service(backend_service: Service) -> Service:
+    """Each test here runs on a SQLite file and on a fresh PostgreSQL database."""
+    return backend_service
+
+
 TINY = {"dataset": "digits", "image_size": 8, "width": 16, "depth": 2, "heads": 2, "patch": 4,
         "epochs": 2, "head_epochs": 2, "batch_size": 128, "head_lr": 0.02}
 
@@ -68,13 +75,12 @@ def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: 
     assert len(car["conditions"]) == 4
 
 
-def test_missing_dataset_stores_a_failed_run_with_the_message(service: Service,
-                                                              tmp_path: Path) -> None:
-    empty = tmp_path / "no-data-here"
+def test_missing_dataset_stores_a_failed_run_with_the_message(
+        service: Service, data_roots: dict[str, Path]) -> None:
     created = service.submit({
         "name": "cff-missing",
         "trainer": "cff",
-        "config": {**TINY, "dataset": "cifar10", "image_size": None, "data_root": str(empty)},
+        "config": {**TINY, "dataset": "cifar10", "image_size": None},
         "grid": {"margin_mode": ["clamp"]},
         "seeds": 1,
     })
@@ -82,8 +88,23 @@ def test_missing_dataset_stores_a_failed_run_with_the_message(service: Service,
     assert detail["counts"]["failed"] == 1
     (run,) = service.runs(created["id"])
     error = run["error"]
+    # the operator's default root, named with what the operator must put there
     assert error.startswith("DatasetUnavailable: dataset 'cifar10' not found under")
-    assert str(empty / "cifar-10-batches-py" / "data_batch_1") in error
+    assert str(data_roots["default"] / "cifar-10-batches-py" / "data_batch_1") in error
     assert "SEEDGRID_DATA_ROOT" in error and "Traceback" not in error
     points = service.client.get(f"/runs/{run['id']}/metrics").json()
     assert points == []  # it failed before any training
+
+
+def test_a_named_data_root_of_the_operator_serves_its_dataset(service: Service) -> None:
+    created = service.submit({
+        "name": "cff-named-root",
+        "trainer": "cff",
+        "config": {**TINY, "dataset": "cifar10", "image_size": None, "data_root": "fake",
+                   "select_by_validation": False, "val_fraction": 0.0},
+        "seeds": 1,
+    })
+    detail = service.wait(created["id"], timeout_s=120)
+    assert detail["status"] == "completed", service.runs(created["id"])
+    (run,) = service.runs(created["id"])
+    assert 0.0 <= run["metrics"]["test_accuracy"] <= 1.0

@@ -9,6 +9,7 @@ import yaml
 
 from api_schemas import ExperimentSpec
 from service.experiments import validate_spec
+from service.settings import Settings
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 
@@ -21,7 +22,8 @@ def test_examples_exist() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_spec_validates(path: Path) -> None:
     spec = ExperimentSpec.model_validate(yaml.safe_load(path.read_text()))
-    trainer, conditions = validate_spec(spec, max_runs=10_000)
+    # the service's defaults: run, memory and logged-point limits, no download, no named roots
+    trainer, conditions = validate_spec(spec, settings=Settings(data_roots="", _env_file=None))
     assert len(conditions) * len(spec.seed_list()) >= 6
     for condition in conditions:  # every condition builds a valid trainer config
         trainer.Config.model_validate({**spec.config, **condition})

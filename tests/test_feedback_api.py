@@ -50,13 +50,14 @@ def _run(run_id: int, seed: int, accuracy: float, *, status: str = "completed",
     key = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                    for k, v in sorted(condition.items()))
     return Run(id=run_id, experiment_id=1, condition=condition, condition_key=key, seed=seed,
-               config={**condition, "depth_utility_margin_pp": 2.0}, trainer="feedback",
+               trainer="feedback",
                status=status, metrics={"test_accuracy": accuracy},
                diagnostics=_checks() if diagnostics is None else diagnostics)
 
 
 def _experiment(grid: dict[str, list[Any]]) -> Experiment:
-    return Experiment(id=1, name="audit", trainer="feedback", spec={"grid": grid},
+    return Experiment(id=1, name="audit", trainer="feedback",
+                      spec={"grid": grid, "config": {"depth_utility_margin_pp": 2.0}},
                       metric="test_accuracy", n_conditions=1, n_runs=1)
 
 

@@ -1,11 +1,12 @@
-"""HTTP hardening over real HTTP: the bearer token, the body-size bound and bounds on specs."""
+"""HTTP hardening over real HTTP: the bearer token, the body-size bound and bounds on specs.
+
+Every test with a service runs twice: on a SQLite file and on a fresh PostgreSQL database."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -40,6 +41,16 @@ class Guarded:
 
 
 @pytest.fixture
+def start_service(start_backend_service: Callable[..., Service]) -> Callable[..., Service]:
+    return start_backend_service
+
+
+@pytest.fixture
+def service(backend_service: Service) -> Service:
+    return backend_service
+
+
+@pytest.fixture
 def guarded(start_service: Callable[..., Service]) -> Iterator[Guarded]:
     g = Guarded(start_service(api_token=TOKEN))
     yield g
@@ -48,10 +59,8 @@ def guarded(start_service: Callable[..., Service]) -> Iterator[Guarded]:
 
 
 def table_counts(service: Service) -> tuple[int, int]:
-    with sqlite3.connect(service.db_path) as db:
-        return tuple(  # type: ignore[return-value]
-            db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("experiment", "run")
-        )
+    return tuple(  # type: ignore[return-value]
+        service.sql(f"SELECT count(*) FROM {t}")[0][0] for t in ("experiment", "run"))
 
 
 def assert_refused(response: httpx.Response, error: str | None) -> None:
@@ -277,3 +286,54 @@ def test_ids_offsets_and_steps_past_the_database_range_get_422(guarded: Guarded)
         assert response.status_code == 422, (url, response.status_code, response.text[:300])
         assert [e["loc"] for e in response.json()["detail"]] == [loc], url
     assert client.get(f"/experiments/{huge - 1}").status_code == 404
+
+
+# ---------------------------------------------------------------------------------------------
+# safe defaults at start-up, and text made storable
+
+
+@pytest.mark.parametrize("token", ["change-me-too", "CHANGE-ME", "secret", "short-token-15c",
+                                   "your-token-here"])
+def test_placeholder_and_short_tokens_are_refused_at_start(token: str) -> None:
+    with pytest.raises(ValueError, match="at least 16 characters, not a placeholder"):
+        Settings(api_token=token)
+
+
+def seedgrid_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_")}
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+                          text=True, timeout=120, env=clean | env)
+
+
+def test_serve_refuses_an_open_non_loopback_address_without_a_token() -> None:
+    # an unreachable database: a command that passed the check stops there instead of serving
+    unreachable = "postgresql+psycopg://seedgrid@127.0.0.1:1/seedgrid"
+    refused = seedgrid_cli("serve", SEEDGRID_HOST="0.0.0.0", SEEDGRID_DATABASE_URL=unreachable)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "SEEDGRID_HOST=0.0.0.0 is reachable from other machines" in refused.stderr
+    assert "--insecure" in refused.stderr
+    for args, env in ((["serve", "--insecure"], {"SEEDGRID_HOST": "0.0.0.0"}),
+                      (["serve"], {"SEEDGRID_HOST": "0.0.0.0", "SEEDGRID_API_TOKEN": TOKEN}),
+                      (["serve"], {"SEEDGRID_HOST": "127.0.0.1"}),
+                      (["serve"], {"SEEDGRID_HOST": "::1"})):
+        passed = seedgrid_cli(*args, **env, SEEDGRID_DATABASE_URL=unreachable)
+        assert passed.returncode == 2, passed.stderr
+        assert "cannot connect to the database" in passed.stderr, (args, env, passed.stderr)
+    placeholder = seedgrid_cli("serve", SEEDGRID_API_TOKEN="change-me-too",
+                               SEEDGRID_DATABASE_URL=unreachable)
+    assert placeholder.returncode == 2 and "SEEDGRID_API_TOKEN" in placeholder.stderr
+    assert "placeholder" in placeholder.stderr and "Traceback" not in placeholder.stderr
+
+
+def test_text_is_made_storable_and_the_rule_names_what_is_wrong() -> None:
+    from api_schemas import json_problems, storable_json, storable_text, text_problem
+
+    assert storable_text("a\x00b\ud800c\udfffd") == "a\ufffdb\ufffdc\ufffdd"
+    assert len(storable_text("x" * 20_000)) == 10_000
+    cleaned = storable_json({"k\x00": ["\ud800", {"n": 1.5, "t": "ok"}]})
+    assert cleaned == {"k\ufffd": ["\ufffd", {"n": 1.5, "t": "ok"}]}
+    json.dumps(cleaned, ensure_ascii=False).encode("utf-8")  # encodable now
+    assert text_problem("fine") is None
+    assert text_problem("a" * 1001) == "is 1001 characters long, more than 1000"
+    assert json_problems({"a": [{"b": "\x00"}], "c": float("nan")}, "config") == [
+        "config.a[0].b contains NUL (U+0000)", "config.c is nan: numbers must be finite"]

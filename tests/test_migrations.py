@@ -4,6 +4,7 @@ concurrent start-ups migrate once, and `seedgrid db` reports clearly, bad URLs i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,8 +55,19 @@ def database_url(new_database: Callable[[str], str]) -> str:
 
 
 def create_all_like_seedgrid_0_1(database_url: str) -> None:
-    """What the service did at start-up before it had migrations. (The models are still at
-    revision 0001; once a migration changes them, build this from revision 0001's tables.)"""
+    """What the service did at start-up before it had migrations: seedgrid 0.1.0's tables,
+    which are revision 0001's, with no alembic_version table."""
+    engine = make_engine(database_url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, INITIAL_REVISION)
+        connection.exec_driver_sql("DROP TABLE alembic_version")
+    engine.dispose()
+
+
+def create_all_of_the_models(database_url: str) -> None:
     engine = make_engine(database_url)
     SQLModel.metadata.create_all(engine)
     engine.dispose()
@@ -114,11 +126,13 @@ def test_migrated_schema_is_the_models_schema(
     changed.tables["run"].append_column(Column("gpu_hours", Integer))
     assert [d[0] for d in metadata_diffs(database_url, changed)] == ["add_column"]
 
-    # ...and what the migrations build is exactly what create_all built, types included.
-    legacy_url = new_database("create_all")
-    create_all_like_seedgrid_0_1(legacy_url)
-    assert reflected_schema(database_url) == reflected_schema(legacy_url)
-    assert set(reflected_schema(database_url)) == {"experiment", "run", "runattempt", "metricpoint"}
+    # ...and what the migrations build is exactly what create_all builds of the models, types
+    # included.
+    models_url = new_database("create_all")
+    create_all_of_the_models(models_url)
+    assert reflected_schema(database_url) == reflected_schema(models_url)
+    assert set(reflected_schema(database_url)) == {
+        "experiment", "run", "runattempt", "metricpoint", "statscache"}
 
 
 def test_downgrade_to_nothing_and_back(database_url: str) -> None:
@@ -135,6 +149,33 @@ def test_downgrade_to_nothing_and_back(database_url: str) -> None:
     assert metadata_diffs(database_url, SQLModel.metadata) == []
 
 
+def test_downgrade_to_0001_gives_every_run_its_config_back(database_url: str) -> None:
+    upgrade_database(database_url)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at) VALUES ('e', 'collapse', "
+            "'{\"config\": {\"steps\": 50, \"r\": 0.1}}', 'min_l2', 'queued', 0, 1, 1, false, "
+            "'2026-01-01 00:00:00')")
+        connection.exec_driver_sql(
+            "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, status, "
+            "priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, metrics, "
+            "diagnostics, warnings, provenance, created_at) SELECT id, 'r=0.5', '{\"r\": 0.5}', "
+            "0, 'collapse', 'queued', 0, 0, 2, 1, 0, false, '{}', '{}', '[]', '{}', "
+            "'2026-01-01 00:00:00' FROM experiment")
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, INITIAL_REVISION)
+        (stored,) = connection.exec_driver_sql("SELECT config FROM run").scalars().all()
+    engine.dispose()
+    assert (json.loads(stored) if isinstance(stored, str) else stored) == {"steps": 50, "r": 0.5}
+    assert upgrade_database(database_url).after == head_revision()
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
 def test_tables_from_before_migrations_are_stamped_not_recreated(database_url: str) -> None:
     create_all_like_seedgrid_0_1(database_url)
     engine = make_engine(database_url)
@@ -142,7 +183,16 @@ def test_tables_from_before_migrations_are_stamped_not_recreated(database_url: s
         connection.exec_driver_sql(
             "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
             "n_conditions, n_runs, cancel_requested, created_at) VALUES ('old', 'collapse', "
-            "'{}', 'min_l2', 'completed', 0, 1, 1, false, '2026-01-01 00:00:00')"
+            "'{\"config\": {\"steps\": 50}}', 'min_l2', 'completed', 0, 1, 1, false, "
+            "'2026-01-01 00:00:00')"
+        )
+        connection.exec_driver_sql(
+            "INSERT INTO run (experiment_id, condition_key, condition, seed, config, trainer, "
+            "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
+            "metrics, diagnostics, warnings, provenance, created_at) SELECT id, 'r=0.5', "
+            "'{\"r\": 0.5}', 3, '{\"steps\": 50, \"r\": 0.5}', 'collapse', 'completed', 0, 1, "
+            "2, 1, 0, false, '{\"min_l2\": 0.25}', '{}', '[]', '{}', '2026-01-01 00:00:00' "
+            "FROM experiment"
         )
     assert database_revision(database_url) is None
 
@@ -151,8 +201,12 @@ def test_tables_from_before_migrations_are_stamped_not_recreated(database_url: s
     with engine.connect() as connection:
         names = connection.exec_driver_sql("SELECT name FROM experiment").scalars().all()
         versions = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+        runs = connection.exec_driver_sql("SELECT condition_key, seed, status FROM run").all()
     engine.dispose()
-    assert names == ["old"] and versions == [(INITIAL_REVISION,)]
+    # stamped at 0001, then migrated to head with the rows kept (a run's config now comes from
+    # its experiment's spec and its condition)
+    assert names == ["old"] and versions == [(head_revision(),)]
+    assert runs == [("r=0.5", 3, "completed")]
     assert upgrade_database(database_url) == SchemaUpgrade(
         before=head_revision(), after=head_revision(), stamped=False
     )

@@ -20,6 +20,7 @@ from service.experiments import (
     list_experiments,
     refresh_experiment_status,
 )
+from service.settings import Settings
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -40,7 +41,8 @@ def _running_experiment(url: str) -> int:
                 "name": "race", "trainer": "collapse", "config": {"steps": 10},
                 "grid": {"stop_gradient": [False, True]}, "seeds": 2,
             })
-            experiment = create_experiment(session=session, spec=spec, max_runs=100)
+            experiment = create_experiment(session=session, spec=spec,
+                                           settings=Settings(database_url=url))
             assert experiment.id is not None
             session.execute(update(Run).values(status=RunStatus.running.value))
             refresh_experiment_status(session=session, experiment_id=experiment.id)

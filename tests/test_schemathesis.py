@@ -1,6 +1,7 @@
 """Property-based API testing: schemathesis generates boundary, negative and fuzzed inputs for
 every operation of seedgrid's OpenAPI schema and sends them to a running service (real uvicorn
-on loopback, real Ray, a real SQLite file, the bearer token on). No input may get a 5xx.
+on loopback, real Ray, the bearer token on), once on a real SQLite file and once on a fresh
+database of the local PostgreSQL. No input may get a 5xx.
 
 The schema is built from the app at import, so that pytest lists one test per operation, and
 `test_the_live_schema_is_the_one_tested` checks that the running service serves exactly it.
@@ -24,7 +25,7 @@ from schemathesis.checks import not_a_server_error
 from service.app import create_app
 from service.server import BackgroundServer
 from service.settings import Settings
-from tests.conftest import Service
+from tests.conftest import PostgresDatabases, Service
 
 TOKEN = "schemathesis-token-0123456789"
 SETTINGS = {"api_token": TOKEN, "max_runs_per_experiment": 8, "metrics_batch_interval_s": 0.2}
@@ -40,11 +41,18 @@ schema = schemathesis.openapi.from_dict(OPENAPI, config=schemathesis.Config.from
 }))
 
 
-@pytest.fixture(scope="module")
-def live(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    db_path: Path = tmp_path_factory.mktemp("schemathesis") / "seedgrid.db"
-    settings = Settings(database_url=f"sqlite:///{db_path}", **SETTINGS)
-    service = Service(BackgroundServer(settings).start(), db_path)
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def live(request: pytest.FixtureRequest, ray_cluster: None,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    databases = PostgresDatabases()
+    db_path: Path | None = None
+    if request.param == "sqlite":
+        db_path = tmp_path_factory.mktemp("schemathesis") / "seedgrid.db"
+        url = f"sqlite:///{db_path}"
+    else:
+        url = databases.url()
+    settings = Settings(database_url=url, **SETTINGS)
+    service = Service(BackgroundServer(settings).start(), db_path, url)
     service.client.headers["Authorization"] = f"Bearer {TOKEN}"
     # Id 1, the coverage phase's boundary value, then names a finished experiment and run, so
     # that detail, runs, stats and metrics are reached with data behind them, not only 404s.
@@ -56,6 +64,7 @@ def live(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     yield service
     service.client.close()
     service.server.stop()
+    databases.drop_all()
 
 
 def test_the_live_schema_is_the_one_tested(live: Service) -> None:

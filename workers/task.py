@@ -25,6 +25,7 @@ from typing import Any
 
 import ray
 
+from api_schemas import storable_text
 from trainers import get_trainer
 from trainers.base import RunResult
 
@@ -77,7 +78,8 @@ def _outcome(
             "diagnostics": {},
             "warnings": [],
             "provenance": {},
-            "error": f"{type(error).__name__}: {error}",
+            # A message may quote anything (a config value, a file's bytes): stored as text.
+            "error": storable_text(f"{type(error).__name__}: {error}"),
         }
     assert result is not None
     payload = result.as_dict()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
-from sqlmodel import select
+from fastapi import APIRouter, Query, Request, Response
 
 from api_schemas import (
     MAX_KEY_LENGTH,
+    STORABLE_TEXT,
     ExperimentCreated,
     ExperimentDetail,
     ExperimentSpec,
@@ -19,19 +19,22 @@ from api_schemas import (
     Stats,
 )
 from service import experiments as logic
-from service.db import Run
-from service.deps import MAX_DB_INT, ExperimentId, SessionDep, SettingsDep
-from service.stats import experiment_stats
-from trainers import REGISTRY
+from service.deps import ExperimentId, SessionDep, SettingsDep
+from service.routes.paging import Offset, link_next
+from service.stats import MAX_COMPARISONS_PER_PAGE
+from service.stats_store import stats_json
+
+# Runs per page of GET /experiments/{id}/runs.
+MAX_RUNS_PAGE = 1000
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
 
-@router.post("", status_code=201, response_model=ExperimentCreated)
+@router.post("", status_code=201, response_model=ExperimentCreated,
+             responses={429: {"description": "The queue is full (SEEDGRID_MAX_QUEUED_RUNS); "
+                                             "retry after the Retry-After seconds"}})
 def submit(spec: ExperimentSpec, session: SessionDep, settings: SettingsDep) -> ExperimentCreated:
-    experiment = logic.create_experiment(
-        session=session, spec=spec, max_runs=settings.max_runs_per_experiment
-    )
+    experiment = logic.create_experiment(session=session, spec=spec, settings=settings)
     assert experiment.id is not None
     return ExperimentCreated(
         id=experiment.id,
@@ -45,12 +48,16 @@ def submit(spec: ExperimentSpec, session: SessionDep, settings: SettingsDep) -> 
 
 @router.get("", response_model=list[ExperimentSummary])
 def list_all(
+    request: Request,
+    response: Response,
     session: SessionDep,
     status: ExperimentStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0,
+    offset: Offset = 0,
 ) -> list[ExperimentSummary]:
-    return logic.list_experiments(session=session, status=status, limit=limit, offset=offset)
+    page = logic.list_experiments(session=session, status=status, limit=limit, offset=offset)
+    link_next(request, response, offset=offset, limit=limit, returned=len(page))
+    return page
 
 
 @router.get("/{experiment_id}", response_model=ExperimentDetail)
@@ -58,37 +65,44 @@ def detail(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
-@router.post("/{experiment_id}/cancel", status_code=202, response_model=ExperimentDetail)
+@router.post("/{experiment_id}/cancel", status_code=202, response_model=ExperimentDetail,
+             responses={409: {"description": "The experiment ended or was cancelled already"}})
 def cancel(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     logic.cancel_experiment(session=session, experiment_id=experiment_id)
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
 @router.get("/{experiment_id}/runs", response_model=list[RunOut])
-def runs(experiment_id: ExperimentId, session: SessionDep) -> list[RunOut]:
-    return logic.list_runs(session=session, experiment_id=experiment_id)
+def runs(
+    experiment_id: ExperimentId,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    status: RunStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE)] = MAX_RUNS_PAGE,
+    offset: Offset = 0,
+) -> list[RunOut]:
+    page = logic.list_runs(session=session, experiment_id=experiment_id, status=status,
+                           limit=limit, offset=offset)
+    link_next(request, response, offset=offset, limit=limit, returned=len(page))
+    return page
 
 
 @router.get("/{experiment_id}/stats", response_model=Stats)
 def stats(
     experiment_id: ExperimentId,
     session: SessionDep,
-    metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH)] = None,
-) -> Stats:
+    metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
+    factor: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT,
+                                        description="only this factor's comparisons")] = None,
+    limit: Annotated[int | None, Query(
+        ge=1, le=MAX_COMPARISONS_PER_PAGE,
+        description="comparisons in this page (default: all, if there are at most "
+                    f"{MAX_COMPARISONS_PER_PAGE})")] = None,
+    offset: Offset = 0,
+) -> Response:
     experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
-    metric = metric or experiment.metric
-    trainer = REGISTRY[experiment.trainer]
-    if metric not in {*trainer.metrics, *trainer.diagnostics}:
-        raise logic.SpecError([{
-            "loc": ["query", "metric"],
-            "msg": f"unknown metric {metric!r} of trainer {trainer.name!r}",
-            "type": "value_error",
-        }])
-    completed = session.exec(
-        select(Run).where(Run.experiment_id == experiment_id,
-                          Run.status == RunStatus.completed.value)
-        .order_by(Run.id)  # type: ignore[arg-type]
-    ).all()
-    values = [(r.condition, r.condition_key, float(r.metrics[metric])) for r in completed
-              if isinstance(r.metrics.get(metric), int | float)]
-    return experiment_stats(metric=metric, grid=experiment.spec["grid"], runs=values)
+    payload = stats_json(session=session, experiment=experiment, metric=metric, factor=factor,
+                         offset=offset, limit=limit)
+    # The stored JSON as it is: parsing it only to write it again would cost more than the rest
+    return Response(content=payload, media_type="application/json")

@@ -1,0 +1,116 @@
+"""The variance statistics of an experiment as the API serves them: one page at a time, stored
+in the database per experiment, metric and page, and recomputed only when the number of
+completed runs changed since they were stored (DESIGN.md, data flow step 5). Every API replica
+then serves the same stored result, and it survives restarts."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session
+
+from api_schemas import RunStatus
+from service.db import Experiment, Run, StatsCache, utcnow
+from service.experiments import SpecError
+from service.stats import MAX_COMPARISONS_PER_PAGE, ComparisonPlan, experiment_stats
+from trainers import REGISTRY
+
+log = logging.getLogger("seedgrid.stats")
+
+# Stored pages kept per experiment (a client asking for many different pages cannot grow the
+# table without bound; the least recently computed go first).
+MAX_STORED_PAGES = 64
+
+
+def _query_error(field: str, message: str) -> SpecError:
+    return SpecError([{"loc": ["query", field], "msg": message, "type": "value_error"}])
+
+
+def stats_json(
+    *, session: Session, experiment: Experiment, metric: str | None, factor: str | None,
+    offset: int, limit: int | None,
+) -> str:
+    """The statistics page as the JSON text of `api_schemas.Stats`.
+
+    Refuses (SpecError, a 422 naming the query field) an unknown metric or factor, an offset
+    past the last comparison, and a request for more comparisons than one response carries
+    (MAX_COMPARISONS_PER_PAGE) without paging.
+    """
+    assert experiment.id is not None
+    metric = metric or experiment.metric
+    trainer = REGISTRY[experiment.trainer]
+    if metric not in {*trainer.metrics, *trainer.diagnostics}:
+        raise _query_error("metric", f"unknown metric {metric!r} of trainer {trainer.name!r}; "
+                                     f"known: {', '.join(trainer.metrics)}")
+    grid: dict[str, list[Any]] = experiment.spec.get("grid", {})
+    if factor is not None and factor not in grid:
+        raise _query_error("factor", f"{factor!r} is not a factor of experiment "
+                                     f"{experiment.id}; its factors: {', '.join(grid) or 'none'}")
+    plan = ComparisonPlan(grid, factor)
+    total = plan.total
+    if limit is None and total > MAX_COMPARISONS_PER_PAGE:
+        counts = ", ".join(f"{f} {plan.count(f):,}" for f in plan.factors)
+        hint = "" if factor is not None else " or ask for one factor with ?factor="
+        raise _query_error(
+            "limit", f"experiment {experiment.id} has {total:,} comparisons ({counts}), more "
+                     f"than the {MAX_COMPARISONS_PER_PAGE:,} one response carries: page them "
+                     f"with ?limit= (at most {MAX_COMPARISONS_PER_PAGE:,}) and ?offset={hint}")
+    if offset > total:
+        raise _query_error("offset", f"offset {offset:,} is past the last of the {total:,} "
+                                     "comparisons")
+    page = f"{factor or ''}|{offset}|{'all' if limit is None else limit}"
+    n_completed = session.execute(
+        select(func.count()).select_from(Run).where(
+            Run.experiment_id == experiment.id, Run.status == RunStatus.completed.value)
+    ).scalar_one()
+    stored = session.execute(
+        select(StatsCache.n_completed, StatsCache.payload).where(
+            StatsCache.experiment_id == experiment.id, StatsCache.metric == metric,
+            StatsCache.page == page)
+    ).first()
+    if stored is not None and stored.n_completed == n_completed:
+        return stored.payload
+
+    rows = session.execute(
+        select(Run.condition, Run.condition_key, Run.metrics)
+        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed.value)
+        .order_by(Run.id)
+    ).all()
+    values = [(condition, key, float(metrics[metric])) for condition, key, metrics in rows
+              if isinstance(metrics.get(metric), int | float)
+              and not isinstance(metrics.get(metric), bool)]
+    stats = experiment_stats(metric=metric, grid=grid, runs=values, factor=factor,
+                             offset=offset, limit=limit)
+    stats.n_completed = len(rows)
+    stats.computed_at = utcnow()
+    payload = stats.model_dump_json()
+    try:
+        _store(session, experiment.id, metric, page, len(rows), payload)
+    except Exception:  # the answer stands; the next request computes it again
+        session.rollback()
+        log.exception("could not store the statistics of experiment %s", experiment.id)
+    return payload
+
+
+def _store(session: Session, experiment_id: int, metric: str, page: str, n_completed: int,
+           payload: str) -> None:
+    """Insert or replace the stored page (two replicas may compute it at once), then drop the
+    experiment's least recently computed pages past MAX_STORED_PAGES."""
+    values = {"experiment_id": experiment_id, "metric": metric, "page": page,
+              "n_completed": n_completed, "payload": payload, "computed_at": utcnow()}
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(StatsCache).values(**values)
+    session.execute(statement.on_conflict_do_update(
+        index_elements=["experiment_id", "metric", "page"],
+        set_={k: statement.excluded[k] for k in ("n_completed", "payload", "computed_at")},
+    ))
+    keep = (select(StatsCache.id).where(StatsCache.experiment_id == experiment_id)
+            .order_by(StatsCache.computed_at.desc(), StatsCache.id.desc())  # type: ignore[union-attr]
+            .limit(MAX_STORED_PAGES))
+    session.execute(delete(StatsCache).where(
+        StatsCache.experiment_id == experiment_id,
+        StatsCache.id.not_in(keep.scalar_subquery())))  # type: ignore[union-attr]
+    session.commit()
