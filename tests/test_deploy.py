@@ -3,7 +3,8 @@
 Nothing here builds an image or starts a container (no Docker engine, no cluster, no network).
 What is checked: every YAML file parses; the Dockerfile's pins, base Python, copied paths and
 Ray version agree with pyproject.toml and the RayCluster; the compose file passes
-`docker-compose config` and a structural check; the Kubernetes manifests build with
+`docker-compose config` and a structural check, requires the token and the database password
+and publishes nothing beyond 127.0.0.1 by default; the Kubernetes manifests build with
 `kubectl kustomize` (offline), validate against the Kubernetes schemas (kubernetes-validate),
 and hang together (names, ports, selectors, secrets, GPU counts); every seedgrid command line
 they run exists in the CLI; every SEEDGRID_* variable they set is one seedgrid reads, with a
@@ -44,8 +45,10 @@ COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-# Values for the variables compose.yaml requires from the host (interpolation in the test).
-COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password"}
+# Values for the variables compose.yaml requires from the host (interpolation in the test); the
+# token is one seedgrid accepts (16 characters or more, no placeholder).
+COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password",
+               "SEEDGRID_API_TOKEN": "test-token-4f1c9a7e2b8d"}
 SEEDGRID_SERVICES = {"ray-head", "ray-gpu-worker", "api", "dispatcher"}
 # The Kubernetes API version the built-in kinds are validated against.
 KUBERNETES_VERSION = "1.30.0"
@@ -143,10 +146,10 @@ def interpolate(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}", one, value)
 
 
-def compose_env(service: dict[str, Any]) -> dict[str, str]:
+def compose_env(service: dict[str, Any], host: dict[str, str] = COMPOSE_ENV) -> dict[str, str]:
     env = service.get("environment") or {}
     assert isinstance(env, dict), "environment: use the mapping form"
-    return {k: interpolate(str(v), COMPOSE_ENV) for k, v in env.items() if v is not None}
+    return {k: interpolate(str(v), host) for k, v in env.items() if v is not None}
 
 
 def seedgrid_invocations_in_shell(script: str) -> list[list[str]]:
@@ -361,8 +364,22 @@ def test_compose_file_wires_database_ray_gpu_workers_api_and_dispatcher() -> Non
         pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"], pg_env["POSTGRES_DB"]
     )
     assert dispatcher_env["SEEDGRID_RAY_ADDRESS"] == f"ray-head:{head_port}"
+
+    # The API listens on every interface of its container, always with the host's token ...
     assert api_env["SEEDGRID_HOST"] == "0.0.0.0"
-    published = services["api"]["ports"][0].rsplit(":", 1)[-1]
+    assert api_env["SEEDGRID_API_TOKEN"] == COMPOSE_ENV["SEEDGRID_API_TOKEN"]
+    without_token = {k: v for k, v in COMPOSE_ENV.items() if k != "SEEDGRID_API_TOKEN"}
+    with pytest.raises(AssertionError, match="requires SEEDGRID_API_TOKEN"):
+        compose_env(services["api"], without_token)
+    # ... and the host publishes it, like every port, on 127.0.0.1 unless told otherwise.
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            host_ip = interpolate(port, COMPOSE_ENV).rsplit(":", 2)[0]
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} beyond this machine"
+    (api_port,) = services["api"]["ports"]
+    bind_all = COMPOSE_ENV | {"SEEDGRID_API_BIND": "0.0.0.0"}
+    assert interpolate(api_port, bind_all).rsplit(":", 2)[0] == "0.0.0.0"
+    published = interpolate(api_port, COMPOSE_ENV).rsplit(":", 1)[-1]
     assert published == api_env["SEEDGRID_PORT"], "the API's port is not the one published"
     check_seedgrid_env(api_env, "compose api")
     check_seedgrid_env(dispatcher_env, "compose dispatcher")
@@ -387,7 +404,14 @@ def compose_command() -> list[str] | None:
     return None
 
 
-def test_compose_file_passes_docker_compose_config() -> None:
+def published_host_ips(service: dict[str, Any]) -> list[str]:
+    """Host addresses of a resolved service's ports: docker-compose 1.29 writes
+    "IP:HOST:CONTAINER/tcp", Compose v2 a mapping with host_ip (absent: every interface)."""
+    return [p.get("host_ip", "0.0.0.0") if isinstance(p, dict) else p.rsplit(":", 2)[0]
+            for p in service.get("ports", [])]
+
+
+def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
     command = compose_command()
     if command is None:
         tool_missing(
@@ -396,18 +420,36 @@ def test_compose_file_passes_docker_compose_config() -> None:
             "compose test still ran"
         )
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_")}
-    run = [*command, "-f", str(COMPOSE), "config"]
-    done = subprocess.run(run, env=base_env | COMPOSE_ENV, capture_output=True, text=True,
-                          timeout=60)
+    # An empty env file: compose would otherwise read a developer's deploy/.env.
+    no_env_file = tmp_path / "empty.env"
+    no_env_file.touch()
+    run = [*command, "--env-file", str(no_env_file), "-f", str(COMPOSE), "config"]
+
+    def config(host: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(run, env=base_env | host, capture_output=True, text=True,
+                              timeout=60)
+
+    done = config(COMPOSE_ENV)
     assert done.returncode == 0, done.stderr
     resolved = yaml.safe_load(done.stdout)
     assert set(resolved["services"]) == {"postgres"} | SEEDGRID_SERVICES
     devices = resolved["services"]["ray-gpu-worker"]["deploy"]["resources"]["reservations"]
     assert devices["devices"][0]["driver"] == "nvidia"
+    # Nothing is published beyond this machine by default (SEEDGRID_API_BIND: the structural
+    # test above).
+    for name, service in resolved["services"].items():
+        assert set(published_host_ips(service)) <= {"127.0.0.1"}, name
+    assert published_host_ips(resolved["services"]["api"]) == ["127.0.0.1"]
 
-    # Without the database password the file refuses to resolve, naming the variable.
-    done = subprocess.run(run, env=base_env, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "SEEDGRID_DB_PASSWORD" in done.stderr
+    # Without the database password or the token the file refuses to resolve, naming it; an
+    # empty token (authentication off) too.
+    for required, value in (("SEEDGRID_DB_PASSWORD", None), ("SEEDGRID_API_TOKEN", None),
+                            ("SEEDGRID_API_TOKEN", "")):
+        host = {k: v for k, v in COMPOSE_ENV.items() if k != required}
+        done = config(host if value is None else host | {required: value})
+        assert done.returncode != 0 and f"set {required}" in done.stderr, (
+            f"compose resolves with {required}={value!r}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
