@@ -6,9 +6,10 @@ Ray version agree with pyproject.toml and the RayCluster; the compose file passe
 `docker-compose config` and a structural check, requires the token and the database password
 and publishes nothing beyond 127.0.0.1 by default; the Kubernetes manifests build with
 `kubectl kustomize` (offline), validate against the Kubernetes schemas (kubernetes-validate),
-and hang together (names, ports, selectors, secrets, GPU counts); every seedgrid command line
-they run exists in the CLI; every SEEDGRID_* variable they set is one seedgrid reads, with a
-value its settings accept.
+and hang together (names, ports, selectors, GPU counts, the Secret the documented command
+creates); no deploy file carries a token or password; every seedgrid command line they run
+exists in the CLI; every SEEDGRID_* variable they set is one seedgrid reads, with a value its
+settings accept.
 
 A missing tool (docker-compose, kubectl, kubernetes-validate) skips its test with a message, and
 fails it under CI=true: CI must run every check (scripts/test.sh installs docker-compose).
@@ -23,8 +24,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 import tomllib
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -49,6 +52,10 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # token is one seedgrid accepts (16 characters or more, no placeholder).
 COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password",
                "SEEDGRID_API_TOKEN": "test-token-4f1c9a7e2b8d"}
+# Values people leave in place when a file says "replace this"; seedgrid refuses them as a token.
+PLACEHOLDER_SECRETS = {"change-me", "change-me-too", "changeme", "replace-me", "replaceme",
+                       "secret", "token", "password"}
+DOCS = ROOT / "docs" / "deploy.md"
 SEEDGRID_SERVICES = {"ray-head", "ray-gpu-worker", "api", "dispatcher"}
 # The Kubernetes API version the built-in kinds are validated against.
 KUBERNETES_VERSION = "1.30.0"
@@ -474,6 +481,66 @@ def pod_containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return obj["spec"]["template"]["spec"]["containers"]
 
 
+# Stand-ins for running the documented commands with no cluster: kubectl prints its arguments
+# (\x1f after each, \x1e after each call); `openssl rand -hex N` prints N bytes in hex, fixed
+# bytes so that the two copies of the command (docs, kustomization.yaml) compare equal.
+SHELL_STUBS = r"""
+kubectl() { printf '%s\x1f' "$@"; printf '\x1e'; }
+openssl() {
+  [ "$1 $2" = "rand -hex" ] || return 1
+  local i
+  for ((i = 0; i < $3; i++)); do printf '%02x' $(((i * 37 + 11) % 256)); done
+}
+"""
+
+
+def documented_secret_scripts() -> dict[str, str]:
+    """The shell lines that tell the operator to create seedgrid-secrets: the bash block of
+    docs/deploy.md and the indented comment lines of kustomization.yaml."""
+    blocks = [textwrap.dedent(m[2]) for m in
+              re.finditer(r"^( *)```bash\n(.*?)^\1```", DOCS.read_text(), re.M | re.S)]
+    (docs,) = [b for b in blocks if "create secret generic seedgrid-secrets" in b]
+    comment = "\n".join(line.removeprefix("#   ")
+                        for line in (K8S / "kustomization.yaml").read_text().splitlines()
+                        if line.startswith("#   "))
+    return {"docs/deploy.md": docs, "kustomization.yaml": comment}
+
+
+def documented_secret(where: str, script: str) -> dict[str, str]:
+    """Runs the documented lines with kubectl stubbed and returns the Secret they create, after
+    checking that the namespace is applied first and the Secret created in it."""
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", SHELL_STUBS + script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, f"{where}: {done.stderr}"
+    calls = [call.split("\x1f")[:-1] for call in done.stdout.split("\x1e")[:-1]]
+    namespace = yaml_documents(K8S / "kustomization.yaml")[0]["namespace"]
+    find(yaml_documents(K8S / "namespace.yaml"), "Namespace", namespace)
+    creates = [i for i, call in enumerate(calls) if "create" in call and "secret" in call]
+    assert len(creates) == 1, f"{where}: {len(creates)} `kubectl create secret` commands"
+    (i,) = creates
+    assert calls[i][:6] == ["-n", namespace, "create", "secret", "generic", "seedgrid-secrets"], (
+        f"{where}: kubectl {' '.join(calls[i])}"
+    )
+    assert ["apply", "-f", "deploy/k8s/namespace.yaml"] in calls[:i], (
+        f"{where}: the Secret is created before its namespace exists"
+    )
+    literals = calls[i][6:]
+    assert all(a.startswith("--from-literal=") for a in literals), f"{where}: {literals}"
+    return dict(a.removeprefix("--from-literal=").split("=", 1) for a in literals)
+
+
+def secret_key_refs(node: Any) -> Iterator[dict[str, str]]:
+    """Every secretKeyRef (name, key) in a manifest tree."""
+    if isinstance(node, dict):
+        if "secretKeyRef" in node:
+            yield node["secretKeyRef"]
+        for value in node.values():
+            yield from secret_key_refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from secret_key_refs(item)
+
+
 def test_kustomize_builds_everything_into_the_seedgrid_namespace() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -529,7 +596,7 @@ def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
         # Raises ValidationError with the field path on an unknown or mistyped field.
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         checked.append(obj["kind"])
-    assert {"Deployment", "Service", "StatefulSet", "Secret", "ConfigMap"} <= set(checked)
+    assert {"Deployment", "Service", "StatefulSet", "ConfigMap"} <= set(checked)
 
 
 def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits() -> None:
@@ -580,11 +647,34 @@ def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits
     assert config["SEEDGRID_RAY_ADDRESS"] == f"{cluster['metadata']['name']}-head-svc:{gcs_port}"
 
 
+def test_the_documented_secret_gives_what_the_manifests_read() -> None:
+    """The kustomization ships no Secret (a placeholder in it would be a usable token): the
+    operator creates seedgrid-secrets with the command of docs/deploy.md, repeated in
+    kustomization.yaml. Both copies create the same keys, every key the manifests read from
+    it, and a token seedgrid accepts."""
+    objects = k8s_objects()
+    secrets = {where: documented_secret(where, script)
+               for where, script in documented_secret_scripts().items()}
+    assert secrets["kustomization.yaml"] == secrets["docs/deploy.md"], (
+        "kustomization.yaml's comment and docs/deploy.md create different Secrets"
+    )
+    secret = secrets["docs/deploy.md"]
+    referenced = {ref["key"] for ref in secret_key_refs(objects)
+                  if ref["name"] == "seedgrid-secrets"}
+    # The Deployments take the whole Secret (envFrom): the database URL (without it each pod
+    # would open a SQLite file of its own) and the token (without it anyone who reaches the
+    # Service is served).
+    missing = (referenced | {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN"}) - secret.keys()
+    assert not missing, f"the documented Secret lacks {sorted(missing)}"
+    token = secret["SEEDGRID_API_TOKEN"]
+    assert len(token) >= 16 and token.lower() not in PLACEHOLDER_SECRETS, token
+
+
 def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     objects = k8s_objects()
     config = find(objects, "ConfigMap", "seedgrid-config")["data"]
-    secret = find(objects, "Secret", "seedgrid-secrets")["stringData"]
-    check_seedgrid_env(config | secret, "ConfigMap + Secret")
+    secret = documented_secret("docs/deploy.md", documented_secret_scripts()["docs/deploy.md"])
+    check_seedgrid_env(config | secret, "ConfigMap + the documented Secret")
 
     # The API: API-only processes behind a Service that reaches their port.
     api = find(objects, "Deployment", "seedgrid-api")
@@ -612,14 +702,15 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     assert 'ray start --address="$SEEDGRID_RAY_ADDRESS" --num-cpus=0 --num-gpus=0' in script
     assert seedgrid_invocations_in_shell(script) == [["dispatcher"]]
 
-    # Both read the ConfigMap and the Secret that exist.
+    # Both read the ConfigMap and the Secret the operator creates.
     for deployment in (api, dispatcher):
         refs = pod_containers(deployment)[0]["envFrom"]
         assert {r["configMapRef"]["name"] for r in refs if "configMapRef" in r} == {
             "seedgrid-config"}
         assert {r["secretRef"]["name"] for r in refs if "secretRef" in r} == {"seedgrid-secrets"}
 
-    # PostgreSQL: the URL in the Secret reaches the StatefulSet's Service with its credentials.
+    # PostgreSQL: the URL in the documented Secret reaches the StatefulSet's Service with its
+    # credentials.
     postgres = find(objects, "StatefulSet", "postgres")
     pg_service = find(objects, "Service", postgres["spec"]["serviceName"])
     assert pg_service["spec"]["selector"].items() <= (
@@ -637,6 +728,54 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     assert url.password == secret[password_ref["valueFrom"]["secretKeyRef"]["key"]], (
         "the password in SEEDGRID_DATABASE_URL differs from POSTGRES_PASSWORD"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# secrets
+
+
+def yaml_strings(node: Any, name: str = "") -> Iterator[tuple[str, str]]:
+    """(name, value) of every string in a YAML tree, named by its mapping key, or by its item's
+    `name` for Kubernetes' {name: ..., value: ...} env items."""
+    if isinstance(node, dict):
+        item_name = node.get("name")
+        for key, value in node.items():
+            own = item_name if key == "value" and isinstance(item_name, str) else str(key)
+            yield from yaml_strings(value, own)
+    elif isinstance(node, list):
+        for item in node:
+            yield from yaml_strings(item, name)
+    elif isinstance(node, str):
+        yield name, node
+
+
+def test_no_deploy_file_carries_a_token_or_a_password() -> None:
+    """A token or password shipped in a deploy file is one that someone will leave in place: the
+    kustomization creates no Secret, compose requires both from the host (${VAR:?message}, no
+    default), and no file under deploy/ holds a known placeholder."""
+    kustomization = yaml_documents(K8S / "kustomization.yaml")[0]
+    assert "secretGenerator" not in kustomization
+    assert "Secret" not in {o["kind"] for o in k8s_objects()}
+    required_from_host = re.compile(r"\$\{\w+:\?[^}]*\}")
+    # Dotfiles are not shipped: deploy/.env is where an operator keeps the real values.
+    files = [p for p in sorted(DEPLOY.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    assert DOCKERFILE in files and COMPOSE in files
+    for path in files:
+        where = path.relative_to(ROOT)
+        placeholders = re.findall(r"\b(?:change-?me(?:-too)?|replace-?me)\b", path.read_text(),
+                                  re.I)
+        assert not placeholders, f"{where} holds {placeholders}"
+        if path.suffix not in {".yaml", ".yml"}:
+            continue
+        for doc in yaml_documents(path):
+            for name, value in yaml_strings(doc):
+                assert value.strip().lower() not in PLACEHOLDER_SECRETS, f"{where}: {name}"
+                secrets = [value] if re.search(r"TOKEN|PASSWORD", name, re.I) else []
+                secrets += re.findall(r"://[^:/@\s]+:([^@]+)@", value)  # a URL's password
+                for secret in secrets:
+                    assert required_from_host.fullmatch(secret), (
+                        f"{where}: {name} carries {secret!r}, not a required host variable"
+                    )
 
 
 # --------------------------------------------------------------------------------------------
