@@ -3,11 +3,16 @@
 Nothing here builds an image or starts a container (no Docker engine, no cluster, no network).
 What is checked: every YAML file parses; the Dockerfile's pins, base Python, copied paths and
 Ray version agree with pyproject.toml and the RayCluster; the compose file passes
-`docker-compose config` (when installed) and a structural check that always runs; the
-Kubernetes manifests build with `kubectl kustomize` (offline), validate against the Kubernetes
-schemas (kubernetes-validate, when installed), and hang together (names, ports, selectors,
-secrets, GPU counts); every seedgrid command line they run exists in the CLI; every SEEDGRID_*
-variable they set is one seedgrid reads, with a value its settings accept.
+`docker-compose config` and a structural check, requires the token and the database password
+and publishes nothing beyond 127.0.0.1 by default; the Kubernetes manifests build with
+`kubectl kustomize` (offline), validate against the Kubernetes schemas (kubernetes-validate),
+and hang together (names, ports, selectors, GPU counts, the Secret the documented command
+creates); no deploy file carries a token or password; every seedgrid command line they run
+exists in the CLI; every SEEDGRID_* variable they set is one seedgrid reads, with a value its
+settings accept.
+
+A missing tool (docker-compose, kubectl, kubernetes-validate) skips its test with a message, and
+fails it under CI=true: CI must run every check (scripts/test.sh installs docker-compose).
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 import tomllib
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import pytest
@@ -41,8 +48,14 @@ COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-# Values for the variables compose.yaml requires from the host (interpolation in the test).
-COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password"}
+# Values for the variables compose.yaml requires from the host (interpolation in the test); the
+# token is one seedgrid accepts (16 characters or more, no placeholder).
+COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password",
+               "SEEDGRID_API_TOKEN": "test-token-4f1c9a7e2b8d"}
+# Values people leave in place when a file says "replace this"; seedgrid refuses them as a token.
+PLACEHOLDER_SECRETS = {"change-me", "change-me-too", "changeme", "replace-me", "replaceme",
+                       "secret", "token", "password"}
+DOCS = ROOT / "docs" / "deploy.md"
 SEEDGRID_SERVICES = {"ray-head", "ray-gpu-worker", "api", "dispatcher"}
 # The Kubernetes API version the built-in kinds are validated against.
 KUBERNETES_VERSION = "1.30.0"
@@ -50,6 +63,13 @@ KUBERNETES_VERSION = "1.30.0"
 
 # --------------------------------------------------------------------------------------------
 # helpers
+
+
+def tool_missing(message: str) -> NoReturn:
+    """Skip a test whose tool is not installed; under CI=true fail it, so CI runs every check."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and {message}")
+    pytest.skip(message)
 
 
 def yaml_documents(path: Path) -> list[Any]:
@@ -133,10 +153,10 @@ def interpolate(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}", one, value)
 
 
-def compose_env(service: dict[str, Any]) -> dict[str, str]:
+def compose_env(service: dict[str, Any], host: dict[str, str] = COMPOSE_ENV) -> dict[str, str]:
     env = service.get("environment") or {}
     assert isinstance(env, dict), "environment: use the mapping form"
-    return {k: interpolate(str(v), COMPOSE_ENV) for k, v in env.items() if v is not None}
+    return {k: interpolate(str(v), host) for k, v in env.items() if v is not None}
 
 
 def seedgrid_invocations_in_shell(script: str) -> list[list[str]]:
@@ -351,8 +371,22 @@ def test_compose_file_wires_database_ray_gpu_workers_api_and_dispatcher() -> Non
         pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"], pg_env["POSTGRES_DB"]
     )
     assert dispatcher_env["SEEDGRID_RAY_ADDRESS"] == f"ray-head:{head_port}"
+
+    # The API listens on every interface of its container, always with the host's token ...
     assert api_env["SEEDGRID_HOST"] == "0.0.0.0"
-    published = services["api"]["ports"][0].rsplit(":", 1)[-1]
+    assert api_env["SEEDGRID_API_TOKEN"] == COMPOSE_ENV["SEEDGRID_API_TOKEN"]
+    without_token = {k: v for k, v in COMPOSE_ENV.items() if k != "SEEDGRID_API_TOKEN"}
+    with pytest.raises(AssertionError, match="requires SEEDGRID_API_TOKEN"):
+        compose_env(services["api"], without_token)
+    # ... and the host publishes it, like every port, on 127.0.0.1 unless told otherwise.
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            host_ip = interpolate(port, COMPOSE_ENV).rsplit(":", 2)[0]
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} beyond this machine"
+    (api_port,) = services["api"]["ports"]
+    bind_all = COMPOSE_ENV | {"SEEDGRID_API_BIND": "0.0.0.0"}
+    assert interpolate(api_port, bind_all).rsplit(":", 2)[0] == "0.0.0.0"
+    published = interpolate(api_port, COMPOSE_ENV).rsplit(":", 1)[-1]
     assert published == api_env["SEEDGRID_PORT"], "the API's port is not the one published"
     check_seedgrid_env(api_env, "compose api")
     check_seedgrid_env(dispatcher_env, "compose dispatcher")
@@ -377,26 +411,52 @@ def compose_command() -> list[str] | None:
     return None
 
 
-def test_compose_file_passes_docker_compose_config() -> None:
+def published_host_ips(service: dict[str, Any]) -> list[str]:
+    """Host addresses of a resolved service's ports: docker-compose 1.29 writes
+    "IP:HOST:CONTAINER/tcp", Compose v2 a mapping with host_ip (absent: every interface)."""
+    return [p.get("host_ip", "0.0.0.0") if isinstance(p, dict) else p.rsplit(":", 2)[0]
+            for p in service.get("ports", [])]
+
+
+def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
     command = compose_command()
     if command is None:
-        pytest.skip(
-            "docker-compose not installed (apt-get install -y --no-install-recommends "
-            "docker-compose); the structural compose test still ran"
+        tool_missing(
+            "docker-compose is not installed (scripts/test.sh installs it as root; by hand: "
+            "apt-get install -y --no-install-recommends docker-compose); the structural "
+            "compose test still ran"
         )
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_")}
-    run = [*command, "-f", str(COMPOSE), "config"]
-    done = subprocess.run(run, env=base_env | COMPOSE_ENV, capture_output=True, text=True,
-                          timeout=60)
+    # An empty env file: compose would otherwise read a developer's deploy/.env.
+    no_env_file = tmp_path / "empty.env"
+    no_env_file.touch()
+    run = [*command, "--env-file", str(no_env_file), "-f", str(COMPOSE), "config"]
+
+    def config(host: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(run, env=base_env | host, capture_output=True, text=True,
+                              timeout=60)
+
+    done = config(COMPOSE_ENV)
     assert done.returncode == 0, done.stderr
     resolved = yaml.safe_load(done.stdout)
     assert set(resolved["services"]) == {"postgres"} | SEEDGRID_SERVICES
     devices = resolved["services"]["ray-gpu-worker"]["deploy"]["resources"]["reservations"]
     assert devices["devices"][0]["driver"] == "nvidia"
+    # Nothing is published beyond this machine by default (SEEDGRID_API_BIND: the structural
+    # test above).
+    for name, service in resolved["services"].items():
+        assert set(published_host_ips(service)) <= {"127.0.0.1"}, name
+    assert published_host_ips(resolved["services"]["api"]) == ["127.0.0.1"]
 
-    # Without the database password the file refuses to resolve, naming the variable.
-    done = subprocess.run(run, env=base_env, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "SEEDGRID_DB_PASSWORD" in done.stderr
+    # Without the database password or the token the file refuses to resolve, naming it; an
+    # empty token (authentication off) too.
+    for required, value in (("SEEDGRID_DB_PASSWORD", None), ("SEEDGRID_API_TOKEN", None),
+                            ("SEEDGRID_API_TOKEN", "")):
+        host = {k: v for k, v in COMPOSE_ENV.items() if k != required}
+        done = config(host if value is None else host | {required: value})
+        assert done.returncode != 0 and f"set {required}" in done.stderr, (
+            f"compose resolves with {required}={value!r}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,10 +481,72 @@ def pod_containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return obj["spec"]["template"]["spec"]["containers"]
 
 
+# Stand-ins for running the documented commands with no cluster: kubectl prints its arguments
+# (\x1f after each, \x1e after each call); `openssl rand -hex N` prints N bytes in hex, fixed
+# bytes so that the two copies of the command (docs, kustomization.yaml) compare equal.
+SHELL_STUBS = r"""
+kubectl() { printf '%s\x1f' "$@"; printf '\x1e'; }
+openssl() {
+  [ "$1 $2" = "rand -hex" ] || return 1
+  local i
+  for ((i = 0; i < $3; i++)); do printf '%02x' $(((i * 37 + 11) % 256)); done
+}
+"""
+
+
+def documented_secret_scripts() -> dict[str, str]:
+    """The shell lines that tell the operator to create seedgrid-secrets: the bash block of
+    docs/deploy.md and the indented comment lines of kustomization.yaml."""
+    blocks = [textwrap.dedent(m[2]) for m in
+              re.finditer(r"^( *)```bash\n(.*?)^\1```", DOCS.read_text(), re.M | re.S)]
+    (docs,) = [b for b in blocks if "create secret generic seedgrid-secrets" in b]
+    comment = "\n".join(line.removeprefix("#   ")
+                        for line in (K8S / "kustomization.yaml").read_text().splitlines()
+                        if line.startswith("#   "))
+    return {"docs/deploy.md": docs, "kustomization.yaml": comment}
+
+
+def documented_secret(where: str, script: str) -> dict[str, str]:
+    """Runs the documented lines with kubectl stubbed and returns the Secret they create, after
+    checking that the namespace is applied first and the Secret created in it."""
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", SHELL_STUBS + script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, f"{where}: {done.stderr}"
+    calls = [call.split("\x1f")[:-1] for call in done.stdout.split("\x1e")[:-1]]
+    namespace = yaml_documents(K8S / "kustomization.yaml")[0]["namespace"]
+    find(yaml_documents(K8S / "namespace.yaml"), "Namespace", namespace)
+    creates = [i for i, call in enumerate(calls) if "create" in call and "secret" in call]
+    assert len(creates) == 1, f"{where}: {len(creates)} `kubectl create secret` commands"
+    (i,) = creates
+    assert calls[i][:6] == ["-n", namespace, "create", "secret", "generic", "seedgrid-secrets"], (
+        f"{where}: kubectl {' '.join(calls[i])}"
+    )
+    assert ["apply", "-f", "deploy/k8s/namespace.yaml"] in calls[:i], (
+        f"{where}: the Secret is created before its namespace exists"
+    )
+    literals = calls[i][6:]
+    assert all(a.startswith("--from-literal=") for a in literals), f"{where}: {literals}"
+    return dict(a.removeprefix("--from-literal=").split("=", 1) for a in literals)
+
+
+def secret_key_refs(node: Any) -> Iterator[dict[str, str]]:
+    """Every secretKeyRef (name, key) in a manifest tree."""
+    if isinstance(node, dict):
+        if "secretKeyRef" in node:
+            yield node["secretKeyRef"]
+        for value in node.values():
+            yield from secret_key_refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from secret_key_refs(item)
+
+
 def test_kustomize_builds_everything_into_the_seedgrid_namespace() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl not installed; the structural Kubernetes tests still ran")
+        tool_missing("kubectl is not installed (kustomize v4.1 or newer, i.e. kubectl 1.22 or "
+                     "newer: Debian 12's kubernetes-client 1.20 is too old for the "
+                     "kustomization); the structural Kubernetes tests still ran")
     # `kubectl apply --dry-run=client` needs an API server even for client-side dry runs
     # (discovery); `kubectl kustomize` is the part of kubectl that works with no cluster.
     done = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True,
@@ -457,8 +579,8 @@ def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
     try:
         import kubernetes_validate
     except ImportError:
-        pytest.skip("kubernetes-validate not installed (pip install kubernetes-validate); "
-                    "the structural Kubernetes tests still ran")
+        tool_missing("kubernetes-validate is not installed (it is in the dev extras: "
+                     "pip install -e '.[dev]'); the structural Kubernetes tests still ran")
     objects = k8s_objects()
     checked = []
     for obj in objects:
@@ -474,7 +596,7 @@ def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
         # Raises ValidationError with the field path on an unknown or mistyped field.
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         checked.append(obj["kind"])
-    assert {"Deployment", "Service", "StatefulSet", "Secret", "ConfigMap"} <= set(checked)
+    assert {"Deployment", "Service", "StatefulSet", "ConfigMap"} <= set(checked)
 
 
 def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits() -> None:
@@ -525,11 +647,34 @@ def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits
     assert config["SEEDGRID_RAY_ADDRESS"] == f"{cluster['metadata']['name']}-head-svc:{gcs_port}"
 
 
+def test_the_documented_secret_gives_what_the_manifests_read() -> None:
+    """The kustomization ships no Secret (a placeholder in it would be a usable token): the
+    operator creates seedgrid-secrets with the command of docs/deploy.md, repeated in
+    kustomization.yaml. Both copies create the same keys, every key the manifests read from
+    it, and a token seedgrid accepts."""
+    objects = k8s_objects()
+    secrets = {where: documented_secret(where, script)
+               for where, script in documented_secret_scripts().items()}
+    assert secrets["kustomization.yaml"] == secrets["docs/deploy.md"], (
+        "kustomization.yaml's comment and docs/deploy.md create different Secrets"
+    )
+    secret = secrets["docs/deploy.md"]
+    referenced = {ref["key"] for ref in secret_key_refs(objects)
+                  if ref["name"] == "seedgrid-secrets"}
+    # The Deployments take the whole Secret (envFrom): the database URL (without it each pod
+    # would open a SQLite file of its own) and the token (without it anyone who reaches the
+    # Service is served).
+    missing = (referenced | {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN"}) - secret.keys()
+    assert not missing, f"the documented Secret lacks {sorted(missing)}"
+    token = secret["SEEDGRID_API_TOKEN"]
+    assert len(token) >= 16 and token.lower() not in PLACEHOLDER_SECRETS, token
+
+
 def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     objects = k8s_objects()
     config = find(objects, "ConfigMap", "seedgrid-config")["data"]
-    secret = find(objects, "Secret", "seedgrid-secrets")["stringData"]
-    check_seedgrid_env(config | secret, "ConfigMap + Secret")
+    secret = documented_secret("docs/deploy.md", documented_secret_scripts()["docs/deploy.md"])
+    check_seedgrid_env(config | secret, "ConfigMap + the documented Secret")
 
     # The API: API-only processes behind a Service that reaches their port.
     api = find(objects, "Deployment", "seedgrid-api")
@@ -557,14 +702,15 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     assert 'ray start --address="$SEEDGRID_RAY_ADDRESS" --num-cpus=0 --num-gpus=0' in script
     assert seedgrid_invocations_in_shell(script) == [["dispatcher"]]
 
-    # Both read the ConfigMap and the Secret that exist.
+    # Both read the ConfigMap and the Secret the operator creates.
     for deployment in (api, dispatcher):
         refs = pod_containers(deployment)[0]["envFrom"]
         assert {r["configMapRef"]["name"] for r in refs if "configMapRef" in r} == {
             "seedgrid-config"}
         assert {r["secretRef"]["name"] for r in refs if "secretRef" in r} == {"seedgrid-secrets"}
 
-    # PostgreSQL: the URL in the Secret reaches the StatefulSet's Service with its credentials.
+    # PostgreSQL: the URL in the documented Secret reaches the StatefulSet's Service with its
+    # credentials.
     postgres = find(objects, "StatefulSet", "postgres")
     pg_service = find(objects, "Service", postgres["spec"]["serviceName"])
     assert pg_service["spec"]["selector"].items() <= (
@@ -582,6 +728,54 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     assert url.password == secret[password_ref["valueFrom"]["secretKeyRef"]["key"]], (
         "the password in SEEDGRID_DATABASE_URL differs from POSTGRES_PASSWORD"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# secrets
+
+
+def yaml_strings(node: Any, name: str = "") -> Iterator[tuple[str, str]]:
+    """(name, value) of every string in a YAML tree, named by its mapping key, or by its item's
+    `name` for Kubernetes' {name: ..., value: ...} env items."""
+    if isinstance(node, dict):
+        item_name = node.get("name")
+        for key, value in node.items():
+            own = item_name if key == "value" and isinstance(item_name, str) else str(key)
+            yield from yaml_strings(value, own)
+    elif isinstance(node, list):
+        for item in node:
+            yield from yaml_strings(item, name)
+    elif isinstance(node, str):
+        yield name, node
+
+
+def test_no_deploy_file_carries_a_token_or_a_password() -> None:
+    """A token or password shipped in a deploy file is one that someone will leave in place: the
+    kustomization creates no Secret, compose requires both from the host (${VAR:?message}, no
+    default), and no file under deploy/ holds a known placeholder."""
+    kustomization = yaml_documents(K8S / "kustomization.yaml")[0]
+    assert "secretGenerator" not in kustomization
+    assert "Secret" not in {o["kind"] for o in k8s_objects()}
+    required_from_host = re.compile(r"\$\{\w+:\?[^}]*\}")
+    # Dotfiles are not shipped: deploy/.env is where an operator keeps the real values.
+    files = [p for p in sorted(DEPLOY.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    assert DOCKERFILE in files and COMPOSE in files
+    for path in files:
+        where = path.relative_to(ROOT)
+        placeholders = re.findall(r"\b(?:change-?me(?:-too)?|replace-?me)\b", path.read_text(),
+                                  re.I)
+        assert not placeholders, f"{where} holds {placeholders}"
+        if path.suffix not in {".yaml", ".yml"}:
+            continue
+        for doc in yaml_documents(path):
+            for name, value in yaml_strings(doc):
+                assert value.strip().lower() not in PLACEHOLDER_SECRETS, f"{where}: {name}"
+                secrets = [value] if re.search(r"TOKEN|PASSWORD", name, re.I) else []
+                secrets += re.findall(r"://[^:/@\s]+:([^@]+)@", value)  # a URL's password
+                for secret in secrets:
+                    assert required_from_host.fullmatch(secret), (
+                        f"{where}: {name} carries {secret!r}, not a required host variable"
+                    )
 
 
 # --------------------------------------------------------------------------------------------
