@@ -575,7 +575,8 @@ VIEW_COPIES = 6 + 3
 # Activations of the widest layer alive at once in a forward pass without a graph (a block's
 # input, its two convolutions' and norms' outputs).
 NO_GRAD_LAYERS = 5
-# Rows of queries scikit-learn's kNN compares with the whole bank at once.
+# Rows of queries scikit-learn's kNN compares with the bank at once (its pairwise-distance
+# chunks; counted against the whole bank, an upper bound).
 SKLEARN_KNN_CHUNK = 256
 
 
