@@ -68,6 +68,21 @@ class RunWarning:
         }
 
 
+@dataclass(frozen=True)
+class ResourceEstimate:
+    """What one run of a config needs, estimated from the config alone before it is queued."""
+
+    # Peak memory of one run in bytes (host or device): parameters, gradients, optimiser
+    # state, activations kept for backward, the dataset and other per-run tensors.
+    memory_bytes: int
+    # The config fields that drive memory_bytes, most important first (named in a refusal).
+    memory_fields: tuple[str, ...]
+    # Metric points the run logs: one per metric name per logged step, all epochs/steps.
+    # An upper bound where the count depends on the run (early stop, convergence).
+    logged_points: int
+    points_fields: tuple[str, ...]
+
+
 @dataclass
 class RunResult:
     """What a trainer returns: final metrics, diagnostics summary, warnings and provenance."""
@@ -100,6 +115,11 @@ class Trainer(Protocol):
     primary_metric: ClassVar[str]
 
     def run(self, config: Any, seed: int, reporter: Reporter) -> RunResult: ...
+
+    def estimate(self, config: Any) -> ResourceEstimate:
+        """Peak memory and logged points of one run, by arithmetic on the config alone (no
+        model, no data, no allocation): cheap enough to call for every grid condition."""
+        ...
 
 
 class TrainerConfig(pydantic.BaseModel):

@@ -24,7 +24,15 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from trainers.base import Reporter, RunResult, RunWarning, TrainerConfig, provenance
+from trainers.base import (
+    Reporter,
+    ResourceEstimate,
+    RunResult,
+    RunWarning,
+    TrainerConfig,
+    provenance,
+)
+from trainers.estimates import FLOAT64, INT64, Term, peak
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu
 
@@ -178,6 +186,74 @@ def class_subspace_eigenvalues(w: torch.Tensor, y: torch.Tensor) -> list[float]:
     return sorted((float(v) for v in torch.linalg.eigvals(sub).abs()), reverse=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# resource estimate (pure arithmetic on the config; every tensor of the run is float64)
+
+# The metrics of every logged step (`CollapseTrainer._observe` and the time).
+LOGGED_METRICS = ("loss", "train_accuracy", "train_accuracy_clean", "min_l2", "label_spread",
+                  "time")
+
+
+def trained_floats(config: CollapseConfig) -> int:
+    """Trained values: sample embeddings N d (embedding) or the linear map d D
+    (teacher_student), label embeddings K d, and the head d^2 with stop-gradient."""
+    n, k, d = config.n_samples, config.n_classes, config.dim
+    first = n * d if config.model == "embedding" else d * config.input_dim
+    return first + k * d + (d * d if config.stop_gradient else 0)
+
+
+def logged_steps(steps: int, log_every: int) -> int:
+    """Steps the loop logs: every multiple of log_every from 0 to steps, and the last step:
+    floor(steps / e) + 1, + 1 when e does not divide steps."""
+    return steps // log_every + 1 + (1 if steps % log_every else 0)
+
+
+def objective_floats(config: CollapseConfig) -> int:
+    """Floats alive while `pair_loss` evaluates the objective without a graph (every logged
+    step): mse broadcasts pred_i - y_c into N x K x d and squares it (2 N K d); cosine keeps
+    the cosines, 1 - cos and the weighted terms (3 N K)."""
+    n, k = config.n_samples, config.n_classes
+    return 2 * n * k * config.dim if config.loss == "mse" else 3 * n * k
+
+
+def gradient_floats(config: CollapseConfig) -> int:
+    """Floats of one gradient step. mse: the closed-form gradients (embeddings, predictions,
+    P y, residual, the sample gradient and the update's scaled copy: 6 N d). cosine: the
+    forward pass of each `pair_loss` holds the cosines, 1 - cos and the weighted terms (3 N K)
+    and keeps none of them for backward, which needs about 2 N K; with stop-gradient the two
+    losses run one after the other."""
+    n, k, d = config.n_samples, config.n_classes, config.dim
+    return 6 * n * d if config.loss == "mse" else 3 * n * k
+
+
+def collapse_estimate(config: CollapseConfig) -> ResourceEstimate:
+    """Memory: the label distributions P twice (numpy and torch, 2 N K), the trained values,
+    the teacher-student inputs and their noise draw (2 N D), then the largest of the objective
+    at a logged step with the nearest-label check (cdist, N K), a gradient step and the final
+    eigenvalues of D^-1 P^T P (about 5 K^2). Points: the 6 metrics at every logged step."""
+    n, k = config.n_samples, config.n_classes
+    inputs = 2 * n * config.input_dim if config.model == "teacher_student" else 0
+    persistent = [
+        Term(FLOAT64 * 2 * n * k, ("n_samples", "n_classes")),
+        Term(FLOAT64 * trained_floats(config), ("n_samples", "dim", "n_classes")),
+        Term(FLOAT64 * inputs, ("n_samples", "input_dim")),
+        Term(INT64 * 2 * n, ("n_samples",)),
+    ]
+    objective_fields = (("n_samples", "n_classes", "dim", "loss") if config.loss == "mse"
+                        else ("n_samples", "n_classes"))
+    observe = FLOAT64 * (n * k + 2 * n * config.dim)
+    memory, memory_fields = peak([
+        [*persistent, Term(FLOAT64 * objective_floats(config), objective_fields),
+         Term(observe, ("n_samples", "n_classes"))],
+        [*persistent, Term(FLOAT64 * gradient_floats(config),
+                           ("n_samples", "dim") if config.loss == "mse"
+                           else ("n_samples", "n_classes"))],
+        [*persistent, Term(FLOAT64 * 5 * k * k, ("n_classes",))],
+    ])
+    points = len(LOGGED_METRICS) * logged_steps(config.resolved_steps, config.resolved_log_every)
+    return ResourceEstimate(memory, memory_fields, points, ("steps", "log_every"))
+
+
 class CollapseTrainer:
     name: ClassVar[str] = "collapse"
     description: ClassVar[str] = (
@@ -210,6 +286,8 @@ class CollapseTrainer:
         "eig_w_class",
     )
     primary_metric: ClassVar[str] = "min_l2"
+    def estimate(self, config: CollapseConfig) -> ResourceEstimate:
+        return collapse_estimate(config)
 
     def run(self, config: CollapseConfig, seed: int, reporter: Reporter) -> RunResult:
         device = torch.device("cpu")

@@ -28,7 +28,8 @@ from pydantic import Field, model_validator
 from scipy import stats as scipy_stats
 from torch import nn
 
-from trainers.base import Reporter, RunResult, TrainerConfig, provenance
+from trainers.base import Reporter, ResourceEstimate, RunResult, TrainerConfig, provenance
+from trainers.estimates import FLOAT32, FLOAT64, INT64, Term, peak
 from trainers.init import init_linear
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu
@@ -145,6 +146,9 @@ class SSLSimTrainer:
     diagnostics: ClassVar[tuple[str, ...]] = ("class_counts", "class_norms")
     primary_metric: ClassVar[str] = "steps_to_converge"
 
+    def estimate(self, config: SSLSimConfig) -> ResourceEstimate:
+        return ssl_sim_estimate(config)
+
     def run(self, config: SSLSimConfig, seed: int, reporter: Reporter) -> RunResult:
         deterministic_cpu()
         sources = random_sources(seed)
@@ -229,3 +233,58 @@ class SSLSimTrainer:
             diagnostics={"class_counts": counts, "class_norms": class_norms},
             provenance=provenance("cpu", seed, config),
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# resource estimate (pure arithmetic on the config)
+
+# The latent-class MLP 64 -> 64 -> ReLU -> 10 and its input and embedding widths.
+LATENT_INPUT, LATENT_HIDDEN, LATENT_EMBEDDING = 64, 64, 10
+# float64 n x d matrices alive in a convergence step: z1 and z2, their trainable clones, the
+# cosine's squares, normalised copies and product (about 5), backward's intermediates and both
+# gradients (about 4) and the update's scaled copy.
+CONVERGENCE_COPIES = 14
+# Bytes per pair of the latent-class loss's B x B matrices: about 8 float32 (similarities,
+# pick scores and their mask, exp, positive and masked sums, backward's gradients) and 6
+# boolean masks (eye, same class, picks, their transpose and union).
+INFONCE_BYTES_PER_PAIR = 8 * FLOAT32 + 6
+
+
+def latent_mlp_parameters() -> int:
+    """Linear(64 -> 64) and Linear(64 -> 10): 64 * 64 + 64 + 64 * 10 + 10 = 4,810."""
+    return (LATENT_INPUT * LATENT_HIDDEN + LATENT_HIDDEN
+            + LATENT_HIDDEN * LATENT_EMBEDDING + LATENT_EMBEDDING)
+
+
+def ssl_sim_logged_points(config: SSLSimConfig) -> int:
+    """convergence logs steps_to_converge and final_mean_cos once, however many steps it
+    takes; latent_class logs norm_mean and the K class norms for the untrained network, then
+    loss, norm_mean and the K class norms every epoch: (1 + K) + epochs (2 + K)."""
+    if config.simulation == "convergence":
+        return 2
+    k = len(config.class_weights)
+    return (1 + k) + config.epochs * (2 + k)
+
+
+def ssl_sim_estimate(config: SSLSimConfig) -> ResourceEstimate:
+    """convergence: CONVERGENCE_COPIES float64 n x d matrices. latent_class: the data as
+    generated (float64 latents and inputs, 3 n 10 + n 64, and the float32 inputs n 64), then
+    the larger of the per-epoch norm pass over all n samples (hidden, ReLU and embedding
+    outputs) and a step's B x B loss matrices; the MLP and its gradients (SGD without
+    momentum keeps no buffer)."""
+    points = ssl_sim_logged_points(config)
+    if config.simulation == "convergence":
+        memory, fields = peak([[Term(FLOAT64 * CONVERGENCE_COPIES * config.n_pairs * config.dim,
+                                     ("n_pairs", "dim"))]])
+        return ResourceEstimate(memory, fields, points, ())
+    n, b = config.n_samples, min(config.batch_size, config.n_samples)
+    inputs = Term(FLOAT32 * n * LATENT_INPUT + INT64 * 2 * n, ("n_samples",))
+    model = Term(FLOAT32 * 2 * latent_mlp_parameters(), ())
+    memory, fields = peak([
+        [inputs, Term(FLOAT64 * n * (3 * LATENT_EMBEDDING + LATENT_INPUT), ("n_samples",))],
+        [inputs, model,
+         Term(FLOAT32 * n * (2 * LATENT_HIDDEN + 2 * LATENT_EMBEDDING), ("n_samples",))],
+        [inputs, model, Term(INFONCE_BYTES_PER_PAIR * b * b
+                             + FLOAT32 * 3 * b * (LATENT_INPUT + LATENT_HIDDEN), ("batch_size",))],
+    ])
+    return ResourceEstimate(memory, fields, points, ("epochs", "class_weights"))

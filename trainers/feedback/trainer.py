@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from trainers.base import Reporter, RunResult, RunWarning, provenance
+from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning, provenance
 from trainers.data import ImageSplits, prepare_splits
 from trainers.feedback import protocol
 from trainers.feedback.config import MAX_DEPTH, FeedbackConfig
@@ -28,6 +28,7 @@ from trainers.feedback.credit import (
     scale_penalty,
     spread,
 )
+from trainers.feedback.estimate import feedback_estimate
 from trainers.feedback.models import ResidualNet, Teacher, build_model
 from trainers.random_sources import RandomSources, random_sources
 from trainers.runtime import deterministic_cpu, pick_device
@@ -299,6 +300,9 @@ class FeedbackTrainer:
 
     def run(self, config: FeedbackConfig, seed: int, reporter: Reporter) -> RunResult:
         return fit(config, seed, reporter).result
+
+    def estimate(self, config: FeedbackConfig) -> ResourceEstimate:
+        return feedback_estimate(config)
 
 
 def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcome:
