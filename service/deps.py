@@ -23,9 +23,12 @@ def _settings(request: Request) -> Settings:
 SessionDep = Annotated[Session, Depends(_session)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 
-# The largest integer SQLite stores; a larger id, offset or step is invalid input, not a driver
-# overflow.
+# The largest integer SQLite stores and PostgreSQL's OFFSET takes; a larger offset is invalid
+# input, not a driver overflow.
 MAX_DB_INT = 2**63 - 1
+# Ids and steps are INTEGER columns: 32 bits on PostgreSQL, which refuses to compare one with a
+# larger number ("integer out of range") where SQLite would answer.
+MAX_INT_COLUMN = 2**31 - 1
 
-ExperimentId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]
-RunId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]
+ExperimentId = Annotated[int, Path(ge=1, le=MAX_INT_COLUMN)]
+RunId = Annotated[int, Path(ge=1, le=MAX_INT_COLUMN)]

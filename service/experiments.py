@@ -144,6 +144,11 @@ class _Refusals:
         self.spec = spec
         self.found: dict[tuple[str, str], tuple[str, list[str]]] = {}
 
+    def named(self, fields: tuple[str, ...]) -> str:
+        """The field a refusal is filed under: the first of `fields` that is a grid axis (what
+        differs between the conditions), else the first."""
+        return next((f for f in fields if f in self.spec.grid), fields[0])
+
     def add(self, kind: str, field: str, message: str, condition: dict[str, Any]) -> None:
         _, hit = self.found.setdefault((kind, field), (message, []))
         hit.append(condition_key(condition))
@@ -179,13 +184,13 @@ def _check_operator_limits(trainer: Trainer, config: Any, condition: dict[str, A
     limit_bytes = settings.max_run_memory_gb * 1e9
     if estimate.memory_bytes > limit_bytes:
         fields = ", ".join(estimate.memory_fields)
-        refusals.add("memory", estimate.memory_fields[0],
+        refusals.add("memory", refusals.named(estimate.memory_fields),
                      f"one run needs about {estimate.memory_bytes / 1e9:,.1f} GB (estimated from "
                      f"{fields}), over SEEDGRID_MAX_RUN_MEMORY_GB={settings.max_run_memory_gb:g}",
                      condition)
     if estimate.logged_points > settings.max_points_per_run:
         fields = ", ".join(estimate.points_fields)
-        refusals.add("points", estimate.points_fields[0],
+        refusals.add("points", refusals.named(estimate.points_fields),
                      f"one run would log {estimate.logged_points:,} metric points (from "
                      f"{fields}), over SEEDGRID_MAX_POINTS_PER_RUN="
                      f"{settings.max_points_per_run:,}", condition)

@@ -140,7 +140,7 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     if depth > 32:
         return "..."
     if isinstance(value, dict):
-        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
+        return {json_safe(str(k), depth + 1): json_safe(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [json_safe(v, depth + 1) for v in value]
     if isinstance(value, float) and not math.isfinite(value):

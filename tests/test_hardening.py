@@ -269,14 +269,20 @@ def test_hostile_specs_get_422_naming_the_field_and_store_nothing(guarded: Guard
 
 def test_ids_offsets_and_steps_past_the_database_range_get_422(guarded: Guarded) -> None:
     client = guarded.service.client
-    huge = 2**63
+    huge = 2**63  # past any offset
+    past_ids = 2**31  # ids and steps are 32-bit INTEGER columns on PostgreSQL
     cases = [
-        (f"/experiments/{huge}", ["path", "experiment_id"]),
+        (f"/experiments/{past_ids}", ["path", "experiment_id"]),
         (f"/experiments/{huge}/runs", ["path", "experiment_id"]),
         ("/experiments/0", ["path", "experiment_id"]),
-        (f"/runs/{huge}", ["path", "run_id"]),
-        (f"/runs/1/metrics?since_step={huge}", ["query", "since_step"]),
+        (f"/runs/{past_ids}", ["path", "run_id"]),
+        (f"/runs/1/metrics?since_step={past_ids}", ["query", "since_step"]),
         (f"/experiments?offset={huge}", ["query", "offset"]),
+        (f"/experiments/1/runs?offset={huge}", ["query", "offset"]),
+        (f"/experiments/1/stats?offset={huge}", ["query", "offset"]),
+        ("/runs/1/metrics?limit=10001", ["query", "limit"]),
+        ("/experiments/1/runs?limit=1001", ["query", "limit"]),
+        ("/experiments/1/stats?limit=2001", ["query", "limit"]),
         ("/experiments?limit=1001", ["query", "limit"]),
         (f"/runs/1/metrics?name={'n' * 101}", ["query", "name"]),
         ("/runs/1/metrics?name=a%00b", ["query", "name"]),
@@ -285,7 +291,10 @@ def test_ids_offsets_and_steps_past_the_database_range_get_422(guarded: Guarded)
         response = client.get(url)
         assert response.status_code == 422, (url, response.status_code, response.text[:300])
         assert [e["loc"] for e in response.json()["detail"]] == [loc], url
-    assert client.get(f"/experiments/{huge - 1}").status_code == 404
+    for url in (f"/experiments/{past_ids - 1}", f"/runs/{past_ids - 1}",
+                f"/experiments/{past_ids - 1}/runs?offset={huge - 1}"):
+        assert client.get(url).status_code == 404, url
+    assert client.get(f"/experiments?offset={huge - 1}").json() == []
 
 
 # ---------------------------------------------------------------------------------------------

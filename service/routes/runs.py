@@ -12,7 +12,7 @@ from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, MetricPoint, RunDetail
 from service import experiments as logic
 from service.db import MetricPoint as MetricRow
 from service.db import Run
-from service.deps import MAX_DB_INT, RunId, SessionDep
+from service.deps import MAX_INT_COLUMN, RunId, SessionDep
 from service.routes.paging import Offset, link_next
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -32,7 +32,7 @@ def metrics(
     request: Request,
     session: SessionDep,
     name: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
-    since_step: Annotated[int | None, Query(ge=0, le=MAX_DB_INT)] = None,
+    since_step: Annotated[int | None, Query(ge=0, le=MAX_INT_COLUMN)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_POINTS_PAGE)] = MAX_POINTS_PAGE,
     offset: Offset = 0,
 ) -> Response:
