@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, PendingRollbackError
 from sqlmodel import create_engine
 
 from service.db import CONNECT_TIMEOUT_S
@@ -175,7 +175,8 @@ class PostgresLock(DispatchLock):
                 {"high": _KEY_HIGH, "low": _KEY_LOW},
             ).scalar_one()
             self._connection.rollback()
-        except DBAPIError as exc:
+        except (DBAPIError, PendingRollbackError) as exc:
+            # PendingRollbackError: the connection died inside a dispatcher transaction on it
             self.drop()
             raise LockLost(f"the lock's database connection failed: {_first_line(exc)}") from None
         if not still_held:
