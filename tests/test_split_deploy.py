@@ -319,6 +319,17 @@ def test_sqlite_file_lock_is_exclusive_and_dies_with_its_process(tmp_path: Path)
         child.wait(10)
 
 
+def waits_for_dispatch_lock(backend_pid: int) -> bool:
+    """Whether this PostgreSQL backend is queued for the dispatch lock and not granted it."""
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        (waiting,) = admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND pid = %s AND classid = %s AND objid = %s AND objsubid = 1",
+            (backend_pid, DISPATCH_LOCK_KEY >> 32, DISPATCH_LOCK_KEY & 0xFFFF_FFFF),
+        ).fetchone()
+    return bool(waiting)
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -356,10 +367,12 @@ def test_holder_whose_lock_connection_drops_stops_at_once_and_settles_on_return(
 
         # (2) another session is queued for the lock and gets it when the connection drops
         rival = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+        rival_pid = rival.info.backend_pid
         waiting = threading.Thread(target=rival.execute, args=(
             "SELECT pg_advisory_lock(%s)", (DISPATCH_LOCK_KEY,)))
         waiting.start()
-        time.sleep(0.2)  # queued behind the holder
+        wait_for(lambda: waits_for_dispatch_lock(rival_pid),
+                 "the rival to queue behind the holder")
         assert terminate_backends(url, dispatcher.identity) == 1
         waiting.join(10)
         assert not waiting.is_alive()
