@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -195,17 +196,34 @@ def test_cancelling_an_ended_experiment_is_a_conflict(service: Service) -> None:
     assert service.client.get(f"/experiments/{created['id']}").json()["status"] == "completed"
 
 
+def running_attempt(service: Service, run_id: int) -> tuple[int, int] | None:
+    """(attempt, worker pid) of the run's attempt in progress, once its worker has reported."""
+    detail = service.client.get(f"/runs/{run_id}").json()
+    pid = detail["provenance"]["worker_pid"]
+    history = detail["attempt_history"]
+    if detail["status"] != "running" or pid is None or history[-1]["outcome"] is not None:
+        return None
+    assert history[-1]["attempt"] == detail["attempts"]
+    return detail["attempts"], pid
+
+
 def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> None:
+    # ~2 s in a Ray worker: its pid is reported within ~0.3 s, so the kill lands mid-run.
     created = service.submit(
         spec(config={"steps": 20_000, "stop_gradient": True}, grid={}, seeds=1, max_retries=2)
     )
     (run,) = service.runs(created["id"])
     deadline = time.monotonic() + 60
-    pid = None
-    while pid is None:
+    while (current := running_attempt(service, run["id"])) is None:
         assert time.monotonic() < deadline, "the run never reported its worker"
-        pid = service.client.get(f"/runs/{run['id']}").json()["provenance"]["worker_pid"]
         time.sleep(0.05)
+    assert current[0] == 1, current
+    pid = current[1]
+    # Right before the kill: the run is still in its first attempt on that worker, and the
+    # worker process is executing this run's task (Ray titles it after the task).
+    assert running_attempt(service, run["id"]) == (1, pid), "the run ended before the kill"
+    title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
+    assert title[:1] == [f"ray::seedgrid-run-{run['id']}".encode()], title
     os.kill(pid, signal.SIGKILL)
     detail = service.wait(created["id"], timeout_s=120)
     assert detail["status"] == "completed"

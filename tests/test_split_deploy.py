@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 import ray
@@ -32,8 +31,8 @@ from service.lease import DISPATCH_LOCK_KEY, FileLock, LockLost, PostgresLock
 from service.server import BackgroundServer, free_port
 from service.settings import Settings
 from tests.conftest import PG_ADMIN_DSN, PostgresDatabases, Service
+from tests.seedgrid_process import ROOT, SeedgridProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 QUICK = {"n_samples": 200, "steps": 400}
 # Long enough (a couple of seconds in a Ray worker) to be in flight when a dispatcher stops.
 SLOW = {"n_samples": 200, "steps": 20_000}
@@ -44,66 +43,6 @@ STANDBY = re.compile(r"dispatcher (\S+) is standby")
 def spec(config: dict[str, Any], seeds: int, name: str = "split") -> dict[str, Any]:
     return {"name": name, "trainer": "collapse", "config": {**config, "r": 0.1},
             "grid": {"stop_gradient": [False, True]}, "seeds": seeds, "metric": "min_l2"}
-
-
-class SeedgridProcess:
-    """`python -m service.cli ARGS` in its own process group, its output in a log file."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self.port = int(env.get("SEEDGRID_PORT", 0))
-        self.url = f"http://127.0.0.1:{self.port}"
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", *args], cwd=ROOT, env=env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_for_log(self, pattern: re.Pattern[str], timeout_s: float = 45) -> re.Match[str]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            match = pattern.search(self.log())
-            if match:
-                return match
-            assert self.process.poll() is None, f"{self.name} exited:\n{self.log()}"
-            time.sleep(0.05)
-        raise AssertionError(f"{self.name} never logged {pattern.pattern!r}:\n{self.log()}")
-
-    def health(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/healthz", timeout=10).json()
-
-    def wait_healthy(self, timeout_s: float = 45) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"{self.name} exited:\n{self.log()}"
-            try:
-                return self.health()
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise AssertionError(f"{self.name} did not answer /healthz:\n{self.log()}")
-
-    def terminate(self, timeout_s: float = 30) -> int:
-        """SIGTERM, as Kubernetes and compose stop a container; the exit status."""
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout_s)
-
-    def stop(self) -> None:
-        """Kill what is left of the process group (teardown)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
 
 
 @pytest.fixture
@@ -380,6 +319,17 @@ def test_sqlite_file_lock_is_exclusive_and_dies_with_its_process(tmp_path: Path)
         child.wait(10)
 
 
+def waits_for_dispatch_lock(backend_pid: int) -> bool:
+    """Whether this PostgreSQL backend is queued for the dispatch lock and not granted it."""
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        (waiting,) = admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND pid = %s AND classid = %s AND objid = %s AND objsubid = 1",
+            (backend_pid, DISPATCH_LOCK_KEY >> 32, DISPATCH_LOCK_KEY & 0xFFFF_FFFF),
+        ).fetchone()
+    return bool(waiting)
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -417,10 +367,12 @@ def test_holder_whose_lock_connection_drops_stops_at_once_and_settles_on_return(
 
         # (2) another session is queued for the lock and gets it when the connection drops
         rival = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+        rival_pid = rival.info.backend_pid
         waiting = threading.Thread(target=rival.execute, args=(
             "SELECT pg_advisory_lock(%s)", (DISPATCH_LOCK_KEY,)))
         waiting.start()
-        time.sleep(0.2)  # queued behind the holder
+        wait_for(lambda: waits_for_dispatch_lock(rival_pid),
+                 "the rival to queue behind the holder")
         assert terminate_backends(url, dispatcher.identity) == 1
         waiting.join(10)
         assert not waiting.is_alive()
