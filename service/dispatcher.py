@@ -281,13 +281,21 @@ class Dispatcher:
             kept = {run.id for run in running
                     if run.id in ours and ours[run.id].attempt == run.attempts}
             orphans = [run for run in running if run.id not in kept]
-            interrupted = _interrupted_attempts(session, [run.id for run in orphans])
             for run in orphans:
+                unfinished = (RunAttempt.run_id == run.id, RunAttempt.finished_at.is_(None))  # type: ignore[union-attr]
+                # No worker reported starting it (it waited in Ray's queue when its dispatcher
+                # died): not charged, or a service that crashes a few times in a row would fail
+                # runs that never ran.
                 session.execute(
-                    update(RunAttempt)
-                    .where(RunAttempt.run_id == run.id, RunAttempt.finished_at.is_(None))  # type: ignore[union-attr]
+                    update(RunAttempt).where(*unfinished, RunAttempt.worker_pid.is_(None))  # type: ignore[union-attr]
+                    .values(outcome=INTERRUPTED, error=ORPHANED, finished_at=now)
+                )
+                session.execute(
+                    update(RunAttempt).where(*unfinished)
                     .values(outcome="lost", error=ORPHANED, finished_at=now)
                 )
+            interrupted = _interrupted_attempts(session, [run.id for run in orphans])
+            for run in orphans:
                 session.execute(delete(MetricPoint).where(MetricPoint.run_id == run.id))
                 charged = run.attempts - interrupted.get(run.id, 0)
                 if run.cancel_requested:

@@ -199,7 +199,7 @@ class PostgresLock(DispatchLock):
                     text("SELECT pg_advisory_unlock(:key)"), {"key": DISPATCH_LOCK_KEY}
                 )
                 self._connection.commit()
-            except DBAPIError:
+            except (DBAPIError, PendingRollbackError):
                 pass  # the connection is gone, and the lock with it
         self.held = False
         self._discard_connection()

@@ -50,7 +50,8 @@ PHASES = ["starting"] * 5 + ["running"] * 3 + ["completing"] * 2
 CONFIG = {"n_samples": 200, "steps": 3000, "r": 0.1}
 GRID = {"stop_gradient": [False, True]}
 SEEDS = 10
-# A kill costs a run at most one attempt, so no run can fail for want of retries.
+# A kill charges an attempt only to the runs a worker had started (at most two here); with
+# this many retries no run can fail for want of them.
 MAX_RETRIES = 20
 # A few runs queued in Ray behind the two running, so that a kill catches queued ones too.
 MAX_IN_FLIGHT = 4
@@ -64,7 +65,8 @@ class Snapshot:
     """The experiment as the SQLite file holds it while no serve runs."""
 
     runs: dict[int, tuple[str, int, str | None]]  # id -> (status, attempts, finished_at)
-    attempts: dict[int, list[tuple[int, str | None, str | None]]]  # (attempt, outcome, error)
+    # (attempt, outcome, error, worker pid: None when no worker reported starting it)
+    attempts: dict[int, list[tuple[int, str | None, str | None, int | None]]]
     points: dict[int, list[tuple[Any, ...]]]  # completed runs' (name, step, epoch, value)
 
     def with_status(self, status: str) -> dict[int, int]:
@@ -106,13 +108,14 @@ def snapshot(database: Path, experiment_id: int) -> Snapshot:
         runs = {i: (s, a, f) for i, s, a, f in db.execute(
             "SELECT id, status, attempts, finished_at FROM run WHERE experiment_id = ?",
             (experiment_id,))}
-        attempts: dict[int, list[tuple[int, str | None, str | None]]] = defaultdict(list)
-        for run_id, attempt, outcome, error in db.execute(
-            "SELECT a.run_id, a.attempt, a.outcome, a.error FROM runattempt a "
+        attempts: dict[int, list[tuple[int, str | None, str | None, int | None]]] = (
+            defaultdict(list))
+        for run_id, attempt, outcome, error, pid in db.execute(
+            "SELECT a.run_id, a.attempt, a.outcome, a.error, a.worker_pid FROM runattempt a "
             "JOIN run r ON r.id = a.run_id WHERE r.experiment_id = ? ORDER BY a.run_id, a.attempt",
             (experiment_id,),
         ):
-            attempts[run_id].append((attempt, outcome, error))
+            attempts[run_id].append((attempt, outcome, error, pid))
         points: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
         for run_id, *point in db.execute(
             "SELECT p.run_id, p.name, p.step, p.epoch, p.value FROM metricpoint p "
@@ -282,16 +285,18 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
     assert len(runs) == n_runs and all(r["status"] == "completed" for r in runs), runs
     assert len(final.attempts) == n_runs
     for run_id, history in final.attempts.items():
-        outcomes = [outcome for _, outcome, _ in history]
+        outcomes = [outcome for _, outcome, _, _ in history]
         assert outcomes.count("completed") == 1 and outcomes[-1] == "completed", (run_id, history)
-        assert set(outcomes[:-1]) <= {"lost"}, (run_id, history)
-        assert [a for a, _, _ in history] == list(range(1, final.runs[run_id][1] + 1)), history
-    # the next serve re-queues what a kill left running, charging the attempt it cut short (a
-    # kill before the take-over leaves the same attempts running: counted once)
+        assert set(outcomes[:-1]) <= {"lost", "interrupted"}, (run_id, history)
+        assert [a for a, *_ in history] == list(range(1, final.runs[run_id][1] + 1)), history
+    # the next serve re-queues what a kill left running, charging the attempt it cut short if a
+    # worker had started it, not if it still waited in Ray's queue (a kill before the take-over
+    # leaves the same attempts running: counted once)
     cut_short = {cut for kill in kills for cut in kill.left_running.items()}
     for run_id, attempt in cut_short:
-        cut = {a: (o, e) for a, o, e in final.attempts[run_id]}[attempt]
-        assert cut[0] == "lost" and "dispatcher stopped" in (cut[1] or ""), (run_id, cut)
+        outcome, error, pid = {a: (o, e, p) for a, o, e, p in final.attempts[run_id]}[attempt]
+        assert outcome == ("lost" if pid is not None else "interrupted"), (run_id, attempt)
+        assert "dispatcher stopped" in (error or ""), (run_id, attempt, error)
     # a run completed before a kill never runs again: same attempts, end time and points
     rerun = sum(
         (final.runs[run_id], final.attempts[run_id], final.points.get(run_id))
