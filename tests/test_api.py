@@ -277,18 +277,39 @@ def test_trainer_exception_makes_the_run_failed_with_its_message(service: Servic
 
 
 def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> None:
+    """What a dispatcher that died leaves: of three runs, one completed, one a worker was
+    running (its attempt has the worker's pid and half a curve) and one still waiting in Ray's
+    queue (no worker reported it). The next one re-queues the last two, charging only the
+    attempt a worker had started, drops the half curve, and leaves the completed run alone.
+    (tests/test_crash_soak.py kills real `seedgrid serve` processes.)"""
     first = start_service("restart.db")
-    created = first.submit(spec(grid={}, seeds=2))
+    created = first.submit(spec(grid={}, seeds=3))
     first.wait(created["id"])
+    done, started, waiting = sorted(r["id"] for r in first.runs(created["id"]))
     first.server.stop()
-    # as if the process had died mid-run
-    first.sql("UPDATE run SET status = 'running', metrics = '{}', finished_at = NULL")
+    (finished_at,) = first.sql("SELECT finished_at FROM run WHERE id = :id", id=done)[0]
+    for run_id, pid in ((started, 4242), (waiting, None)):
+        first.sql("UPDATE run SET status = 'running', metrics = '{}', finished_at = NULL, "
+                  "worker_pid = :pid WHERE id = :id", id=run_id, pid=pid)
+        first.sql("DELETE FROM metricpoint WHERE run_id = :id AND step > 100", id=run_id)
+        first.sql("UPDATE runattempt SET outcome = NULL, finished_at = NULL, worker_pid = :pid "
+                  "WHERE run_id = :id", id=run_id, pid=pid)
     first.sql("UPDATE experiment SET status = 'running', finished_at = NULL")
+
     second = start_service("restart.db")
-    detail = second.wait(created["id"])
-    assert detail["status"] == "completed"
+    assert second.wait(created["id"])["status"] == "completed"
+    history = {run_id: [a["outcome"] for a in
+                        second.client.get(f"/runs/{run_id}").json()["attempt_history"]]
+               for run_id in (done, started, waiting)}
+    assert history == {done: ["completed"], started: ["lost", "completed"],
+                       waiting: ["interrupted", "completed"]}
+    assert second.sql("SELECT attempts, finished_at FROM run WHERE id = :id",
+                      id=done) == [(1, finished_at)]
     for run in second.runs(created["id"]):
         assert run["status"] == "completed" and "min_l2" in run["metrics"]
+        steps = [p["step"] for p in second.client.get(
+            f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()]
+        assert steps == list(range(0, 401, 2)), run["id"]  # one whole curve each
 
 
 def test_queue_runs_higher_priority_first(start_service) -> None:
