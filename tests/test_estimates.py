@@ -22,6 +22,7 @@ from trainers.data import load_images
 from trainers.estimates import dataset_bytes, dataset_shape
 from trainers.feedback import FeedbackConfig, build_model
 from trainers.feedback.estimate import feedback_parameters, trainable_parameters
+from trainers.feedback.trainer import freeze_untrained
 from trainers.ssl import SSLConfig, SSLModel, ssl_parameters
 
 GIB = 2**30
@@ -155,12 +156,7 @@ def test_feedback_parameter_counts_are_the_models(overrides: dict[str, Any]) -> 
     task = task_shape(config)
     model = build_model(config, task.input_shape, task.num_classes,
                         torch.Generator().manual_seed(0))
-    if config.frozen_blocks:
-        for p in model.branch_weights():
-            p.requires_grad_(False)
-    if config.embed_credit == "none":
-        for p in model.embed.parameters():
-            p.requires_grad_(False)
+    freeze_untrained(model, config)
     assert feedback_parameters(config, task.input_shape, task.num_classes) == numel(model)
     assert trainable_parameters(config, task.input_shape, task.num_classes) == \
         sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -305,6 +305,17 @@ class FeedbackTrainer:
         return feedback_estimate(config)
 
 
+
+def freeze_untrained(model: ResidualNet, config: FeedbackConfig) -> None:
+    """What the run does not train: the branch weights of the frozen-block baseline, and the
+    embedding with embed_credit none (left at its random init)."""
+    if config.frozen_blocks:
+        for p in model.branch_weights():
+            p.requires_grad_(False)
+    if config.embed_credit == "none":
+        for p in model.embed.parameters():
+            p.requires_grad_(False)
+
 def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcome:
     """Build the task (failing before training if data is missing), the model and the
     feedback matrices, train, and audit every epoch (epoch 0 is the initialisation)."""
@@ -317,12 +328,7 @@ def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcom
     method = "bp" if config.frozen_blocks else config.method
     drawn = draw_feedback(method, config.depth, config.width, task.num_classes, sources.init)
     matrices = drawn.to(device) if drawn is not None else None
-    if config.frozen_blocks:
-        for p in model.branch_weights():
-            p.requires_grad_(False)
-    if config.embed_credit == "none":
-        for p in model.embed.parameters():
-            p.requires_grad_(False)
+    freeze_untrained(model, config)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
         optimizer: torch.optim.Optimizer = torch.optim.Adam(
