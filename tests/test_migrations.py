@@ -298,6 +298,35 @@ def test_service_started_on_a_database_from_before_migrations_serves_its_data(
     assert database_revision(database_url) == head_revision()
 
 
+def test_text_an_earlier_version_stored_unencodable_is_made_readable(database_url: str) -> None:
+    """Seedgrid 0.1.0 accepted a lone surrogate in a config string and stored it as a JSON
+    escape; reading it back then gave a 500 for ever. Migration 0002 replaces it."""
+    create_all_like_seedgrid_0_1(database_url)
+    engine = make_engine(database_url)
+    spec = ('{"name": "poisoned", "trainer": "collapse", "grid": {"loss": ["mse"]}, '
+            '"config": {"data_root": "/x\\udc80", "\\ud800": 1}, "seeds": 1}')
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at) VALUES ('poisoned', "
+            f"'collapse', '{spec}', 'min_l2', 'partial', 0, 1, 1, false, "
+            "'2026-01-01 00:00:00')")
+        connection.exec_driver_sql(
+            "INSERT INTO run (experiment_id, condition_key, condition, seed, config, trainer, "
+            "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
+            "metrics, diagnostics, warnings, provenance, created_at) SELECT id, 'loss=mse', "
+            "'{\"loss\": \"mse\\udfff\"}', 0, '{}', 'collapse', 'failed', 0, 1, 2, 1, 0, "
+            "false, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00' FROM experiment")
+    engine.dispose()
+    with BackgroundServer(Settings(database_url=database_url), dispatch=False) as server:
+        detail = httpx.get(f"{server.url}/experiments/1", timeout=30)
+        runs = httpx.get(f"{server.url}/experiments/1/runs", timeout=30)
+        run = httpx.get(f"{server.url}/runs/1", timeout=30)
+    assert (detail.status_code, runs.status_code, run.status_code) == (200, 200, 200)
+    assert detail.json()["spec"]["config"] == {"data_root": "/x\ufffd", "\ufffd": 1}
+    assert runs.json()[0]["condition"] == {"loss": "mse\ufffd"}
+
+
 def seedgrid(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})

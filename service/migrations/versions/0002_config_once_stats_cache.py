@@ -1,11 +1,15 @@
 """A run no longer stores its whole config (the experiment's spec holds the base config once);
-stored variance statistics (statscache); an index that pages a run's curve in step order.
+stored variance statistics (statscache); an index that pages a run's curve in step order; text
+that no response can encode (lone surrogates, which earlier versions accepted in specs and
+stored as JSON escapes) replaced, so that every stored record reads back.
 
 Revision ID: 0002
 Revises: 0001
 """
 
 import json
+import re
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -16,7 +20,35 @@ branch_labels: str | None = None
 depends_on: str | None = None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: Any) -> Any:
+    """`value` with every lone surrogate, at any depth and in keys, replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _clean_json_column(table: str, column: str) -> None:
+    bind = op.get_bind()
+    for row_id, stored in bind.execute(sa.text(f"SELECT id, {column} FROM {table}")).all():
+        value = json.loads(stored) if isinstance(stored, str) else stored
+        cleaned = _clean(value)
+        if cleaned != value:
+            bind.execute(sa.text(f"UPDATE {table} SET {column} = :value WHERE id = :id"),
+                         {"value": json.dumps(cleaned), "id": row_id})
+
+
 def upgrade() -> None:
+    # Where a client's text was stored: the spec, a run's condition (its error came from a
+    # worker or a database, which send encodable text).
+    _clean_json_column("experiment", "spec")
+    _clean_json_column("run", "condition")
     # Native on PostgreSQL and on SQLite >= 3.35 (the column is in no index or constraint);
     # nothing is lost: experiment.spec holds the base config and run.condition the rest.
     op.execute("ALTER TABLE run DROP COLUMN config")
