@@ -32,6 +32,7 @@ __all__ = [
     "Stats",
     "TrainerInfo",
     "json_problems",
+    "level_key",
     "storable_json",
     "storable_text",
     "text_problem",
@@ -192,7 +193,7 @@ class ExperimentSpec(BaseModel):
         for field, levels in grid.items():
             if len(levels) == 0:
                 raise ValueError(f"grid field {field!r} has an empty list of levels")
-            if len({_level_key(v) for v in levels}) != len(levels):
+            if len({level_key(v) for v in levels}) != len(levels):
                 raise ValueError(f"grid field {field!r} repeats a level: {levels}")
         return grid
 
@@ -221,7 +222,9 @@ class ExperimentSpec(BaseModel):
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
 
 
-def _level_key(value: GridValue) -> str:
+def level_key(value: GridValue) -> str:
+    """A grid level as a key that tells apart levels Python finds equal (True == 1 == 1.0):
+    grid levels of different JSON types are different levels."""
     return f"{type(value).__name__}:{value!r}"
 
 

@@ -71,6 +71,14 @@ def _pydantic_errors(exc: pydantic.ValidationError, prefix: list[Any]) -> list[d
     ]
 
 
+def unknown_metric(trainer: Trainer, metric: str) -> str | None:
+    """Why `metric` is not one the trainer reports (a metric or a diagnostic), or None."""
+    if metric in {*trainer.metrics, *trainer.diagnostics}:
+        return None
+    return (f"unknown metric {metric!r} of trainer {trainer.name!r}; known: "
+            f"{', '.join(trainer.metrics)}")
+
+
 def validate_spec(
     spec: ExperimentSpec, *, settings: Settings
 ) -> tuple[Trainer, list[dict[str, Any]]]:
@@ -102,9 +110,8 @@ def validate_spec(
                     for e in exc.errors(include_url=False, include_context=False)
                     if tuple(e["loc"][:1]) in {(field,), ()}
                 ]
-    if spec.metric is not None and spec.metric not in {*trainer.metrics, *trainer.diagnostics}:
-        errors.append(_error(["metric"], f"unknown metric {spec.metric!r} of trainer "
-                             f"{trainer.name!r}; known: {', '.join(trainer.metrics)}"))
+    if spec.metric is not None and (problem := unknown_metric(trainer, spec.metric)):
+        errors.append(_error(["metric"], problem))
     if errors:
         raise SpecError(errors)
 
@@ -238,15 +245,15 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
     session.add(experiment)
     session.flush()
     assert experiment.id is not None
-    rows = [
-        {"experiment_id": experiment.id, "condition_key": condition_key(condition),
-         "condition": condition, "seed": seed, "trainer": trainer.name,
-         "priority": spec.priority, "max_retries": spec.max_retries,
-         "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus}
+    shared = {**RUN_DEFAULTS, "experiment_id": experiment.id, "trainer": trainer.name,
+              "priority": spec.priority, "max_retries": spec.max_retries,
+              "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus,
+              "created_at": utcnow()}
+    session.execute(insert(Run), [
+        {**shared, "condition_key": condition_key(condition), "condition": condition,
+         "seed": seed}
         for condition in conditions for seed in seeds
-    ]
-    session.execute(insert(Run), [{**RUN_DEFAULTS, **row, "created_at": utcnow()}
-                                  for row in rows])
+    ])
     # On SQLite the insert holds the database's write lock: counted again now, the queue
     # includes every submission that committed meanwhile.
     if _queued_runs(session) > cap:

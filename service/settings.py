@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -100,7 +100,7 @@ class Settings(BaseSettings):
         parse_data_roots(value)  # raises ValueError naming the bad entry
         return value
 
-    @property
+    @cached_property
     def data_root_names(self) -> list[str]:
         return sorted(parse_data_roots(self.data_roots))
 

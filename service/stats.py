@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from api_schemas import Comparison, ConditionStats, Stats
+from api_schemas import Comparison, ConditionStats, Stats, level_key
 
 N_RESAMPLES = 9999
 RESAMPLING_SEED = 0
@@ -157,11 +157,6 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict[str, A
 MAX_COMPARISONS_PER_PAGE = 2000
 
 
-def _level_key(value: Any) -> tuple[str, str]:
-    # True == 1 in Python; grid levels of different JSON types are different levels.
-    return type(value).__name__, repr(value)
-
-
 @dataclass(frozen=True)
 class Slot:
     """Where one comparison sits: a factor, two of its levels, and the other factors' levels
@@ -226,13 +221,13 @@ class RunValues:
                  runs: Sequence[tuple[dict[str, Any], str, float]]) -> None:
         self.factors = list(grid)
         self.by_condition: dict[tuple, list[float]] = {}
-        self.by_level: dict[tuple[str, tuple[str, str]], list[float]] = {}
+        self.by_level: dict[tuple[str, str], list[float]] = {}
         # per (factor, level): the conditions holding that level, each with its values
-        self.cells: dict[tuple[str, tuple[str, str]], list[list[float]]] = {}
+        self.cells: dict[tuple[str, str], list[list[float]]] = {}
         for condition, _, value in runs:
             if any(f not in condition for f in self.factors):
                 continue  # not a condition of this grid
-            key = tuple(_level_key(condition[f]) for f in self.factors)
+            key = tuple(level_key(condition[f]) for f in self.factors)
             cell = self.by_condition.get(key)
             if cell is None:
                 cell = self.by_condition[key] = []
@@ -244,12 +239,12 @@ class RunValues:
 
     def values(self, factor: str, level: Any, within: dict[str, Any] | None) -> list[float]:
         if within is None:
-            return self.by_level.get((factor, _level_key(level)), [])
+            return self.by_level.get((factor, level_key(level)), [])
         fixed = {**within, factor: level}
-        return self.by_condition.get(tuple(_level_key(fixed[f]) for f in self.factors), [])
+        return self.by_condition.get(tuple(level_key(fixed[f]) for f in self.factors), [])
 
     def level_cells(self, factor: str, level: Any) -> list[list[float]]:
-        return self.cells.get((factor, _level_key(level)), [])
+        return self.cells.get((factor, level_key(level)), [])
 
 
 def experiment_stats(

@@ -14,7 +14,7 @@ from sqlmodel import Session
 
 from api_schemas import RunStatus
 from service.db import Experiment, Run, StatsCache, utcnow
-from service.experiments import SpecError
+from service.experiments import SpecError, unknown_metric
 from service.stats import MAX_COMPARISONS_PER_PAGE, ComparisonPlan, experiment_stats
 from trainers import REGISTRY
 
@@ -42,9 +42,9 @@ def stats_json(
     assert experiment.id is not None
     metric = metric or experiment.metric
     trainer = REGISTRY[experiment.trainer]
-    if metric not in {*trainer.metrics, *trainer.diagnostics}:
-        raise _query_error("metric", f"unknown metric {metric!r} of trainer {trainer.name!r}; "
-                                     f"known: {', '.join(trainer.metrics)}")
+    problem = unknown_metric(trainer, metric)
+    if problem:
+        raise _query_error("metric", problem)
     grid: dict[str, list[Any]] = experiment.spec.get("grid", {})
     if factor is not None and factor not in grid:
         raise _query_error("factor", f"{factor!r} is not a factor of experiment "
