@@ -93,6 +93,11 @@ class RunResult:
     provenance: dict[str, Any] = field(default_factory=dict)
     # False when the trainer stopped early because the reporter asked it to.
     finished: bool = True
+    # True when the trainer's divergence metric turned non-finite: `metrics` are then the last
+    # finite point's, and `diverged_at_step` the step of the first non-finite one (None when
+    # only the final value was non-finite).
+    diverged: bool = False
+    diverged_at_step: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -24,17 +24,9 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from trainers.base import (
-    Reporter,
-    ResourceEstimate,
-    RunResult,
-    RunWarning,
-    TrainerConfig,
-    provenance,
-)
+from trainers.base import ResourceEstimate, RunWarning, TrainerConfig
 from trainers.estimates import FLOAT64, INT64, Term, peak
-from trainers.random_sources import random_sources
-from trainers.runtime import deterministic_cpu
+from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 
 class CollapseConfig(TrainerConfig):
@@ -254,7 +246,7 @@ def collapse_estimate(config: CollapseConfig) -> ResourceEstimate:
     return ResourceEstimate(memory, memory_fields, points, ("steps", "log_every"))
 
 
-class CollapseTrainer:
+class CollapseTrainer(TrainerBase):
     name: ClassVar[str] = "collapse"
     description: ClassVar[str] = (
         "Minimal model of representation collapse: free sample and label embeddings, a fraction "
@@ -286,13 +278,13 @@ class CollapseTrainer:
         "eig_w_class",
     )
     primary_metric: ClassVar[str] = "min_l2"
+    divergence_metric: ClassVar[str] = "loss"
+
     def estimate(self, config: CollapseConfig) -> ResourceEstimate:
         return collapse_estimate(config)
 
-    def run(self, config: CollapseConfig, seed: int, reporter: Reporter) -> RunResult:
-        device = torch.device("cpu")
-        deterministic_cpu()
-        rs = random_sources(seed)
+    def train(self, config: CollapseConfig, run: RunContext) -> TrainOutput:
+        rs = run.sources
         dtype = torch.float64
         n, k, d = config.n_samples, config.n_classes, config.dim
         lr, steps, log_every = config.resolved_lr, config.resolved_steps, config.resolved_log_every
@@ -345,7 +337,6 @@ class CollapseTrainer:
         min_l2s: list[float] = []
         spreads: list[float] = []
         last: dict[str, float] = {}
-        stopped = False
         for step in range(steps + 1):
             if step % log_every == 0 or step == steps:
                 with torch.no_grad():
@@ -357,14 +348,9 @@ class CollapseTrainer:
                 times.append(lr * step)
                 min_l2s.append(last["min_l2"])
                 spreads.append(last["label_spread"])
-                reporter.log(step, last)
-                if not math.isfinite(loss) or reporter.should_stop():
-                    stopped = step != steps
+                if run.log(step, last):
                     break
-            if step == steps:
-                break
-            if reporter.should_stop():
-                stopped = True
+            if step == steps or run.should_stop():
                 break
             grads = gradients()
             with torch.no_grad():
@@ -422,13 +408,7 @@ class CollapseTrainer:
                     "at 10% of training",
                 )
             )
-        return RunResult(
-            metrics=metrics,
-            diagnostics=diagnostics,
-            warnings=warnings,
-            provenance=provenance(device, seed, config),
-            finished=not stopped,
-        )
+        return TrainOutput(metrics=metrics, diagnostics=diagnostics, warnings=warnings)
 
     @staticmethod
     @torch.no_grad()

@@ -2,8 +2,9 @@
 
 Each source of seed-to-seed variance gets its own named generator so that a user can hold one
 fixed and vary another: `init` (parameters, fixed random matrices), `data` (splits, subsampling,
-shuffling, label noise) and `augment` (augmentation and other per-step noise). Trainers never
-touch global random state.
+shuffling, label noise) and `augment` (augmentation and other per-step noise). `evaluate` feeds
+evaluation only (say the augmented views of a kNN bank), so that how often a run evaluates never
+changes what it trains. Trainers never touch global random state.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SOURCES = ("init", "data", "augment")
+SOURCES = ("init", "data", "augment", "evaluate")
 
 
 def derive_seed(seed: int, source: str) -> int:
@@ -31,6 +32,7 @@ class RandomSources:
     init: torch.Generator
     data: torch.Generator
     augment: torch.Generator
+    evaluate: torch.Generator
     init_np: np.random.Generator
     data_np: np.random.Generator
     augment_np: np.random.Generator
@@ -39,7 +41,7 @@ class RandomSources:
 def random_sources(
     seed: int, overrides: dict[str, int] | None = None, device: str | torch.device = "cpu"
 ) -> RandomSources:
-    """Generators for the three sources; `overrides` pins a source to another seed."""
+    """Generators for the four sources; `overrides` pins a source to another seed."""
     overrides = overrides or {}
     unknown = set(overrides) - set(SOURCES)
     if unknown:
@@ -55,6 +57,7 @@ def random_sources(
         init=gens["init"],
         data=gens["data"],
         augment=gens["augment"],
+        evaluate=gens["evaluate"],
         init_np=np.random.default_rng(seeds["init"]),
         data_np=np.random.default_rng(seeds["data"]),
         augment_np=np.random.default_rng(seeds["augment"]),

@@ -1,12 +1,98 @@
-"""Process-wide PyTorch settings a trainer applies before it trains."""
+"""One run's set-up and loop contract, shared by every trainer.
+
+A trainer subclasses `TrainerBase` and writes `train(config, run) -> TrainOutput`. Before
+`train` starts, `TrainerBase.run` has set the run up in one place: the device, deterministic
+algorithms on a CPU, the torch thread count, and the run's named random sources. Inside
+`train`, the trainer talks to seedgrid only through the `RunContext`:
+
+    for step in range(steps):
+        ...one optimisation step...
+        if run.should_stop():        # cancelled or diverged: at least once per step
+            break
+        if step % log_every == 0 and run.log(step, {"loss": loss, ...}):
+            break                    # log() answers should_stop() after logging
+
+Divergence is the declared metric (`Trainer.divergence_metric`, "loss" unless a trainer says
+otherwise) turning non-finite in a logged point or in the final metrics: the run then stops, and
+its result keeps the last finite point's metrics and records the step. Every loop must reach
+`should_stop()` or `log()` about once a second of work, so that a cancel ends any run within
+about a second.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import math
+import platform
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pydantic
 import torch
+
+from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning
+from trainers.random_sources import RandomSources, random_sources
+
+TRAINERS_PACKAGE = Path(__file__).resolve().parent
+
+
+@cache
+def seedgrid_version() -> str:
+    """The installed package's version: pyproject.toml is its one source."""
+    try:
+        return importlib.metadata.version("seedgrid")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (seedgrid is not installed)"
+
+
+@cache
+def source_sha256(path: Path) -> str:
+    """sha256 over every .py file under `path` (or of the file itself), by relative path and
+    content: two checkouts that differ in a line of the trainer's code give different hashes."""
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(path.parent)).encode() + b"\0")
+        digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@cache
+def git_commit() -> str | None:
+    """The commit of the checkout the code runs from, read from .git without running git; None
+    for an installed wheel or a copy without .git."""
+    head_file = TRAINERS_PACKAGE.parent / ".git" / "HEAD"
+    try:
+        head = head_file.read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[len("ref: "):]
+        ref_file = head_file.parent / ref
+        if ref_file.exists():
+            return ref_file.read_text().strip()
+        for line in (head_file.parent / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0]
+    except OSError:
+        return None
+    return None
+
+
+def trainer_source(trainer: object) -> Path:
+    """The module file, or the package folder, that defines `trainer`'s class."""
+    module = sys.modules[type(trainer).__module__]
+    file = Path(module.__file__ or "").resolve()
+    if file.parent != TRAINERS_PACKAGE and file.parent.parent == TRAINERS_PACKAGE:
+        return file.parent  # a trainer package such as trainers/feedback/
+    return file
 
 
 def deterministic_cpu() -> None:
-    """Same config and seed on the same CPU give identical metrics (DESIGN.md)."""
+    """Kept while trainers move to TrainerBase.run, which sets this per run."""
     torch.use_deterministic_algorithms(True)
 
 
@@ -17,3 +103,138 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but no GPU is visible to this process")
     return torch.device(name)
+
+
+@dataclass
+class TrainOutput:
+    """What `train` returns: final metrics, a diagnostics summary and warnings."""
+
+    metrics: dict[str, float]
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[RunWarning] = field(default_factory=list)
+
+
+class RunContext:
+    """One run as its trainer sees it: config, seed, device, random sources, and the reporter
+    behind the loop contract (`log`, `should_stop`)."""
+
+    def __init__(self, *, config: pydantic.BaseModel, seed: int, reporter: Reporter,
+                 device: torch.device, sources: RandomSources,
+                 divergence_metric: str | None) -> None:
+        self.config = config
+        self.seed = seed
+        self.device = device
+        self.sources = sources
+        self.divergence_metric = divergence_metric
+        self._reporter = reporter
+        self.cancelled = False
+        self.diverged_at_step: int | None = None
+        self.last_finite: dict[str, float] = {}
+        self.last_finite_step: int | None = None
+
+    def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> bool:
+        """Send one point to the reporter; True when the run must stop now."""
+        values = {name: float(v) for name, v in metrics.items()}
+        self._reporter.log(step, values, epoch=epoch)
+        if self.diverged_at_step is None:
+            if self._diverging(values):
+                self.diverged_at_step = step
+            else:
+                self.last_finite, self.last_finite_step = values, step
+        return self.should_stop()
+
+    def should_stop(self) -> bool:
+        """True once the run was cancelled or diverged: the trainer returns what it has."""
+        if not self.cancelled and self._reporter.should_stop():
+            self.cancelled = True
+        return self.cancelled or self.diverged_at_step is not None
+
+    @property
+    def stopped(self) -> bool:
+        return self.cancelled or self.diverged_at_step is not None
+
+    def _diverging(self, values: dict[str, float]) -> bool:
+        value = values.get(self.divergence_metric) if self.divergence_metric else None
+        return value is not None and not math.isfinite(value)
+
+
+class TrainerBase:
+    """The shared part of every trainer: set-up, the loop contract and the result.
+
+    A trainer declares its name, paper, `Config`, metric and diagnostic names, its primary
+    metric and the metric whose non-finite value means divergence, and writes `train` and
+    `estimate`. Trainer-specific reports over the runs of a whole experiment are declared in
+    `reports` (see trainers.reports)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    paper: ClassVar[str]
+    Config: ClassVar[type[pydantic.BaseModel]]
+    metrics: ClassVar[tuple[str, ...]]
+    diagnostics: ClassVar[tuple[str, ...]]
+    primary_metric: ClassVar[str]
+    # A logged or final value of this metric that is NaN or infinite ends the run as diverged.
+    divergence_metric: ClassVar[str | None] = "loss"
+
+    def device(self, config: Any) -> torch.device:
+        """Where a run of `config` trains: the config's `device` field, else the CPU."""
+        return pick_device(getattr(config, "device", "cpu"))
+
+    def run(self, config: Any, seed: int, reporter: Reporter, *,
+            threads: int | None = None) -> RunResult:
+        """Set the run up, train, and package the result with its provenance.
+
+        `threads`: torch's intra-op thread count for this run (the worker passes the run's
+        CPUs); None keeps the process's current count."""
+        device = self.device(config)
+        # Same config and seed on the same CPU give identical metrics (DESIGN.md); on a GPU
+        # the fast kernels are not all deterministic and the trainers do not ask them to be.
+        torch.use_deterministic_algorithms(device.type == "cpu")
+        if threads is not None:
+            torch.set_num_threads(max(1, threads))
+        context = RunContext(config=config, seed=seed, reporter=reporter, device=device,
+                             sources=random_sources(seed), divergence_metric=self.divergence_metric)
+        output = self.train(config, context)
+        return self._result(context, output)
+
+    def train(self, config: Any, run: RunContext) -> TrainOutput:
+        raise NotImplementedError
+
+    def estimate(self, config: Any) -> ResourceEstimate:
+        raise NotImplementedError
+
+    def provenance(self, run: RunContext) -> dict[str, Any]:
+        """What identifies the code, the platform and the inputs of a result."""
+        return {
+            "seedgrid_version": seedgrid_version(),
+            "trainer_source_sha256": source_sha256(trainer_source(self)),
+            "trainers_sha256": source_sha256(TRAINERS_PACKAGE),
+            "git_commit": git_commit(),
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "device": str(run.device),
+            "torch_threads": torch.get_num_threads(),
+            "seed": run.seed,
+            "config": run.config.model_dump(mode="json"),
+        }
+
+    def _result(self, run: RunContext, output: TrainOutput) -> RunResult:
+        metrics = dict(output.metrics)
+        diagnostics = dict(output.diagnostics)
+        final = metrics.get(self.divergence_metric) if self.divergence_metric else None
+        diverged_at = run.diverged_at_step
+        diverged = diverged_at is not None or (final is not None and not math.isfinite(final))
+        if diverged:
+            # A diverged run's final metrics would be NaN: keep the last finite point's.
+            metrics = dict(run.last_finite)
+            diagnostics["last_finite_step"] = run.last_finite_step
+            diagnostics["diverged_at_step"] = diverged_at
+        return RunResult(
+            metrics=metrics,
+            diagnostics=diagnostics,
+            warnings=output.warnings,
+            provenance=self.provenance(run),
+            finished=not run.cancelled,
+            diverged=diverged,
+            diverged_at_step=diverged_at,
+        )

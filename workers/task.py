@@ -41,25 +41,19 @@ class StreamingReporter:
         self._points: list[list[Any]] = []
         self.wake = threading.Event()
         self.stop_requested = threading.Event()
+        # The last logged point with every value finite: a failed run's metrics.
         self.last_finite: dict[str, float] = {}
-        self.last_finite_step: int | None = None
-        self.diverged_at_step: int | None = None
 
     def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None:
         values = {name: float(v) for name, v in metrics.items()}
-        loss = values.get("loss")
-        if loss is not None and not math.isfinite(loss):
-            if self.diverged_at_step is None:
-                self.diverged_at_step = step
-        elif self.diverged_at_step is None:
+        if all(math.isfinite(v) for v in values.values()):
             self.last_finite = values
-            self.last_finite_step = step
         rows = [[step, epoch, n, v if math.isfinite(v) else None] for n, v in values.items()]
         with self._lock:
             self._points.extend(rows)
 
     def should_stop(self) -> bool:
-        return self.stop_requested.is_set() or self.diverged_at_step is not None
+        return self.stop_requested.is_set()
 
     def drain(self) -> list[list[Any]]:
         with self._lock:
@@ -83,17 +77,11 @@ def _outcome(
         }
     assert result is not None
     payload = result.as_dict()
-    final_loss = result.metrics.get("loss")
-    diverged = reporter.diverged_at_step is not None or (
-        final_loss is not None and not math.isfinite(final_loss)
-    )
+    diverged = result.diverged
     error_text = None
     if diverged:
-        step = reporter.diverged_at_step
+        step = result.diverged_at_step
         error_text = f"non-finite loss at step {step}" if step is not None else "non-finite loss"
-        payload["metrics"] = dict(reporter.last_finite)
-        payload["diagnostics"]["last_finite_step"] = reporter.last_finite_step
-        payload["diagnostics"]["diverged_at_step"] = step
     return {
         "type": "result",
         "status": "diverged" if diverged else "completed",
@@ -103,6 +91,14 @@ def _outcome(
         "provenance": payload["provenance"],
         "error": error_text,
     }
+
+
+def assigned_cpus() -> int | None:
+    """The whole CPUs Ray gave this task (at least 1): the run's torch thread count."""
+    if not ray.is_initialized():
+        return None
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    return max(1, int(cpus))
 
 
 def execute(
@@ -124,7 +120,8 @@ def execute(
     def target() -> None:
         try:
             trainer = get_trainer(trainer_name)
-            box["result"] = trainer.run(trainer.Config.model_validate(config), seed, reporter)
+            box["result"] = trainer.run(trainer.Config.model_validate(config), seed, reporter,
+                                        threads=assigned_cpus())
         except BaseException as exc:  # noqa: BLE001 - every trainer failure becomes a failed run
             box["error"] = exc
         finally:
