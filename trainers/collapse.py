@@ -313,6 +313,7 @@ class CollapseTrainer(TrainerBase):
         w = torch.eye(d, dtype=dtype) if config.stop_gradient else None
 
         params = [t for t in (x, y, w) if t is not None]
+        run.track(*params)
         if config.loss == "cosine":
             for t in params:
                 t.requires_grad_(True)

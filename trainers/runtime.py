@@ -131,6 +131,26 @@ class RunContext:
         self.diverged_at_step: int | None = None
         self.last_finite: dict[str, float] = {}
         self.last_finite_step: int | None = None
+        self._trained: list[torch.Tensor] = []
+
+    def track(self, *trained: torch.nn.Module | torch.Tensor) -> None:
+        """Declare what the run trains (modules or tensors, in a fixed order): its final values
+        are hashed into the provenance's `parameters_sha256`, so that two runs can be compared
+        bit for bit (say at two evaluation frequencies, or on two machines)."""
+        for item in trained:
+            if isinstance(item, torch.nn.Module):
+                self._trained.extend(item.state_dict(keep_vars=True).values())
+            else:
+                self._trained.append(item)
+
+    def parameters_sha256(self) -> str | None:
+        if not self._trained:
+            return None
+        digest = hashlib.sha256()
+        for tensor in self._trained:
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
 
     def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> bool:
         """Send one point to the reporter; True when the run must stop now."""
@@ -216,6 +236,7 @@ class TrainerBase:
             "torch_threads": torch.get_num_threads(),
             "seed": run.seed,
             "config": run.config.model_dump(mode="json"),
+            "parameters_sha256": run.parameters_sha256(),
         }
 
     def _result(self, run: RunContext, output: TrainOutput) -> RunResult:
