@@ -38,7 +38,7 @@ from sqlmodel import Session, select
 
 from api_schemas import MetricPoint, RunStatus
 from service.db import Experiment, Run, make_engine, upgrade_database
-from service.db import MetricPoint as MetricRow
+from service.db import RunMetric as MetricRow
 from service.experiments import RUN_DEFAULTS, condition_key
 from service.protocol import protocol_report
 from service.server import BackgroundServer

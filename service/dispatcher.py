@@ -25,23 +25,22 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.exceptions import RayError, TaskCancelledError
-from sqlalchemy import delete, func, insert, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlmodel import Session, select
+from sqlmodel import Session
 
-from api_schemas import RunStatus, storable_json, storable_text
-from service.db import Experiment, MetricPoint, Run, RunAttempt, masked_url, utcnow
-from service.experiments import refresh_experiment_status
+from api_schemas import RunStatus, storable_text
+from service.db import masked_url
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
+from service.run_store import AttemptKey, RunStore
 from service.settings import Settings
 from workers import run_task
+from workers.messages import MetricBatch, Result, Started
 
 log = logging.getLogger("seedgrid.dispatcher")
 
@@ -56,9 +55,6 @@ STANDBY_POLL_S = 0.5
 LOCK_CHECK_INTERVAL_S = 1.0
 # Base configs of experiments the dispatcher keeps (a spec never changes; the bound is memory).
 MAX_CACHED_CONFIGS = 1024
-# Attempts cut short by a dispatcher that stopped cleanly: recorded, not charged to max_retries.
-INTERRUPTED = "interrupted"
-ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
 
 
 def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]]) -> str | None:
@@ -97,16 +93,21 @@ class InFlight:
     attempt: int
     generator: Any
     cancel_sent_at: float | None = None
-    started: dict[str, Any] = field(default_factory=dict)
+    started: Started | None = None
+
+    @property
+    def key(self) -> AttemptKey:
+        return AttemptKey(run_id=self.run_id, experiment_id=self.experiment_id,
+                          attempt=self.attempt)
 
 
 @dataclass
-class Batch:
-    """Everything one pump of the dispatcher writes, in one transaction."""
+class Harvest:
+    """Everything one pump read from Ray, written in one transaction."""
 
     metrics: list[dict[str, Any]] = field(default_factory=list)
-    started: list[tuple[InFlight, dict[str, Any]]] = field(default_factory=list)
-    results: list[tuple[InFlight, dict[str, Any]]] = field(default_factory=list)
+    started: list[tuple[InFlight, Started]] = field(default_factory=list)
+    results: list[tuple[InFlight, Result]] = field(default_factory=list)
     lost: list[tuple[InFlight, str]] = field(default_factory=list)
     cancelled: list[InFlight] = field(default_factory=list)
     # every flight something above came from, by run id
@@ -115,9 +116,9 @@ class Batch:
     def __bool__(self) -> bool:
         return bool(self.metrics or self.started or self.results or self.lost or self.cancelled)
 
-    def only(self, run_ids: set[int]) -> Batch:
-        """The part of this batch about the given runs."""
-        return Batch(
+    def only(self, run_ids: set[int]) -> Harvest:
+        """The part of this harvest about the given runs."""
+        return Harvest(
             metrics=[m for m in self.metrics if m["run_id"] in run_ids],
             started=[(f, m) for f, m in self.started if f.run_id in run_ids],
             results=[(f, m) for f, m in self.results if f.run_id in run_ids],
@@ -142,8 +143,8 @@ class Dispatcher:
         self._nodes: list[tuple[float, float]] = []
         self._nodes_checked_at = -math.inf
         self._last_lock_check = 0.0
-        # A batch read from Ray whose transaction failed: written before anything else.
-        self._unsaved: Batch | None = None
+        # A harvest read from Ray whose transaction failed: written before anything else.
+        self._unsaved: Harvest | None = None
         self._configs: dict[int, dict[str, Any]] = {}
         self._standby_announced = False
         self._database_unreachable = False
@@ -272,43 +273,11 @@ class Dispatcher:
         ours = {flight.run_id: flight for flight in self.in_flight.values()}
         if self._unsaved is not None:
             ours.update(self._unsaved.flights)
-        now = utcnow()
         with self._session() as session:
-            _lock_experiments(session, session.exec(
-                select(Run.experiment_id).where(Run.status == RunStatus.running.value).distinct()
-            ).all())
-            running = session.exec(select(Run).where(Run.status == RunStatus.running.value)).all()
-            kept = {run.id for run in running
-                    if run.id in ours and ours[run.id].attempt == run.attempts}
-            orphans = [run for run in running if run.id not in kept]
-            for run in orphans:
-                unfinished = (RunAttempt.run_id == run.id, RunAttempt.finished_at.is_(None))  # type: ignore[union-attr]
-                # No worker reported starting it (it waited in Ray's queue when its dispatcher
-                # died): not charged, or a service that crashes a few times in a row would fail
-                # runs that never ran.
-                session.execute(
-                    update(RunAttempt).where(*unfinished, RunAttempt.worker_pid.is_(None))  # type: ignore[union-attr]
-                    .values(outcome=INTERRUPTED, error=ORPHANED, finished_at=now)
-                )
-                session.execute(
-                    update(RunAttempt).where(*unfinished)
-                    .values(outcome="lost", error=ORPHANED, finished_at=now)
-                )
-            interrupted = _interrupted_attempts(session, [run.id for run in orphans])
-            for run in orphans:
-                session.execute(delete(MetricPoint).where(MetricPoint.run_id == run.id))
-                charged = run.attempts - interrupted.get(run.id, 0)
-                if run.cancel_requested:
-                    run.status, run.finished_at = RunStatus.cancelled.value, now
-                elif charged <= run.max_retries:
-                    run.status = RunStatus.queued.value
-                else:
-                    run.status, run.finished_at = RunStatus.failed.value, now
-                    run.error = f"lost on each of {charged} attempts; last: {ORPHANED}"
-                session.add(run)
-            for experiment_id in {run.experiment_id for run in orphans}:
-                refresh_experiment_status(session=session, experiment_id=experiment_id)
-            session.commit()
+            store = RunStore(session)
+            orphans = store.requeue_orphans({i: f.attempt for i, f in ours.items()})
+            store.commit()
+        kept = set(ours) - set(orphans)
         for run_id in [run_id for run_id in self.in_flight if run_id not in kept]:
             # Cooperatively: the trainer returns at its next step and the worker stays warm.
             ray.cancel(self.in_flight.pop(run_id).generator)
@@ -333,35 +302,20 @@ class Dispatcher:
 
     def _save_and_interrupt(self) -> None:
         self._save_unsaved()
-        batch = self._pump(timeout_s=0)  # results Ray already has are kept, not re-run
-        if batch:
-            self._unsaved = batch
+        harvest = self._pump(timeout_s=0)  # results Ray already has are kept, not re-run
+        if harvest:
+            self._unsaved = harvest
             self._save_unsaved()
         if not self.in_flight:
             return
         flights = list(self.in_flight.values())
         for flight in flights:
             ray.cancel(flight.generator, force=True)
-        now = utcnow()
         with self._session() as session:
-            _lock_experiments(session, [flight.experiment_id for flight in flights])
-            for flight in flights:
-                this_attempt = (Run.id == flight.run_id, Run.status == RunStatus.running.value,
-                                Run.attempts == flight.attempt)
-                session.execute(
-                    update(Run).where(*this_attempt, Run.cancel_requested == True)  # noqa: E712
-                    .values(status=RunStatus.cancelled.value, finished_at=now,
-                            error="cancelled while running")
-                )
-                session.execute(
-                    update(Run).where(*this_attempt, Run.cancel_requested == False)  # noqa: E712
-                    .values(status=RunStatus.queued.value)
-                )
-                session.execute(delete(MetricPoint).where(MetricPoint.run_id == flight.run_id))
-                self._end_attempt(session, flight, INTERRUPTED, "the dispatcher stopped")
-            for experiment_id in {flight.experiment_id for flight in flights}:
-                refresh_experiment_status(session=session, experiment_id=experiment_id)
-            session.commit()
+            store = RunStore(session)
+            store.lock_experiments(flight.experiment_id for flight in flights)
+            store.interrupt([flight.key for flight in flights], "the dispatcher stopped")
+            store.commit()
         self.in_flight.clear()
         log.info("put %d runs in flight back in the queue", len(flights))
 
@@ -403,39 +357,39 @@ class Dispatcher:
         self._save_unsaved()
         claimed = self._fill()
         self._forward_cancellations()
-        batch = self._pump(timeout_s=0 if claimed else self.settings.dispatch_poll_interval_s)
-        if batch:
+        harvest = self._pump(timeout_s=0 if claimed else self.settings.dispatch_poll_interval_s)
+        if harvest:
             # Read from Ray once only: kept until a transaction has written it.
-            self._unsaved = batch
+            self._unsaved = harvest
             self._save_unsaved()
 
     def _save_unsaved(self) -> None:
-        """Write the batch read from Ray. When its transaction fails, write it run by run, so
+        """Write the harvest read from Ray. When its transaction fails, write it run by run, so
         that one run whose rows the database refuses can neither hold back nor fail another:
         that run alone ends `failed`, with the reason stored. A failure of the database itself
         (a dropped connection, a lock) keeps what is unwritten for the next loop."""
-        batch = self._unsaved
-        if batch is None:
+        harvest = self._unsaved
+        if harvest is None:
             return
         try:
-            self._persist(batch)
+            self._persist(harvest)
         except Exception as exc:
-            self.lock.check()  # a lost lock is not the batch's fault: LockLost, keep the batch
+            self.lock.check()  # a lost lock is not the harvest's fault: LockLost, keep it
             if _database_trouble(exc):
                 raise  # kept; the loop pauses and writes it again
-            self._persist_run_by_run(batch)
+            self._persist_run_by_run(harvest)
         self._unsaved = None
 
-    def _persist_run_by_run(self, batch: Batch) -> None:
-        """Each run's part of `batch` in its own transaction; a part the database refuses ends
+    def _persist_run_by_run(self, harvest: Harvest) -> None:
+        """Each run's part of `harvest` in its own transaction; a part the database refuses ends
         its run `failed`. What is not written yet (database trouble, a lost lock) stays unsaved,
         never a part already written: that would store its points twice."""
-        remaining = set(batch.flights)
+        remaining = set(harvest.flights)
         trouble: Exception | None = None
         try:
-            for run_id, flight in list(batch.flights.items()):
+            for run_id, flight in list(harvest.flights.items()):
                 try:
-                    self._persist(batch.only({run_id}))
+                    self._persist(harvest.only({run_id}))
                 except Exception as exc:
                     self.lock.check()
                     if _database_trouble(exc):
@@ -446,7 +400,7 @@ class Dispatcher:
                     self._fail_unstorable(flight, storable_text(reason))
                 remaining.discard(run_id)
         finally:
-            self._unsaved = batch.only(remaining) if remaining else None
+            self._unsaved = harvest.only(remaining) if remaining else None
         if trouble is not None:
             raise trouble
 
@@ -455,20 +409,12 @@ class Dispatcher:
         (not retried: the same config would send the same rows again)."""
         if self.in_flight.pop(flight.run_id, None) is not None:
             ray.cancel(flight.generator, force=True)
-        now = utcnow()
         try:
             with self._session() as session:
-                _lock_experiments(session, [flight.experiment_id])
-                ended = session.execute(
-                    update(Run)
-                    .where(Run.id == flight.run_id, Run.status == RunStatus.running.value,
-                           Run.attempts == flight.attempt)
-                    .values(status=RunStatus.failed.value, finished_at=now, error=reason)
-                )
-                if ended.rowcount:
-                    self._end_attempt(session, flight, "failed", reason)
-                refresh_experiment_status(session=session, experiment_id=flight.experiment_id)
-                session.commit()
+                store = RunStore(session)
+                store.lock_experiments([flight.experiment_id])
+                store.fail(flight.key, reason)
+                store.commit()
         except Exception:  # the next dispatcher to take the lock re-queues it as an orphan
             log.exception("run %s: could not store its failure either", flight.run_id)
 
@@ -476,62 +422,30 @@ class Dispatcher:
         free = self.max_in_flight - len(self.in_flight)
         if free <= 0:
             return 0
+        nodes = self._node_capacities()
         with self._session() as session:
-            candidates = session.exec(
-                select(Run.id, Run.experiment_id, Run.attempts, Run.trainer,
-                       Run.condition, Run.seed, Run.num_cpus, Run.num_gpus)
-                .where(Run.status == RunStatus.queued.value)
-                .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
-                .limit(free)
-            ).all()
-            _lock_experiments(session, [row.experiment_id for row in candidates])
-            claimed, refused = [], []
-            nodes = self._node_capacities()
-            for row in candidates:
-                problem = infeasible(row.num_cpus, row.num_gpus, nodes)
-                if problem is not None:
-                    refused.append(row.experiment_id)
-                    self._fail_unschedulable(session, row, problem)
-                    continue
-                result = session.execute(
-                    update(Run)
-                    .where(Run.id == row.id, Run.status == RunStatus.queued.value)
-                    .values(status=RunStatus.running.value, attempts=Run.attempts + 1,
-                            cancel_requested=False)
-                    .execution_options(synchronize_session=False)
-                )
-                if result.rowcount == 1:
-                    claimed.append(row)
-                    session.add(RunAttempt(run_id=row.id, attempt=row.attempts + 1))
-            for experiment_id in {r.experiment_id for r in claimed} | set(refused):
-                refresh_experiment_status(session=session, experiment_id=experiment_id)
-            base = self._base_configs(session, {row.experiment_id for row in claimed})
-            session.commit()
-        for row in claimed:
-            config = {**base[row.experiment_id], **row.condition}
+            store = RunStore(session)
+            claimed = store.claim(free, unschedulable=lambda cpus, gpus: infeasible(cpus, gpus,
+                                                                                   nodes))
+            base = self._base_configs(store, {run.experiment_id for run in claimed})
+            store.commit()
+        for run in claimed:
+            config = {**base[run.experiment_id], **run.condition}
             generator = run_task.options(
-                num_cpus=row.num_cpus, num_gpus=row.num_gpus, name=f"seedgrid-run-{row.id}"
-            ).remote(row.trainer, config, row.seed, self.settings.metrics_batch_interval_s)
-            self.in_flight[row.id] = InFlight(
-                run_id=row.id,
-                experiment_id=row.experiment_id,
-                attempt=row.attempts + 1,
-                generator=generator,
-            )
+                num_cpus=run.num_cpus, num_gpus=run.num_gpus, name=f"seedgrid-run-{run.id}"
+            ).remote(run.trainer, config, run.seed, self.settings.metrics_batch_interval_s)
+            self.in_flight[run.id] = InFlight(run_id=run.id, experiment_id=run.experiment_id,
+                                              attempt=run.attempt, generator=generator)
         return len(claimed)
 
-    def _base_configs(self, session: Session, experiment_ids: set[int]) -> dict[int, Any]:
+    def _base_configs(self, store: RunStore, experiment_ids: set[int]) -> dict[int, Any]:
         """The base config of each experiment (its spec's, stored once), read once each: a
         spec never changes."""
         missing = experiment_ids - set(self._configs)
         if missing:
             if len(self._configs) > MAX_CACHED_CONFIGS:
                 self._configs.clear()
-            for experiment_id, spec in session.exec(
-                select(Experiment.id, Experiment.spec)
-                .where(Experiment.id.in_(sorted(missing)))  # type: ignore[union-attr]
-            ).all():
-                self._configs[experiment_id] = spec.get("config", {})
+            self._configs.update(store.base_configs(missing))
         return {i: self._configs[i] for i in experiment_ids}
 
     def _node_capacities(self) -> list[tuple[float, float]]:
@@ -548,32 +462,13 @@ class Dispatcher:
             self._nodes_checked_at = now
         return self._nodes
 
-    @staticmethod
-    def _fail_unschedulable(session: Session, row: Any, problem: str) -> None:
-        now = utcnow()
-        result = session.execute(
-            update(Run)
-            .where(Run.id == row.id, Run.status == RunStatus.queued.value)
-            .values(status=RunStatus.failed.value, attempts=Run.attempts + 1, error=problem,
-                    finished_at=now)
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount == 1:
-            session.add(RunAttempt(run_id=row.id, attempt=row.attempts + 1, outcome="failed",
-                                   error=problem, finished_at=now))
-
     def _forward_cancellations(self) -> None:
         now = time.monotonic()
         if not self.in_flight or now - self._last_cancel_check < CANCEL_CHECK_INTERVAL_S:
             return
         self._last_cancel_check = now
         with self._session() as session:
-            ids = session.exec(
-                select(Run.id).where(
-                    Run.id.in_(list(self.in_flight)),  # type: ignore[union-attr]
-                    Run.cancel_requested == True,  # noqa: E712
-                )
-            ).all()
+            ids = RunStore(session).cancel_requested(self.in_flight)
         for run_id in ids:
             flight = self.in_flight.get(run_id)
             if flight is None:
@@ -584,12 +479,12 @@ class Dispatcher:
             elif now - flight.cancel_sent_at > FORCE_CANCEL_AFTER_S:
                 ray.cancel(flight.generator, force=True)
 
-    def _pump(self, timeout_s: float) -> Batch:
-        batch = Batch()
+    def _pump(self, timeout_s: float) -> Harvest:
+        harvest = Harvest()
         if not self.in_flight:
             if timeout_s:
                 self._stop.wait(timeout_s)
-            return batch
+            return harvest
         by_generator = {id(f.generator): f for f in self.in_flight.values()}
         generators = [f.generator for f in self.in_flight.values()]
         ready, _ = ray.wait(generators, num_returns=1, timeout=timeout_s)
@@ -597,11 +492,11 @@ class Dispatcher:
             ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
         for generator in ready:
             flight = by_generator[id(generator)]
-            batch.flights[flight.run_id] = flight
-            self._drain(flight, batch)
-        return batch
+            harvest.flights[flight.run_id] = flight
+            self._drain(flight, harvest)
+        return harvest
 
-    def _drain(self, flight: InFlight, batch: Batch) -> None:
+    def _drain(self, flight: InFlight, harvest: Harvest) -> None:
         """Read every message the task has ready now."""
         generator = flight.generator
         while True:
@@ -610,137 +505,58 @@ class Dispatcher:
                 message = ray.get(ref)
             except StopIteration:
                 if flight.run_id in self.in_flight:
-                    batch.lost.append((flight, "the task ended without a result"))
+                    harvest.lost.append((flight, "the task ended without a result"))
                     del self.in_flight[flight.run_id]
                 return
             except TaskCancelledError:
-                batch.cancelled.append(flight)
+                harvest.cancelled.append(flight)
                 del self.in_flight[flight.run_id]
                 return
             except RayError as exc:
                 if isinstance(getattr(exc, "cause", None), TaskCancelledError):
-                    batch.cancelled.append(flight)
+                    harvest.cancelled.append(flight)
                 else:
                     reason = storable_text(f"{type(exc).__name__}: {_first_line(exc)}")
-                    batch.lost.append((flight, reason))
+                    harvest.lost.append((flight, reason))
                 del self.in_flight[flight.run_id]
                 return
-            kind = message["type"]
-            if kind == "started":
+            if isinstance(message, Started):
                 flight.started = message
-                batch.started.append((flight, message))
-            elif kind == "metrics":
-                batch.metrics += [
+                harvest.started.append((flight, message))
+            elif isinstance(message, MetricBatch):
+                harvest.metrics += [
                     {"run_id": flight.run_id, "step": s, "epoch": e, "name": n, "value": v}
-                    for s, e, n, v in message["points"]
+                    for s, e, n, v in message.points
                 ]
-            elif kind == "result":
-                # Whatever the worker sent, every string becomes storable (no NUL, no lone
-                # surrogate, bounded): a run's own text must not make its results unstorable.
-                batch.results.append((flight, storable_json(message, max_length=None)))
+            elif isinstance(message, Result):
+                harvest.results.append((flight, message.storable()))
                 del self.in_flight[flight.run_id]
                 return
             if not generator.next_ready():
                 return
 
     # -- persistence ---------------------------------------------------------------------------
-    def _persist(self, batch: Batch) -> None:
-        now = utcnow()
-        touched: set[int] = set()
+    def _persist(self, harvest: Harvest) -> None:
         with self._session() as session:
-            _lock_experiments(session, [flight.experiment_id for flight in batch.flights.values()])
-            for flight, message in batch.started:
-                session.execute(
-                    update(Run)
-                    .where(Run.id == flight.run_id, Run.attempts == flight.attempt)
-                    .values(started_at=now, node_id=message["node_id"],
-                            worker_id=message["worker_id"], worker_pid=message["pid"])
-                )
-                session.execute(
-                    update(RunAttempt)
-                    .where(RunAttempt.run_id == flight.run_id,
-                           RunAttempt.attempt == flight.attempt)
-                    .values(node_id=message["node_id"], worker_pid=message["pid"])
-                )
-            if batch.metrics:
-                session.execute(insert(MetricPoint), batch.metrics)
-            for flight, message in batch.results:
-                provenance = {**message["provenance"], "hostname": flight.started.get("hostname"),
+            store = RunStore(session)
+            store.lock_experiments(flight.experiment_id for flight in harvest.flights.values())
+            for flight, started in harvest.started:
+                store.start(flight.key, node_id=started.node_id, worker_id=started.worker_id,
+                            pid=started.pid)
+            store.record_points(harvest.metrics)
+            for flight, result in harvest.results:
+                hostname = flight.started.hostname if flight.started else None
+                provenance = {**result.provenance, "hostname": hostname,
                               "attempt": flight.attempt, "dispatcher": self.identity}
-                session.execute(
-                    update(Run)
-                    .where(Run.id == flight.run_id, Run.status == RunStatus.running.value,
-                           Run.attempts == flight.attempt)
-                    .values(status=message["status"], metrics=message["metrics"],
-                            diagnostics=message["diagnostics"], warnings=message["warnings"],
-                            provenance=provenance, error=message["error"], finished_at=now)
-                )
-                self._end_attempt(session, flight, message["status"], message["error"])
-                touched.add(flight.experiment_id)
-            for flight in batch.cancelled:
-                session.execute(
-                    update(Run)
-                    .where(Run.id == flight.run_id, Run.status == RunStatus.running.value)
-                    .values(status=RunStatus.cancelled.value, finished_at=now,
-                            error="cancelled while running")
-                )
-                self._end_attempt(session, flight, "cancelled", None)
-                touched.add(flight.experiment_id)
-            for flight, reason in batch.lost:
-                self._handle_lost(session, flight, reason, now)
-                touched.add(flight.experiment_id)
-            for experiment_id in touched:
-                refresh_experiment_status(session=session, experiment_id=experiment_id)
-            session.commit()
-
-    def _handle_lost(self, session: Session, flight: InFlight, reason: str, now: Any) -> None:
-        run = session.get(Run, flight.run_id)
-        if run is None or run.status != RunStatus.running.value:
-            return
-        self._end_attempt(session, flight, "lost", reason)
-        charged = run.attempts - _interrupted_attempts(session, [run.id]).get(run.id, 0)
-        if run.cancel_requested:
-            run.status, run.finished_at, run.error = RunStatus.cancelled.value, now, "cancelled"
-        elif charged <= run.max_retries:
-            log.warning("run %s was lost (%s); retrying", run.id, reason)
-            run.status = RunStatus.queued.value
-            session.execute(delete(MetricPoint).where(MetricPoint.run_id == run.id))
-        else:
-            run.status, run.finished_at = RunStatus.failed.value, now
-            run.error = f"lost on each of {charged} attempts; last: {reason}"
-        session.add(run)
-
-    @staticmethod
-    def _end_attempt(session: Session, flight: InFlight, outcome: str, error: str | None) -> None:
-        session.execute(
-            update(RunAttempt)
-            .where(RunAttempt.run_id == flight.run_id, RunAttempt.attempt == flight.attempt)
-            .values(outcome=outcome, error=error, finished_at=utcnow())
-        )
-
-
-def _lock_experiments(session: Session, experiment_ids: Iterable[int]) -> None:
-    """Lock these experiments' rows, in id order, before any of their runs' rows: the API's
-    cancel locks an experiment and then its runs, and taking them in the same order keeps the
-    two from deadlocking on PostgreSQL. (SQLite locks the whole database: nothing to do.)"""
-    ids = sorted(set(experiment_ids))
-    if ids and session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            select(Experiment.id).where(Experiment.id.in_(ids))  # type: ignore[union-attr]
-            .order_by(Experiment.id).with_for_update()
-        )
-
-
-def _interrupted_attempts(session: Session, run_ids: list[int]) -> dict[int, int]:
-    """Per run, its attempts cut short by a dispatcher that stopped (not charged)."""
-    if not run_ids:
-        return {}
-    rows = session.execute(
-        select(RunAttempt.run_id, func.count())
-        .where(RunAttempt.run_id.in_(run_ids), RunAttempt.outcome == INTERRUPTED)  # type: ignore[attr-defined]
-        .group_by(RunAttempt.run_id)
-    ).all()
-    return {run_id: count for run_id, count in rows}
+                store.finish(flight.key, status=result.status, metrics=result.metrics,
+                             diagnostics=result.diagnostics, warnings=result.warnings,
+                             provenance=provenance, error=result.error)
+            for flight in harvest.cancelled:
+                store.end_cancelled(flight.key)
+            for flight, reason in harvest.lost:
+                if store.lose(flight.key, reason) is RunStatus.queued:
+                    log.warning("run %s was lost (%s); retrying", flight.run_id, reason)
+            store.commit()
 
 
 def _database_trouble(exc: BaseException) -> bool:

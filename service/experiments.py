@@ -5,15 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections import Counter
 from typing import Any
 
 import pydantic
-from sqlalchemy import func, insert, text, update
+from sqlalchemy import text
 from sqlmodel import Session, select
 
 from api_schemas import (
-    ExperimentCounts,
     ExperimentDetail,
     ExperimentSpec,
     ExperimentStatus,
@@ -22,17 +20,13 @@ from api_schemas import (
     RunOut,
     RunStatus,
 )
-from service.db import Experiment, Run, RunAttempt, utcnow
+from service.db import Experiment, Run, RunAttempt
+from service.run_store import RunStore, experiment_counts
 from service.settings import Settings
 from trainers import REGISTRY, Trainer
 
 # Any fixed 64-bit number: the PostgreSQL advisory lock submissions take to count the queue.
 SUBMIT_LOCK_KEY = 0x5EED_6121_D000_0003
-# Columns of a new run that the insert does not set (bulk inserts skip the models' defaults).
-RUN_DEFAULTS: dict[str, Any] = {
-    "status": RunStatus.queued.value, "attempts": 0, "cancel_requested": False, "metrics": {},
-    "diagnostics": {}, "warnings": [], "provenance": {},
-}
 
 
 class SpecError(Exception):
@@ -214,12 +208,6 @@ class QueueFull(Exception):
             f"{cap:,} queued runs (SEEDGRID_MAX_QUEUED_RUNS); retry when runs have ended")
 
 
-def _queued_runs(session: Session) -> int:
-    return session.exec(
-        select(func.count()).select_from(Run).where(Run.status == RunStatus.queued.value)
-    ).one()
-
-
 def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Settings) -> Experiment:
     """Validate, expand into condition x seed runs and store everything in one transaction.
     The spec's config is stored once, with the experiment; a run stores its condition."""
@@ -230,7 +218,8 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
     if session.get_bind().dialect.name == "postgresql":
         # Submissions count the queue one at a time, or two could each fit under the cap.
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
-    queued = _queued_runs(session)
+    store = RunStore(session)
+    queued = store.queued_runs()
     if queued + n_runs > cap:
         raise QueueFull(queued, n_runs, cap)
     experiment = Experiment(
@@ -241,22 +230,21 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
         priority=spec.priority,
         n_conditions=len(conditions),
         n_runs=n_runs,
+        runs_queued=n_runs,
     )
     session.add(experiment)
     session.flush()
     assert experiment.id is not None
-    shared = {**RUN_DEFAULTS, "experiment_id": experiment.id, "trainer": trainer.name,
-              "priority": spec.priority, "max_retries": spec.max_retries,
-              "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus,
-              "created_at": utcnow()}
-    session.execute(insert(Run), [
-        {**shared, "condition_key": condition_key(condition), "condition": condition,
-         "seed": seed}
+    shared = {"trainer": trainer.name, "priority": spec.priority,
+              "max_retries": spec.max_retries, "num_cpus": spec.resources.num_cpus,
+              "num_gpus": spec.resources.num_gpus}
+    store.create_runs(experiment, [
+        {"condition_key": condition_key(condition), "condition": condition, "seed": seed}
         for condition in conditions for seed in seeds
-    ])
+    ], shared)
     # On SQLite the insert holds the database's write lock: counted again now, the queue
     # includes every submission that committed meanwhile.
-    if _queued_runs(session) > cap:
+    if store.queued_runs() > cap:
         session.rollback()
         raise QueueFull(queued, n_runs, cap)
     session.commit()
@@ -271,40 +259,6 @@ def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
     return experiment
 
 
-def run_counts(*, session: Session, experiment_ids: list[int]) -> dict[int, ExperimentCounts]:
-    rows = session.exec(
-        select(Run.experiment_id, Run.status, func.count())
-        .where(Run.experiment_id.in_(experiment_ids))  # type: ignore[attr-defined]
-        .group_by(Run.experiment_id, Run.status)
-    ).all()
-    counts: dict[int, Counter[str]] = {i: Counter() for i in experiment_ids}
-    for experiment_id, status, n in rows:
-        counts[experiment_id][status] = n
-    return {i: ExperimentCounts(**c) for i, c in counts.items()}
-
-
-def refresh_experiment_status(*, session: Session, experiment_id: int) -> None:
-    """Derive the experiment's status from its runs (no commit)."""
-    experiment = session.get(Experiment, experiment_id)
-    if experiment is None:
-        return
-    c = run_counts(session=session, experiment_ids=[experiment_id])[experiment_id]
-    ended = c.queued == 0 and c.running == 0
-    if experiment.cancel_requested:
-        status = ExperimentStatus.cancelled
-    elif ended:
-        status = (ExperimentStatus.completed if c.completed == experiment.n_runs
-                  else ExperimentStatus.partial)
-    elif c.running or c.completed or c.failed or c.diverged or c.cancelled:
-        status = ExperimentStatus.running
-    else:
-        status = ExperimentStatus.queued
-    experiment.status = status.value
-    if ended and experiment.finished_at is None:
-        experiment.finished_at = utcnow()
-    session.add(experiment)
-
-
 def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
     """Queued runs become cancelled now; running ones are flagged for the dispatcher to cancel.
 
@@ -317,70 +271,32 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
         raise Conflict(f"experiment {experiment_id} was cancelled already")
     if experiment.status in {ExperimentStatus.completed, ExperimentStatus.partial}:
         raise Conflict(f"experiment {experiment_id} has already ended ({experiment.status})")
-    experiment.cancel_requested = True
-    session.add(experiment)
-    now = utcnow()
-    session.execute(
-        update(Run)
-        .where(Run.experiment_id == experiment_id, Run.status == RunStatus.queued.value)
-        .values(status=RunStatus.cancelled.value, finished_at=now, error="cancelled before start")
-    )
-    session.execute(
-        update(Run)
-        .where(Run.experiment_id == experiment_id, Run.status == RunStatus.running.value)
-        .values(cancel_requested=True)
-    )
-    refresh_experiment_status(session=session, experiment_id=experiment_id)
-    session.commit()
+    store = RunStore(session)
+    store.cancel_experiment(experiment)
+    store.commit()
     session.refresh(experiment)
     return experiment
 
 
-def experiment_summary(experiment: Experiment, counts: ExperimentCounts) -> ExperimentSummary:
+def experiment_summary(experiment: Experiment) -> ExperimentSummary:
     assert experiment.id is not None
     return ExperimentSummary(
         id=experiment.id,
         name=experiment.name,
         trainer=experiment.trainer,
-        status=ExperimentStatus(experiment.status),
-        counts=counts,
+        status=experiment.status,
+        counts=experiment_counts(experiment),
         n_runs=experiment.n_runs,
         created_at=experiment.created_at,
         finished_at=experiment.finished_at,
     )
 
 
-def _with_counts(query: Any) -> Any:
-    """`query` over Experiment plus one count column per run status.
-
-    The experiment row and its counts must come from one statement: as two statements, a
-    dispatcher committing between them (PostgreSQL's READ COMMITTED and SQLite's autocommit
-    reads each take a new snapshot per statement) gave an experiment still `running` beside
-    counts in which every run had ended.
-    """
-    counts = [
-        select(func.count())
-        .where(Run.experiment_id == Experiment.id, Run.status == status.value)
-        .correlate(Experiment)
-        .scalar_subquery()
-        .label(status.value)
-        for status in RunStatus
-    ]
-    return query.add_columns(*counts)
-
-
-def _counts(row: Any) -> ExperimentCounts:
-    return ExperimentCounts(**{status.value: row[i + 1] for i, status in enumerate(RunStatus)})
-
-
 def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDetail:
-    row = session.execute(
-        _with_counts(select(Experiment)).where(Experiment.id == experiment_id)  # type: ignore[arg-type]
-    ).first()
-    if row is None:
-        raise NotFound(f"experiment {experiment_id} not found")
-    experiment = row[0]
-    summary = experiment_summary(experiment, _counts(row))
+    # Status and counts come from one row: one snapshot, never a status beside counts read
+    # after a dispatcher commit.
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    summary = experiment_summary(experiment)
     return ExperimentDetail(
         **summary.model_dump(),
         spec=ExperimentSpec.model_validate(experiment.spec),
@@ -391,11 +307,11 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
 def list_experiments(
     *, session: Session, status: ExperimentStatus | None, limit: int, offset: int
 ) -> list[ExperimentSummary]:
-    query = _with_counts(select(Experiment)).order_by(Experiment.id.desc())  # type: ignore[union-attr]
+    query = select(Experiment).order_by(Experiment.id.desc())  # type: ignore[union-attr]
     if status is not None:
-        query = query.where(Experiment.status == status.value)
-    rows = session.execute(query.offset(offset).limit(limit)).all()
-    return [experiment_summary(row[0], _counts(row)) for row in rows]
+        query = query.where(Experiment.status == status)
+    experiments = session.exec(query.offset(offset).limit(limit)).all()
+    return [experiment_summary(experiment) for experiment in experiments]
 
 
 def run_out(run: Run) -> RunOut:
@@ -406,7 +322,7 @@ def run_out(run: Run) -> RunOut:
         condition=run.condition,
         condition_key=run.condition_key,
         seed=run.seed,
-        status=RunStatus(run.status),
+        status=run.status,
         attempts=run.attempts,
         metrics=run.metrics,
         diagnostics=run.diagnostics,
@@ -425,7 +341,7 @@ def list_runs(
     get_experiment(session=session, experiment_id=experiment_id)
     query = select(Run).where(Run.experiment_id == experiment_id)
     if status is not None:
-        query = query.where(Run.status == status.value)
+        query = query.where(Run.status == status)
     runs = session.exec(query.order_by(Run.id).offset(offset).limit(limit)).all()  # type: ignore[arg-type]
     return [run_out(r) for r in runs]
 

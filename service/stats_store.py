@@ -64,7 +64,7 @@ def stats_json(
     page = f"{factor or ''}|{offset}|{'all' if limit is None else limit}"
     n_completed = session.execute(
         select(func.count()).select_from(Run).where(
-            Run.experiment_id == experiment.id, Run.status == RunStatus.completed.value)
+            Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
     ).scalar_one()
     stored = session.execute(
         select(StatsCache.n_completed, StatsCache.payload).where(
@@ -76,7 +76,7 @@ def stats_json(
 
     rows = session.execute(
         select(Run.condition, Run.condition_key, Run.metrics)
-        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed.value)
+        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
         .order_by(Run.id)
     ).all()
     values = [(condition, key, float(metrics[metric])) for condition, key, metrics in rows

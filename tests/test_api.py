@@ -257,9 +257,11 @@ def test_trainer_exception_makes_the_run_failed_with_its_message(service: Servic
     # A stored run whose config its trainer rejects (say, written by an older seedgrid).
     ((new_id,),) = service.sql(
         "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
-        "n_conditions, n_runs, cancel_requested, created_at) VALUES ('old', 'collapse', "
+        "n_conditions, n_runs, runs_queued, cancel_requested, created_at) VALUES ('old', "
+        "'collapse', "
         "'{\"name\": \"old\", \"trainer\": \"collapse\", \"config\": {\"retired_field\": 1}, "
-        "\"grid\": {}}', 'min_l2', 'queued', 0, 1, 1, false, '2026-01-01 00:00:00') RETURNING id",
+        "\"grid\": {}}', 'min_l2', 'queued', 0, 1, 1, 1, false, '2026-01-01 00:00:00') "
+        "RETURNING id",
     )
     service.sql(
         "INSERT INTO run (experiment_id, condition_key, condition, seed, "
@@ -294,7 +296,9 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
         first.sql("DELETE FROM metricpoint WHERE run_id = :id AND step > 100", id=run_id)
         first.sql("UPDATE runattempt SET outcome = NULL, finished_at = NULL, worker_pid = :pid "
                   "WHERE run_id = :id", id=run_id, pid=pid)
-    first.sql("UPDATE experiment SET status = 'running', finished_at = NULL")
+    # as the runs store keeps them: one run completed, two running
+    first.sql("UPDATE experiment SET status = 'running', finished_at = NULL, "
+              "runs_completed = 1, runs_running = 2")
 
     second = start_service("restart.db")
     assert second.wait(created["id"])["status"] == "completed"

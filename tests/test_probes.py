@@ -214,9 +214,9 @@ def test_nul_in_a_workers_error_is_stored_sanitised(service: Service) -> None:
     text refuses NUL) instead of failing the write."""
     ((experiment_id,),) = service.sql(
         "INSERT INTO experiment (name, trainer, spec, metric, status, priority, n_conditions, "
-        "n_runs, cancel_requested, created_at) VALUES ('old', 'collapse', "
+        "n_runs, runs_queued, cancel_requested, created_at) VALUES ('old', 'collapse', "
         "'{\"name\": \"old\", \"trainer\": \"collapse\", \"grid\": {}, \"config\": {}}', "
-        "'min_l2', 'queued', 0, 1, 1, false, '2026-01-01 00:00:00') RETURNING id")
+        "'min_l2', 'queued', 0, 1, 1, 1, false, '2026-01-01 00:00:00') RETURNING id")
     service.sql(
         "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, status, "
         "priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, metrics, "

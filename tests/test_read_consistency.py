@@ -9,17 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import event
 from sqlmodel import Session
 
 from api_schemas import ExperimentSpec, ExperimentStatus, RunStatus
-from service.db import Experiment, Run, make_engine, upgrade_database
-from service.experiments import (
-    create_experiment,
-    experiment_detail,
-    list_experiments,
-    refresh_experiment_status,
-)
+from service.db import Experiment, make_engine, upgrade_database
+from service.experiments import create_experiment, experiment_detail, list_experiments
+from service.run_store import AttemptKey, RunStore
 from service.settings import Settings
 
 
@@ -44,9 +40,9 @@ def _running_experiment(url: str) -> int:
             experiment = create_experiment(session=session, spec=spec,
                                            settings=Settings(database_url=url))
             assert experiment.id is not None
-            session.execute(update(Run).values(status=RunStatus.running.value))
-            refresh_experiment_status(session=session, experiment_id=experiment.id)
-            session.commit()
+            store = RunStore(session)
+            assert len(store.claim(10)) == 4
+            store.commit()
             return experiment.id
     finally:
         engine.dispose()
@@ -57,9 +53,12 @@ def _finish_all_runs(url: str, experiment_id: int) -> None:
     engine = make_engine(url)
     try:
         with Session(engine) as session:
-            session.execute(update(Run).values(status=RunStatus.completed.value))
-            refresh_experiment_status(session=session, experiment_id=experiment_id)
-            session.commit()
+            store = RunStore(session)
+            for run_id in range(1, 5):
+                store.finish(AttemptKey(run_id=run_id, experiment_id=experiment_id, attempt=1),
+                             status=RunStatus.completed, metrics={}, diagnostics={},
+                             warnings=[], provenance={}, error=None)
+            store.commit()
     finally:
         engine.dispose()
 

@@ -1,0 +1,400 @@
+"""The runs store: every change of a run's state, as named operations on one session.
+
+The only module that assigns a run's status (MLflow's tracking store is the model: callers say
+`claim`, `finish`, `lose` and never write SQL for a run). The state machine:
+
+    queued --claim--> running --finish--> completed | failed | diverged
+       |                 |  --end_cancelled / cancel flag--> cancelled
+       |                 |  --lose--> queued (retry) | failed (out of retries) | cancelled
+       |                 |  --interrupt--> queued (not charged) | cancelled
+       |                 `--fail--> failed (its rows cannot be stored)
+       `--cancel_experiment / unschedulable--> cancelled | failed
+
+Each operation costs O(the runs it touches): the experiment keeps its run counts per status
+(`Experiment.runs_<status>`), moved by the same transaction that moves a run, so the
+experiment's status is derived from one row. `RunStore.commit` applies the counts and statuses
+of the experiments touched, then commits.
+
+Concurrency: the dispatcher and the API's cancel both lock an experiment's row before its runs'
+(`lock_experiments`), in id order, so the two never deadlock on PostgreSQL; SQLite locks the
+whole database.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, insert, update
+from sqlmodel import Session, select
+
+from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus
+from service.db import AttemptOutcome, Experiment, Run, RunAttempt, RunMetric, utcnow
+
+ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
+ENDED = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.diverged,
+                   RunStatus.cancelled})
+
+
+def count_column(status: RunStatus) -> Any:
+    """The experiment's column that counts its runs in `status`."""
+    return getattr(Experiment, f"runs_{status.value}")
+
+
+def experiment_counts(experiment: Experiment) -> ExperimentCounts:
+    return ExperimentCounts(**{s.value: getattr(experiment, f"runs_{s.value}") for s in RunStatus})
+
+
+def retry_decision(*, cancel_requested: bool, charged_attempts: int, max_retries: int,
+                   reason: str) -> tuple[RunStatus, str | None]:
+    """What a run whose attempt was lost (worker or node died, dispatcher gone) becomes: the
+    one retry policy. A cancel asked for wins; then the run is re-queued while its charged
+    attempts are within max_retries + 1; then it fails with the last reason."""
+    if cancel_requested:
+        return RunStatus.cancelled, "cancelled"
+    if charged_attempts <= max_retries:
+        return RunStatus.queued, None
+    return RunStatus.failed, f"lost on each of {charged_attempts} attempts; last: {reason}"
+
+
+def experiment_status(*, cancel_requested: bool, n_runs: int,
+                      counts: ExperimentCounts) -> ExperimentStatus:
+    """An experiment's status from its run counts."""
+    if cancel_requested:
+        return ExperimentStatus.cancelled
+    if counts.queued == 0 and counts.running == 0:
+        return (ExperimentStatus.completed if counts.completed == n_runs
+                else ExperimentStatus.partial)
+    if counts.running or counts.completed or counts.failed or counts.diverged or counts.cancelled:
+        return ExperimentStatus.running
+    return ExperimentStatus.queued
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    """A queued run the store just made `running`, with what its task needs."""
+
+    id: int
+    experiment_id: int
+    attempt: int
+    trainer: str
+    condition: dict[str, Any]
+    seed: int
+    num_cpus: float
+    num_gpus: float
+
+
+@dataclass(frozen=True)
+class AttemptKey:
+    """Which attempt of which run an operation is about: a message from an older attempt (a
+    run lost and re-queued meanwhile) must change nothing."""
+
+    run_id: int
+    experiment_id: int
+    attempt: int
+
+
+class RunStore:
+    """Run state changes within one session; `commit()` makes them durable together."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._moves: defaultdict[int, Counter[RunStatus]] = defaultdict(Counter)
+        self._touched: set[int] = set()
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _moved(self, experiment_id: int, old: RunStatus, new: RunStatus, n: int = 1) -> None:
+        if n and old != new:
+            self._moves[experiment_id][old] -= n
+            self._moves[experiment_id][new] += n
+        self._touched.add(experiment_id)
+
+    def commit(self) -> None:
+        """Apply the experiments' count changes, derive their statuses, commit."""
+        self.flush_counts()
+        self.session.commit()
+
+    def flush_counts(self) -> None:
+        for experiment_id in sorted(self._touched):
+            moves = {count_column(s).key: count_column(s) + n
+                     for s, n in self._moves.get(experiment_id, Counter()).items() if n}
+            if moves:
+                self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
+                                     .values(**moves).execution_options(synchronize_session=False))
+            self._refresh_status(experiment_id)
+        self._moves.clear()
+        self._touched.clear()
+
+    def _refresh_status(self, experiment_id: int) -> None:
+        row = self.session.execute(
+            select(Experiment.n_runs, Experiment.cancel_requested, Experiment.finished_at,
+                   *(count_column(s) for s in RunStatus))
+            .where(Experiment.id == experiment_id)
+        ).first()
+        if row is None:
+            return
+        counts = ExperimentCounts(**{s.value: row[3 + i] for i, s in enumerate(RunStatus)})
+        status = experiment_status(cancel_requested=row.cancel_requested, n_runs=row.n_runs,
+                                   counts=counts)
+        values: dict[str, Any] = {"status": status}
+        if counts.queued == 0 and counts.running == 0 and row.finished_at is None:
+            values["finished_at"] = utcnow()
+        self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
+                             .values(**values).execution_options(synchronize_session=False))
+
+    def lock_experiments(self, experiment_ids: Iterable[int]) -> None:
+        """Lock these experiments' rows, in id order, before any of their runs' rows: the API's
+        cancel locks an experiment and then its runs, and taking them in the same order keeps
+        the two from deadlocking on PostgreSQL. (SQLite locks the whole database.)"""
+        ids = sorted(set(experiment_ids))
+        if ids and self.session.get_bind().dialect.name == "postgresql":
+            self.session.execute(
+                select(Experiment.id).where(Experiment.id.in_(ids))  # type: ignore[union-attr]
+                .order_by(Experiment.id).with_for_update()
+            )
+
+    # -- creating and reading ------------------------------------------------------------------
+    def create_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]],
+                    shared: dict[str, Any]) -> None:
+        """Insert an experiment's runs, all queued (the experiment was created with
+        runs_queued = n_runs)."""
+        defaults = {"status": RunStatus.queued, "attempts": 0, "cancel_requested": False,
+                    "metrics": {}, "diagnostics": {}, "warnings": [], "provenance": {},
+                    "experiment_id": experiment.id, "created_at": utcnow()}
+        self.session.execute(insert(Run), [{**defaults, **shared, **row} for row in rows])
+
+    def queued_runs(self) -> int:
+        return self.session.exec(
+            select(func.count()).select_from(Run).where(Run.status == RunStatus.queued)
+        ).one()
+
+    def base_configs(self, experiment_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Each experiment's base config (its spec's, stored once with the experiment)."""
+        rows = self.session.exec(
+            select(Experiment.id, Experiment.spec)
+            .where(Experiment.id.in_(sorted(experiment_ids)))  # type: ignore[union-attr]
+        ).all()
+        return {experiment_id: spec.get("config", {}) for experiment_id, spec in rows}
+
+    def cancel_requested(self, run_ids: Iterable[int]) -> list[int]:
+        """Of these runs, the ones a cancel was asked for."""
+        return list(self.session.exec(
+            select(Run.id).where(Run.id.in_(list(run_ids)),  # type: ignore[union-attr]
+                                 Run.cancel_requested == True)  # noqa: E712
+        ).all())
+
+    # -- claiming ------------------------------------------------------------------------------
+    def claim(self, limit: int, *, unschedulable: Any = None) -> list[ClaimedRun]:
+        """Up to `limit` queued runs in claim order (priority first, then oldest) become
+        running, each with a new attempt. `unschedulable(num_cpus, num_gpus)` says why no node
+        can ever hold a run (it then fails now) or None."""
+        candidates = self.session.exec(
+            select(Run.id, Run.experiment_id, Run.attempts, Run.trainer, Run.condition,
+                   Run.seed, Run.num_cpus, Run.num_gpus)
+            .where(Run.status == RunStatus.queued)
+            .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
+            .limit(limit)
+        ).all()
+        self.lock_experiments(row.experiment_id for row in candidates)
+        claimed = []
+        for row in candidates:
+            problem = unschedulable(row.num_cpus, row.num_gpus) if unschedulable else None
+            to = RunStatus.failed if problem is not None else RunStatus.running
+            values: dict[str, Any] = {"status": to, "attempts": Run.attempts + 1}
+            if problem is not None:
+                values.update(error=problem, finished_at=utcnow())
+            else:
+                values["cancel_requested"] = False
+            moved = self.session.execute(
+                update(Run).where(Run.id == row.id, Run.status == RunStatus.queued)
+                .values(**values).execution_options(synchronize_session=False)
+            ).rowcount
+            if moved != 1:
+                continue
+            self._moved(row.experiment_id, RunStatus.queued, to)
+            attempt = row.attempts + 1
+            if problem is not None:
+                self.session.add(RunAttempt(run_id=row.id, attempt=attempt,
+                                            outcome=AttemptOutcome.failed, error=problem,
+                                            finished_at=utcnow()))
+                continue
+            self.session.add(RunAttempt(run_id=row.id, attempt=attempt))
+            claimed.append(ClaimedRun(id=row.id, experiment_id=row.experiment_id,
+                                      attempt=attempt, trainer=row.trainer,
+                                      condition=row.condition, seed=row.seed,
+                                      num_cpus=row.num_cpus, num_gpus=row.num_gpus))
+        return claimed
+
+    # -- a running attempt ---------------------------------------------------------------------
+    def start(self, attempt: AttemptKey, *, node_id: str | None, worker_id: str | None,
+              pid: int | None) -> None:
+        """The worker began the attempt: where it runs."""
+        self.session.execute(
+            update(Run).where(Run.id == attempt.run_id, Run.attempts == attempt.attempt)
+            .values(started_at=utcnow(), node_id=node_id, worker_id=worker_id, worker_pid=pid)
+        )
+        self.session.execute(
+            update(RunAttempt).where(RunAttempt.run_id == attempt.run_id,
+                                     RunAttempt.attempt == attempt.attempt)
+            .values(node_id=node_id, worker_pid=pid)
+        )
+
+    def record_points(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Metric points ({run_id, step, epoch, name, value}) streamed by running attempts."""
+        if rows:
+            self.session.execute(insert(RunMetric), rows)
+
+    def finish(self, attempt: AttemptKey, *, status: RunStatus, metrics: dict[str, Any],
+               diagnostics: dict[str, Any], warnings: list[dict[str, Any]],
+               provenance: dict[str, Any], error: str | None) -> None:
+        """The attempt returned a result: the run ends completed, failed or diverged."""
+        if status not in (RunStatus.completed, RunStatus.failed, RunStatus.diverged):
+            raise ValueError(f"a result cannot end a run as {status}")
+        self._end_running(attempt, status, AttemptOutcome(status.value), error,
+                          metrics=metrics, diagnostics=diagnostics, warnings=warnings,
+                          provenance=provenance, error=error)
+
+    def end_cancelled(self, attempt: AttemptKey) -> None:
+        """Ray reports the attempt's task cancelled (a cancel the dispatcher forwarded)."""
+        self._end_running(attempt, RunStatus.cancelled, AttemptOutcome.cancelled, None,
+                          error="cancelled while running")
+
+    def fail(self, attempt: AttemptKey, reason: str) -> None:
+        """The attempt's rows cannot be stored: the run fails, not retried (the same config
+        would send the same rows again)."""
+        self._end_running(attempt, RunStatus.failed, AttemptOutcome.failed, reason,
+                          error=reason)
+
+    def _end_running(self, attempt: AttemptKey, status: RunStatus, outcome: AttemptOutcome,
+                     attempt_error: str | None, **values: Any) -> None:
+        moved = self.session.execute(
+            update(Run).where(Run.id == attempt.run_id, Run.status == RunStatus.running,
+                              Run.attempts == attempt.attempt)
+            .values(status=status, finished_at=utcnow(), **values)
+        ).rowcount
+        if moved:
+            self._moved(attempt.experiment_id, RunStatus.running, status)
+            self._end_attempt(attempt, outcome, attempt_error)
+
+    def lose(self, attempt: AttemptKey, reason: str) -> RunStatus | None:
+        """The attempt's worker or node died: retry or fail by `retry_decision`. Returns the
+        run's new status, None when the run had moved on (an older attempt)."""
+        run = self.session.get(Run, attempt.run_id)
+        if run is None or run.status != RunStatus.running or run.attempts != attempt.attempt:
+            return None
+        self._end_attempt(attempt, AttemptOutcome.lost, reason)
+        charged = run.attempts - self._interrupted_attempts([run.id]).get(run.id, 0)
+        self._after_lost(run, charged, reason)
+        return run.status
+
+    def _after_lost(self, run: Run, charged: int, reason: str) -> None:
+        status, error = retry_decision(cancel_requested=run.cancel_requested,
+                                       charged_attempts=charged, max_retries=run.max_retries,
+                                       reason=reason)
+        assert run.id is not None
+        if status == RunStatus.queued:
+            # the next attempt logs its own curves
+            self.session.execute(delete(RunMetric).where(RunMetric.run_id == run.id))
+        else:
+            run.finished_at, run.error = utcnow(), error
+        self._moved(run.experiment_id, run.status, status)
+        run.status = status
+        self.session.add(run)
+
+    def interrupt(self, attempts: Sequence[AttemptKey], reason: str) -> None:
+        """The dispatcher stops with these attempts in flight: each run goes back to the queue
+        (or ends cancelled when a cancel was asked), not charged an attempt."""
+        for attempt in attempts:
+            this_attempt = (Run.id == attempt.run_id, Run.status == RunStatus.running,
+                            Run.attempts == attempt.attempt)
+            cancelled = self.session.execute(
+                update(Run).where(*this_attempt, Run.cancel_requested == True)  # noqa: E712
+                .values(status=RunStatus.cancelled, finished_at=utcnow(),
+                        error="cancelled while running")
+            ).rowcount
+            requeued = self.session.execute(
+                update(Run).where(*this_attempt, Run.cancel_requested == False)  # noqa: E712
+                .values(status=RunStatus.queued)
+            ).rowcount
+            self._moved(attempt.experiment_id, RunStatus.running, RunStatus.cancelled, cancelled)
+            self._moved(attempt.experiment_id, RunStatus.running, RunStatus.queued, requeued)
+            self.session.execute(delete(RunMetric).where(RunMetric.run_id == attempt.run_id))
+            self._end_attempt(attempt, AttemptOutcome.interrupted, reason)
+
+    def requeue_orphans(self, kept: dict[int, int]) -> list[int]:
+        """Runs `running` that no live attempt of this dispatcher holds (`kept`: run id ->
+        attempt it holds) were left by an earlier dispatcher: each is lost (retry or fail by
+        `retry_decision`). An attempt no worker reported starting (it waited in Ray's queue
+        when its dispatcher died) is recorded interrupted, not charged: a service that crashes
+        a few times in a row must not fail runs that never ran. Returns the orphans' ids."""
+        self.lock_experiments(self.session.exec(
+            select(Run.experiment_id).where(Run.status == RunStatus.running).distinct()).all())
+        running = self.session.exec(select(Run).where(Run.status == RunStatus.running)).all()
+        orphans = [run for run in running if kept.get(run.id or -1) != run.attempts]
+        now = utcnow()
+        for run in orphans:
+            unfinished = (RunAttempt.run_id == run.id, RunAttempt.finished_at.is_(None))  # type: ignore[union-attr]
+            self.session.execute(
+                update(RunAttempt).where(*unfinished, RunAttempt.worker_pid.is_(None))  # type: ignore[union-attr]
+                .values(outcome=AttemptOutcome.interrupted, error=ORPHANED, finished_at=now))
+            self.session.execute(
+                update(RunAttempt).where(*unfinished)
+                .values(outcome=AttemptOutcome.lost, error=ORPHANED, finished_at=now))
+        interrupted = self._interrupted_attempts([run.id for run in orphans if run.id])
+        for run in orphans:
+            assert run.id is not None
+            self._after_lost(run, run.attempts - interrupted.get(run.id, 0), ORPHANED)
+        return [run.id for run in orphans if run.id is not None]
+
+    def _end_attempt(self, attempt: AttemptKey, outcome: AttemptOutcome,
+                     error: str | None) -> None:
+        self.session.execute(
+            update(RunAttempt).where(RunAttempt.run_id == attempt.run_id,
+                                     RunAttempt.attempt == attempt.attempt)
+            .values(outcome=outcome, error=error, finished_at=utcnow())
+        )
+
+    def _interrupted_attempts(self, run_ids: list[int]) -> dict[int, int]:
+        """Per run, its attempts cut short by a dispatcher that stopped (not charged)."""
+        if not run_ids:
+            return {}
+        rows = self.session.execute(
+            select(RunAttempt.run_id, func.count())
+            .where(RunAttempt.run_id.in_(run_ids),  # type: ignore[attr-defined]
+                   RunAttempt.outcome == AttemptOutcome.interrupted)
+            .group_by(RunAttempt.run_id)
+        ).all()
+        return {run_id: count for run_id, count in rows}
+
+    # -- cancelling an experiment --------------------------------------------------------------
+    def cancel_experiment(self, experiment: Experiment, now: datetime | None = None) -> None:
+        """Its queued runs end cancelled now; its running ones are flagged for the dispatcher,
+        which forwards the cancel to Ray (`end_cancelled` when Ray confirms)."""
+        assert experiment.id is not None
+        self.lock_experiments([experiment.id])
+        cancelled = self.session.execute(
+            update(Run).where(Run.experiment_id == experiment.id, Run.status == RunStatus.queued)
+            .values(status=RunStatus.cancelled, finished_at=now or utcnow(),
+                    error="cancelled before start")
+        ).rowcount
+        self.session.execute(
+            update(Run).where(Run.experiment_id == experiment.id, Run.status == RunStatus.running)
+            .values(cancel_requested=True)
+        )
+        self.session.execute(update(Experiment).where(Experiment.id == experiment.id)
+                             .values(cancel_requested=True)
+                             .execution_options(synchronize_session=False))
+        self._moved(experiment.id, RunStatus.queued, RunStatus.cancelled, cancelled)
+
+
+def recount(session: Session, experiment_id: int) -> ExperimentCounts:
+    """An experiment's run counts counted from its runs (what the kept counts must equal)."""
+    rows = session.exec(
+        select(Run.status, func.count()).where(Run.experiment_id == experiment_id)
+        .group_by(Run.status)
+    ).all()
+    counts: Counter[str] = Counter({RunStatus(status).value: n for status, n in rows})
+    return ExperimentCounts(**counts)
