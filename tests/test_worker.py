@@ -1,45 +1,61 @@
-"""The worker task body without Ray: what it streams, and how runs end."""
+"""The worker task body without Ray: the typed messages it streams, and how runs end."""
 
 from __future__ import annotations
 
+from api_schemas import RunStatus
+from workers.messages import MetricBatch, Result, Started
 from workers.task import StreamingReporter, execute
 
 
-def test_execute_streams_start_metrics_then_result() -> None:
+def test_execute_streams_started_metric_batches_then_result() -> None:
     messages = list(execute("collapse", {"steps": 50, "log_every": 10}, seed=0,
                             batch_interval_s=0.01))
-    assert messages[0]["type"] == "started" and messages[0]["pid"] > 0
-    assert messages[-1]["type"] == "result" and messages[-1]["status"] == "completed"
-    points = [p for m in messages if m["type"] == "metrics" for p in m["points"]]
+    assert isinstance(messages[0], Started) and messages[0].pid > 0
+    result = messages[-1]
+    assert isinstance(result, Result) and result.status == RunStatus.completed
+    batches = messages[1:-1]
+    assert batches and all(isinstance(m, MetricBatch) for m in batches)
+    points = [p for m in batches for p in m.points]
     assert sorted({p[0] for p in points}) == [0, 10, 20, 30, 40, 50]
-    assert messages[-1]["provenance"]["train_seconds"] > 0
-    assert messages[-1]["metrics"]["min_l2"] > 0
+    assert result.provenance["train_seconds"] > 0
+    assert result.metrics["min_l2"] > 0
 
 
 def test_unknown_trainer_and_invalid_config_fail_with_their_message() -> None:
     result = list(execute("nonexistent", {}, seed=0, batch_interval_s=0.01))[-1]
-    assert result["status"] == "failed" and "unknown trainer 'nonexistent'" in result["error"]
+    assert isinstance(result, Result)
+    assert result.status == RunStatus.failed and "unknown trainer 'nonexistent'" in result.error
     result = list(execute("collapse", {"r": 7.0}, seed=0, batch_interval_s=0.01))[-1]
-    assert result["status"] == "failed" and result["error"].startswith("ValidationError")
+    assert result.status == RunStatus.failed and result.error.startswith("ValidationError")
 
 
 def test_divergence_stops_the_trainer_and_keeps_the_last_finite_metrics() -> None:
     result = list(execute("collapse", {"lr": 50.0, "steps": 5000, "log_every": 1}, seed=0,
                           batch_interval_s=0.01))[-1]
-    assert result["status"] == "diverged"
-    d = result["diagnostics"]
+    assert isinstance(result, Result) and result.status == RunStatus.diverged
+    d = result.diagnostics
     assert d["diverged_at_step"] < 5000 and d["last_finite_step"] == d["diverged_at_step"] - 1
-    assert all(v is None or v == v for v in result["metrics"].values())
+    assert result.error == f"non-finite loss at step {d['diverged_at_step']}"
+    assert all(v is None or v == v for v in result.metrics.values())
 
 
-def test_reporter_drops_nothing_and_marks_divergence_once() -> None:
+def test_reporter_drops_nothing_and_keeps_the_last_finite_point() -> None:
     reporter = StreamingReporter()
     reporter.log(0, {"loss": 1.0, "acc": 0.5})
     reporter.log(1, {"loss": float("nan"), "acc": 0.6})
     reporter.log(2, {"loss": float("inf")})
-    assert reporter.should_stop() and reporter.diverged_at_step == 1
+    assert not reporter.should_stop()  # only a cancel stops it; divergence is the runtime's
+    reporter.stop_requested.set()
+    assert reporter.should_stop()
     assert reporter.last_finite == {"loss": 1.0, "acc": 0.5}
     points = reporter.drain()
-    assert [p[:3] for p in points] == [[0, None, "loss"], [0, None, "acc"], [1, None, "loss"],
-                                       [1, None, "acc"], [2, None, "loss"]]
+    assert [p[:3] for p in points] == [(0, None, "loss"), (0, None, "acc"), (1, None, "loss"),
+                                       (1, None, "acc"), (2, None, "loss")]
     assert points[2][3] is None and reporter.drain() == []
+
+
+def test_a_result_is_made_storable() -> None:
+    result = Result(status=RunStatus.failed, metrics={"a\ud800": 1.0}, error="bad\x00byte")
+    stored = result.storable()
+    assert stored.error == "bad\ufffdbyte"
+    assert stored.metrics == {"a\ufffd": 1.0}

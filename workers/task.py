@@ -1,16 +1,14 @@
 """The Ray task that runs one (condition, seed) and streams its metrics back.
 
-`run_task` is a Ray streaming generator. It yields, in order:
-
-    {"type": "started", "pid", "node_id", "worker_id", "hostname"}
-    {"type": "metrics", "points": [[step, epoch, name, value], ...]}      (zero or more)
-    {"type": "result", "status", "metrics", "diagnostics", "warnings", "provenance", "error"}
+`run_task` is a Ray streaming generator of the messages in workers.messages: one `Started`,
+zero or more `MetricBatch`es, one `Result`.
 
 The trainer runs in a thread of the worker process while the generator forwards the metric
 batches it logs, so that the caller (the dispatcher) sees curves while the run goes on. The
 worker never opens the database. Cancellation (`ray.cancel` on the generator) arrives as
 KeyboardInterrupt in the generator: the reporter then answers should_stop() = True, the trainer
-returns at its next check, and the interrupt propagates so that Ray reports the task cancelled.
+returns at its next check (the loop contract of trainers.runtime: within about a second), and
+the interrupt propagates so that Ray reports the task cancelled.
 """
 
 from __future__ import annotations
@@ -25,9 +23,10 @@ from typing import Any
 
 import ray
 
-from api_schemas import storable_text
+from api_schemas import RunStatus, storable_text
 from trainers import get_trainer
 from trainers.base import RunResult
+from workers.messages import MetricBatch, Point, Result, Started, WorkerMessage
 
 # How long the trainer thread gets to notice a cancellation before the worker gives up on it.
 CANCEL_GRACE_S = 10.0
@@ -38,7 +37,7 @@ class StreamingReporter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._points: list[list[Any]] = []
+        self._points: list[Point] = []
         self.wake = threading.Event()
         self.stop_requested = threading.Event()
         # The last logged point with every value finite: a failed run's metrics.
@@ -48,49 +47,40 @@ class StreamingReporter:
         values = {name: float(v) for name, v in metrics.items()}
         if all(math.isfinite(v) for v in values.values()):
             self.last_finite = values
-        rows = [[step, epoch, n, v if math.isfinite(v) else None] for n, v in values.items()]
+        rows = [(step, epoch, n, v if math.isfinite(v) else None) for n, v in values.items()]
         with self._lock:
             self._points.extend(rows)
 
     def should_stop(self) -> bool:
         return self.stop_requested.is_set()
 
-    def drain(self) -> list[list[Any]]:
+    def drain(self) -> list[Point]:
         with self._lock:
             points, self._points = self._points, []
         return points
 
 
-def _outcome(
-    result: RunResult | None, error: BaseException | None, reporter: StreamingReporter
-) -> dict[str, Any]:
+def _outcome(result: RunResult | None, error: BaseException | None,
+             reporter: StreamingReporter, divergence_metric: str | None) -> Result:
     if error is not None:
-        return {
-            "type": "result",
-            "status": "failed",
-            "metrics": reporter.last_finite,
-            "diagnostics": {},
-            "warnings": [],
-            "provenance": {},
-            # A message may quote anything (a config value, a file's bytes): stored as text.
-            "error": storable_text(f"{type(error).__name__}: {error}"),
-        }
+        # A message may quote anything (a config value, a file's bytes): stored as text.
+        return Result(status=RunStatus.failed, metrics=reporter.last_finite,
+                      error=storable_text(f"{type(error).__name__}: {error}"))
     assert result is not None
     payload = result.as_dict()
-    diverged = result.diverged
     error_text = None
-    if diverged:
+    if result.diverged:
         step = result.diverged_at_step
-        error_text = f"non-finite loss at step {step}" if step is not None else "non-finite loss"
-    return {
-        "type": "result",
-        "status": "diverged" if diverged else "completed",
-        "metrics": payload["metrics"],
-        "diagnostics": payload["diagnostics"],
-        "warnings": payload["warnings"],
-        "provenance": payload["provenance"],
-        "error": error_text,
-    }
+        where = f" at step {step}" if step is not None else ""
+        error_text = f"non-finite {divergence_metric}{where}"
+    return Result(
+        status=RunStatus.diverged if result.diverged else RunStatus.completed,
+        metrics=payload["metrics"],
+        diagnostics=payload["diagnostics"],
+        warnings=payload["warnings"],
+        provenance=payload["provenance"],
+        error=error_text,
+    )
 
 
 def assigned_cpus() -> int | None:
@@ -103,23 +93,19 @@ def assigned_cpus() -> int | None:
 
 def execute(
     trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[WorkerMessage]:
     """The body of the Ray task, usable without Ray (a plain generator)."""
     context = ray.get_runtime_context() if ray.is_initialized() else None
-    yield {
-        "type": "started",
-        "pid": os.getpid(),
-        "node_id": context.get_node_id() if context else None,
-        "worker_id": context.get_worker_id() if context else None,
-        "hostname": socket.gethostname(),
-    }
+    yield Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
+                  worker_id=context.get_worker_id() if context else None,
+                  hostname=socket.gethostname())
     reporter = StreamingReporter()
     box: dict[str, Any] = {}
     started = time.perf_counter()
 
     def target() -> None:
         try:
-            trainer = get_trainer(trainer_name)
+            trainer = box["trainer"] = get_trainer(trainer_name)
             box["result"] = trainer.run(trainer.Config.model_validate(config), seed, reporter,
                                         threads=assigned_cpus())
         except BaseException as exc:  # noqa: BLE001 - every trainer failure becomes a failed run
@@ -133,7 +119,7 @@ def execute(
         while not reporter.wake.wait(batch_interval_s):
             points = reporter.drain()
             if points:
-                yield {"type": "metrics", "points": points}
+                yield MetricBatch(points)
     except KeyboardInterrupt:
         reporter.stop_requested.set()
         thread.join(CANCEL_GRACE_S)
@@ -141,15 +127,16 @@ def execute(
     thread.join()
     points = reporter.drain()
     if points:
-        yield {"type": "metrics", "points": points}
-    outcome = _outcome(box.get("result"), box.get("error"), reporter)
-    outcome["provenance"]["train_seconds"] = time.perf_counter() - started
+        yield MetricBatch(points)
+    outcome = _outcome(box.get("result"), box.get("error"), reporter,
+                       getattr(box.get("trainer"), "divergence_metric", None))
+    outcome.provenance["train_seconds"] = time.perf_counter() - started
     yield outcome
 
 
 @ray.remote(max_retries=0)
 def run_task(
     trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float = 0.5
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[WorkerMessage]:
     """Ray streaming generator running one (condition, seed); the dispatcher does retries."""
     yield from execute(trainer_name, config, seed, batch_interval_s)

@@ -1,0 +1,58 @@
+"""The messages a run's Ray task streams to the dispatcher, in order: one `Started`, zero or
+more `MetricBatch`es while the trainer runs, one `Result`. Both sides import this module: it is
+the whole contract between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from api_schemas import RunStatus, storable_json
+
+# One logged value: (step, epoch or None, metric name, value or None for a non-finite one).
+Point = tuple[int, int | None, str, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The worker began the run: where it runs."""
+
+    pid: int
+    node_id: str | None
+    worker_id: str | None
+    hostname: str
+
+
+@dataclass(frozen=True, slots=True)
+class MetricBatch:
+    """Points the trainer logged since the previous batch."""
+
+    points: list[Point]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """How the run ended: completed, diverged (metrics are the last finite point's) or failed
+    (the trainer raised; `error` says what)."""
+
+    status: RunStatus
+    metrics: dict[str, Any]
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def storable(self) -> Result:
+        """This result with every string storable (no NUL, no lone surrogate): whatever a
+        trainer put in it, its own text must not make it unstorable."""
+        return replace(
+            self,
+            metrics=storable_json(self.metrics, max_length=None),
+            diagnostics=storable_json(self.diagnostics, max_length=None),
+            warnings=storable_json(self.warnings, max_length=None),
+            provenance=storable_json(self.provenance, max_length=None),
+            error=storable_json(self.error, max_length=None),
+        )
+
+
+WorkerMessage = Started | MetricBatch | Result
