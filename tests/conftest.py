@@ -21,6 +21,8 @@ from service.server import BackgroundServer
 from service.settings import Settings
 from tests.fake_datasets import write_cifar
 
+ROOT = Path(__file__).resolve().parent.parent
+TOY_TRAINER_MODULE = "tests.e2e.toy_trainer"
 # An admin connection to the local PostgreSQL (trust auth), used to create per-test databases.
 PG_ADMIN_DSN = os.environ.get("SEEDGRID_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -47,7 +49,13 @@ def data_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, P
 
 @pytest.fixture(scope="session")
 def ray_cluster(data_roots: dict[str, Path]) -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # The workers, as an operator's would, load a trainer seedgrid does not ship (the toy of
+    # tests/e2e/test_toy_trainer.py); this process registers it only in that test.
+    workers_env = {"SEEDGRID_TRAINER_MODULES": TOY_TRAINER_MODULE,
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                               os.environ.get("PYTHONPATH")]))}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": workers_env})
     yield
     ray.shutdown()
 

@@ -3,9 +3,17 @@
     from trainers import get_trainer
     trainer = get_trainer("collapse")
     result = trainer.run(trainer.Config(r=0.1), seed=0, reporter=NullReporter())
+
+An operator adds trainers of their own without changing seedgrid: SEEDGRID_TRAINER_MODULES
+names modules (comma-separated, importable on the service and on every worker) that each
+define `TRAINERS`, a sequence of trainer instances; they join the registry on import. Only the
+operator's environment can name them, never a spec.
 """
 
 from __future__ import annotations
+
+import importlib
+import os
 
 from trainers.base import (
     MemoryReporter,
@@ -29,8 +37,35 @@ REGISTRY: dict[str, Trainer] = {
 }
 
 
+TRAINER_MODULES_ENV = "SEEDGRID_TRAINER_MODULES"
+
+
 class UnknownTrainerError(KeyError):
     pass
+
+
+def register(trainer: Trainer) -> None:
+    """Add a trainer to the registry; a name already taken by another trainer is an error."""
+    existing = REGISTRY.get(trainer.name)
+    if existing is not None and type(existing) is not type(trainer):
+        raise ValueError(f"trainer name {trainer.name!r} is taken by {type(existing).__name__}")
+    REGISTRY[trainer.name] = trainer
+
+
+def load_trainer_modules(names: str) -> None:
+    """Import the operator's trainer modules (SEEDGRID_TRAINER_MODULES) and register theirs."""
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(f"{TRAINER_MODULES_ENV}: cannot import {name!r}: {exc}") from exc
+        declared = getattr(module, "TRAINERS", None)
+        if declared is None:
+            raise ImportError(f"{TRAINER_MODULES_ENV}: module {name!r} defines no TRAINERS")
+        for trainer in declared:
+            register(trainer)
 
 
 def get_trainer(name: str) -> Trainer:
@@ -41,6 +76,8 @@ def get_trainer(name: str) -> Trainer:
             f"unknown trainer {name!r}; available: {', '.join(sorted(REGISTRY))}"
         ) from None
 
+
+load_trainer_modules(os.environ.get(TRAINER_MODULES_ENV, ""))
 
 __all__ = [
     "REGISTRY",
@@ -54,4 +91,6 @@ __all__ = [
     "TrainerConfig",
     "UnknownTrainerError",
     "get_trainer",
+    "load_trainer_modules",
+    "register",
 ]

@@ -1,0 +1,90 @@
+"""A fifth trainer, added at runtime with no change to seedgrid, gets everything the four
+shipped ones get through HTTP and a real Ray: /trainers, cancellation, divergence handling,
+provenance and /stats."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import Service
+from tests.e2e.toy_trainer import ToyTrainer
+from trainers import REGISTRY
+
+CANCEL_BOUND_S = 2.0
+
+
+def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> ToyTrainer:
+    trainer = ToyTrainer()
+    monkeypatch.setitem(REGISTRY, trainer.name, trainer)
+    return trainer
+
+
+def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(service: Service,
+                                                                   toy: ToyTrainer) -> None:
+    client = service.client
+    listed = {t["name"]: t for t in client.get("/trainers").json()}
+    assert listed["toy"]["primary_metric"] == "loss"
+    assert set(listed["toy"]["config_schema"]["properties"]) == {"steps", "lr", "log_every"}
+
+    spec = {"name": "toy", "trainer": "toy", "config": {"steps": 2000, "log_every": 5},
+            "grid": {"lr": [0.1, 0.2, 2.0]}, "seeds": 3}
+    created = client.post("/experiments", json=spec)
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+    detail = wait_for(lambda: (d := client.get(f"/experiments/{experiment_id}").json())
+                      ["status"] in {"completed", "partial"} and d)
+    assert detail["counts"] == {"queued": 0, "running": 0, "completed": 6, "failed": 0,
+                                "diverged": 3, "cancelled": 0}
+    runs = client.get(f"/experiments/{experiment_id}/runs").json()
+    diverged = [r for r in runs if r["status"] == "diverged"]
+    assert {r["condition"]["lr"] for r in diverged} == {2.0}
+    for run in diverged:
+        step = run["diagnostics"]["diverged_at_step"]
+        assert run["error"] == f"non-finite loss at step {step}"
+        assert run["diagnostics"]["last_finite_step"] == step - 5
+        assert run["metrics"]["loss"] > 1e300  # the last finite point's, not inf
+    run = client.get(f"/runs/{runs[0]['id']}").json()
+    provenance = run["provenance"]
+    assert provenance["seed"] == runs[0]["seed"] and provenance["device"] == "cpu"
+    assert provenance["torch_threads"] == 1  # the run's one CPU
+    assert len(provenance["trainer_source_sha256"]) == 64
+    assert len(provenance["parameters_sha256"]) == 64
+
+    stats = client.get(f"/experiments/{experiment_id}/stats").json()
+    conditions = {c["condition_key"]: c for c in stats["conditions"]}
+    assert conditions["lr=0.1"]["n"] == 3 and conditions["lr=0.2"]["n"] == 3
+    assert set(conditions) == {"lr=0.1", "lr=0.2"}, set(conditions)  # diverged: no sample
+    pooled = [c for c in stats["comparisons"] if c["a"] == 0.1 and c["b"] == 0.2
+              and c["within"] is None]
+    assert len(pooled) == 1 and pooled[0]["n_a"] == 3, stats["comparisons"]
+
+
+def test_a_long_toy_run_ends_within_two_seconds_of_a_cancel(service: Service,
+                                                           toy: ToyTrainer) -> None:
+    client = service.client
+    spec = {"name": "toy-long", "trainer": "toy",
+            "config": {"steps": 10**10, "lr": 0.1, "log_every": 100_000}, "seeds": 1}
+    experiment_id = client.post("/experiments", json=spec).json()["id"]
+    (run,) = wait_for(lambda: [r for r in client.get(f"/experiments/{experiment_id}/runs")
+                               .json() if r["started_at"]])
+    wait_for(lambda: client.get(f"/runs/{run['id']}/metrics").json())  # it is training
+    cancelled_at = time.monotonic()
+    assert client.post(f"/experiments/{experiment_id}/cancel").status_code == 202
+    ended = wait_for(lambda: (r := client.get(f"/runs/{run['id']}").json())["finished_at"] and r,
+                     timeout_s=30)
+    elapsed = time.monotonic() - cancelled_at
+    assert ended["status"] == "cancelled"
+    assert elapsed < CANCEL_BOUND_S, f"the run ended {elapsed:.2f} s after the cancel"

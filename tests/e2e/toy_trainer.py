@@ -1,0 +1,50 @@
+"""A fifth trainer written the way a user would add one: gradient descent on ||w||^2 from a
+random start. With lr > 1 each step multiplies w by |1 - 2 lr| > 1, so the loss overflows to
+inf: a run that diverges on demand. Registered on the workers through SEEDGRID_TRAINER_MODULES
+(see tests/conftest.py) and in the test's own process by the test."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from pydantic import Field
+
+from trainers.base import ResourceEstimate, TrainerConfig
+from trainers.runtime import RunContext, TrainerBase, TrainOutput
+
+
+class ToyConfig(TrainerConfig):
+    steps: int = Field(100, ge=1, le=10**10)  # gradient steps
+    lr: float = Field(0.1, gt=0)  # step size; above 1 the run diverges
+    log_every: int = Field(10, ge=1)  # steps between logged points
+
+
+class ToyTrainer(TrainerBase):
+    name: ClassVar[str] = "toy"
+    description: ClassVar[str] = "Gradient descent on ||w||^2 (a test trainer)."
+    paper: ClassVar[str] = "none"
+    Config: ClassVar[type[ToyConfig]] = ToyConfig
+    metrics: ClassVar[tuple[str, ...]] = ("loss",)
+    diagnostics: ClassVar[tuple[str, ...]] = ()
+    primary_metric: ClassVar[str] = "loss"
+    divergence_metric: ClassVar[str] = "loss"
+
+    def estimate(self, config: ToyConfig) -> ResourceEstimate:
+        return ResourceEstimate(1024, (), config.steps // config.log_every + 2, ("steps",))
+
+    def train(self, config: ToyConfig, run: RunContext) -> TrainOutput:
+        w = torch.randn(4, generator=run.sources.init, dtype=torch.float64)
+        run.track(w)
+        loss = float(w @ w)
+        for step in range(config.steps):
+            w -= config.lr * 2 * w
+            loss = float(w @ w)
+            if step % config.log_every == 0 and run.log(step, {"loss": loss}):
+                break
+            if run.should_stop():
+                break
+        return TrainOutput(metrics={"loss": loss})
+
+
+TRAINERS = (ToyTrainer(),)
