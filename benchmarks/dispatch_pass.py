@@ -1,0 +1,87 @@
+"""The dispatcher's database work per pass against the number of queued runs.
+
+One pass is what the dispatcher's loop asks of the runs store: claim up to K queued runs,
+record that their workers started, store a batch of metric points for each, finish them, and
+derive the experiment's status. The script fills a SQLite file with N queued runs (one
+experiment, as a large study would), times passes until P passes have run, and prints the
+median milliseconds per pass for each N and the ratio to the smallest N. Flat (ratio close to
+1) means a whole experiment costs O(N) in the dispatcher, not O(N^2).
+
+    python benchmarks/dispatch_pass.py --queued 1000 20000 --passes 25 --claim 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from sqlmodel import Session
+
+from api_schemas import ExperimentSpec, RunStatus
+from service.db import make_engine, upgrade_database
+from service.experiments import create_experiment
+from service.run_store import AttemptKey, RunStore
+from service.settings import Settings
+
+POINTS_PER_RUN = 20
+
+
+def one_pass(session: Session, claim: int) -> int:
+    store = RunStore(session)
+    claimed = store.claim(claim)
+    store.commit()
+    keys = [AttemptKey(run_id=r.id, experiment_id=r.experiment_id, attempt=r.attempt)
+            for r in claimed]
+    for key in keys:
+        store.start(key, node_id="node", worker_id="worker", pid=1)
+    store.record_points([{"run_id": k.run_id, "step": s, "epoch": None, "name": "loss",
+                          "value": 1.0 / (s + 1)} for k in keys for s in range(POINTS_PER_RUN)])
+    for key in keys:
+        store.finish(key, status=RunStatus.completed, metrics={"loss": 0.1}, diagnostics={},
+                     warnings=[], provenance={}, error=None)
+    store.commit()
+    return len(claimed)
+
+
+def time_passes(queued: int, passes: int, claim: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        upgrade_database(url)
+        engine = make_engine(url)
+        settings = Settings(database_url=url, max_runs_per_experiment=queued,
+                            max_queued_runs=queued)
+        spec = ExperimentSpec.model_validate({
+            "name": "bench", "trainer": "collapse", "config": {"steps": 5},
+            "grid": {}, "seeds": queued})
+        with Session(engine) as session:
+            create_experiment(session=session, spec=spec, settings=settings)
+        timings = []
+        with Session(engine) as session:
+            for _ in range(passes):
+                started = time.perf_counter()
+                assert one_pass(session, claim) == claim
+                timings.append((time.perf_counter() - started) * 1000)
+        engine.dispose()
+    return statistics.median(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queued", type=int, nargs="+", default=[1000, 20000])
+    parser.add_argument("--passes", type=int, default=25,
+                        help="passes timed (each claims --claim runs; at most queued / claim)")
+    parser.add_argument("--claim", type=int, default=32, help="runs claimed per pass")
+    args = parser.parse_args()
+    base = None
+    for queued in args.queued:
+        ms = time_passes(queued, min(args.passes, queued // args.claim), args.claim)
+        base = base or ms
+        print(f"{queued:>7,} queued runs: median {ms:6.2f} ms per pass of {args.claim} runs "
+              f"(ratio to {args.queued[0]:,}: {ms / base:.2f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
