@@ -65,19 +65,25 @@ def source_sha256(path: Path) -> str:
 def git_commit() -> str | None:
     """The commit of the checkout the code runs from, read from .git without running git; None
     for an installed wheel or a copy without .git."""
-    head_file = TRAINERS_PACKAGE.parent / ".git" / "HEAD"
+    git = TRAINERS_PACKAGE.parent / ".git"
     try:
-        head = head_file.read_text().strip()
+        if git.is_file():  # a worktree: ".git" names the real git directory
+            git = (git.parent / git.read_text().split("gitdir:", 1)[1].strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head
         ref = head[len("ref: "):]
-        ref_file = head_file.parent / ref
-        if ref_file.exists():
-            return ref_file.read_text().strip()
-        for line in (head_file.parent / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0]
-    except OSError:
+        common = git / "commondir"
+        roots = [git] + ([(git / common.read_text().strip()).resolve()] if common.exists() else [])
+        for root in roots:
+            if (root / ref).exists():
+                return (root / ref).read_text().strip()
+            packed = root / "packed-refs"
+            if packed.exists():
+                for line in packed.read_text().splitlines():
+                    if line.endswith(" " + ref):
+                        return line.split()[0]
+    except (OSError, IndexError):
         return None
     return None
 

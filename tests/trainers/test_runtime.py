@@ -1,0 +1,95 @@
+"""trainers.runtime: the loop contract's divergence and cancel, and provenance that identifies
+the code that ran."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.e2e.toy_trainer import ToyTrainer
+from trainers.base import MemoryReporter, NullReporter
+from trainers.random_sources import random_sources
+from trainers.runtime import RunContext, git_commit, seedgrid_version, source_sha256
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def context(reporter: object, metric: str | None = "loss") -> RunContext:
+    return RunContext(config=ToyTrainer.Config(), seed=0, reporter=reporter,  # type: ignore[arg-type]
+                      device=torch.device("cpu"), sources=random_sources(0),
+                      divergence_metric=metric)
+
+
+def test_divergence_is_the_declared_metric_turning_non_finite_once() -> None:
+    reporter = MemoryReporter()
+    run = context(reporter)
+    assert not run.log(0, {"loss": 1.0, "acc": float("nan")})  # another metric's NaN: no
+    assert run.log(1, {"loss": float("inf"), "acc": 0.5})
+    assert run.log(2, {"loss": 3.0})  # stays stopped; the first step is kept
+    assert run.diverged_at_step == 1 and run.last_finite_step == 0
+    assert math.isnan(run.last_finite["acc"]) and run.last_finite["loss"] == 1.0
+    assert len(reporter.points) == 5  # every point still reaches the reporter
+    assert not run.cancelled
+
+
+def test_a_trainer_without_a_divergence_metric_never_diverges() -> None:
+    run = context(NullReporter(), metric=None)
+    assert not run.log(0, {"loss": float("nan")}) and run.diverged_at_step is None
+
+
+def test_a_cancel_is_seen_by_should_stop_and_log() -> None:
+    class Cancelled(MemoryReporter):
+        def should_stop(self) -> bool:
+            return True
+
+    run = context(Cancelled())
+    assert run.should_stop() and run.cancelled and run.log(0, {"loss": 1.0})
+
+
+def test_a_run_that_diverges_returns_its_last_finite_metrics() -> None:
+    trainer = ToyTrainer()
+    result = trainer.run(trainer.Config(steps=5000, lr=2.0, log_every=1), 0, MemoryReporter())
+    assert result.diverged and result.finished
+    step = result.diverged_at_step
+    assert step is not None and result.diagnostics["last_finite_step"] == step - 1
+    assert math.isfinite(result.metrics["loss"])
+
+
+def test_provenance_identifies_the_code_and_the_platform() -> None:
+    trainer = ToyTrainer()
+    result = trainer.run(trainer.Config(steps=10), 1, NullReporter(), threads=1)
+    provenance = result.provenance
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert provenance["seedgrid_version"] == seedgrid_version() == version
+    assert provenance["trainer_source_sha256"] == source_sha256(
+        ROOT / "tests" / "e2e" / "toy_trainer.py")
+    assert provenance["torch_threads"] == 1 and provenance["seed"] == 1
+    assert provenance["config"] == {"steps": 10, "lr": 0.1, "log_every": 10}
+    again = trainer.run(trainer.Config(steps=10), 1, NullReporter(), threads=1)
+    assert again.provenance["parameters_sha256"] == provenance["parameters_sha256"]
+    other_seed = trainer.run(trainer.Config(steps=10), 2, NullReporter(), threads=1)
+    assert other_seed.provenance["parameters_sha256"] != provenance["parameters_sha256"]
+
+
+def test_the_git_commit_is_the_checkouts_head() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.fail("run the tests from a git checkout (the clean clone CI makes is one)")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert git_commit() == head
+
+
+def test_a_changed_line_changes_the_source_hash(tmp_path: Path) -> None:
+    package = tmp_path / "mytrainer"
+    package.mkdir()
+    (package / "model.py").write_text("WIDTH = 64\n")
+    (package / "train.py").write_text("STEPS = 10\n")
+    before = source_sha256(package)
+    source_sha256.cache_clear()
+    (package / "train.py").write_text("STEPS = 11\n")
+    assert source_sha256(package) != before
