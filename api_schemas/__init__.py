@@ -355,6 +355,8 @@ class TrainerInfo(BaseModel):
     metrics: list[str]
     diagnostics: list[str]
     primary_metric: str
+    # The cross-run reports the trainer declares, each at /experiments/{id}/reports/{name}.
+    reports: list[str]
 
 
 class Health(BaseModel):
@@ -366,67 +368,3 @@ class Health(BaseModel):
     # This process's dispatcher: active (holds the dispatch lock), standby (waits for it),
     # stopped, or absent (an API started with --no-dispatch).
     dispatcher: str
-
-
-# ---------------------------------------------------------------------------------------------
-# GET /experiments/{id}/protocol: the feedback-alignment audit protocol (paper 002)
-
-__all__ += ["ProtocolCheck", "ProtocolConditionSummary", "ProtocolReport", "RunProtocol"]
-
-
-class ProtocolCheck(BaseModel):
-    """One check of one run. `fired` is null when the check could not be made (`reason`)."""
-
-    name: str  # scale_stability (D1), reference_validity (D2), depth_utility (D3)
-    # D1: rho = max_l ||h_{l+1}|| / ||h_l||; D2: ||dCE/dh_L||; D3: acc - acc_frozen in points.
-    value: float | None
-    threshold: float | None
-    fired: bool | None
-    # D1 and D2: the first epoch (0 = at initialisation) at which the check fired.
-    first_epoch: int | None = None
-    reason: str | None = None
-
-
-class RunProtocol(BaseModel):
-    run_id: int
-    condition: dict[str, GridValue]
-    condition_key: str
-    seed: int
-    frozen_blocks: bool
-    test_accuracy: float | None
-    # D1, D2, D3
-    checks: dict[str, ProtocolCheck]
-    # PASS, or FAIL(...) listing the checks that fired, over the checks in verdict_checks.
-    verdict: str
-    verdict_checks: list[str]
-    # The frozen-block run D3 compares against.
-    frozen_run_id: int | None
-    frozen_test_accuracy: float | None
-    depth_utility_pp: float | None
-    # Gamma_l per layer (null when D2 fired: the cosine then measures floating-point noise).
-    per_layer_cosine: list[float | None]
-    deep_cos: float | None
-    aggregate_cos: float | None
-
-
-class ProtocolConditionSummary(BaseModel):
-    condition: dict[str, GridValue]
-    condition_key: str
-    n: int
-    verdicts: dict[str, int]
-    fired: dict[str, int]  # runs in which each check fired
-    depth_utility_pp: list[float]
-    depth_utility_pp_mean: float | None
-    depth_utility_pp_std: float | None
-
-
-class ProtocolReport(BaseModel):
-    experiment_id: int
-    trainer: str
-    n_runs: int
-    n_completed: int  # only completed runs are audited
-    # D3 needs a frozen_blocks axis in the grid; null reason when it has one.
-    frozen_axis: bool
-    d3_reason: str | None
-    runs: list[RunProtocol]
-    conditions: list[ProtocolConditionSummary]

@@ -40,7 +40,7 @@ from api_schemas import MetricPoint, RunStatus
 from service.db import Experiment, Run, make_engine, upgrade_database
 from service.db import RunMetric as MetricRow
 from service.experiments import RUN_DEFAULTS, condition_key
-from service.protocol import protocol_report
+from service.reports import declared_report, experiment_record, run_record
 from service.server import BackgroundServer
 from service.settings import Settings
 from service.stats import experiment_stats
@@ -131,11 +131,13 @@ def protocol_seconds(n_runs: int) -> float:
                         condition_key=condition_key(condition), seed=i // 4,
                         trainer="feedback", status="completed",
                         metrics={"test_accuracy": 0.5}, diagnostics={}))
+    report = declared_report(experiment, "protocol")
     gc.collect()
     gc.disable()  # the collector's passes over every live object would blur the scaling
     try:
         started = time.perf_counter()
-        protocol_report(experiment=experiment, runs=runs)
+        record = experiment_record(experiment)
+        report.build(record, [run_record(r, base_config=record.config) for r in runs])
         return time.perf_counter() - started
     finally:
         gc.enable()

@@ -1,4 +1,4 @@
-"""The `feedback` trainer and its protocol report: the pairing and verdict logic on plain rows,
+"""The `feedback` trainer and its protocol report: the pairing and verdict logic on plain records,
 and grids end to end through the HTTP API on a real local Ray and SQLite."""
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from service.db import Experiment, Run
-from service.protocol import NO_FROZEN_AXIS, protocol_report
+from api_schemas import RunStatus
 from tests.conftest import Service
-from trainers import get_trainer
 from trainers.feedback import decode_feedback
+from trainers.feedback.report import NO_FROZEN_AXIS, protocol_report
+from trainers.reports import ExperimentRecord, RunRecord
 
-BASELINE_IGNORES = get_trainer("feedback").baseline_ignores  # type: ignore[attr-defined]
 VERDICT = re.compile(r"^(PASS|FAIL\((D1|D2|D3)(\+(D2|D3))*\))$")
 
 # CPU-scale StudentNet: a 6-dimensional teacher (tanh with gain 6, 10 classes) that a linear
@@ -33,7 +32,7 @@ STUDENT_EPOCHS = 30
 
 
 # ---------------------------------------------------------------------------------------------
-# pairing and verdicts on plain rows (no database)
+# pairing and verdicts on plain records (no database)
 
 
 def _checks(d1: bool = False, d2: bool = False) -> dict[str, Any]:
@@ -45,26 +44,27 @@ def _checks(d1: bool = False, d2: bool = False) -> dict[str, Any]:
         "per_layer_cosine": [1.0, None], "deep_cos": None, "aggregate_cos": 0.5}}
 
 
+BASE_CONFIG = {"depth_utility_margin_pp": 2.0}
+
+
 def _run(run_id: int, seed: int, accuracy: float, *, status: str = "completed",
-         diagnostics: dict[str, Any] | None = None, **condition: Any) -> Run:
+         diagnostics: dict[str, Any] | None = None, **condition: Any) -> RunRecord:
     key = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                    for k, v in sorted(condition.items()))
-    return Run(id=run_id, experiment_id=1, condition=condition, condition_key=key, seed=seed,
-               trainer="feedback",
-               status=status, metrics={"test_accuracy": accuracy},
-               diagnostics=_checks() if diagnostics is None else diagnostics)
+    return RunRecord(id=run_id, condition=condition, condition_key=key, seed=seed,
+                     status=RunStatus(status), config={**BASE_CONFIG, **condition},
+                     metrics={"test_accuracy": accuracy},
+                     diagnostics=_checks() if diagnostics is None else diagnostics)
 
 
-def _experiment(grid: dict[str, list[Any]]) -> Experiment:
-    return Experiment(id=1, name="audit", trainer="feedback",
-                      spec={"grid": grid, "config": {"depth_utility_margin_pp": 2.0}},
-                      metric="test_accuracy", n_conditions=1, n_runs=1)
+def _experiment(grid: dict[str, list[Any]]) -> ExperimentRecord:
+    return ExperimentRecord(id=1, name="audit", trainer="feedback", config=BASE_CONFIG,
+                            grid=grid)
 
 
-def _report(runs: list[Run], grid: dict[str, list[Any]] | None = None) -> dict[int, Any]:
+def _report(runs: list[RunRecord], grid: dict[str, list[Any]] | None = None) -> dict[int, Any]:
     grid = {"method": ["bp", "dfa"], "frozen_blocks": [False, True]} if grid is None else grid
-    report = protocol_report(experiment=_experiment(grid), runs=runs,
-                             baseline_ignores=BASELINE_IGNORES)
+    report = protocol_report(_experiment(grid), runs)
     return {r.run_id: r for r in report.runs}
 
 
@@ -127,7 +127,7 @@ def test_a_baseline_that_did_not_complete_is_named_and_d3_left_out() -> None:
 
 def test_without_a_frozen_axis_d3_is_null_with_the_reason() -> None:
     runs = [_run(1, 0, 0.5, diagnostics=_checks(d1=True), method="dfa")]
-    report = protocol_report(experiment=_experiment({"method": ["dfa"]}), runs=runs)
+    report = protocol_report(_experiment({"method": ["dfa"]}), runs)
     assert report.frozen_axis is False and report.d3_reason == NO_FROZEN_AXIS
     (run,) = report.runs
     assert run.checks["D3"].fired is None and run.checks["D3"].reason == NO_FROZEN_AXIS
@@ -138,8 +138,7 @@ def test_runs_without_protocol_diagnostics_and_unfinished_runs() -> None:
     runs = [_run(1, 0, 0.5, diagnostics={}, method="bp", frozen_blocks=False),
             _run(2, 0, 0.4, method="bp", frozen_blocks=True),
             _run(3, 1, 0.5, status="running", method="bp", frozen_blocks=False)]
-    report = protocol_report(experiment=_experiment({"frozen_blocks": [False, True]}),
-                             runs=runs)
+    report = protocol_report(_experiment({"frozen_blocks": [False, True]}), runs)
     assert (report.n_runs, report.n_completed) == (3, 2)
     run = {r.run_id: r for r in report.runs}[1]
     assert run.checks["D1"].fired is None
@@ -152,8 +151,7 @@ def test_condition_summary_counts_verdicts_and_summarises_depth_utility() -> Non
     for seed, (acc, frozen) in enumerate([(0.50, 0.40), (0.45, 0.40), (0.41, 0.40)]):
         runs += [_run(10 + seed, seed, acc, method="bp", frozen_blocks=False),
                  _run(20 + seed, seed, frozen, method="bp", frozen_blocks=True)]
-    report = protocol_report(experiment=_experiment({"frozen_blocks": [False, True]}),
-                             runs=runs, baseline_ignores=BASELINE_IGNORES)
+    report = protocol_report(_experiment({"frozen_blocks": [False, True]}), runs)
     trained = next(c for c in report.conditions if c.condition["frozen_blocks"] is False)
     assert trained.n == 3 and trained.verdicts == {"PASS": 2, "FAIL(D3)": 1}
     assert trained.fired == {"D1": 0, "D2": 0, "D3": 1}
@@ -251,6 +249,7 @@ def test_resmlp_dfa_on_digits_stores_an_exploding_stream_and_its_feedback_matric
     assert {n: list(b.shape) for n, b in matrices.items()} == {
         "B_h0": [10, 32], "B_h1": [10, 32], "B_h2": [10, 32]}
     report = service.client.get(f"/experiments/{created['id']}/protocol").json()
+    assert service.client.get(f"/experiments/{created['id']}/reports/protocol").json() == report
     assert report["frozen_axis"] is False and "frozen_blocks" in report["d3_reason"]
     (audited,) = report["runs"]
     assert audited["checks"]["D3"] == {
@@ -264,9 +263,15 @@ def test_protocol_errors(service: Service) -> None:
     assert service.client.get("/experiments/0/protocol").status_code == 422
     other = service.submit({"name": "not-feedback", "trainer": "collapse",
                             "config": {"n_samples": 16, "steps": 5}, "seeds": 1})
-    response = service.client.get(f"/experiments/{other['id']}/protocol")
-    assert response.status_code == 404
-    assert "'collapse', which has no audit protocol" in response.json()["detail"]
+    for path in ("protocol", "reports/protocol"):
+        response = service.client.get(f"/experiments/{other['id']}/{path}")
+        assert response.status_code == 404
+        assert response.json()["detail"] == (
+            f"experiment {other['id']} ran trainer 'collapse', which has no 'protocol' report "
+            "(its reports: none); 'protocol' is a report of trainer 'feedback'")
+    trainers = {t["name"]: t for t in service.client.get("/trainers").json()}
+    assert trainers["feedback"]["reports"] == ["protocol"]
+    assert trainers["collapse"]["reports"] == []
     bad = service.client.post("/experiments", json={
         "name": "bad", "trainer": "feedback", "config": {"arch": "studentnet"},
         "grid": {"method": ["bp", "ep"]}, "seeds": 1})

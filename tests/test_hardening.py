@@ -78,11 +78,13 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
     done = guarded.service.submit(spec(name="done"))
     guarded.service.wait(done["id"])
     (run,) = guarded.service.runs(done["id"])
-    path_values = {"experiment_id": done["id"], "run_id": run["id"]}
+    path_values = {"experiment_id": done["id"], "run_id": run["id"], "report_name": "audit"}
     bodies = {("POST", "/experiments"): spec(name="via-route-walk")}
     expected = {("POST", "/experiments"): 201, ("POST", "/experiments/{experiment_id}/cancel"): 202,
-                # a collapse experiment has no audit protocol (feedback trainer only)
-                ("GET", "/experiments/{experiment_id}/protocol"): 404}
+                # a collapse experiment has no reports (feedback declares the protocol)
+                ("GET", "/experiments/{experiment_id}/protocol"): 404,
+                ("GET", "/experiments/{experiment_id}/reports/protocol"): 404,
+                ("GET", "/experiments/{experiment_id}/reports/{report_name}"): 404}
     # The one route whose answer depends on state: cancel the long experiment, not the ended one.
     overrides = {("POST", "/experiments/{experiment_id}/cancel"): {"experiment_id": slow["id"]}}
 

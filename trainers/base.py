@@ -10,6 +10,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import pydantic
 import torch
 
+from trainers.reports import CrossRunReport
+
 SEEDGRID_VERSION = "0.1.0"
 
 
@@ -118,6 +120,8 @@ class Trainer(Protocol):
     metrics: ClassVar[tuple[str, ...]]
     diagnostics: ClassVar[tuple[str, ...]]
     primary_metric: ClassVar[str]
+    # Reports over the runs of a whole experiment, served at /experiments/{id}/reports/{name}.
+    reports: ClassVar[tuple[CrossRunReport[Any], ...]]
 
     def run(self, config: Any, seed: int, reporter: Reporter) -> RunResult: ...
 

@@ -36,6 +36,7 @@ import torch
 
 from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning
 from trainers.random_sources import RandomSources, random_sources
+from trainers.reports import CrossRunReport
 
 TRAINERS_PACKAGE = Path(__file__).resolve().parent
 
@@ -201,6 +202,7 @@ class TrainerBase:
     primary_metric: ClassVar[str]
     # A logged or final value of this metric that is NaN or infinite ends the run as diverged.
     divergence_metric: ClassVar[str | None] = "loss"
+    reports: ClassVar[tuple[CrossRunReport[Any], ...]] = ()
 
     def device(self, config: Any) -> torch.device:
         """Where a run of `config` trains: the config's `device` field, else the CPU."""

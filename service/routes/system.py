@@ -8,6 +8,7 @@ from sqlalchemy import text
 
 from api_schemas import Health, TrainerInfo
 from service.deps import SessionDep
+from service.reports import report_names
 from trainers import REGISTRY
 from trainers.base import SEEDGRID_VERSION
 
@@ -25,6 +26,7 @@ def trainers() -> list[TrainerInfo]:
             metrics=list(t.metrics),
             diagnostics=list(t.diagnostics),
             primary_metric=t.primary_metric,
+            reports=report_names(t),
         )
         for t in REGISTRY.values()
     ]

@@ -6,8 +6,8 @@ Specification: shared/papers/feedback-alignment-audit.md. BP, FA and DFA train r
 differ only in the credit a_l each block receives. Every epoch the trainer audits the model on a
 fixed evaluation batch: per-layer norms ||h_l||, the largest block amplification rho (D1),
 the BP reference gradient ||g_L|| (D2) and per-layer cosines between the method's credit and
-BP's. `frozen_blocks` trains the baseline that depth utility (D3) compares against; the service
-pairs the runs (GET /experiments/{id}/protocol).
+BP's. `frozen_blocks` trains the baseline that depth utility (D3) compares against; the protocol
+report (report.py, served at GET /experiments/{id}/reports/protocol) pairs the runs.
 """
 
 from trainers.feedback.config import MAX_DEPTH, FeedbackConfig

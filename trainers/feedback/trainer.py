@@ -30,7 +30,9 @@ from trainers.feedback.credit import (
 )
 from trainers.feedback.estimate import feedback_estimate
 from trainers.feedback.models import ResidualNet, Teacher, build_model
+from trainers.feedback.report import PROTOCOL_REPORT
 from trainers.random_sources import RandomSources, random_sources
+from trainers.reports import CrossRunReport
 from trainers.runtime import deterministic_cpu, pick_device
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -292,11 +294,7 @@ class FeedbackTrainer:
     metrics: ClassVar[tuple[str, ...]] = _metric_names()
     diagnostics: ClassVar[tuple[str, ...]] = ("protocol", "feedback_matrices")
     primary_metric: ClassVar[str] = "test_accuracy"
-    # Config fields a frozen-block run does not use (its blocks follow no credit rule): the
-    # protocol report pairs a run with the frozen run whose condition differs only in these.
-    baseline_ignores: ClassVar[tuple[str, ...]] = (
-        "method", "penalty", "fa_top_credit", "fa_skip", "vit_credit_tokens", "cosine_pairing",
-        "store_feedback_matrices")
+    reports: ClassVar[tuple[CrossRunReport[Any], ...]] = (PROTOCOL_REPORT,)
 
     def run(self, config: FeedbackConfig, seed: int, reporter: Reporter) -> RunResult:
         return fit(config, seed, reporter).result

@@ -1,23 +1,19 @@
-"""The feedback-alignment audit protocol of an experiment (paper 002): each run's D1 and D2
-come from its own diagnostics; D3 (depth utility) pairs it with the frozen-block run of the same
-condition and seed, which only the stored results of the whole experiment can do."""
+"""The audit protocol of a feedback experiment (paper 002), a cross-run report: each run's D1
+and D2 come from its own diagnostics; D3 (depth utility) pairs it with the frozen-block run of
+the same condition and seed, which only the stored results of the whole experiment can do.
+Served at GET /experiments/{id}/reports/protocol (and /experiments/{id}/protocol)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from api_schemas import (
-    GridValue,
-    ProtocolCheck,
-    ProtocolConditionSummary,
-    ProtocolReport,
-    RunProtocol,
-    RunStatus,
-)
-from service.db import Experiment, Run
+from pydantic import BaseModel
+
+from api_schemas import GridValue, RunStatus
 from trainers.feedback import protocol as checks
+from trainers.reports import CrossRunReport, ExperimentRecord, RunRecord
 
 FROZEN_AXIS = "frozen_blocks"
 NO_FROZEN_AXIS = (
@@ -25,24 +21,79 @@ NO_FROZEN_AXIS = (
     "the frozen-block run (frozen_blocks: true) of the same condition and seed; add "
     "frozen_blocks: [false, true] to the grid"
 )
+# Config fields a frozen-block run does not use (its blocks follow no credit rule): a run is
+# paired with the frozen run whose condition differs only in these.
+BASELINE_IGNORES = ("method", "penalty", "fa_top_credit", "fa_skip", "vit_credit_tokens",
+                    "cosine_pairing", "store_feedback_matrices")
 
 
-def protocol_report(*, experiment: Experiment, runs: Sequence[Run],
-                    baseline_ignores: Iterable[str] = ()) -> ProtocolReport:
-    """Every completed run's checks and verdict, and a summary per condition.
+class ProtocolCheck(BaseModel):
+    """One check of one run. `fired` is null when the check could not be made (`reason`)."""
 
-    `baseline_ignores`: config fields a frozen-block run does not use; a run's baseline is the
-    frozen run of the same seed whose condition equals the run's on every other grid axis
-    (the one that also matches on these fields when there is one).
-    """
-    assert experiment.id is not None
-    frozen_axis = FROZEN_AXIS in experiment.spec.get("grid", {})
-    ignores = set(baseline_ignores) | {FROZEN_AXIS}
-    completed = [r for r in runs if r.status == RunStatus.completed.value]
-    base: dict[str, Any] = experiment.spec.get("config", {})
-    baselines = FrozenRuns(runs, ignores, base)
-    audited = [run_protocol(r, baselines, base=base, frozen_axis=frozen_axis)
-               for r in completed]
+    name: str  # scale_stability (D1), reference_validity (D2), depth_utility (D3)
+    # D1: rho = max_l ||h_{l+1}|| / ||h_l||; D2: ||dCE/dh_L||; D3: acc - acc_frozen in points.
+    value: float | None
+    threshold: float | None
+    fired: bool | None
+    # D1 and D2: the first epoch (0 = at initialisation) at which the check fired.
+    first_epoch: int | None = None
+    reason: str | None = None
+
+
+class RunProtocol(BaseModel):
+    run_id: int
+    condition: dict[str, GridValue]
+    condition_key: str
+    seed: int
+    frozen_blocks: bool
+    test_accuracy: float | None
+    # D1, D2, D3
+    checks: dict[str, ProtocolCheck]
+    # PASS, or FAIL(...) listing the checks that fired, over the checks in verdict_checks.
+    verdict: str
+    verdict_checks: list[str]
+    # The frozen-block run D3 compares against.
+    frozen_run_id: int | None
+    frozen_test_accuracy: float | None
+    depth_utility_pp: float | None
+    # Gamma_l per layer (null when D2 fired: the cosine then measures floating-point noise).
+    per_layer_cosine: list[float | None]
+    deep_cos: float | None
+    aggregate_cos: float | None
+
+
+class ProtocolConditionSummary(BaseModel):
+    condition: dict[str, GridValue]
+    condition_key: str
+    n: int
+    verdicts: dict[str, int]
+    fired: dict[str, int]  # runs in which each check fired
+    depth_utility_pp: list[float]
+    depth_utility_pp_mean: float | None
+    depth_utility_pp_std: float | None
+
+
+class ProtocolReport(BaseModel):
+    experiment_id: int
+    trainer: str
+    n_runs: int
+    n_completed: int  # only completed runs are audited
+    # D3 needs a frozen_blocks axis in the grid; null reason when it has one.
+    frozen_axis: bool
+    d3_reason: str | None
+    runs: list[RunProtocol]
+    conditions: list[ProtocolConditionSummary]
+
+
+def protocol_report(experiment: ExperimentRecord, runs: Sequence[RunRecord]) -> ProtocolReport:
+    """Every completed run's checks and verdict, and a summary per condition. A run's baseline
+    is the frozen run of the same seed whose condition equals the run's on every grid axis
+    outside BASELINE_IGNORES (the one that also matches on those when there is one)."""
+    frozen_axis = FROZEN_AXIS in experiment.grid
+    ignores = set(BASELINE_IGNORES) | {FROZEN_AXIS}
+    completed = [r for r in runs if r.status == RunStatus.completed]
+    baselines = FrozenRuns(runs, ignores)
+    audited = [run_protocol(r, baselines, frozen_axis=frozen_axis) for r in completed]
     return ProtocolReport(
         experiment_id=experiment.id,
         trainer=experiment.trainer,
@@ -55,22 +106,27 @@ def protocol_report(*, experiment: Experiment, runs: Sequence[Run],
     )
 
 
-def run_protocol(run: Run, baselines: FrozenRuns, *, base: dict[str, Any],
-                 frozen_axis: bool) -> RunProtocol:
-    """One run's D1 and D2 (stored by the trainer), its D3 and its verdict. `base`: the
-    experiment's base config, which the run's condition completes."""
-    config = {**base, **run.condition}
-    assert run.id is not None
+PROTOCOL_REPORT = CrossRunReport(
+    name="protocol",
+    description="The audit protocol of every completed run (D1 scale stability, D2 reference "
+                "validity, D3 depth utility against its frozen-block run) and its verdict, with "
+                "a summary per condition.",
+    response_model=ProtocolReport,
+    build=protocol_report,
+)
+
+
+def run_protocol(run: RunRecord, baselines: FrozenRuns, *, frozen_axis: bool) -> RunProtocol:
+    """One run's D1 and D2 (stored by the trainer), its D3 and its verdict."""
     stored: dict[str, Any] = run.diagnostics.get("protocol") or {}
     stored_checks = stored.get("checks", {})
     d1 = _stored_check("D1", "scale_stability", stored_checks)
     d2 = _stored_check("D2", "reference_validity", stored_checks)
     accuracy = _number(run.metrics.get("test_accuracy"))
-    frozen = bool(config.get(FROZEN_AXIS, False))
-    baseline: Run | None = None
+    frozen = bool(run.config.get(FROZEN_AXIS, False))
+    baseline: RunRecord | None = None
     utility: float | None = None
-    margin = float(config.get("depth_utility_margin_pp",
-                                  checks.DEPTH_UTILITY_MARGIN_PP))
+    margin = float(run.config.get("depth_utility_margin_pp", checks.DEPTH_UTILITY_MARGIN_PP))
     if not frozen_axis:
         reason: str | None = NO_FROZEN_AXIS
     elif frozen:
@@ -91,7 +147,7 @@ def run_protocol(run: Run, baselines: FrozenRuns, *, base: dict[str, Any],
     made = {name: c for name, c in (("D1", d1), ("D2", d2), ("D3", d3)) if c.fired is not None}
     return RunProtocol(
         run_id=run.id,
-        condition=run.condition,
+        condition=dict(run.condition),
         condition_key=run.condition_key,
         seed=run.seed,
         frozen_blocks=frozen,
@@ -113,14 +169,14 @@ class FrozenRuns:
     """The frozen-block runs of an experiment indexed by seed and condition (outside the
     ignored axes), so that finding every run's baseline is one pass, not one scan per run."""
 
-    def __init__(self, runs: Sequence[Run], ignores: set[str], base: dict[str, Any]) -> None:
+    def __init__(self, runs: Sequence[RunRecord], ignores: set[str]) -> None:
         self.ignores = ignores
-        self.by_key: dict[tuple[int, tuple[tuple[str, str], ...]], list[Run]] = {}
+        self.by_key: dict[tuple[int, tuple[tuple[str, str], ...]], list[RunRecord]] = {}
         for r in runs:
-            if {**base, **r.condition}.get(FROZEN_AXIS):
+            if r.config.get(FROZEN_AXIS):
                 self.by_key.setdefault((r.seed, _key(r.condition, ignores)), []).append(r)
 
-    def find(self, run: Run) -> tuple[Run | None, str | None]:
+    def find(self, run: RunRecord) -> tuple[RunRecord | None, str | None]:
         """The frozen-block run for `run` (same seed, same condition on every axis outside
         the ignored ones, an exact match on those preferred) and, when it cannot serve, why."""
         candidates = self.by_key.get((run.seed, _key(run.condition, self.ignores)), [])
@@ -129,13 +185,13 @@ class FrozenRuns:
                           f"{run.condition_key!r}")
         exact = _key(run.condition, {FROZEN_AXIS})
         best = min(candidates, key=lambda r: (_key(r.condition, {FROZEN_AXIS}) != exact,
-                                              r.status != RunStatus.completed.value, r.id or 0))
-        if best.status != RunStatus.completed.value:
+                                              r.status != RunStatus.completed, r.id))
+        if best.status != RunStatus.completed:
             return best, f"the matching frozen-block run {best.id} is {best.status}, not completed"
         return best, None
 
 
-def _key(condition: dict[str, GridValue], skip: set[str]) -> tuple[tuple[str, str], ...]:
+def _key(condition: Mapping[str, GridValue], skip: set[str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, repr(v)) for k, v in condition.items() if k not in skip))
 
 
