@@ -17,7 +17,7 @@ from service.routes.reports import reports_router
 from service.security import RequestGuard, declare_bearer_auth, json_safe
 from service.settings import Settings, get_settings
 from trainers import REGISTRY
-from trainers.base import SEEDGRID_VERSION
+from trainers.runtime import seedgrid_version
 
 
 def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
 
     app = FastAPI(
         title="seedgrid",
-        version=SEEDGRID_VERSION,
+        version=seedgrid_version(),
         description="Condition x seed grids of training runs on Ray, with variance statistics.",
         lifespan=lifespan,
     )

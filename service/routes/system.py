@@ -10,7 +10,7 @@ from api_schemas import Health, TrainerInfo
 from service.deps import SessionDep
 from service.reports import report_names
 from trainers import REGISTRY
-from trainers.base import SEEDGRID_VERSION
+from trainers.runtime import seedgrid_version
 
 router = APIRouter(tags=["system"])
 
@@ -51,5 +51,5 @@ def healthz(request: Request, session: SessionDep) -> Health:
         ray_status = "dispatcher stopped"
     ok = database == "ok" and ray_status in {"ok", "not connected"}
     return Health(status="ok" if ok else "degraded", database=database, ray=ray_status,
-                  cluster_resources=resources, version=SEEDGRID_VERSION,
+                  cluster_resources=resources, version=seedgrid_version(),
                   dispatcher="absent" if dispatcher is None else dispatcher.state)
