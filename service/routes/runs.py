@@ -10,8 +10,8 @@ from sqlalchemy import select
 
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, MetricPoint, RunDetail
 from service import experiments as logic
-from service.db import RunMetric as MetricRow
 from service.db import Run
+from service.db import RunMetric as MetricRow
 from service.deps import MAX_INT_COLUMN, RunId, SessionDep
 from service.routes.paging import Offset, link_next
 
