@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
@@ -62,10 +62,8 @@ def stats_json(
         raise _query_error("offset", f"offset {offset:,} is past the last of the {total:,} "
                                      "comparisons")
     page = f"{factor or ''}|{offset}|{'all' if limit is None else limit}"
-    n_completed = session.execute(
-        select(func.count()).select_from(Run).where(
-            Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
-    ).scalar_one()
+    # kept by the runs store with every status change: one row, not a count over the runs
+    n_completed = experiment.runs_completed
     stored = session.execute(
         select(StatsCache.n_completed, StatsCache.payload).where(
             StatsCache.experiment_id == experiment.id, StatsCache.metric == metric,
