@@ -23,13 +23,12 @@ from trainers.feedback.credit import (
     encode_feedback,
     fa_credits,
     fa_top_credit,
-    local_credit_loss,
     output_error,
-    scale_penalty,
     spread,
 )
 from trainers.feedback.estimate import feedback_estimate
 from trainers.feedback.models import ResidualNet, Teacher, build_model
+from trainers.losses.local_credit import local_credit_loss, scale_penalty
 from trainers.random_sources import RandomSources, random_sources
 from trainers.runtime import deterministic_cpu, pick_device
 
