@@ -365,6 +365,17 @@ def test_stopping_early_returns_an_unfinished_result() -> None:
     assert not result.finished and result.diagnostics["epochs_run"] == 0
 
 
+def test_a_non_finite_training_loss_ends_the_run_as_diverged_at_the_last_finite_epoch() -> None:
+    reporter = MemoryReporter()
+    config = FeedbackConfig(**{**STUDENT, "epochs": 5, "optimizer": "sgd", "lr": 10.0})
+    result = fit(config, seed=0, reporter=reporter).result
+    losses = reporter.curve("loss")
+    assert math.isnan(losses[-1][1]) and len(losses) < config.epochs  # stopped there
+    assert result.diverged and result.diverged_at_step == losses[-1][0]
+    assert result.diagnostics["last_finite_step"] == losses[-2][0]
+    assert result.metrics["loss"] == losses[-2][1]
+
+
 def test_config_errors_name_the_field() -> None:
     with pytest.raises(pydantic.ValidationError, match="method"):
         FeedbackConfig(method="sgd")
