@@ -1,4 +1,5 @@
-"""The collapse trainer against independent references: autograd, numpy and the spec's physics."""
+"""The collapse trainer against independent references: numpy and the spec's physics (its loss:
+tests/test_losses_collapse_pair.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from trainers.collapse import (
     CollapseConfig,
     frustration_matrix,
     label_averaging_eigenvalues,
-    mse_gradients,
-    pair_loss,
     predicted_slow_rate,
 )
 from trainers.random_sources import derive_seed, random_sources
@@ -27,49 +26,6 @@ def run(seed: int = 0, **config):
     reporter = MemoryReporter()
     result = TRAINER.run(CollapseConfig(**config), seed, reporter)
     return result, reporter
-
-
-@pytest.mark.parametrize("stop_gradient", [False, True])
-@pytest.mark.parametrize("teacher_student", [False, True])
-def test_closed_form_gradients_match_autograd(stop_gradient: bool, teacher_student: bool) -> None:
-    g = torch.Generator().manual_seed(3)
-    n, k, d, d_in = 12, 3, 4, 5
-    p = torch.tensor(frustration_matrix(n, k, 0.25, "all", np.random.default_rng(0))[0])
-    inputs = torch.randn(n, d_in, generator=g, dtype=torch.float64) if teacher_student else None
-    x = torch.randn(
-        d if teacher_student else n,
-        d_in if teacher_student else d,
-        generator=g,
-        dtype=torch.float64,
-        requires_grad=True,
-    )
-    y = torch.randn(k, d, generator=g, dtype=torch.float64, requires_grad=True)
-    w = (
-        torch.randn(d, d, generator=g, dtype=torch.float64, requires_grad=True)
-        if stop_gradient
-        else None
-    )
-
-    emb = x if inputs is None else inputs @ x.T
-    if w is None:
-        loss = pair_loss(emb, y, p, "mse")
-        expected = torch.autograd.grad(loss, (x, y))
-    else:
-        loss = pair_loss(emb @ w.T, y.detach(), p, "mse") + pair_loss(emb.detach(), y, p, "mse")
-        expected = torch.autograd.grad(loss, (x, y, w))
-    got = mse_gradients(x.detach(), y.detach(), None if w is None else w.detach(), p, inputs)
-    assert len(got) == len(expected)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-
-
-def test_mse_loss_matches_float64_hand_sum() -> None:
-    rng = np.random.default_rng(1)
-    x, y = rng.normal(size=(6, 3)), rng.normal(size=(2, 3))
-    p = rng.dirichlet([1, 1], size=6)
-    hand = sum(p[i, c] * np.sum((x[i] - y[c]) ** 2) for i in range(6) for c in range(2)) / 12
-    got = pair_loss(torch.tensor(x), torch.tensor(y), torch.tensor(p), "mse")
-    assert float(got) == pytest.approx(hand, rel=1e-13)
 
 
 def test_exactly_round_r_n_samples_are_frustrated() -> None:

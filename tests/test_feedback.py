@@ -4,6 +4,7 @@ numerics and thresholds, the frozen-block baseline, determinism and config error
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 
 import pydantic
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
 from trainers import MemoryReporter, NullReporter, get_trainer
 from trainers.feedback import FeedbackConfig, build_model, decode_feedback, fit, step_losses
 from trainers.feedback import protocol as checks
@@ -329,13 +331,49 @@ def test_penalty_shrinks_dfa_residual_growth() -> None:
     assert penalised["penalty_loss"] > 0 == free["penalty_loss"]
 
 
+@pytest.mark.parametrize("config, where", [
+    pytest.param({"arch": "resmlp", "dataset": "digits", "epochs": 100_000, "device": "cpu"},
+                 "training", id="resmlp"),
+    pytest.param({**STUDENT, "width": 128, "depth": 4, "epochs": 100_000}, "training",
+                 id="studentnet"),
+    pytest.param({**STUDENT, "width": 256, "depth": 4, "student_test_size": 200_000},
+                 "test_evaluation",
+                 id="studentnet_during_test_evaluation"),
+])
+def test_a_cancel_ends_every_architecture_within_the_bound(config: dict[str, object],
+                                                           where: str) -> None:
+    """ViT-Mini, the slowest, is tests/test_runtime_contract.py's case."""
+    reporter = CancelAfter(RUN_BEFORE_CANCEL_S)
+    result = get_trainer("feedback").run(FeedbackConfig(**config), 0, reporter, threads=1)
+    ended = time.perf_counter()
+    assert reporter.requested is not None, "the run ended before the cancel: make it longer"
+    assert not result.finished
+    assert ended - reporter.requested < CANCEL_BOUND_S
+    if where == "test_evaluation":  # cancelled while testing the initialisation
+        assert result.diagnostics["optimizer_steps"] == 0
+        assert "test_accuracy" not in result.metrics
+    else:
+        assert result.diagnostics["optimizer_steps"] > 0
+
+
 def test_stopping_early_returns_an_unfinished_result() -> None:
-    class StopAfterFirstBatch(MemoryReporter):
+    class StopAtOnce(MemoryReporter):
         def should_stop(self) -> bool:
             return True
 
-    result = fit(FeedbackConfig(**STUDENT), seed=0, reporter=StopAfterFirstBatch()).result
+    result = fit(FeedbackConfig(**STUDENT), seed=0, reporter=StopAtOnce()).result
     assert not result.finished and result.diagnostics["epochs_run"] == 0
+
+
+def test_a_non_finite_training_loss_ends_the_run_as_diverged_at_the_last_finite_epoch() -> None:
+    reporter = MemoryReporter()
+    config = FeedbackConfig(**{**STUDENT, "epochs": 5, "optimizer": "sgd", "lr": 10.0})
+    result = fit(config, seed=0, reporter=reporter).result
+    losses = reporter.curve("loss")
+    assert math.isnan(losses[-1][1]) and len(losses) < config.epochs  # stopped there
+    assert result.diverged and result.diverged_at_step == losses[-1][0]
+    assert result.diagnostics["last_finite_step"] == losses[-2][0]
+    assert result.metrics["loss"] == losses[-2][1]
 
 
 def test_config_errors_name_the_field() -> None:

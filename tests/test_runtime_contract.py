@@ -32,11 +32,26 @@ class Case:
     rare: dict[str, Any]
 
 
+FEEDBACK_SHORT = {"arch": "resmlp", "method": "fa", "dataset": "digits", "width": 16,
+                  "depth": 2, "epochs": 2, "batch_size": 256, "augment_strength": 0.5,
+                  "device": "cpu"}
+
 CASES: dict[str, Case] = {
     "collapse": Case(
         long={"steps": 50_000_000, "n_samples": 64},
         frequent={"steps": 300, "log_every": 1},
         rare={"steps": 300, "log_every": 97},
+    ),
+    # ViT-Mini with BP, the slowest architecture and method. feedback audits and tests every
+    # epoch (the protocol's per-epoch checks), so it has no interval to vary: the two short
+    # runs differ in everything the audit computes instead.
+    "feedback": Case(
+        long={"arch": "vit_mini", "method": "bp", "dataset": "digits", "epochs": 100_000,
+              "device": "cpu"},
+        frequent={**FEEDBACK_SHORT, "eval_batch_size": 256, "cosine_pairing": "output",
+                  "ce_reduction": "mean"},
+        rare={**FEEDBACK_SHORT, "eval_batch_size": 16, "cosine_pairing": "input",
+              "ce_reduction": "sum"},
     ),
 }
 

@@ -1,10 +1,11 @@
-"""Credit rules and the shared local loss (spec section 2.2), as pure functions.
+"""Credit rules (spec section 2.2), as pure functions.
 
-Every method trains block l with l_l = <f_l(h_l), a_{l+1}> + lambda ||f_l(h_l)||^2 on a detached
-input h_l, and the embedding with <embed(x), a_0>; the head and the terminal norm get their true
-CE gradient. Credits are indexed by hidden state (a_l for h_l, l = 0..L) and are per-sample
-quantities (the gradient of the sample's own CE), so that the batch-mean local loss makes BP's
-parameter gradients exactly those of the batch-mean CE.
+Every method trains block l with the local loss of trainers.losses.local_credit,
+l_l = <f_l(h_l), a_{l+1}> + lambda ||f_l(h_l)||^2 on a detached input h_l, and the embedding with
+<embed(x), a_0>; the head and the terminal norm get their true CE gradient. Credits are indexed
+by hidden state (a_l for h_l, l = 0..L) and are per-sample quantities (the gradient of the
+sample's own CE), so that the batch-mean local loss makes BP's parameter gradients exactly those
+of the batch-mean CE.
 """
 
 from __future__ import annotations
@@ -143,14 +144,3 @@ def spread(credit: torch.Tensor, like: torch.Tensor, tokens: str) -> torch.Tenso
     out = torch.zeros_like(like)
     out[:, 0] = credit
     return out
-
-
-def local_credit_loss(out: torch.Tensor, credit: torch.Tensor) -> torch.Tensor:
-    """<f(h), a> summed over features (and tokens), averaged over the batch; its gradient is
-    J_f^T a / B."""
-    return (out * credit.detach()).flatten(1).sum(1).mean()
-
-
-def scale_penalty(out: torch.Tensor) -> torch.Tensor:
-    """||f(h)||^2 per sample (per token for ViT), averaged over the batch (and tokens)."""
-    return out.pow(2).sum(-1).mean()

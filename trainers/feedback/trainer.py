@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning, provenance
+from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning
 from trainers.data import ImageSplits, prepare_splits
 from trainers.feedback import protocol
 from trainers.feedback.config import MAX_DEPTH, FeedbackConfig
@@ -23,17 +23,16 @@ from trainers.feedback.credit import (
     encode_feedback,
     fa_credits,
     fa_top_credit,
-    local_credit_loss,
     output_error,
-    scale_penalty,
     spread,
 )
-from trainers.feedback.estimate import feedback_estimate
+from trainers.feedback.estimate import TEST_BATCH, feedback_estimate
 from trainers.feedback.models import ResidualNet, Teacher, build_model
 from trainers.feedback.report import PROTOCOL_REPORT
-from trainers.random_sources import RandomSources, random_sources
+from trainers.losses.local_credit import local_credit_loss, scale_penalty
+from trainers.random_sources import RandomSources
 from trainers.reports import CrossRunReport
-from trainers.runtime import deterministic_cpu, pick_device
+from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -241,9 +240,14 @@ def protocol_snapshot(model: ResidualNet, x: torch.Tensor, y: torch.Tensor, meth
 
 
 @torch.no_grad()
-def test_accuracy(model: ResidualNet, task: Task, batch_size: int = 1024) -> float:
+def test_accuracy(model: ResidualNet, task: Task, should_stop: Callable[[], bool]
+                  ) -> float | None:
+    """Accuracy on the whole test set; None when the run must stop part-way (a large test set
+    takes seconds, so every batch checks)."""
     correct = 0
-    for x, y in task.test_batches(batch_size):
+    for x, y in task.test_batches(TEST_BATCH):
+        if should_stop():
+            return None
         correct += int((model(x).argmax(1) == y).sum())
     return correct / task.n_test
 
@@ -270,6 +274,15 @@ def _metric_names() -> tuple[str, ...]:
 
 
 @dataclass
+class TrainedNetwork:
+    """What `train_network` leaves: the trained model, its feedback matrices and the output."""
+
+    model: ResidualNet
+    matrices: FeedbackMatrices | None
+    output: TrainOutput
+
+
+@dataclass
 class FeedbackOutcome:
     """The trained model and its feedback matrices, with the run's result."""
 
@@ -278,7 +291,7 @@ class FeedbackOutcome:
     result: RunResult
 
 
-class FeedbackTrainer:
+class FeedbackTrainer(TrainerBase):
     name: ClassVar[str] = "feedback"
     description: ClassVar[str] = (
         "BP, feedback alignment and direct feedback alignment on residual networks (ResMLP, "
@@ -294,14 +307,34 @@ class FeedbackTrainer:
     metrics: ClassVar[tuple[str, ...]] = _metric_names()
     diagnostics: ClassVar[tuple[str, ...]] = ("protocol", "feedback_matrices")
     primary_metric: ClassVar[str] = "test_accuracy"
+    # The epoch's training CE: an overflowing residual stream reaches it as NaN through the
+    # terminal norm, while a large but finite one is D1's finding, not a divergence.
+    divergence_metric: ClassVar[str] = "loss"
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = (PROTOCOL_REPORT,)
 
-    def run(self, config: FeedbackConfig, seed: int, reporter: Reporter) -> RunResult:
-        return fit(config, seed, reporter).result
+    def train(self, config: FeedbackConfig, run: RunContext) -> TrainOutput:
+        return train_network(config, run).output
 
     def estimate(self, config: FeedbackConfig) -> ResourceEstimate:
         return feedback_estimate(config)
 
+
+class _KeepsTrainedNetwork(FeedbackTrainer):
+    """A FeedbackTrainer for one `fit` call: it keeps the network it trained."""
+
+    trained: TrainedNetwork
+
+    def train(self, config: FeedbackConfig, run: RunContext) -> TrainOutput:
+        self.trained = train_network(config, run)
+        return self.trained.output
+
+
+def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcome:
+    """One run as the worker runs it (FeedbackTrainer.run), also handing back the trained
+    model and its feedback matrices (for tests and analyses of the trained network)."""
+    trainer = _KeepsTrainedNetwork()
+    result = trainer.run(config, seed, reporter)
+    return FeedbackOutcome(trainer.trained.model, trainer.trained.matrices, result)
 
 
 def freeze_untrained(model: ResidualNet, config: FeedbackConfig) -> None:
@@ -314,41 +347,48 @@ def freeze_untrained(model: ResidualNet, config: FeedbackConfig) -> None:
         for p in model.embed.parameters():
             p.requires_grad_(False)
 
-def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcome:
-    """Build the task (failing before training if data is missing), the model and the
-    feedback matrices, train, and audit every epoch (epoch 0 is the initialisation)."""
-    device = pick_device(config.device)
-    if device.type == "cpu":
-        deterministic_cpu()
-    sources = random_sources(seed)
-    task = load_task(config, sources, device)
-    model = build_model(config, task.input_shape, task.num_classes, sources.init).to(device)
-    method = "bp" if config.frozen_blocks else config.method
-    drawn = draw_feedback(method, config.depth, config.width, task.num_classes, sources.init)
-    matrices = drawn.to(device) if drawn is not None else None
-    freeze_untrained(model, config)
+
+def build_optimizer(model: ResidualNet, config: FeedbackConfig) -> torch.optim.Optimizer:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
-        optimizer: torch.optim.Optimizer = torch.optim.Adam(
-            trainable, lr=config.lr, weight_decay=config.weight_decay)
-    else:
-        optimizer = torch.optim.SGD(trainable, lr=config.lr, momentum=0.9,
-                                    weight_decay=config.weight_decay)
+        return torch.optim.Adam(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(trainable, lr=config.lr, momentum=0.9,
+                           weight_decay=config.weight_decay)
+
+
+def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
+    """Build the task (failing before training if data is missing), the model and the
+    feedback matrices, train, and audit every epoch (epoch 0 is the initialisation). Every
+    optimisation step and every test batch checks the run's stop; an epoch cut short is
+    neither audited nor logged, so the result is the last whole epoch's."""
+    task = load_task(config, run.sources, run.device)
+    model = build_model(config, task.input_shape, task.num_classes, run.sources.init)
+    model = model.to(run.device)
+    method = "bp" if config.frozen_blocks else config.method
+    drawn = draw_feedback(method, config.depth, config.width, task.num_classes,
+                          run.sources.init)
+    matrices = drawn.to(run.device) if drawn is not None else None
+    freeze_untrained(model, config)
+    run.track(model)
+    optimizer = build_optimizer(model, config)
     eval_x, eval_y = task.eval_batch(config.eval_batch_size)
 
     def audit() -> Snapshot:
         return protocol_snapshot(model, eval_x, eval_y, method, matrices, config)
 
     snapshots = [audit()]
-    accuracy = test_accuracy(model, task)
-    reporter.log(0, {**snapshots[0].metrics(), "test_accuracy": accuracy}, epoch=0)
+    accuracy = test_accuracy(model, task, run.should_stop)
+    if accuracy is not None:
+        run.log(0, {**snapshots[0].metrics(), "test_accuracy": accuracy}, epoch=0)
     last: dict[str, float] = {}
-    step, stopped, started = 0, False, time.perf_counter()
+    step, started = 0, time.perf_counter()
     for epoch in range(1, config.epochs + 1):
         sums = {"loss": 0.0, "local_loss": 0.0, "penalty_loss": 0.0, "correct": 0.0}
         seen = 0
         model.train()
         for x, y in task.train_batches(config.batch_size):
+            if run.should_stop():
+                break
             losses = step_losses(model, x, y, method, matrices, config)
             optimizer.zero_grad(set_to_none=True)
             losses.total.backward()
@@ -360,38 +400,31 @@ def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcom
             sums["local_loss"] += float(losses.local) * n
             sums["penalty_loss"] += float(losses.penalty) * n
             sums["correct"] += float((losses.logits.argmax(1) == y).sum())
-            if reporter.should_stop():
-                stopped = True
-                break
-        if stopped:
+        if run.stopped:
             break
         model.eval()
-        snapshots.append(audit())
-        accuracy = test_accuracy(model, task)
+        snapshot = audit()
+        epoch_accuracy = test_accuracy(model, task, run.should_stop)
+        if epoch_accuracy is None:
+            break
+        snapshots.append(snapshot)
+        accuracy = epoch_accuracy
         last = {
             "loss": sums["loss"] / seen,
             "local_loss": sums["local_loss"] / seen,
             "penalty_loss": sums["penalty_loss"] / seen,
             "train_accuracy": sums["correct"] / seen,
             "test_accuracy": accuracy,
-            **snapshots[-1].metrics(),
+            **snapshot.metrics(),
         }
-        reporter.log(step, last, epoch=epoch)
-        if reporter.should_stop():
-            stopped = True
-            break
-        if not math.isfinite(last["loss"]):  # diverged: the worker reads it from `loss`
+        if run.log(step, last, epoch=epoch):
             break
     train_time_s = time.perf_counter() - started
-    model.eval()
-    accuracy = test_accuracy(model, task)
     final = snapshots[-1]
-    metrics = {
-        **last,
-        **final.metrics(),
-        "test_accuracy": accuracy,
-        "test_accuracy_noise_floor": accuracy * (1 - accuracy) / task.n_test,
-    }
+    metrics = {**last, **final.metrics()}
+    if accuracy is not None:
+        metrics["test_accuracy"] = accuracy
+        metrics["test_accuracy_noise_floor"] = accuracy * (1 - accuracy) / task.n_test
     diagnostics: dict[str, Any] = {
         "protocol": protocol_summary(snapshots, config, method),
         "feedback_matrices": (
@@ -403,14 +436,9 @@ def fit(config: FeedbackConfig, seed: int, reporter: Reporter) -> FeedbackOutcom
         "n_test": task.n_test,
         "train_time_s": train_time_s,
     }
-    result = RunResult(
-        metrics=metrics,
-        diagnostics=diagnostics,
-        warnings=protocol_warnings(final, config),
-        provenance=provenance(device, seed, config),
-        finished=not stopped,
-    )
-    return FeedbackOutcome(model=model, matrices=matrices, result=result)
+    output = TrainOutput(metrics=metrics, diagnostics=diagnostics,
+                         warnings=protocol_warnings(final, config))
+    return TrainedNetwork(model=model, matrices=matrices, output=output)
 
 
 def protocol_summary(snapshots: list[Snapshot], config: FeedbackConfig, method: str

@@ -1,0 +1,54 @@
+"""The label-weighted pair loss of the minimal collapse model (paper 004, arXiv:2604.09979;
+shared/papers/minimal-collapse.md section 2.1) and its closed-form mse gradients (section 2.5).
+
+The model is seedgrid's reconstruction (the paper's equations are not published): sample
+predictions pred_i are pulled towards the label embeddings y_c with weights p_ic, the rows of the
+label distribution P (N x K, each summing to 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pair_loss(pred: torch.Tensor, labels: torch.Tensor, p: torch.Tensor, kind: str) -> torch.Tensor:
+    """Label-weighted loss between predictions (N x d) and label embeddings (K x d).
+
+    mse:    (1/2N) sum_ic p_ic ||pred_i - y_c||^2
+    cosine: (1/N)  sum_ic p_ic (1 - cos(pred_i, y_c))
+    """
+    n = pred.shape[0]
+    if kind == "mse":
+        sq = (pred[:, None, :] - labels[None, :, :]).pow(2).sum(-1)
+        return 0.5 * (p * sq).sum() / n
+    cos = (
+        torch.nn.functional.normalize(pred, dim=1) @ torch.nn.functional.normalize(labels, dim=1).T
+    )
+    return (p * (1.0 - cos)).sum() / n
+
+
+def mse_gradients(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor | None,
+    p: torch.Tensor,
+    inputs: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """Closed-form gradients of the mse objective (spec section 2.5), without autograd.
+
+    Returns (dL/dx or dL/dA, dL/dy, dL/dW): dL/dx for free embeddings, dL/dA for the
+    teacher-student model (x_i = A u_i). With a head W, the objective is
+    pair_loss(emb W^T, sg(y)) + pair_loss(sg(emb), y): the x/A and W gradients see sg(y) and
+    the y gradient sees sg(x).
+    """
+    n = p.shape[0]
+    emb = x if inputs is None else inputs @ x.T
+    pred = emb if w is None else emb @ w.T
+    # rows of P sum to 1, so sum_c p_ic (pred_i - y_c) = pred_i - (P y)_i
+    residual = pred - p @ y
+    g_emb = residual if w is None else residual @ w
+    g_y = (p.sum(0)[:, None] * y - p.T @ emb) / n
+    g_first = g_emb / n if inputs is None else g_emb.T @ inputs / n
+    if w is None:
+        return g_first, g_y
+    return g_first, g_y, residual.T @ emb / n
