@@ -24,16 +24,9 @@ from collections.abc import Callable
 import torch
 
 from trainers import MemoryReporter
-from trainers.cff import (
-    CFFConfig,
-    build_head,
-    build_layers,
-    evaluate,
-    fit,
-    patchify,
-    supcon_margin_loss,
-)
+from trainers.cff import CFFConfig, build_head, build_layers, evaluate, fit, patchify
 from trainers.data import prepare_splits
+from trainers.losses.supcon_margin import supcon_margin_loss
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu, pick_device
 

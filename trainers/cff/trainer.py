@@ -14,309 +14,31 @@ import copy
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from torch import nn
 
 from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning, provenance
-from trainers.data import DataConfig, ImageSplits, Split, load_count, prepare_splits
-from trainers.data.sources import NATIVE_SIZE
-from trainers.estimates import (
-    FLOAT32,
-    Term,
-    augmented_batch_bytes,
-    dataset_bytes,
-    dataset_fields,
-    dataset_shape,
-    decode_phase,
-    layer_norm_parameters,
-    linear_parameters,
-    peak,
-    split_sizes,
-    training_state_bytes,
-    vit_block_activation_floats,
-    vit_block_largest_floats,
-    vit_block_parameters,
+from trainers.cff.config import MAX_DEPTH, CFFConfig
+from trainers.cff.estimate import EVAL_BATCH, cff_estimate
+from trainers.cff.model import build_head, build_layers, encode, patchify
+from trainers.data import ImageSplits, Split, load_count, prepare_splits
+from trainers.losses.supcon_margin import (
+    clamp_activation_rate,
+    expected_positives_per_anchor,
+    pair_similarities,
+    supcon_margin_loss,
+    supcon_margin_loss_from_similarities,
 )
-from trainers.init import init_linear
 from trainers.random_sources import random_sources
 from trainers.runtime import deterministic_cpu, pick_device
 
-MAX_DEPTH = 16
 # seedgrid's screening threshold for the early layer-0 clamp activation rate (the paper gives
 # none; CIFAR-10, where clamping raised the variance 5.9x, had 60.7%).
 CAR_WARNING_THRESHOLD = 0.5
-
-MarginMode = Literal["clamp", "subtract", "none"]
-Stability = Literal["detach", "direct"]
-
-
-class CFFConfig(DataConfig):
-    # clamp: s' = min(s + m, 1) on positive pairs (CFF); subtract: log p - m on positive pairs
-    # (gradient-neutral); none: no margin.
-    margin_mode: MarginMode = "clamp"
-    # detach: the row max M_i is detached (CFF); direct: not. Equal in exact arithmetic.
-    stability: Stability = "detach"
-    # Per-layer margins from margin_start (layer 0) to margin_end (last layer); CFF's default is
-    # linear 0.4 -> 0.1. margin_end None means margin_start / 4.
-    margin_schedule: Literal["linear", "parabolic", "cosine", "exponential"] = "linear"
-    margin_start: float = Field(0.4, ge=0.0, le=2.0)
-    margin_end: float | None = Field(None, ge=0.0, le=2.0)
-    temperature: float = Field(0.15, gt=0.0, le=10.0)
-    # ViT: embedding width E, layers L, attention heads, patch side; MLP width mlp_ratio * E.
-    width: int = Field(128, ge=4, le=4096)
-    depth: int = Field(5, ge=1, le=MAX_DEPTH)
-    heads: int = Field(4, ge=1, le=64)
-    patch: int = Field(4, ge=1, le=64)
-    mlp_ratio: int = Field(2, ge=1, le=16)
-    # Stage 1 (layer-local contrastive) and stage 2 (head) epochs; head_epochs 0 leaves the head
-    # untrained (for throughput benchmarks only).
-    epochs: int = Field(600, ge=1, le=100_000)
-    head_epochs: int = Field(50, ge=0, le=100_000)
-    # Images per batch; each gives two views, so 2 * batch_size anchors.
-    batch_size: int = Field(512, ge=2, le=65_536)
-    lr: float = Field(4e-3, gt=0.0, le=10.0)
-    head_lr: float = Field(5e-4, gt=0.0, le=10.0)
-    weight_decay: float = Field(0.01, ge=0.0, le=10.0)
-    # Keep the encoder with the best last-layer validation loss and the head with the best
-    # validation cross-entropy (CFF); false keeps the last (needs no validation split).
-    select_by_validation: bool = True
-    # Model input side; the paper's 32 (digits are upsampled to it). None: the dataset's own.
-    image_size: int | None = Field(32, ge=4, le=512)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-
-    @model_validator(mode="after")
-    def _check(self) -> CFFConfig:
-        if self.width % self.heads:
-            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
-        side = self.image_size or NATIVE_SIZE[self.dataset]
-        if side % self.patch:
-            raise ValueError(f"image side {side} must be divisible by patch ({self.patch})")
-        if self.select_by_validation and self.val_fraction == 0.0:
-            raise ValueError("select_by_validation needs val_fraction > 0")
-        return self
-
-    def margins(self) -> list[float]:
-        return margin_schedule(self.margin_schedule, self.margin_start, self.margin_end,
-                               self.depth)
-
-
-def margin_schedule(kind: str, start: float, end: float | None, depth: int) -> list[float]:
-    """Per-layer margins m_0..m_{L-1} from `start` to `end` (default start / 4).
-
-    linear is CFF's linspace(0.4, 0.1, L). The other shapes are seedgrid's: parabolic
-    m0 + (mL - m0) t^2, cosine mL + (m0 - mL)(1 + cos(pi t)) / 2, exponential m0 (mL/m0)^t,
-    with t = l / (L - 1).
-    """
-    end = start / 4 if end is None else end
-    if depth == 1:
-        return [start]
-    t = np.linspace(0.0, 1.0, depth)
-    if kind == "linear":
-        m = start + (end - start) * t
-    elif kind == "parabolic":
-        m = start + (end - start) * t**2
-    elif kind == "cosine":
-        m = end + (start - end) * (1 + np.cos(np.pi * t)) / 2
-    elif kind == "exponential":
-        m = start * (end / start) ** t if start > 0 and end > 0 else start + (end - start) * t
-    else:
-        raise ValueError(f"unknown margin schedule {kind!r}")
-    return [float(v) for v in m]
-
-
-# ---------------------------------------------------------------------------------------------
-# the loss and its diagnostics (pure functions)
-
-
-def pair_similarities(
-    f1: torch.Tensor, f2: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosine similarities s (2n x 2n, view-1 rows first) and the positive mask P (same label,
-    off-diagonal, so the other view of an image is always a positive)."""
-    z = F.normalize(torch.cat([f1, f2]), dim=1)
-    yy = torch.cat([labels, labels])
-    eye = torch.eye(len(z), dtype=torch.bool, device=z.device)
-    positives = (yy[:, None] == yy[None, :]) & ~eye
-    return z @ z.T, positives
-
-
-def supcon_margin_loss_from_similarities(
-    s: torch.Tensor,
-    positives: torch.Tensor,
-    margin: float,
-    *,
-    temperature: float,
-    margin_mode: MarginMode,
-    stability: Stability = "detach",
-) -> torch.Tensor:
-    """CFF's supervised contrastive loss with a positive-pair margin (spec section 2.2).
-
-        s'_ij = min(s_ij + m, 1) for j in P(i) under clamp, else s_ij
-        a_ij = s'_ij / tau,  M_i = max_j a_ij (diagonal included; detached under `detach`)
-        log p_ij = (a_ij - M_i) - log sum_{k != i} exp(a_ik - M_i)
-        log p_ij -= m for j in P(i) under subtract
-        L = mean_i [ -(1/|P(i)|) sum_{j in P(i)} log p_ij ]
-
-    Subtraction adds exactly m to the loss and nothing to its gradient; clamping zeroes the
-    gradient of every saturated positive pair (s_ij + m > 1).
-    """
-    eye = torch.eye(len(s), dtype=torch.bool, device=s.device)
-    if margin_mode == "clamp":
-        s = torch.where(positives, (s + margin).clamp(max=1.0), s)
-    a = s / temperature
-    row_max = a.max(dim=1, keepdim=True).values
-    if stability == "detach":
-        row_max = row_max.detach()
-    logits = a - row_max
-    log_p = logits - torch.log((logits.exp() * ~eye).sum(dim=1, keepdim=True))
-    if margin_mode == "subtract":
-        log_p = torch.where(positives, log_p - margin, log_p)
-    per_anchor = -(log_p * positives).sum(dim=1) / positives.sum(dim=1).clamp(min=1)
-    return per_anchor.mean()
-
-
-def supcon_margin_loss(
-    f1: torch.Tensor,
-    f2: torch.Tensor,
-    labels: torch.Tensor,
-    margin: float,
-    *,
-    temperature: float,
-    margin_mode: MarginMode,
-    stability: Stability = "detach",
-) -> torch.Tensor:
-    """The loss of one layer from the features of two views (n x E each) and labels (n)."""
-    s, positives = pair_similarities(f1, f2, labels)
-    return supcon_margin_loss_from_similarities(
-        s, positives, margin, temperature=temperature, margin_mode=margin_mode,
-        stability=stability,
-    )
-
-
-def clamp_activation_rate(s: torch.Tensor, positives: torch.Tensor, margin: float) -> torch.Tensor:
-    """CAR: the share of positive pairs with s_ij + m > 1, on raw cosines before any clamp."""
-    saturated = (s.detach() + margin > 1.0) & positives
-    return saturated.sum().to(s.dtype) / positives.sum().clamp(min=1).to(s.dtype)
-
-
-def expected_positives_per_anchor(batch_size: int, num_classes: int) -> float:
-    """2(1 + (n - 1)/K) - 1 positives per anchor among the 2n - 1 others, balanced classes."""
-    return 2 * (1 + (batch_size - 1) / num_classes) - 1
-
-
-# ---------------------------------------------------------------------------------------------
-# the model
-
-
-def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
-    """B x C x H x W -> B x T x (C p p), patches row-major, channel-major inside a patch."""
-    return F.unfold(x, kernel_size=patch, stride=patch).transpose(1, 2)
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention with nn.MultiheadAttention's parameterisation and init."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.out = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, e = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, e // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v)
-        return self.out(y.transpose(1, 2).reshape(b, t, e))
-
-
-class Block(nn.Module):
-    """Pre-LN encoder block: r = x + MHA(LN1(x)); out = r + fc2(GELU(fc1(LN2(r))))."""
-
-    def __init__(self, width: int, heads: int, mlp_ratio: int) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(width)
-        self.attn = Attention(width, heads)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc1 = nn.Linear(width, mlp_ratio * width)
-        self.fc2 = nn.Linear(mlp_ratio * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        r = x + self.attn(self.ln1(x))
-        return r + self.fc2(F.gelu(self.fc1(self.ln2(r))))
-
-
-class Embedding(nn.Module):
-    """Layer 0's input stage: Linear(C p^2 -> E), ReLU, + learnable positional embedding."""
-
-    def __init__(self, patch_dim: int, tokens: int, width: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(patch_dim, width)
-        self.position = nn.Parameter(torch.zeros(1, tokens, width))
-
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.proj(patches)) + self.position
-
-
-class CFFLayer(nn.Module):
-    """One layer-local unit: layer 0 is embedding + block, later layers a block."""
-
-    def __init__(self, block: Block, embedding: Embedding | None = None) -> None:
-        super().__init__()
-        self.embedding = embedding
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embedding is not None:
-            x = self.embedding(x)
-        return self.block(x)
-
-
-def build_layers(
-    config: CFFConfig, channels: int, side: int, generator: torch.Generator
-) -> nn.ModuleList:
-    """The L layers, initialised from the run's `init` generator as PyTorch would by default
-    (nn.Linear: kaiming-uniform(a=sqrt 5) weights, uniform(+-1/sqrt fan_in) biases; attention
-    in-projection xavier-uniform with zero biases, as nn.MultiheadAttention; positions N(0, 1))."""
-    tokens = (side // config.patch) ** 2
-    layers = nn.ModuleList()
-    for index in range(config.depth):
-        embedding = (
-            Embedding(channels * config.patch**2, tokens, config.width) if index == 0 else None
-        )
-        layers.append(CFFLayer(Block(config.width, config.heads, config.mlp_ratio), embedding))
-    for module in layers.modules():
-        if isinstance(module, nn.Linear):
-            init_linear(module, generator)
-        elif isinstance(module, Attention):
-            nn.init.xavier_uniform_(module.qkv.weight, generator=generator)
-            nn.init.zeros_(module.qkv.bias)
-            nn.init.zeros_(module.out.bias)
-        elif isinstance(module, Embedding):
-            nn.init.normal_(module.position, generator=generator)
-    return layers
-
-
-def build_head(width: int, num_classes: int, generator: torch.Generator) -> nn.Sequential:
-    head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, num_classes))
-    init_linear(head[1], generator)
-    return head
-
-
-def encode(layers: nn.ModuleList, x: torch.Tensor, patch: int) -> torch.Tensor:
-    """The last layer's token mean, the head's input."""
-    h = patchify(x, patch)
-    for layer in layers:
-        h = layer(h)
-    return h.mean(dim=1)
-
-
-# ---------------------------------------------------------------------------------------------
-# the trainer
 
 
 def _metric_names() -> tuple[str, ...]:
@@ -657,7 +379,7 @@ def _head_validation(
 @torch.no_grad()
 def evaluate(
     layers: nn.ModuleList, head: nn.Module, splits: ImageSplits, patch: int,
-    device: torch.device, batch_size: int = 1024,
+    device: torch.device, batch_size: int = EVAL_BATCH,
 ) -> dict[str, float]:
     """Top-1 (and top-5 with 20 or more classes) accuracy of the head on the un-augmented test
     set, and the binomial noise floor p(1 - p)/n_test of the top-1 accuracy."""
@@ -677,76 +399,3 @@ def evaluate(
     if splits.num_classes >= 20:
         out["test_top5_accuracy"] = top5 / n
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# resource estimate (pure arithmetic on the config)
-
-# Evaluation batch of `evaluate`.
-EVAL_BATCH = 1024
-# Bytes per anchor pair of the similarity matrices one layer's loss keeps for backward: about
-# 13 float32 A x A matrices (s, s + m, the clamp, a, logits, exp, masked exp, log p, the
-# positive terms and backward's gradients) and 5 boolean masks (eye, positives, their
-# complements and products).
-SIMILARITY_BYTES_PER_PAIR = 13 * FLOAT32 + 5
-
-
-def cff_parameters(config: CFFConfig, channels: int, side: int, num_classes: int) -> int:
-    """Encoder and head: layer 0's embedding Linear(C p^2 -> E) and positions (T E), L blocks
-    (`vit_block_parameters`), the head LayerNorm(E) + Linear(E -> K)."""
-    tokens = (side // config.patch) ** 2
-    embedding = linear_parameters(channels * config.patch**2, config.width) + tokens * config.width
-    blocks = config.depth * vit_block_parameters(config.width, config.mlp_ratio)
-    head = layer_norm_parameters(config.width) + linear_parameters(config.width, num_classes)
-    return embedding + blocks + head
-
-
-def cff_logged_points(config: CFFConfig) -> int:
-    """Per stage-1 epoch: loss, car and grad_norm of each of the L layers, the summed loss and
-    positives_per_anchor (3 L + 2), and val_loss of each layer with select_by_validation; per
-    head epoch head_loss (+ head_val_loss and head_val_accuracy with select_by_validation).
-    Exact unless the loss turns non-finite (stage 1 then stops early)."""
-    select = config.select_by_validation
-    per_epoch = 3 * config.depth + 2 + (config.depth if select else 0)
-    per_head_epoch = 1 + (2 if select else 0)
-    return config.epochs * per_epoch + config.head_epochs * per_head_epoch
-
-
-def cff_estimate(config: CFFConfig) -> ResourceEstimate:
-    """Memory: the decoded dataset; parameters, gradients, AdamW's two moments and the best
-    encoder's copy; then the larger of a stage-1 step and the test evaluation. A stage-1 step
-    of A = 2 B anchors (two views of B images) holds the augmented views, one layer's
-    activations (layers train one at a time on detached inputs; layer 0 adds the patches and
-    its embedding), backward's gradient buffers and the A x A similarity matrices of its loss.
-    Validation and the head stage run the same batches without a graph, so they stay below."""
-    shape = dataset_shape(config)
-    splits = split_sizes(config, shape)
-    side, e, t = shape.side, config.width, (shape.side // config.patch) ** 2
-    batch = min(config.batch_size, splits.train)
-    anchors = 2 * batch
-    parameters = cff_parameters(config, shape.channels, side, shape.num_classes)
-    block = vit_block_activation_floats(t, e, config.heads, config.mlp_ratio)
-    layer0_extra = t * (shape.channels * config.patch**2 + 3 * e)
-    model_fields = ("width", "depth", "mlp_ratio")
-    act_fields = ("batch_size", "image_size", "patch", "heads", "width")
-    data = Term(dataset_bytes(shape), dataset_fields(config))
-    state = Term(training_state_bytes(parameters, "adamw")
-                 + (FLOAT32 * parameters if config.select_by_validation else 0), model_fields)
-    largest = vit_block_largest_floats(t, e, config.heads, config.mlp_ratio)
-    train = [
-        data, state,
-        Term(augmented_batch_bytes(config, shape, anchors), ("batch_size", "image_size")),
-        Term(FLOAT32 * anchors * (block + t * e + layer0_extra), act_fields),
-        Term(FLOAT32 * 2 * anchors * largest, act_fields),
-        Term(SIMILARITY_BYTES_PER_PAIR * anchors**2, ("batch_size",)),
-    ]
-    eval_batch = min(EVAL_BATCH, splits.test)
-    evaluation = [
-        data, state,
-        Term(FLOAT32 * 3 * eval_batch * shape.image_elements, ("image_size",)),
-        Term(FLOAT32 * eval_batch * (block + t * e + layer0_extra),
-             ("image_size", "patch", "heads", "width")),
-    ]
-    memory, fields = peak([decode_phase(config, shape), train, evaluation])
-    return ResourceEstimate(memory, fields, cff_logged_points(config),
-                            ("epochs", "depth", "head_epochs", "select_by_validation"))
