@@ -9,7 +9,7 @@ estimate. The loss is trainers.losses.supcon_margin.
 from trainers.cff.config import MAX_DEPTH, CFFConfig, margin_schedule
 from trainers.cff.estimate import cff_estimate, cff_parameters
 from trainers.cff.model import build_head, build_layers, encode, patchify
-from trainers.cff.trainer import CFFTrainer, evaluate, fit
+from trainers.cff.trainer import CFFTrainer, evaluate
 
 __all__ = [
     "MAX_DEPTH",
@@ -21,7 +21,6 @@ __all__ = [
     "cff_parameters",
     "encode",
     "evaluate",
-    "fit",
     "margin_schedule",
     "patchify",
 ]

@@ -1,11 +1,8 @@
-"""`cff`: margin clamping in Contrastive Forward-Forward (paper 000, arXiv:2603.00951).
+"""The `cff` trainer: layer-local contrastive training of the encoder (stage 1), the linear head
+on the frozen encoder (stage 2) and the test evaluation.
 
-Specification: shared/papers/cff-margin-clamping.md. A ViT is trained layer-locally: every layer
-has its own AdamW and its own supervised contrastive loss on its token mean, and its input is
-detached from the layer below. The positive-pair margin m_l is either clamped into the cosine,
-min(s + m, 1) (CFF's code: saturated pairs get zero gradient), subtracted after the
-log-probability (gradient-neutral), or left out. After stage 1 a LayerNorm + Linear head is
-trained on the frozen last layer; test accuracy is the head's.
+Every stage-1 step and every head step checks the run's stop; so does every batch of the
+validation and test passes.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning, provenance
+from trainers.base import ResourceEstimate, RunWarning
 from trainers.cff.config import MAX_DEPTH, CFFConfig
 from trainers.cff.estimate import EVAL_BATCH, cff_estimate
 from trainers.cff.model import build_head, build_layers, encode, patchify
@@ -33,8 +30,7 @@ from trainers.losses.supcon_margin import (
     supcon_margin_loss,
     supcon_margin_loss_from_similarities,
 )
-from trainers.random_sources import random_sources
-from trainers.runtime import deterministic_cpu, pick_device
+from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 # seedgrid's screening threshold for the early layer-0 clamp activation rate (the paper gives
 # none; CIFAR-10, where clamping raised the variance 5.9x, had 60.7%).
@@ -57,20 +53,7 @@ def _metric_names() -> tuple[str, ...]:
     )
 
 
-@dataclass
-class CFFOutcome:
-    """The trained encoder layers and head, with the run's result."""
-
-    layers: nn.ModuleList
-    head: nn.Module
-    result: RunResult
-
-
-class _Stopped(Exception):
-    """The reporter asked the run to stop."""
-
-
-class CFFTrainer:
+class CFFTrainer(TrainerBase):
     name: ClassVar[str] = "cff"
     description: ClassVar[str] = (
         "Contrastive Forward-Forward ViT, layer-local supervised contrastive loss with a "
@@ -84,97 +67,73 @@ class CFFTrainer:
     metrics: ClassVar[tuple[str, ...]] = _metric_names()
     diagnostics: ClassVar[tuple[str, ...]] = ("final_grad_norms", "car_layer0_early", "margins")
     primary_metric: ClassVar[str] = "test_accuracy"
-
-    def run(self, config: CFFConfig, seed: int, reporter: Reporter) -> RunResult:
-        return fit(config, seed, reporter).result
+    # Stage 1's summed layer objectives: non-finite as soon as one layer's loss is.
+    divergence_metric: ClassVar[str] = "loss"
 
     def estimate(self, config: CFFConfig) -> ResourceEstimate:
         return cff_estimate(config)
 
-
-def fit(config: CFFConfig, seed: int, reporter: Reporter) -> CFFOutcome:
-    """Load the data (failing before any training if it is missing), then stages 1 and 2."""
-    device = pick_device(config.device)
-    if device.type == "cpu":
-        deterministic_cpu()
-    sources = random_sources(seed)
-    decoded_before = load_count()
-    splits = prepare_splits(config, sources)
-    dataset_cached = load_count() == decoded_before
-    channels, side, _ = splits.data.image_shape
-    layers = build_layers(config, channels, side, sources.init).to(device)
-    head = build_head(config.width, splits.num_classes, sources.init).to(device)
-    stage1 = _Stage1(config, splits, layers, sources, device, reporter)
-    stopped = False
-    try:
+    def train(self, config: CFFConfig, run: RunContext) -> TrainOutput:
+        """Load the data (failing before any training if it is missing), then stages 1 and 2
+        and the test evaluation."""
+        decoded_before = load_count()
+        splits = prepare_splits(config, run.sources)
+        dataset_cached = load_count() == decoded_before
+        channels, side, _ = splits.data.image_shape
+        layers = build_layers(config, channels, side, run.sources.init).to(run.device)
+        head = build_head(config.width, splits.num_classes, run.sources.init).to(run.device)
+        run.track(layers, head)
+        stage1 = _Stage1(config, splits, layers, run)
         stage1.train()
-        head_stats = _train_head(config, splits, layers, head, sources, device, reporter,
-                                 stage1.step)
-    except _Stopped:
-        stopped = True
-        head_stats = {}
-    evaluation = evaluate(layers, head, splits, config.patch, device)
-    metrics = {**stage1.summary(), **head_stats, **evaluation}
-    diagnostics: dict[str, Any] = {
-        "margins": config.margins(),
-        "final_grad_norms": stage1.final("grad_norm"),
-        "final_car": stage1.final("car"),
-        "car_layer0_early": stage1.early_car(),
-        "early_window_steps": stage1.early_steps,
-        "expected_positives_per_anchor": expected_positives_per_anchor(
-            min(config.batch_size, len(splits.train)), splits.num_classes
-        ),
-        "best_epoch": stage1.best_epoch,
-        "n_train": len(splits.train),
-        "n_val": len(splits.val),
-        "n_test": len(splits.test),
-        # True when this worker process had already decoded the dataset for an earlier run
-        "dataset_cached": dataset_cached,
-        # wall-clock figures live here, not in metrics, so metrics stay reproducible
-        "stage1_train_time_s": stage1.train_time_s,
-        "stage1_images": stage1.images_seen,
-        "stage1_images_per_s": (stage1.images_seen / stage1.train_time_s
-                                if stage1.train_time_s > 0 else None),
-    }
-    warnings = []
-    early = diagnostics["car_layer0_early"]
-    if config.margin_mode == "clamp" and early is not None and early > CAR_WARNING_THRESHOLD:
-        warnings.append(RunWarning(
-            diagnostic="car_layer0_early",
-            value=early,
-            threshold=CAR_WARNING_THRESHOLD,
-            message="clamping saturates most layer-0 positive pairs early in training, which "
-                    "truncates layer-0 gradients (paper: CAR 60.7% on CIFAR-10, where clamping "
-                    "raised the seed-to-seed variance 5.9x); compare with margin_mode=subtract",
-        ))
-    result = RunResult(
-        metrics=metrics,
-        diagnostics=diagnostics,
-        warnings=warnings,
-        provenance=provenance(device, seed, config),
-        finished=not stopped,
-    )
-    return CFFOutcome(layers=layers, head=head, result=result)
+        head_stats = _train_head(config, splits, layers, head, run, stage1.step)
+        evaluation = evaluate(layers, head, splits, config.patch, run.device, run.should_stop)
+        metrics = {**stage1.summary(), **head_stats, **(evaluation or {})}
+        diagnostics: dict[str, Any] = {
+            "margins": config.margins(),
+            "final_grad_norms": stage1.final("grad_norm"),
+            "final_car": stage1.final("car"),
+            "car_layer0_early": stage1.early_car(),
+            "early_window_steps": stage1.early_steps,
+            "expected_positives_per_anchor": expected_positives_per_anchor(
+                min(config.batch_size, len(splits.train)), splits.num_classes
+            ),
+            "best_epoch": stage1.best_epoch,
+            "n_train": len(splits.train),
+            "n_val": len(splits.val),
+            "n_test": len(splits.test),
+            # True when this worker process had already decoded the dataset for an earlier run
+            "dataset_cached": dataset_cached,
+            # wall-clock figures live here, not in metrics, so metrics stay reproducible
+            "stage1_train_time_s": stage1.train_time_s,
+            "stage1_images": stage1.images_seen,
+            "stage1_images_per_s": (stage1.images_seen / stage1.train_time_s
+                                    if stage1.train_time_s > 0 else None),
+        }
+        warnings = []
+        early = diagnostics["car_layer0_early"]
+        if config.margin_mode == "clamp" and early is not None and early > CAR_WARNING_THRESHOLD:
+            warnings.append(RunWarning(
+                diagnostic="car_layer0_early",
+                value=early,
+                threshold=CAR_WARNING_THRESHOLD,
+                message="clamping saturates most layer-0 positive pairs early in training, "
+                        "which truncates layer-0 gradients (paper: CAR 60.7% on CIFAR-10, where "
+                        "clamping raised the seed-to-seed variance 5.9x); compare with "
+                        "margin_mode=subtract",
+            ))
+        return TrainOutput(metrics=metrics, diagnostics=diagnostics, warnings=warnings)
 
 
 class _Stage1:
     """Layer-local contrastive training with per-layer diagnostics."""
 
     def __init__(
-        self,
-        config: CFFConfig,
-        splits: ImageSplits,
-        layers: nn.ModuleList,
-        sources: Any,
-        device: torch.device,
-        reporter: Reporter,
+        self, config: CFFConfig, splits: ImageSplits, layers: nn.ModuleList, run: RunContext
     ) -> None:
         self.config = config
         self.splits = splits
         self.layers = layers
-        self.sources = sources
-        self.device = device
-        self.reporter = reporter
+        self.run = run
         self.margins = config.margins()
         self.optimizers = [
             torch.optim.AdamW(layer.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -193,10 +152,14 @@ class _Stage1:
         self.last: dict[str, float] = {}
 
     def train(self) -> None:
+        """The stage-1 epochs, until the last, a stop or the first non-finite layer loss; then
+        the layers with the best last-layer validation loss, under select_by_validation."""
         for epoch in range(self.config.epochs):
             started = time.perf_counter()
             epoch_stats = self._epoch()
             self.train_time_s += time.perf_counter() - started
+            if self.run.stopped:  # a part of an epoch is not logged as an epoch
+                break
             record = {k: v.tolist() for k, v in epoch_stats.items() if k != "positives"}
             self.history.append(record)
             point = {f"{name}_layer{i}": value for name, values in record.items()
@@ -205,28 +168,30 @@ class _Stage1:
             point["positives_per_anchor"] = float(epoch_stats["positives"])
             if self.config.select_by_validation:
                 val = self._validate()
+                if val is None:
+                    break
                 point.update({f"val_loss_layer{i}": v for i, v in enumerate(val)})
                 if val[-1] < self.best_val:
                     self.best_val, self.best_epoch = val[-1], epoch
                     self.best_state = copy.deepcopy(self.layers.state_dict())
             self.last = point
-            self.reporter.log(self.step, point, epoch=epoch)
-            if not all(math.isfinite(v) for v in record["loss"]):
+            if self.run.log(self.step, point, epoch=epoch):
                 break
-            if self.reporter.should_stop():
-                raise _Stopped
         if self.best_state is not None:
             self.layers.load_state_dict(self.best_state)
 
     def _epoch(self) -> dict[str, torch.Tensor]:
+        """One pass over the training split, ended early by a stop: per-layer means of the
+        loss, CAR and gradient norm, and the mean positives per anchor."""
         config, splits = self.config, self.splits
         depth = len(self.layers)
-        sums = {k: torch.zeros(depth, device=self.device) for k in ("loss", "car", "grad_norm")}
-        positives = torch.zeros((), device=self.device)
+        device = self.run.device
+        sums = {k: torch.zeros(depth, device=device) for k in ("loss", "car", "grad_norm")}
+        positives = torch.zeros((), device=device)
         batches = 0
         self.layers.train()
-        for positions in splits.train_batches(config.batch_size, self.sources.data):
-            h, y = self._two_views("train", positions)
+        for positions in splits.train_batches(config.batch_size, self.run.sources.data):
+            h, y = self._two_views("train", positions, self.run.sources.augment)
             n = len(y)
             for index, (layer, optimizer) in enumerate(zip(self.layers, self.optimizers,
                                                            strict=True)):
@@ -252,33 +217,37 @@ class _Stage1:
             self.step += 1
             batches += 1
             self.images_seen += n
-            if self.reporter.should_stop():
-                raise _Stopped
+            if self.run.should_stop():
+                break
         out = {k: v / max(batches, 1) for k, v in sums.items()}
         out["positives"] = positives / max(batches, 1)
         return out
 
-    def _two_views(self, split: Split, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _two_views(
+        self, split: Split, positions: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, ...]:
         """Two independently augmented views of the same images, patchified and stacked
         (view-1 rows first), and their labels."""
-        x1, y = self.splits.images(split, positions, augment_generator=self.sources.augment,
-                                   device=self.device)
-        x2, _ = self.splits.images(split, positions, augment_generator=self.sources.augment,
-                                   device=self.device)
+        device = self.run.device
+        x1, y = self.splits.images(split, positions, augment_generator=generator, device=device)
+        x2, _ = self.splits.images(split, positions, augment_generator=generator, device=device)
         return patchify(torch.cat([x1, x2]), self.config.patch), y
 
     @torch.no_grad()
-    def _validate(self) -> list[float]:
-        """Per-layer loss on the augmented validation split (the checkpoint criterion)."""
+    def _validate(self) -> list[float] | None:
+        """Per-layer loss on the augmented validation split (the checkpoint criterion); None
+        when the run stops first."""
         config, splits = self.config, self.splits
         self.layers.eval()
         totals = np.zeros(len(self.layers))
         count = 0
         for start in range(0, len(splits.val), config.batch_size):
+            if self.run.should_stop():
+                return None
             positions = torch.arange(start, min(start + config.batch_size, len(splits.val)))
             if len(positions) < 2:
                 continue
-            h, y = self._two_views("val", positions)
+            h, y = self._two_views("val", positions, self.run.sources.augment)
             n = len(y)
             for index, layer in enumerate(self.layers):
                 h = layer(h)
@@ -311,13 +280,12 @@ def _train_head(
     splits: ImageSplits,
     layers: nn.ModuleList,
     head: nn.Module,
-    sources: Any,
-    device: torch.device,
-    reporter: Reporter,
+    run: RunContext,
     step: int,
 ) -> dict[str, float]:
     """Stage 2: cross-entropy on the frozen last layer's features of the first augmented view;
-    keep the head with the best validation cross-entropy (augmented validation split)."""
+    keep the head with the best validation cross-entropy (augmented validation split). Returns
+    the kept epoch's statistics (none when the run stopped before an epoch ended)."""
     layers.eval()
     for p in layers.parameters():
         p.requires_grad_(False)
@@ -326,11 +294,13 @@ def _train_head(
     best = (math.inf, None, {})
     stats: dict[str, float] = {}
     for epoch in range(config.head_epochs):
+        if run.should_stop():
+            break
         head.train()
         total, count = 0.0, 0
-        for positions in splits.train_batches(config.batch_size, sources.data):
-            x, y = splits.images("train", positions, augment_generator=sources.augment,
-                                 device=device)
+        for positions in splits.train_batches(config.batch_size, run.sources.data):
+            x, y = splits.images("train", positions, augment_generator=run.sources.augment,
+                                 device=run.device)
             with torch.no_grad():
                 features = encode(layers, x, config.patch)
             loss = F.cross_entropy(head(features), y)
@@ -340,15 +310,21 @@ def _train_head(
             total += float(loss.detach()) * len(y)
             count += len(y)
             step += 1
+            if run.should_stop():
+                break
+        if run.stopped:  # a part of an epoch is not logged as an epoch
+            break
         stats = {"head_loss": total / max(count, 1)}
         if config.select_by_validation:
-            val_loss, val_acc = _head_validation(config, splits, layers, head, sources, device)
+            validation = _head_validation(config, splits, layers, head, run)
+            if validation is None:
+                break
+            val_loss, val_acc = validation
             stats.update(head_val_loss=val_loss, head_val_accuracy=val_acc)
             if val_loss < best[0]:
                 best = (val_loss, copy.deepcopy(head.state_dict()), dict(stats))
-        reporter.log(step, stats, epoch=config.epochs + epoch)
-        if reporter.should_stop():
-            raise _Stopped
+        if run.log(step, stats, epoch=config.epochs + epoch):
+            break
     if best[1] is not None:
         head.load_state_dict(best[1])
         stats = best[2]
@@ -361,14 +337,18 @@ def _head_validation(
     splits: ImageSplits,
     layers: nn.ModuleList,
     head: nn.Module,
-    sources: Any,
-    device: torch.device,
-) -> tuple[float, float]:
+    run: RunContext,
+) -> tuple[float, float] | None:
+    """Cross-entropy and accuracy of the head on the augmented validation split; None when the
+    run stops first."""
     head.eval()
     total, correct, count = 0.0, 0, 0
     for start in range(0, len(splits.val), config.batch_size):
+        if run.should_stop():
+            return None
         positions = torch.arange(start, min(start + config.batch_size, len(splits.val)))
-        x, y = splits.images("val", positions, augment_generator=sources.augment, device=device)
+        x, y = splits.images("val", positions, augment_generator=run.sources.augment,
+                             device=run.device)
         logits = head(encode(layers, x, config.patch))
         total += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(1) == y).sum())
@@ -379,15 +359,18 @@ def _head_validation(
 @torch.no_grad()
 def evaluate(
     layers: nn.ModuleList, head: nn.Module, splits: ImageSplits, patch: int,
-    device: torch.device, batch_size: int = EVAL_BATCH,
-) -> dict[str, float]:
+    device: torch.device, should_stop: Callable[[], bool], batch_size: int = EVAL_BATCH,
+) -> dict[str, float] | None:
     """Top-1 (and top-5 with 20 or more classes) accuracy of the head on the un-augmented test
-    set, and the binomial noise floor p(1 - p)/n_test of the top-1 accuracy."""
+    set, and the binomial noise floor p(1 - p)/n_test of the top-1 accuracy; None when
+    `should_stop` answers True before the last batch (a stopped run reports no test metrics)."""
     layers.eval()
     head.eval()
     top1 = top5 = 0
     n = len(splits.test)
     for start in range(0, n, batch_size):
+        if should_stop():
+            return None
         positions = torch.arange(start, min(start + batch_size, n))
         x, y = splits.images("test", positions, device=device)
         logits = head(encode(layers, x, patch))
