@@ -32,11 +32,22 @@ class Case:
     rare: dict[str, Any]
 
 
+CFF_TINY = {"dataset": "digits", "image_size": 8, "width": 16, "depth": 2, "heads": 2,
+            "patch": 4, "batch_size": 64, "train_size": 256, "test_size": 64}
+
 CASES: dict[str, Case] = {
     "collapse": Case(
         long={"steps": 50_000_000, "n_samples": 64},
         frequent={"steps": 300, "log_every": 1},
         rare={"steps": 300, "log_every": 97},
+    ),
+    # cff has no evaluation interval: it validates after every epoch of both stages under
+    # select_by_validation, and never without it. With one epoch per stage the kept encoder and
+    # head are the last either way, so the two runs differ only in whether validation runs.
+    "cff": Case(
+        long={**CFF_TINY, "epochs": 100_000},
+        frequent={**CFF_TINY, "epochs": 1, "head_epochs": 1, "select_by_validation": True},
+        rare={**CFF_TINY, "epochs": 1, "head_epochs": 1, "select_by_validation": False},
     ),
 }
 

@@ -2,7 +2,8 @@
 on the frozen encoder (stage 2) and the test evaluation.
 
 Every stage-1 step and every head step checks the run's stop; so does every batch of the
-validation and test passes.
+validation and test passes. Validation draws its augmented views from the run's `evaluate`
+source, so that selecting checkpoints by validation never changes what the run trains.
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ class _Stage1:
             positions = torch.arange(start, min(start + config.batch_size, len(splits.val)))
             if len(positions) < 2:
                 continue
-            h, y = self._two_views("val", positions, self.run.sources.augment)
+            h, y = self._two_views("val", positions, self.run.sources.evaluate)
             n = len(y)
             for index, layer in enumerate(self.layers):
                 h = layer(h)
@@ -347,7 +348,7 @@ def _head_validation(
         if run.should_stop():
             return None
         positions = torch.arange(start, min(start + config.batch_size, len(splits.val)))
-        x, y = splits.images("val", positions, augment_generator=run.sources.augment,
+        x, y = splits.images("val", positions, augment_generator=run.sources.evaluate,
                              device=run.device)
         logits = head(encode(layers, x, config.patch))
         total += float(F.cross_entropy(logits, y, reduction="sum"))
