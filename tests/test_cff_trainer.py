@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pydantic
 import pytest
+import torch
 
+import trainers.cff.trainer
 from trainers import MemoryReporter, Reporter, RunResult, get_trainer
 from trainers.cff import CFFConfig
 from trainers.data import DatasetUnavailable
+from trainers.losses.supcon_margin import supcon_margin_loss_from_similarities
 
 TINY = dict(dataset="digits", image_size=8, width=16, depth=2, heads=2, patch=4, epochs=2,
             head_epochs=2, batch_size=128, head_lr=2e-2)
@@ -112,6 +116,22 @@ def test_stop_request_ends_the_run_early() -> None:
     # what the run has: its last stage-1 epoch; a stopped run skips the test pass
     assert result.metrics["loss"] == reporter.curve("loss")[-1][1]
     assert "test_accuracy" not in result.metrics
+
+
+def test_a_non_finite_layer_loss_ends_the_run_as_diverged(monkeypatch: pytest.MonkeyPatch) -> None:
+    reporter = MemoryReporter()
+
+    def nan_after_the_first_epoch(*args: object, **kwargs: object) -> torch.Tensor:
+        loss = supcon_margin_loss_from_similarities(*args, **kwargs)
+        return loss * math.nan if reporter.points else loss
+
+    monkeypatch.setattr(trainers.cff.trainer, "supcon_margin_loss_from_similarities",
+                        nan_after_the_first_epoch)
+    result = run_cff(tiny(epochs=5), seed=0, reporter=reporter)
+    assert result.diverged and result.finished
+    assert [epoch for _, epoch, name, _ in reporter.points if name == "loss"] == [0, 1]
+    assert result.diverged_at_step == reporter.curve("loss")[1][0]
+    assert result.metrics["loss"] == reporter.curve("loss")[0][1]  # the last finite epoch's
 
 
 @pytest.mark.parametrize(
