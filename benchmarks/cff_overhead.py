@@ -24,18 +24,11 @@ from collections.abc import Callable
 import torch
 
 from trainers import MemoryReporter
-from trainers.cff import (
-    CFFConfig,
-    build_head,
-    build_layers,
-    evaluate,
-    fit,
-    patchify,
-    supcon_margin_loss,
-)
+from trainers.cff import CFFConfig, CFFTrainer, build_head, build_layers, evaluate, patchify
 from trainers.data import prepare_splits
+from trainers.losses.supcon_margin import supcon_margin_loss
 from trainers.random_sources import random_sources
-from trainers.runtime import deterministic_cpu, pick_device
+from trainers.runtime import pick_device
 
 
 def bare_loop(config: CFFConfig, seed: int) -> int:
@@ -69,12 +62,12 @@ def bare_loop(config: CFFConfig, seed: int) -> int:
                 loss.backward()
                 optimizer.step()
             images += n
-    evaluate(layers, head, splits, config.patch, device)
+    evaluate(layers, head, splits, config.patch, device, should_stop=lambda: False)
     return images
 
 
 def trainer_loop(config: CFFConfig, seed: int) -> int:
-    return fit(config, seed, MemoryReporter()).result.diagnostics["stage1_images"]
+    return CFFTrainer().run(config, seed, MemoryReporter()).diagnostics["stage1_images"]
 
 
 def timed(loop: Callable[[CFFConfig, int], int], config: CFFConfig, seed: int) -> tuple[float, ...]:
@@ -103,8 +96,8 @@ def main() -> None:
         heads=args.heads, batch_size=args.batch_size, epochs=args.epochs, head_epochs=0,
         select_by_validation=False, device=args.device,
     )
-    if pick_device(config.device).type == "cpu":
-        deterministic_cpu()
+    # as the trainer's runs set it (TrainerBase.run), so that both loops use the same kernels
+    torch.use_deterministic_algorithms(pick_device(config.device).type == "cpu")
     print(f"CFF stage 1: {config.dataset} {config.image_size}px, E={config.width} "
           f"L={config.depth} H={config.heads}, batch {config.batch_size}, {config.epochs} "
           f"epochs, device {config.device}, torch threads {torch.get_num_threads()}")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.cff import (
+from trainers.cff import margin_schedule
+from trainers.losses.supcon_margin import (
     clamp_activation_rate,
     expected_positives_per_anchor,
-    margin_schedule,
     pair_similarities,
     supcon_margin_loss,
     supcon_margin_loss_from_similarities,

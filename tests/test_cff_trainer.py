@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pydantic
 import pytest
 import torch
 
-from trainers import MemoryReporter, get_trainer
-from trainers.cff import CFFConfig, fit
+import trainers.cff.trainer
+from trainers import MemoryReporter, Reporter, RunResult, get_trainer
+from trainers.cff import CFFConfig
 from trainers.data import DatasetUnavailable
+from trainers.losses.supcon_margin import supcon_margin_loss_from_similarities
 
 TINY = dict(dataset="digits", image_size=8, width=16, depth=2, heads=2, patch=4, epochs=2,
             head_epochs=2, batch_size=128, head_lr=2e-2)
@@ -20,12 +23,16 @@ def tiny(**overrides: object) -> CFFConfig:
     return CFFConfig(**{**TINY, **overrides})
 
 
+def run_cff(config: CFFConfig, seed: int, reporter: Reporter | None = None) -> RunResult:
+    return get_trainer("cff").run(config, seed, reporter or MemoryReporter())
+
+
 def test_a_tiny_run_learns_and_logs_per_layer_diagnostics_every_epoch() -> None:
     reporter = MemoryReporter()
-    outcome = fit(tiny(epochs=4, head_epochs=4), seed=0, reporter=reporter)
-    m = outcome.result.metrics
+    result = run_cff(tiny(epochs=4, head_epochs=4), seed=0, reporter=reporter)
+    m = result.metrics
     assert m["test_accuracy"] > 0.4  # chance is 0.1
-    n_test = outcome.result.diagnostics["n_test"]
+    n_test = result.diagnostics["n_test"]
     assert m["test_accuracy_noise_floor"] == pytest.approx(
         m["test_accuracy"] * (1 - m["test_accuracy"]) / n_test)
     for layer in (0, 1):
@@ -35,8 +42,8 @@ def test_a_tiny_run_learns_and_logs_per_layer_diagnostics_every_epoch() -> None:
             assert all(v >= 0 for _, v in curve)
         assert 0.0 <= m[f"car_layer{layer}"] <= 1.0
     assert 0.0 <= m["car_layer0_early"] <= 1.0
-    assert len(outcome.result.diagnostics["final_grad_norms"]) == 2
-    assert outcome.result.diagnostics["margins"] == pytest.approx([0.4, 0.1])
+    assert len(result.diagnostics["final_grad_norms"]) == 2
+    assert result.diagnostics["margins"] == pytest.approx([0.4, 0.1])
     # steps are optimizer steps: strictly increasing over stage 1 then stage 2
     steps = [s for s, _ in reporter.curve("car_layer0")] + [s for s, _ in
                                                              reporter.curve("head_loss")]
@@ -46,49 +53,43 @@ def test_a_tiny_run_learns_and_logs_per_layer_diagnostics_every_epoch() -> None:
 
 def test_same_config_and_seed_give_identical_curves() -> None:
     a, b = MemoryReporter(), MemoryReporter()
-    fit(tiny(), seed=3, reporter=a)
-    fit(tiny(), seed=3, reporter=b)
+    run_cff(tiny(), seed=3, reporter=a)
+    run_cff(tiny(), seed=3, reporter=b)
     assert a.points == b.points
     c = MemoryReporter()
-    fit(tiny(), seed=4, reporter=c)
+    run_cff(tiny(), seed=4, reporter=c)
     assert c.points != a.points
 
 
 def test_subtract_and_no_margin_train_identical_parameters() -> None:
-    subtract = fit(tiny(margin_mode="subtract"), seed=1, reporter=MemoryReporter())
-    none = fit(tiny(margin_mode="none"), seed=1, reporter=MemoryReporter())
-    clamp = fit(tiny(margin_mode="clamp"), seed=1, reporter=MemoryReporter())
-    for module in ("layers", "head"):
-        sub_state = getattr(subtract, module).state_dict()
-        none_state = getattr(none, module).state_dict()
-        assert sub_state.keys() == none_state.keys()
-        for key in sub_state:
-            assert torch.equal(sub_state[key], none_state[key]), f"{module}.{key}"
-    assert subtract.result.metrics["test_accuracy"] == none.result.metrics["test_accuracy"]
+    subtract = run_cff(tiny(margin_mode="subtract"), seed=1)
+    none = run_cff(tiny(margin_mode="none"), seed=1)
+    clamp = run_cff(tiny(margin_mode="clamp"), seed=1)
+    # the hash covers every parameter and buffer of the layers and the head, bit for bit
+    assert subtract.provenance["parameters_sha256"] == none.provenance["parameters_sha256"]
+    assert subtract.metrics["test_accuracy"] == none.metrics["test_accuracy"]
     # the reported layer losses differ by exactly the layer's margin (to float32 rounding)
     for layer, margin in enumerate((0.4, 0.1)):
-        diff = (subtract.result.metrics[f"loss_layer{layer}"]
-                - none.result.metrics[f"loss_layer{layer}"])
+        diff = subtract.metrics[f"loss_layer{layer}"] - none.metrics[f"loss_layer{layer}"]
         assert diff == pytest.approx(margin, abs=1e-5)
-    assert not torch.equal(clamp.layers[0].block.fc1.weight, none.layers[0].block.fc1.weight)
+    assert clamp.provenance["parameters_sha256"] != none.provenance["parameters_sha256"]
 
 
 def test_clamp_truncates_layer0_gradients_on_digits() -> None:
-    clamp = fit(tiny(margin_mode="clamp", epochs=3), seed=0, reporter=MemoryReporter())
-    subtract = fit(tiny(margin_mode="subtract", epochs=3), seed=0, reporter=MemoryReporter())
+    clamp = run_cff(tiny(margin_mode="clamp", epochs=3), seed=0)
+    subtract = run_cff(tiny(margin_mode="subtract", epochs=3), seed=0)
     # the mechanism of paper 000: saturated positives -> smaller layer-0 gradients under clamp
-    assert clamp.result.metrics["car_layer0_early"] > 0.5
-    assert (clamp.result.metrics["grad_norm_layer0"]
-            < subtract.result.metrics["grad_norm_layer0"])
-    assert any(w.diagnostic == "car_layer0_early" for w in clamp.result.warnings)
-    assert not subtract.result.warnings
+    assert clamp.metrics["car_layer0_early"] > 0.5
+    assert clamp.metrics["grad_norm_layer0"] < subtract.metrics["grad_norm_layer0"]
+    assert any(w.diagnostic == "car_layer0_early" for w in clamp.warnings)
+    assert not subtract.warnings
 
 
 def test_top5_is_reported_with_twenty_or_more_classes() -> None:
     config = tiny(dataset="synthetic", image_size=None, synthetic_classes=20,
                   synthetic_train_per_class=12, synthetic_test_per_class=5, epochs=1,
                   head_epochs=1)
-    m = fit(config, seed=0, reporter=MemoryReporter()).result.metrics
+    m = run_cff(config, seed=0).metrics
     assert m["test_top5_accuracy"] >= m["test_accuracy"]
 
 
@@ -108,8 +109,29 @@ def test_stop_request_ends_the_run_early() -> None:
         def should_stop(self) -> bool:
             return bool(self.points)
 
-    result = fit(tiny(epochs=50), seed=0, reporter=StopAfterFirstEpoch()).result
+    reporter = StopAfterFirstEpoch()
+    result = run_cff(tiny(epochs=50), seed=0, reporter=reporter)
     assert result.finished is False
+    assert {epoch for _, epoch, _, _ in reporter.points} == {0}  # no later epoch, no head epoch
+    # what the run has: its last stage-1 epoch; a stopped run skips the test pass
+    assert result.metrics["loss"] == reporter.curve("loss")[-1][1]
+    assert "test_accuracy" not in result.metrics
+
+
+def test_a_non_finite_layer_loss_ends_the_run_as_diverged(monkeypatch: pytest.MonkeyPatch) -> None:
+    reporter = MemoryReporter()
+
+    def nan_after_the_first_epoch(*args: object, **kwargs: object) -> torch.Tensor:
+        loss = supcon_margin_loss_from_similarities(*args, **kwargs)
+        return loss * math.nan if reporter.points else loss
+
+    monkeypatch.setattr(trainers.cff.trainer, "supcon_margin_loss_from_similarities",
+                        nan_after_the_first_epoch)
+    result = run_cff(tiny(epochs=5), seed=0, reporter=reporter)
+    assert result.diverged and result.finished
+    assert [epoch for _, epoch, name, _ in reporter.points if name == "loss"] == [0, 1]
+    assert result.diverged_at_step == reporter.curve("loss")[1][0]
+    assert result.metrics["loss"] == reporter.curve("loss")[0][1]  # the last finite epoch's
 
 
 @pytest.mark.parametrize(

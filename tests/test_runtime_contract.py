@@ -35,6 +35,8 @@ class Case:
 FEEDBACK_SHORT = {"arch": "resmlp", "method": "fa", "dataset": "digits", "width": 16,
                   "depth": 2, "epochs": 2, "batch_size": 256, "augment_strength": 0.5,
                   "device": "cpu"}
+CFF_TINY = {"dataset": "digits", "image_size": 8, "width": 16, "depth": 2, "heads": 2,
+            "patch": 4, "batch_size": 64, "train_size": 256, "test_size": 64}
 
 CASES: dict[str, Case] = {
     "collapse": Case(
@@ -52,6 +54,14 @@ CASES: dict[str, Case] = {
                   "ce_reduction": "mean"},
         rare={**FEEDBACK_SHORT, "eval_batch_size": 16, "cosine_pairing": "input",
               "ce_reduction": "sum"},
+    ),
+    # cff has no evaluation interval: it validates after every epoch of both stages under
+    # select_by_validation, and never without it. With one epoch per stage the kept encoder and
+    # head are the last either way, so the two runs differ only in whether validation runs.
+    "cff": Case(
+        long={**CFF_TINY, "epochs": 100_000},
+        frequent={**CFF_TINY, "epochs": 1, "head_epochs": 1, "select_by_validation": True},
+        rare={**CFF_TINY, "epochs": 1, "head_epochs": 1, "select_by_validation": False},
     ),
 }
 

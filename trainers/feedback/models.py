@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.cff import Attention, Block, patchify
+from trainers.cff.model import Attention, Block, patchify
 from trainers.feedback.config import FeedbackConfig
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -1,0 +1,89 @@
+"""The `cff` run's configuration and its per-layer margin schedule."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from trainers.data import DataConfig
+from trainers.data.sources import NATIVE_SIZE
+from trainers.losses.supcon_margin import MarginMode, Stability
+
+MAX_DEPTH = 16
+
+
+class CFFConfig(DataConfig):
+    # clamp: s' = min(s + m, 1) on positive pairs (CFF); subtract: log p - m on positive pairs
+    # (gradient-neutral); none: no margin.
+    margin_mode: MarginMode = "clamp"
+    # detach: the row max M_i is detached (CFF); direct: not. Equal in exact arithmetic.
+    stability: Stability = "detach"
+    # Per-layer margins from margin_start (layer 0) to margin_end (last layer); CFF's default is
+    # linear 0.4 -> 0.1. margin_end None means margin_start / 4.
+    margin_schedule: Literal["linear", "parabolic", "cosine", "exponential"] = "linear"
+    margin_start: float = Field(0.4, ge=0.0, le=2.0)
+    margin_end: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float = Field(0.15, gt=0.0, le=10.0)
+    # ViT: embedding width E, layers L, attention heads, patch side; MLP width mlp_ratio * E.
+    width: int = Field(128, ge=4, le=4096)
+    depth: int = Field(5, ge=1, le=MAX_DEPTH)
+    heads: int = Field(4, ge=1, le=64)
+    patch: int = Field(4, ge=1, le=64)
+    mlp_ratio: int = Field(2, ge=1, le=16)
+    # Stage 1 (layer-local contrastive) and stage 2 (head) epochs; head_epochs 0 leaves the head
+    # untrained (for throughput benchmarks only).
+    epochs: int = Field(600, ge=1, le=100_000)
+    head_epochs: int = Field(50, ge=0, le=100_000)
+    # Images per batch; each gives two views, so 2 * batch_size anchors.
+    batch_size: int = Field(512, ge=2, le=65_536)
+    lr: float = Field(4e-3, gt=0.0, le=10.0)
+    head_lr: float = Field(5e-4, gt=0.0, le=10.0)
+    weight_decay: float = Field(0.01, ge=0.0, le=10.0)
+    # Keep the encoder with the best last-layer validation loss and the head with the best
+    # validation cross-entropy (CFF); false keeps the last (needs no validation split).
+    select_by_validation: bool = True
+    # Model input side; the paper's 32 (digits are upsampled to it). None: the dataset's own.
+    image_size: int | None = Field(32, ge=4, le=512)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _check(self) -> CFFConfig:
+        if self.width % self.heads:
+            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
+        side = self.image_size or NATIVE_SIZE[self.dataset]
+        if side % self.patch:
+            raise ValueError(f"image side {side} must be divisible by patch ({self.patch})")
+        if self.select_by_validation and self.val_fraction == 0.0:
+            raise ValueError("select_by_validation needs val_fraction > 0")
+        return self
+
+    def margins(self) -> list[float]:
+        return margin_schedule(self.margin_schedule, self.margin_start, self.margin_end,
+                               self.depth)
+
+
+def margin_schedule(kind: str, start: float, end: float | None, depth: int) -> list[float]:
+    """Per-layer margins m_0..m_{L-1} from `start` to `end` (default start / 4).
+
+    linear is CFF's linspace(0.4, 0.1, L). The other shapes are seedgrid's: parabolic
+    m0 + (mL - m0) t^2, cosine mL + (m0 - mL)(1 + cos(pi t)) / 2, exponential m0 (mL/m0)^t,
+    with t = l / (L - 1).
+    """
+    end = start / 4 if end is None else end
+    if depth == 1:
+        return [start]
+    t = np.linspace(0.0, 1.0, depth)
+    if kind == "linear":
+        m = start + (end - start) * t
+    elif kind == "parabolic":
+        m = start + (end - start) * t**2
+    elif kind == "cosine":
+        m = end + (start - end) * (1 + np.cos(np.pi * t)) / 2
+    elif kind == "exponential":
+        m = start * (end / start) ** t if start > 0 and end > 0 else start + (end - start) * t
+    else:
+        raise ValueError(f"unknown margin schedule {kind!r}")
+    return [float(v) for v in m]
+
