@@ -1,0 +1,1 @@
+from trainers.ssl.trainer import *  # noqa: F403
