@@ -1,0 +1,1 @@
+"""Losses, one per module, each a pure function with its equation and paper."""
