@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
 from trainers import MemoryReporter, get_trainer
 from trainers.losses.negative_cosine import negative_cosine
 from trainers.losses.nt_xent import decoupled_nt_xent
@@ -202,20 +204,37 @@ def test_convergence_steps_match_the_reference_rerun() -> None:
     assert scaled < 0.5 * steps[-1]
 
 
-def test_latent_class_simulation_gives_frequent_classes_larger_norms() -> None:
-    # spec section 2.5 settings: frequencies 1:2:4:8, 2,000 samples, spread 1, 100 epochs.
-    # With the notebook's loss the effect is a consistent but weak trend: the most frequent
-    # class ends with a larger mean norm than the rarest in 13 of seeds 0-14 and the Spearman
-    # correlation is positive in 12; the full 4-class order holds in none (the paper's figure
-    # averages 5 runs). This asserts the trend, not a strict order.
+# Ten seeds of the latent-class simulation: the paper's claim is about runs averaged over seeds.
+LATENT_CLASS_SEEDS = range(10)
+
+
+def test_latent_class_simulation_gives_frequent_classes_larger_norms_across_seeds() -> None:
+    # Spec section 2.5 settings: frequencies 1:2:4:8, 2,000 samples, spread 1, 100 epochs. Per
+    # seed the effect is a weak trend (most frequent above rarest in 80 of seeds 0-95, the
+    # Spearman correlation ranges down to -0.8), so the paper's figure averages runs and this
+    # asserts the seed means. Over seeds 0-95 the per-seed Spearman(frequency, norm) has mean
+    # 0.42 and SD 0.46, and most-frequent / rarest mean 1.068 and SD 0.081: a mean over 10
+    # seeds sits 2.9 and 2.6 standard errors above 0 and 1. Both bounds hold in each of the 87
+    # windows of 10 consecutive seeds in 0-95 (lowest: 0.16 and 1.006, seeds 66-75).
     trainer = get_trainer("ssl_sim")
     config = trainer.Config(simulation="latent_class")
-    rhos, frequent_larger = [], 0
-    for seed in range(5):
-        result = trainer.run(config, seed, MemoryReporter())
+    rhos, most_over_rarest = [], []
+    for seed in LATENT_CLASS_SEEDS:
+        result = trainer.run(config, seed, MemoryReporter(), threads=1)
         counts = result.diagnostics["class_counts"]
         assert counts == sorted(counts)  # class c has weight 2^c
         rhos.append(result.metrics["norm_frequency_spearman"])
-        frequent_larger += result.metrics["norm_most_over_least_frequent"] > 1
-    assert frequent_larger >= 4, rhos
-    assert min(rhos) > 0 and sum(rhos) / len(rhos) > 0.2, rhos
+        most_over_rarest.append(result.metrics["norm_most_over_least_frequent"])
+    assert np.mean(rhos) > 0, rhos
+    assert np.mean(most_over_rarest) > 1, most_over_rarest
+
+
+def test_a_cancel_ends_a_long_latent_class_run_within_the_bound() -> None:
+    trainer = get_trainer("ssl_sim")
+    reporter = CancelAfter(RUN_BEFORE_CANCEL_S)
+    config = trainer.Config(simulation="latent_class", epochs=100_000)
+    result = trainer.run(config, 0, reporter, threads=1)
+    ended = time.perf_counter()
+    assert reporter.requested is not None, "the run ended before the cancel: make it longer"
+    assert not result.finished
+    assert ended - reporter.requested < CANCEL_BOUND_S
