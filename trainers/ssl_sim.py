@@ -9,11 +9,12 @@ metric with image SSL training, and a separate name keeps both configs strict an
   GradScale (grad_scale_power) can be switched on to see it remove the dependence.
 - `latent_class`: K latent classes on the sphere S^9 with frequencies in class_weights, observed
   through x = A u (A ~ 10 N(0, 1), 64 x 10); an MLP 64 -> 64 -> ReLU -> 10 trained with the
-  notebook's supervised InfoNCE (one random same-class pick per anchor, made symmetric, t = 1)
-  by SGD; the mean embedding norm of each class is logged per epoch (epoch 0: untrained). The
-  paper expects it ordered by class frequency; its figure averages 5 runs. Single runs are
-  noisy: the effect shows across seeds, in /stats of norm_frequency_spearman and
-  norm_most_over_least_frequent (docs/design-notes.md, `ssl`, has the measurements).
+  notebook's supervised InfoNCE (trainers/losses/latent_class.py: one random same-class pick
+  per anchor, made symmetric, t = 1) by SGD; the mean embedding norm of each class is logged
+  per epoch (epoch 0: untrained). The paper expects it ordered by class frequency; its figure
+  averages 5 runs. Single runs are noisy: the effect shows across seeds, in /stats of
+  norm_frequency_spearman and norm_most_over_least_frequent (docs/design-notes.md, `ssl`, has
+  the measurements).
 """
 
 from __future__ import annotations

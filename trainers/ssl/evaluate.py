@@ -115,10 +115,9 @@ def evaluate_epoch(config: SSLConfig, model: SSLModel, splits: ImageSplits,
         members = norms[y == c]
         if len(members):
             out[f"norm_class{c}"] = float(members.mean())
-    # The bank sees the training views, view_strength included: the monitor then measures the
-    # invariance the model was trained for (the official bank crops and flips only, but
-    # seedgrid's views are one pipeline with one strength; at the default 0.5 they match the
-    # training views the paper uses).
+    # The bank's views are the training views, view_strength included, so the monitor sees
+    # the images the way the model is trained to (the official bank crops and flips only;
+    # seedgrid keeps one view pipeline). They come from `generator`, never from `augment`.
     bank_view = partial(view, generator=generator, config=config, splits=splits)
     bank_h, _, bank_y = embed_all(model, splits, "train", kept["train"], device, should_stop,
                                   augment=bank_view)
