@@ -4,26 +4,28 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
 from trainers import MemoryReporter, get_trainer
+from trainers.losses.negative_cosine import negative_cosine
+from trainers.losses.nt_xent import decoupled_nt_xent
+from trainers.losses.simsiam import symmetric_attractive_loss
 from trainers.ssl import (
     GradScale,
     SSLConfig,
     SSLModel,
     cut_init,
-    decoupled_nt_xent,
     knn_accuracy,
     learning_rate,
-    negative_cosine,
     ssl_loss,
-    symmetric_attractive_loss,
 )
-from trainers.ssl_sim import attract_pairs_infonce, cosine_convergence_steps
+from trainers.ssl_sim import cosine_convergence_steps
 
 TINY = dict(dataset="digits", image_size=8, backbone="resnet_small", proj_dim=16, pred_hidden=8,
             epochs=2, warmup_epochs=1, batch_size=256, knn_k=20, device="cpu")
@@ -86,7 +88,7 @@ def test_grad_scale_zero_reproduces_the_baseline_model_gradients() -> None:
     def grads(power_applied: bool) -> list[torch.Tensor]:
         model = SSLModel(config, 3, torch.Generator().manual_seed(1))
         if power_applied:
-            loss, _ = ssl_loss(model, None, x1, x2, 0.5)
+            loss = ssl_loss(model, None, x1, x2, 0.5)
         else:  # the loss written without GradScale at all
             _, z1 = model.embed(x1)
             _, z2 = model.embed(x2)
@@ -202,63 +204,37 @@ def test_convergence_steps_match_the_reference_rerun() -> None:
     assert scaled < 0.5 * steps[-1]
 
 
-def _attract_pairs_by_hand(z: np.ndarray, labels: np.ndarray, picks: dict[int, int]) -> float:
-    """The notebook's per-row loop in float64: row i's positives are its own pick and every
-    anchor that picked i; the denominator is every k != i."""
-    n = len(z)
-    zn = z / np.linalg.norm(z, axis=1, keepdims=True)
-    e = np.exp(zn @ zn.T)
-    losses = []
-    for i in range(n):
-        if i not in picks:
-            continue
-        positives = {picks[i]} | {j for j, p in picks.items() if p == i}
-        numerator = sum(e[i, j] for j in positives)
-        denominator = sum(e[i, k] for k in range(n) if k != i)
-        losses.append(-math.log(numerator / denominator + 1e-8))
-    return float(np.mean(losses))
+# Ten seeds of the latent-class simulation: the paper's claim is about runs averaged over seeds.
+LATENT_CLASS_SEEDS = range(10)
 
 
-def test_attract_pairs_infonce_matches_the_notebook_loop_and_autograd() -> None:
-    g = torch.Generator().manual_seed(3)
-    z = torch.randn(9, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    labels = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 3])  # class 2 has a single sample
-    loss = attract_pairs_infonce(z, labels, torch.Generator().manual_seed(11))
-    # recover the picks the function made from the same generator state
-    same = (labels[:, None] == labels[None, :]) & ~torch.eye(9, dtype=torch.bool)
-    scores = torch.rand(9, 9, generator=torch.Generator().manual_seed(11)).masked_fill(~same, -1)
-    picks = {i: int(scores[i].argmax()) for i in range(9) if same[i].any()}
-    assert 5 not in picks and all(labels[i] == labels[j] != 2 for i, j in picks.items())
-    expected = _attract_pairs_by_hand(z.detach().numpy(), labels.numpy(), picks)
-    assert float(loss) == pytest.approx(expected, rel=1e-12)
-    # its gradient matches central finite differences of the hand loop
-    (grad,) = torch.autograd.grad(loss, z)
-    base, h = z.detach().numpy(), 1e-6
-    for i, k in [(0, 0), (4, 2), (5, 1), (8, 4)]:
-        up, down = base.copy(), base.copy()
-        up[i, k] += h
-        down[i, k] -= h
-        numeric = (_attract_pairs_by_hand(up, labels.numpy(), picks)
-                   - _attract_pairs_by_hand(down, labels.numpy(), picks)) / (2 * h)
-        assert float(grad[i, k]) == pytest.approx(numeric, abs=1e-8)
-    # and, a cosine loss, its gradient is orthogonal to every embedding
-    assert torch.allclose((grad * z).sum(dim=1), torch.zeros(9, dtype=torch.float64), atol=1e-12)
-
-
-def test_latent_class_simulation_gives_frequent_classes_larger_norms() -> None:
-    # spec section 2.5 settings: frequencies 1:2:4:8, 2,000 samples, spread 1, 100 epochs.
-    # With the notebook's loss the effect is a consistent but weak trend: the most frequent
-    # class ends with a larger mean norm than the rarest in 13 of seeds 0-14 and the Spearman
-    # correlation is positive in 12; the full 4-class order holds in none (the paper's figure
-    # averages 5 runs). This asserts the trend, not a strict order.
+def test_latent_class_simulation_gives_frequent_classes_larger_norms_across_seeds() -> None:
+    # Spec section 2.5 settings: frequencies 1:2:4:8, 2,000 samples, spread 1, 100 epochs. Per
+    # seed the effect is a weak trend (most frequent above rarest in 80 of seeds 0-95, the
+    # Spearman correlation ranges down to -0.8), so the paper's figure averages runs and this
+    # asserts the seed means. Over seeds 0-95 the per-seed Spearman(frequency, norm) has mean
+    # 0.42 and SD 0.46, and most-frequent / rarest mean 1.068 and SD 0.081: a mean over 10
+    # seeds sits 2.9 and 2.6 standard errors above 0 and 1. Both bounds hold in each of the 87
+    # windows of 10 consecutive seeds in 0-95 (lowest: 0.16 and 1.006, seeds 66-75).
     trainer = get_trainer("ssl_sim")
     config = trainer.Config(simulation="latent_class")
-    rhos, frequent_larger = [], 0
-    for seed in range(5):
-        result = trainer.run(config, seed, MemoryReporter())
+    rhos, most_over_rarest = [], []
+    for seed in LATENT_CLASS_SEEDS:
+        result = trainer.run(config, seed, MemoryReporter(), threads=1)
         counts = result.diagnostics["class_counts"]
         assert counts == sorted(counts)  # class c has weight 2^c
         rhos.append(result.metrics["norm_frequency_spearman"])
-        frequent_larger += result.metrics["norm_most_over_least_frequent"] > 1
-    assert frequent_larger >= 4, rhos
-    assert min(rhos) > 0 and sum(rhos) / len(rhos) > 0.2, rhos
+        most_over_rarest.append(result.metrics["norm_most_over_least_frequent"])
+    assert np.mean(rhos) > 0, rhos
+    assert np.mean(most_over_rarest) > 1, most_over_rarest
+
+
+def test_a_cancel_ends_a_long_latent_class_run_within_the_bound() -> None:
+    trainer = get_trainer("ssl_sim")
+    reporter = CancelAfter(RUN_BEFORE_CANCEL_S)
+    config = trainer.Config(simulation="latent_class", epochs=100_000)
+    result = trainer.run(config, 0, reporter, threads=1)
+    ended = time.perf_counter()
+    assert reporter.requested is not None, "the run ended before the cancel: make it longer"
+    assert not result.finished
+    assert ended - reporter.requested < CANCEL_BOUND_S

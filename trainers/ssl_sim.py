@@ -9,17 +9,19 @@ metric with image SSL training, and a separate name keeps both configs strict an
   GradScale (grad_scale_power) can be switched on to see it remove the dependence.
 - `latent_class`: K latent classes on the sphere S^9 with frequencies in class_weights, observed
   through x = A u (A ~ 10 N(0, 1), 64 x 10); an MLP 64 -> 64 -> ReLU -> 10 trained with the
-  notebook's supervised InfoNCE (one random same-class pick per anchor, made symmetric, t = 1)
-  by SGD; the mean embedding norm of each class is logged per epoch (epoch 0: untrained). The
-  paper expects it ordered by class frequency; its figure averages 5 runs. Single runs are
-  noisy: the effect shows across seeds, in /stats of norm_frequency_spearman and
-  norm_most_over_least_frequent (docs/design-notes.md, `ssl`, has the measurements).
+  notebook's supervised InfoNCE (trainers/losses/latent_class.py: one random same-class pick
+  per anchor, made symmetric, t = 1) by SGD; the mean embedding norm of each class is logged
+  per epoch (epoch 0: untrained). The paper expects it ordered by class frequency; its figure
+  averages 5 runs. Single runs are noisy: the effect shows across seeds, in /stats of
+  norm_frequency_spearman and norm_most_over_least_frequent (docs/design-notes.md, `ssl`, has
+  the measurements).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable
+from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -28,12 +30,13 @@ from pydantic import Field, model_validator
 from scipy import stats as scipy_stats
 from torch import nn
 
-from trainers.base import Reporter, ResourceEstimate, RunResult, TrainerConfig, provenance
+from trainers.base import ResourceEstimate, TrainerConfig
 from trainers.estimates import FLOAT32, FLOAT64, INT64, Term, peak
 from trainers.init import init_linear
-from trainers.random_sources import random_sources
-from trainers.runtime import deterministic_cpu
-from trainers.ssl import grad_scale, negative_cosine
+from trainers.losses.latent_class import attract_pairs_infonce
+from trainers.losses.negative_cosine import negative_cosine
+from trainers.runtime import RunContext, TrainerBase, TrainOutput
+from trainers.ssl.model import grad_scale
 
 MAX_SIM_CLASSES = 16
 
@@ -64,19 +67,30 @@ class SSLSimConfig(TrainerConfig):
         return self
 
 
+class Convergence(NamedTuple):
+    """Where the convergence simulation ended: the steps taken, the mean cosine reached and
+    the embeddings trained."""
+
+    steps: int
+    final_mean_cos: float
+    z1: torch.Tensor
+    z2: torch.Tensor
+
+
 def cosine_convergence_steps(
     z1: torch.Tensor, z2: torch.Tensor, lr: float, tolerance: float, max_steps: int,
-    power: float = 0.0,
-) -> tuple[int, float]:
+    power: float = 0.0, should_stop: Callable[[], bool] = lambda: False,
+) -> Convergence:
     """Plain SGD on -mean cos(z1_i, z2_i) over both sets of free embeddings; the steps taken
-    until mean cos >= 1 - tolerance (max_steps if never) and the final mean cos."""
+    until mean cos >= 1 - tolerance (max_steps if never, or the step at which `should_stop`,
+    asked before every step, answered True) and the final mean cos."""
     z1 = z1.clone().requires_grad_()
     z2 = z2.clone().requires_grad_()
     for step in range(max_steps + 1):
         loss = negative_cosine(grad_scale(z1, power), grad_scale(z2, power))
         mean_cos = -float(loss.detach())
-        if mean_cos >= 1 - tolerance or step == max_steps:
-            return step, mean_cos
+        if mean_cos >= 1 - tolerance or step == max_steps or should_stop():
+            return Convergence(step, mean_cos, z1.detach(), z2.detach())
         g1, g2 = torch.autograd.grad(loss, (z1, z2))
         with torch.no_grad():
             z1 -= lr * g1
@@ -101,36 +115,7 @@ def spherical_latent_data(
     return (u @ a.T).float(), labels
 
 
-def attract_pairs_infonce(
-    z: torch.Tensor, labels: torch.Tensor, generator: torch.Generator, temperature: float = 1.0
-) -> torch.Tensor:
-    """The simulation's supervised InfoNCE ("attract_pairs", Simulations.ipynb): every anchor i
-    that has another sample of its class in the batch picks one of them, j(i), uniformly; the
-    positive mask P is the picks made symmetric (P_ij = 1 if j = j(i) or i = j(j)), so a row
-    can hold several positives. With s the cosine similarity over t,
-    l_i = -log(sum_j P_ij exp(s_ij) / sum_{k != i} exp(s_ik) + 1e-8), averaged over the anchors
-    with a positive (the denominator keeps the unpicked same-class samples as negatives)."""
-    n = len(z)
-    zn = F.normalize(z, dim=1)
-    s = zn @ zn.T / temperature
-    eye = torch.eye(n, dtype=torch.bool, device=z.device)
-    same = (labels[:, None] == labels[None, :]) & ~eye
-    valid = same.any(dim=1)
-    if not bool(valid.any()):
-        return z.sum() * 0.0
-    # a uniform pick among each row's same-class samples: the argmax of uniform scores
-    scores = torch.rand(n, n, generator=generator).to(z.device).masked_fill(~same, -1.0)
-    rows = torch.arange(n, device=z.device)[valid]
-    picked = torch.zeros(n, n, dtype=torch.bool, device=z.device)
-    picked[rows, scores.argmax(dim=1)[valid]] = True
-    positive = picked | picked.T
-    e = torch.exp(s)
-    numerator = (e * positive).sum(dim=1)
-    denominator = e.masked_fill(eye, 0.0).sum(dim=1)
-    return -torch.log(numerator / denominator + 1e-8)[valid].mean()
-
-
-class SSLSimTrainer:
+class SSLSimTrainer(TrainerBase):
     name: ClassVar[str] = "ssl_sim"
     description: ClassVar[str] = (
         "Paper 001's simulations: steps to converge vs initial embedding norm under a cosine "
@@ -145,44 +130,47 @@ class SSLSimTrainer:
     )
     diagnostics: ClassVar[tuple[str, ...]] = ("class_counts", "class_norms")
     primary_metric: ClassVar[str] = "steps_to_converge"
+    # latent_class logs its InfoNCE loss every epoch. convergence logs no loss, only its result
+    # once at the end: a run whose embeddings blow up ends with final_mean_cos NaN and
+    # `converged` false, which is its answer rather than a divergence to stop early on.
+    divergence_metric: ClassVar[str] = "loss"
 
     def estimate(self, config: SSLSimConfig) -> ResourceEstimate:
         return ssl_sim_estimate(config)
 
-    def run(self, config: SSLSimConfig, seed: int, reporter: Reporter) -> RunResult:
-        deterministic_cpu()
-        sources = random_sources(seed)
+    def train(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
         if config.simulation == "convergence":
-            return self._convergence(config, seed, sources, reporter)
-        return self._latent_class(config, seed, sources, reporter)
+            return self._convergence(config, run)
+        return self._latent_class(config, run)
 
-    def _convergence(self, config: SSLSimConfig, seed: int, sources: Any,
-                     reporter: Reporter) -> RunResult:
+    def _convergence(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
         shape = (config.n_pairs, config.dim)
         z1 = config.initial_norm * F.normalize(
-            torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+            torch.randn(shape, generator=run.sources.init, dtype=torch.float64), dim=1)
         z2 = config.initial_norm * F.normalize(
-            torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+            torch.randn(shape, generator=run.sources.init, dtype=torch.float64), dim=1)
         lr = config.lr if config.lr is not None else 10.0
-        steps, final = cosine_convergence_steps(z1, z2, lr, config.tolerance, config.max_steps,
-                                                config.grad_scale_power)
-        metrics = {"steps_to_converge": float(steps), "final_mean_cos": final}
-        reporter.log(steps, metrics)
-        converged = final >= 1 - config.tolerance
-        return RunResult(
+        outcome = cosine_convergence_steps(z1, z2, lr, config.tolerance, config.max_steps,
+                                           config.grad_scale_power, run.should_stop)
+        run.track(outcome.z1, outcome.z2)
+        metrics = {"steps_to_converge": float(outcome.steps),
+                   "final_mean_cos": outcome.final_mean_cos}
+        if not run.stopped:  # a cancelled run's step count is not a convergence time
+            run.log(outcome.steps, metrics)
+        return TrainOutput(
             metrics=metrics,
-            diagnostics={"converged": converged, "lr": lr,
+            diagnostics={"converged": outcome.final_mean_cos >= 1 - config.tolerance, "lr": lr,
                          "expected_steps_96_rho_squared": 96 * config.initial_norm**2},
-            provenance=provenance("cpu", seed, config),
         )
 
-    def _latent_class(self, config: SSLSimConfig, seed: int, sources: Any,
-                      reporter: Reporter) -> RunResult:
+    def _latent_class(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
+        sources = run.sources
         x, labels = spherical_latent_data(config.class_weights, config.n_samples,
                                           config.class_spread, sources.data, config.input_scale)
         model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
         for layer in (model[0], model[2]):
             init_linear(layer, sources.init)
+        run.track(model)
         lr = config.lr if config.lr is not None else 0.01
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         k = len(config.class_weights)
@@ -199,7 +187,7 @@ class SSLSimTrainer:
         # epoch 0 is the untrained network, as index 0 of the notebook's norm curves; epoch
         # e + 1 follows training epoch e
         point = norm_point()
-        reporter.log(0, point, epoch=0)
+        run.log(0, point, epoch=0)
         for epoch in range(config.epochs):
             order = torch.randperm(len(x), generator=sources.data)
             total = 0.0
@@ -213,9 +201,12 @@ class SSLSimTrainer:
                 optimizer.step()
                 total += float(loss.detach()) * len(index)
                 step += 1
+                if run.should_stop():
+                    break
+            if run.stopped:
+                break
             point = {"loss": total / len(x), **norm_point()}
-            reporter.log(step, point, epoch=epoch + 1)
-            if reporter.should_stop():
+            if run.log(step, point, epoch=epoch + 1):
                 break
         counts = torch.bincount(labels, minlength=k).tolist()
         class_norms = [point[f"norm_class{c}"] for c in range(k)]
@@ -228,11 +219,8 @@ class SSLSimTrainer:
                    "norm_most_over_least_frequent": by_frequency[-1] / by_frequency[0]}
         if np.isfinite(rho):
             metrics["norm_frequency_spearman"] = float(rho)
-        return RunResult(
-            metrics=metrics,
-            diagnostics={"class_counts": counts, "class_norms": class_norms},
-            provenance=provenance("cpu", seed, config),
-        )
+        return TrainOutput(metrics=metrics,
+                           diagnostics={"class_counts": counts, "class_norms": class_norms})
 
 
 # ---------------------------------------------------------------------------------------------

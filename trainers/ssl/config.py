@@ -1,0 +1,67 @@
+"""The `ssl` trainer's config: the official defaults per method (spec section 3)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from trainers.data import DataConfig
+
+Method = Literal["simclr", "simsiam", "byol"]
+
+# The official configs (spec section 3); None in a Config means "the method's default".
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "simclr": {"lr": 0.6, "weight_decay": 1e-6, "temperature": 0.5, "proj_dim": 128},
+    "simsiam": {"lr": 0.2, "weight_decay": 5e-4, "temperature": 1.0, "proj_dim": 2048},
+    "byol": {"lr": 0.2, "weight_decay": 5e-4, "temperature": 1.0, "proj_dim": 2048},
+}
+
+
+class SSLConfig(DataConfig):
+    method: Method = "simclr"
+    # Cut-initialisation: every parameter divided by cut at the start (1 = off; paper: 3).
+    cut: float = Field(1.0, ge=1.0, le=1000.0)
+    # GradScale power p: the embedding's gradient is multiplied by ||z||^p (0 = off; paper: 1).
+    grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0)
+    # None: the method's default (SimCLR 1e-6, SimSiam/BYOL 5e-4).
+    weight_decay: float | None = Field(None, ge=0.0, le=1.0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    # Peak learning rate; None: the method's default (SimCLR 0.6, SimSiam/BYOL 0.2).
+    lr: float | None = Field(None, gt=0.0, le=100.0)
+    # nominal: warm-up to lr, cosine to lr * 1e-3 (the intended schedule); squared: peak lr^2
+    # and floor lr * 1e-3, the schedule the official code runs by accident (quirk 1).
+    lr_schedule: Literal["nominal", "squared"] = "nominal"
+    warmup_epochs: int = Field(10, ge=0, le=100_000)
+    # None: SimCLR 0.5, SimSiam/BYOL 1.0.
+    temperature: float | None = Field(None, gt=0.0, le=100.0)
+    epochs: int = Field(512, ge=1, le=100_000)
+    batch_size: int = Field(512, ge=2, le=65_536)
+    # resnet18: the paper's CIFAR ResNet-18 (3x3 stem, no max-pool, zero-init residuals);
+    # resnet_small: the same design with widths 16/32/64, one block per stage, for CPUs.
+    backbone: Literal["resnet_small", "resnet18"] = "resnet18"
+    # Projector width (None: SimCLR 128, SimSiam/BYOL 2048) and SimSiam/BYOL predictor hidden.
+    proj_dim: int | None = Field(None, ge=2, le=16_384)
+    pred_hidden: int = Field(512, ge=2, le=16_384)
+    byol_tau: float = Field(0.99, ge=0.0, lt=1.0)
+    # SimCLR view augmentation strength (0.5: the paper's jitter 0.4/0.4/0.4/0.1), for the
+    # training views and the per-epoch kNN bank alike.
+    view_strength: float = Field(0.5, ge=0.0, le=1.0)
+    # The last held_out_classes classes are removed from training: their test images are the
+    # out-of-distribution set for the norm comparison.
+    held_out_classes: int = Field(0, ge=0, le=1000)
+    # kNN monitor on backbone features: k, similarity temperature, how often (epochs).
+    knn_k: int = Field(200, ge=1, le=10_000)
+    knn_temperature: float = Field(0.1, gt=0.0, le=10.0)
+    eval_every: int = Field(1, ge=1, le=100_000)
+    # Epochs to reach this kNN accuracy are reported (null if never reached).
+    target_knn_accuracy: float = Field(0.5, ge=0.0, le=1.0)
+    # SSL uses its own views, not the shared crop pipeline; no validation split by default.
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    augment_strength: float = Field(0.0, ge=0.0, le=1.0)
+    image_size: int | None = Field(32, ge=4, le=512)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def resolved(self, name: str) -> Any:
+        value = getattr(self, name)
+        return METHOD_DEFAULTS[self.method][name] if value is None else value
