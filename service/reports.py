@@ -13,7 +13,7 @@ from api_schemas import RunStatus
 from service.db import Experiment, Run
 from service.experiments import NotFound, get_experiment
 from trainers import REGISTRY, Trainer
-from trainers.reports import CrossRunReport, ExperimentRecord, RunRecord, declared_reports
+from trainers.reports import CrossRunReport, ExperimentRecord, RunRecord
 
 
 def experiment_report(*, session: Session, experiment_id: int, name: str) -> BaseModel:
@@ -32,7 +32,7 @@ def declared_report(experiment: Experiment, name: str) -> CrossRunReport[Any]:
     """The report `name` that the experiment's trainer declares; NotFound naming the trainer's
     reports, and the trainers that have one so named, when it declares none."""
     trainer = REGISTRY.get(experiment.trainer)
-    reports = {r.name: r for r in declared_reports(trainer)} if trainer is not None else {}
+    reports = {r.name: r for r in trainer.reports} if trainer is not None else {}
     if name in reports:
         return reports[name]
     owners = [t.name for t in REGISTRY.values() if name in report_names(t)]
@@ -46,14 +46,14 @@ def declared_report(experiment: Experiment, name: str) -> CrossRunReport[Any]:
 
 
 def report_names(trainer: Trainer) -> list[str]:
-    return [r.name for r in declared_reports(trainer)]
+    return [r.name for r in trainer.reports]
 
 
 def reports_by_name(trainers: Iterable[Trainer]) -> dict[str, list[CrossRunReport[Any]]]:
     """Every report the trainers declare, grouped by name (trainers may share a name)."""
     grouped: dict[str, list[CrossRunReport[Any]]] = {}
     for trainer in trainers:
-        for report in declared_reports(trainer):
+        for report in trainer.reports:
             grouped.setdefault(report.name, []).append(report)
     return grouped
 

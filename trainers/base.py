@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import math
-import platform
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pydantic
-import torch
 
 from trainers.reports import CrossRunReport
-
-SEEDGRID_VERSION = "0.1.0"
 
 
 @runtime_checkable
@@ -123,7 +119,16 @@ class Trainer(Protocol):
     # Reports over the runs of a whole experiment, served at /experiments/{id}/reports/{name}.
     reports: ClassVar[tuple[CrossRunReport[Any], ...]]
 
-    def run(self, config: Any, seed: int, reporter: Reporter) -> RunResult: ...
+    # A logged or final value of this metric that is not finite ends the run as diverged
+    # (None: the trainer has no such metric).
+    divergence_metric: ClassVar[str | None]
+
+    def run(self, config: Any, seed: int, reporter: Reporter, *,
+            threads: int | None = None) -> RunResult:
+        """One run of `config` with `seed`: metric curves go to `reporter`, which can stop it;
+        `threads` sets torch's thread count (the run's CPUs). trainers.runtime.TrainerBase
+        implements it for every trainer."""
+        ...
 
     def estimate(self, config: Any) -> ResourceEstimate:
         """Peak memory and logged points of one run, by arithmetic on the config alone (no
@@ -150,15 +155,3 @@ def json_finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_finite(v) for v in value]
     return finite_or_none(value)
-
-
-def provenance(device: torch.device | str, seed: int, config: pydantic.BaseModel) -> dict[str, Any]:
-    """Versions, device and config stored with every result."""
-    return {
-        "seedgrid_version": SEEDGRID_VERSION,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "device": str(device),
-        "seed": seed,
-        "config": config.model_dump(mode="json"),
-    }

@@ -68,9 +68,3 @@ class CrossRunReport(Generic[ReportModel]):
         if not REPORT_NAME.match(self.name):
             raise ValueError(f"report name {self.name!r} is not a URL segment matching "
                              f"{REPORT_NAME.pattern}")
-
-
-def declared_reports(trainer: object) -> tuple[CrossRunReport[Any], ...]:
-    """The reports `trainer` declares in `reports`; none for a trainer not yet on TrainerBase
-    (which declares none by default)."""
-    return getattr(trainer, "reports", ())

@@ -98,11 +98,6 @@ def trainer_source(trainer: object) -> Path:
     return file
 
 
-def deterministic_cpu() -> None:
-    """Kept while trainers move to TrainerBase.run, which sets this per run."""
-    torch.use_deterministic_algorithms(True)
-
-
 def pick_device(name: str) -> torch.device:
     """auto: the GPU Ray assigned to this process if there is one, else the CPU."""
     if name == "auto":
