@@ -5,13 +5,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/env.sh"
 cd "$root"
 
-# tests/test_deploy.py checks deploy/compose.yaml with `docker-compose config`, which Debian's
+# tests/deploy/test_deploy.py checks deploy/compose.yaml with `docker-compose config`, which Debian's
 # docker-compose 1.29 runs with no Docker engine. Installed here, not in env.sh: only the tests
 # need it. Without root or apt the test skips (fails under CI=true) and says what is missing.
 if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing Debian's docker-compose package system-wide (apt-get install), for" \
-         "tests/test_deploy.py"
+         "tests/deploy/test_deploy.py"
     install_compose() {
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose
     }
@@ -20,10 +20,10 @@ if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null
     if ! apt_log="$(install_compose 2>&1)" \
        && ! apt_log="$( { apt-get update -qq && install_compose; } 2>&1)"; then
       echo "$apt_log" >&2
-      echo "== could not install docker-compose; tests/test_deploy.py will say so" >&2
+      echo "== could not install docker-compose; tests/deploy/test_deploy.py will say so" >&2
     fi
   else
-    echo "== docker-compose is missing; tests/test_deploy.py skips its compose check. Install" \
+    echo "== docker-compose is missing; tests/deploy/test_deploy.py skips its compose check. Install" \
          "it with: sudo apt-get install -y --no-install-recommends docker-compose" >&2
   fi
 fi

@@ -1,5 +1,5 @@
 """The collapse trainer against independent references: numpy and the spec's physics (its loss:
-tests/test_losses_collapse_pair.py)."""
+tests/trainers/test_losses_collapse_pair.py)."""
 
 from __future__ import annotations
 

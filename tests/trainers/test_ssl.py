@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
+from tests.trainers.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
 from trainers import MemoryReporter, get_trainer
 from trainers.losses.negative_cosine import negative_cosine
 from trainers.losses.nt_xent import decoupled_nt_xent

@@ -11,7 +11,7 @@ from api_schemas import ExperimentSpec
 from service.experiments import validate_spec
 from service.settings import Settings
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 
 def test_examples_exist() -> None:

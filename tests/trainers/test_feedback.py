@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
+from tests.trainers.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
 from trainers import MemoryReporter, NullReporter, get_trainer
 from trainers.feedback import FeedbackConfig, build_model, decode_feedback, fit, step_losses
 from trainers.feedback import protocol as checks
@@ -342,7 +342,7 @@ def test_penalty_shrinks_dfa_residual_growth() -> None:
 ])
 def test_a_cancel_ends_every_architecture_within_the_bound(config: dict[str, object],
                                                            where: str) -> None:
-    """ViT-Mini, the slowest, is tests/test_runtime_contract.py's case."""
+    """ViT-Mini, the slowest, is tests/trainers/test_runtime_contract.py's case."""
     reporter = CancelAfter(RUN_BEFORE_CANCEL_S)
     result = get_trainer("feedback").run(FeedbackConfig(**config), 0, reporter, threads=1)
     ended = time.perf_counter()

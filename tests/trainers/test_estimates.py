@@ -31,7 +31,7 @@ MAX_RUN_MEMORY = 64 * GIB
 MAX_POINTS = 1_000_000
 # An estimate is at least the measured peak and at most this many times it.
 MAX_OVERESTIMATE = 4.0
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 

@@ -283,7 +283,7 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
     running (its attempt has the worker's pid and half a curve) and one still waiting in Ray's
     queue (no worker reported it). The next one re-queues the last two, charging only the
     attempt a worker had started, drops the half curve, and leaves the completed run alone.
-    (tests/test_crash_soak.py kills real `seedgrid serve` processes.)"""
+    (tests/e2e/test_crash_soak.py kills real `seedgrid serve` processes.)"""
     first = start_service("restart.db")
     created = first.submit(spec(grid={}, seeds=3))
     first.wait(created["id"])

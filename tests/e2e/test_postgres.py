@@ -2,7 +2,7 @@
 dispatcher started together on one database of this test, created and dropped by the
 `pg_databases` fixture. PostgreSQL not reachable is a failure, not a skip.
 
-The API and storage tests of tests/test_api.py also run on PostgreSQL (`start_backend_service`).
+The API and storage tests of tests/e2e/test_api.py also run on PostgreSQL (`start_backend_service`).
 """
 
 from __future__ import annotations
