@@ -7,7 +7,8 @@ of tensors alive at that phase's peak (`Term`: bytes and the config fields that 
 reports the largest phase (`peak`). The formulas count the tensors the code allocates, rounded
 up where the exact figure depends on the data or on a kernel's choice (attention maps are counted
 even where a fused kernel would not keep them, class imbalance is ignored), so an estimate is an
-upper bound of the true peak within a small factor; tests/trainers/test_estimates.py measures it on CPU.
+upper bound of the true peak within a small factor; tests/trainers/test_estimates.py measures it
+on CPU.
 """
 
 from __future__ import annotations
