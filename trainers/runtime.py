@@ -98,6 +98,13 @@ def trainer_source(trainer: object) -> Path:
     return file
 
 
+@cache
+def warm_up() -> None:
+    """Pay, once per process, what the first run would pay inside its cancel window: torch's
+    first `use_deterministic_algorithms` call imports its compiler stack (about a second)."""
+    torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())
+
+
 def pick_device(name: str) -> torch.device:
     """auto: the GPU Ray assigned to this process if there is one, else the CPU."""
     if name == "auto":

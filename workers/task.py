@@ -26,6 +26,7 @@ import ray
 from api_schemas import RunStatus, storable_text
 from trainers import get_trainer
 from trainers.base import RunResult
+from trainers.runtime import warm_up
 from workers.messages import MetricBatch, Point, Result, Started, WorkerMessage
 
 # How long the trainer thread gets to notice a cancellation before the worker gives up on it.
@@ -84,8 +85,9 @@ def _outcome(result: RunResult | None, error: BaseException | None,
 
 
 def assigned_cpus() -> int | None:
-    """The whole CPUs Ray gave this task (at least 1): the run's torch thread count."""
-    if not ray.is_initialized():
+    """The whole CPUs Ray gave this task (at least 1): the run's torch thread count; None
+    outside a Ray task (a driver, or no Ray at all)."""
+    if not ray.is_initialized() or ray.get_runtime_context().get_task_id() is None:
         return None
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
     return max(1, int(cpus))
@@ -96,6 +98,7 @@ def execute(
 ) -> Iterator[WorkerMessage]:
     """The body of the Ray task, usable without Ray (a plain generator)."""
     context = ray.get_runtime_context() if ray.is_initialized() else None
+    warm_up()  # before Started: a run counts as started when it can train at once
     yield Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
                   worker_id=context.get_worker_id() if context else None,
                   hostname=socket.gethostname())
