@@ -29,6 +29,7 @@ STUDENT_GRID = {"arch": "studentnet", "width": 128, "depth": 4, "student_input_d
                 "student_test_size": 1000, "eval_batch_size": 256, "batch_size": 64,
                 "epochs": 30, "lr": 0.005, "embed_credit": "none", "device": "cpu"}
 STUDENT_EPOCHS = 30
+SEEDS = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,22 +167,25 @@ def test_condition_summary_counts_verdicts_and_summarises_depth_utility() -> Non
 
 @pytest.mark.timeout(900)
 def test_studentnet_grid_gives_every_run_its_verdict(service: Service) -> None:
+    """Every run of a 3 x 2 grid (two seeds each: every assertion below is per run or per
+    condition) gets its verdict, its baseline and the pairing the report promises."""
     created = service.submit({
         "name": "feedback-studentnet-audit",
         "trainer": "feedback",
         "config": STUDENT_GRID,
         "grid": {"method": ["bp", "fa", "dfa"], "frozen_blocks": [False, True]},
-        "seeds": 3,
+        "seeds": SEEDS,
     })
-    assert created["n_runs"] == 18
+    assert created["n_runs"] == 6 * SEEDS
     detail = service.wait(created["id"], timeout_s=840)
-    assert detail["counts"]["completed"] == 18, detail
+    assert detail["counts"]["completed"] == 6 * SEEDS, detail
     runs = {r["id"]: r for r in service.runs(created["id"])}
     response = service.client.get(f"/experiments/{created['id']}/protocol")
     assert response.status_code == 200, response.text
     report = response.json()
-    assert (report["n_completed"], report["frozen_axis"], report["d3_reason"]) == (18, True, None)
-    assert len(report["runs"]) == 18
+    assert (report["n_completed"], report["frozen_axis"], report["d3_reason"]) == (
+        6 * SEEDS, True, None)
+    assert len(report["runs"]) == 6 * SEEDS
     for audited in report["runs"]:
         run = runs[audited["run_id"]]
         method, frozen = run["condition"]["method"], run["condition"]["frozen_blocks"]
@@ -219,10 +223,10 @@ def test_studentnet_grid_gives_every_run_its_verdict(service: Service) -> None:
             assert [p["epoch"] for p in curve if p["value"] > 50][0] == first
             assert {w["diagnostic"] for w in run["warnings"]} == {"residual_growth_max"}
     summary = {c["condition_key"]: c for c in report["conditions"]}
-    assert len(summary) == 6 and all(c["n"] == 3 for c in summary.values())
-    assert summary["frozen_blocks=false,method=dfa"]["fired"]["D1"] == 3
+    assert len(summary) == 6 and all(c["n"] == SEEDS for c in summary.values())
+    assert summary["frozen_blocks=false,method=dfa"]["fired"]["D1"] == SEEDS
     assert summary["frozen_blocks=false,method=bp"]["fired"]["D1"] == 0
-    assert len(summary["frozen_blocks=false,method=bp"]["depth_utility_pp"]) == 3
+    assert len(summary["frozen_blocks=false,method=bp"]["depth_utility_pp"]) == SEEDS
     stats = service.client.get(f"/experiments/{created['id']}/stats",
                                params={"metric": "residual_growth_max"}).json()
     assert len(stats["conditions"]) == 6
