@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from trainers.data.sources import parse_data_roots
+from api_schemas.data_roots import parse_data_roots
 
 MIN_TOKEN_LENGTH = 16
 # Values shipped in examples and templates: a token anyone can read is no token.

@@ -9,8 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # What service/ may import from trainers/: the registry and the generic interfaces.
-GENERIC_TRAINER_MODULES = {"trainers", "trainers.base", "trainers.runtime", "trainers.reports",
-                           "trainers.data.sources"}
+GENERIC_TRAINER_MODULES = {"trainers", "trainers.base", "trainers.runtime", "trainers.reports"}
 LAYERS = ["api_schemas", "trainers", "workers", "service"]  # each may import only earlier ones
 
 

@@ -264,7 +264,7 @@ def test_a_named_root_is_resolved_from_the_operators_environment(
 @pytest.mark.parametrize("text", ["just-a-name", "name=relative/path", "../x=/abs",
                                   "a=/x,a=/y", "bad name=/x"])
 def test_malformed_data_roots_are_refused_naming_the_entry(text: str) -> None:
-    from trainers.data.sources import parse_data_roots
+    from api_schemas.data_roots import parse_data_roots
 
     with pytest.raises(ValueError, match="SEEDGRID_DATA_ROOTS"):
         parse_data_roots(text)

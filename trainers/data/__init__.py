@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
+from api_schemas.data_roots import ROOT_NAME
 from trainers.base import TrainerConfig
 from trainers.data.augment import AugmentPlan, augment, normalize
 from trainers.data.sources import (
     DATASETS,
-    ROOT_NAME,
     TORCHVISION_DATASETS,
     DatasetUnavailable,
     ImageData,

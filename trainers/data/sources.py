@@ -8,7 +8,6 @@ runs a Ray worker process executes one after another read and decode a dataset o
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -18,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from api_schemas.data_roots import parse_data_roots
 
 DEFAULT_DATA_ROOT = Path("~/.cache/seedgrid/data").expanduser()
 
@@ -123,27 +124,6 @@ _SPECS: dict[str, _Spec] = {
 
 NATIVE_SIZE = {"digits": 8, "synthetic": 16, "cifar10": 32, "cifar100": 32, "svhn": 32,
                "fashion_mnist": 28, "mnist": 28}
-
-
-# A spec selects a root by name only: the operator decides which directories workers read.
-ROOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-
-
-def parse_data_roots(text: str) -> dict[str, Path]:
-    """The operator's named roots, `name=/absolute/path,name=/absolute/path` (the value of
-    SEEDGRID_DATA_ROOTS). Raises ValueError naming the entry that is not of that form."""
-    roots: dict[str, Path] = {}
-    for entry in (e.strip() for e in text.split(",")):
-        if not entry:
-            continue
-        name, sep, path = (part.strip() for part in entry.partition("="))
-        if not sep or not ROOT_NAME.fullmatch(name) or not Path(path).is_absolute():
-            raise ValueError(f"SEEDGRID_DATA_ROOTS entry {entry!r} is not name=/absolute/path "
-                             "(names: letters, digits, _ and -, up to 64)")
-        if name in roots:
-            raise ValueError(f"SEEDGRID_DATA_ROOTS names {name!r} twice")
-        roots[name] = Path(path)
-    return roots
 
 
 def data_root(name: str | None = None) -> Path:
