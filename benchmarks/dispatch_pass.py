@@ -7,7 +7,7 @@ experiment, as a large study would), times passes until P passes have run, and p
 median milliseconds per pass for each N and the ratio to the smallest N. Flat (ratio close to
 1) means a whole experiment costs O(N) in the dispatcher, not O(N^2).
 
-    python benchmarks/dispatch_pass.py --queued 1000 20000 --passes 25 --claim 32
+    python benchmarks/dispatch_pass.py --queued 1000 20000 --passes 25 --claim 32 --rounds 2
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sqlmodel import Session
 from api_schemas import ExperimentSpec, RunStatus
 from service.db import make_engine, upgrade_database
 from service.experiments import create_experiment
-from service.run_store import AttemptKey, RunStore
+from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
 from service.settings import Settings
 
 POINTS_PER_RUN = 20
@@ -35,13 +35,13 @@ def one_pass(session: Session, claim: int) -> int:
     store.commit()
     keys = [AttemptKey(run_id=r.id, experiment_id=r.experiment_id, attempt=r.attempt)
             for r in claimed]
-    for key in keys:
-        store.start(key, node_id="node", worker_id="worker", pid=1)
+    store.start([StartedAttempt(key=key, node_id="node", worker_id="worker", pid=1)
+                 for key in keys])
     store.record_points([{"run_id": k.run_id, "step": s, "epoch": None, "name": "loss",
                           "value": 1.0 / (s + 1)} for k in keys for s in range(POINTS_PER_RUN)])
-    for key in keys:
-        store.finish(key, status=RunStatus.completed, metrics={"loss": 0.1}, diagnostics={},
-                     warnings=[], provenance={}, error=None)
+    store.finish([FinishedAttempt(key=key, status=RunStatus.completed, metrics={"loss": 0.1},
+                                  diagnostics={}, warnings=[], provenance={}, error=None)
+                  for key in keys])
     store.commit()
     return len(claimed)
 
@@ -74,13 +74,22 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=25,
                         help="passes timed (each claims --claim runs; at most queued / claim)")
     parser.add_argument("--claim", type=int, default=32, help="runs claimed per pass")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="times each size is measured, sizes alternating (the machine is "
+                             "shared: alternation spreads its noise over every size)")
     args = parser.parse_args()
-    base = None
-    for queued in args.queued:
-        ms = time_passes(queued, min(args.passes, queued // args.claim), args.claim)
-        base = base or ms
-        print(f"{queued:>7,} queued runs: median {ms:6.2f} ms per pass of {args.claim} runs "
-              f"(ratio to {args.queued[0]:,}: {ms / base:.2f})", flush=True)
+    measured: dict[int, list[float]] = {n: [] for n in args.queued}
+    for round_ in range(args.rounds):
+        for queued in args.queued:
+            ms = time_passes(queued, min(args.passes, queued // args.claim), args.claim)
+            measured[queued].append(ms)
+            print(f"round {round_}: {queued:>7,} queued runs: median {ms:6.2f} ms per pass of "
+                  f"{args.claim} runs", flush=True)
+    base = statistics.median(measured[args.queued[0]])
+    for queued, times in measured.items():
+        ms = statistics.median(times)
+        print(f"{queued:>7,} queued runs: {ms:6.2f} ms per pass (median of {args.rounds} rounds); "
+              f"ratio to {args.queued[0]:,}: {ms / base:.2f}")
 
 
 if __name__ == "__main__":

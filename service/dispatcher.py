@@ -37,7 +37,7 @@ from sqlmodel import Session
 from api_schemas import RunStatus, storable_text
 from service.db import masked_url
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
-from service.run_store import AttemptKey, RunStore
+from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
 from service.settings import Settings
 from workers import run_task
 from workers.messages import MetricBatch, Result, Started
@@ -540,17 +540,18 @@ class Dispatcher:
         with self._session() as session:
             store = RunStore(session)
             store.lock_experiments(flight.experiment_id for flight in harvest.flights.values())
-            for flight, started in harvest.started:
-                store.start(flight.key, node_id=started.node_id, worker_id=started.worker_id,
-                            pid=started.pid)
+            store.start([StartedAttempt(key=flight.key, node_id=started.node_id,
+                                        worker_id=started.worker_id, pid=started.pid)
+                         for flight, started in harvest.started])
             store.record_points(harvest.metrics)
-            for flight, result in harvest.results:
-                hostname = flight.started.hostname if flight.started else None
-                provenance = {**result.provenance, "hostname": hostname,
-                              "attempt": flight.attempt, "dispatcher": self.identity}
-                store.finish(flight.key, status=result.status, metrics=result.metrics,
-                             diagnostics=result.diagnostics, warnings=result.warnings,
-                             provenance=provenance, error=result.error)
+            store.finish([FinishedAttempt(
+                key=flight.key, status=result.status, metrics=result.metrics,
+                diagnostics=result.diagnostics, warnings=result.warnings,
+                # where it ran and who stored it, beside what the trainer recorded
+                provenance={**result.provenance,
+                            "hostname": flight.started.hostname if flight.started else None,
+                            "attempt": flight.attempt, "dispatcher": self.identity},
+                error=result.error) for flight, result in harvest.results])
             for flight in harvest.cancelled:
                 store.end_cancelled(flight.key)
             for flight, reason in harvest.lost:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, update
+from sqlalchemy import bindparam, delete, func, insert, update
 from sqlmodel import Session, select
 
 from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus
@@ -95,6 +95,52 @@ class AttemptKey:
     run_id: int
     experiment_id: int
     attempt: int
+
+
+@dataclass(frozen=True)
+class StartedAttempt:
+    """A worker reported starting an attempt, and where."""
+
+    key: AttemptKey
+    node_id: str | None
+    worker_id: str | None
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class FinishedAttempt:
+    """An attempt's result: how the run ended and what it reported."""
+
+    key: AttemptKey
+    status: RunStatus
+    metrics: dict[str, Any]
+    diagnostics: dict[str, Any]
+    warnings: list[dict[str, Any]]
+    provenance: dict[str, Any]
+    error: str | None
+
+
+# The per-run writes of a dispatcher pass as Core statements run once per batch (executemany):
+# building an ORM statement per run cost more than the database's work.
+RUN = Run.__table__  # type: ignore[attr-defined]
+ATTEMPT = RunAttempt.__table__  # type: ignore[attr-defined]
+METRIC = RunMetric.__table__  # type: ignore[attr-defined]
+_THIS_ATTEMPT = (RUN.c.id == bindparam("b_run"), RUN.c.attempts == bindparam("b_attempt"))
+_START_RUN = update(RUN).where(*_THIS_ATTEMPT).values(
+    started_at=bindparam("v_started_at"), node_id=bindparam("v_node_id"),
+    worker_id=bindparam("v_worker_id"), worker_pid=bindparam("v_worker_pid"))
+_ATTEMPT_ROW = (ATTEMPT.c.run_id == bindparam("b_run"),
+                ATTEMPT.c.attempt == bindparam("b_attempt"))
+_START_ATTEMPT = update(ATTEMPT).where(*_ATTEMPT_ROW).values(
+    node_id=bindparam("v_node_id"), worker_pid=bindparam("v_worker_pid"))
+_FINISH_RUN = update(RUN).where(*_THIS_ATTEMPT, RUN.c.status == RunStatus.running).values(
+    status=bindparam("v_status"), metrics=bindparam("v_metrics"),
+    diagnostics=bindparam("v_diagnostics"), warnings=bindparam("v_warnings"),
+    provenance=bindparam("v_provenance"), error=bindparam("v_error"),
+    finished_at=bindparam("v_finished_at"))
+_END_ATTEMPT = update(ATTEMPT).where(*_ATTEMPT_ROW).values(
+    outcome=bindparam("v_outcome"), error=bindparam("v_error"),
+    finished_at=bindparam("v_finished_at"))
 
 
 class RunStore:
@@ -192,70 +238,106 @@ class RunStore:
         running, each with a new attempt. `unschedulable(num_cpus, num_gpus)` says why no node
         can ever hold a run (it then fails now) or None."""
         candidates = self.session.exec(
-            select(Run.id, Run.experiment_id, Run.attempts, Run.trainer, Run.condition,
-                   Run.seed, Run.num_cpus, Run.num_gpus)
+            select(Run.id, Run.experiment_id, Run.trainer, Run.condition, Run.seed,
+                   Run.num_cpus, Run.num_gpus)
             .where(Run.status == RunStatus.queued)
             .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
             .limit(limit)
         ).all()
         self.lock_experiments(row.experiment_id for row in candidates)
-        claimed = []
+        problems = {row.id: unschedulable(row.num_cpus, row.num_gpus) if unschedulable else None
+                    for row in candidates}
         for row in candidates:
-            problem = unschedulable(row.num_cpus, row.num_gpus) if unschedulable else None
-            to = RunStatus.failed if problem is not None else RunStatus.running
-            values: dict[str, Any] = {"status": to, "attempts": Run.attempts + 1}
-            if problem is not None:
-                values.update(error=problem, finished_at=utcnow())
-            else:
-                values["cancel_requested"] = False
-            moved = self.session.execute(
-                update(Run).where(Run.id == row.id, Run.status == RunStatus.queued)
-                .values(**values).execution_options(synchronize_session=False)
-            ).rowcount
-            if moved != 1:
-                continue
-            self._moved(row.experiment_id, RunStatus.queued, to)
-            attempt = row.attempts + 1
-            if problem is not None:
-                self.session.add(RunAttempt(run_id=row.id, attempt=attempt,
-                                            outcome=AttemptOutcome.failed, error=problem,
-                                            finished_at=utcnow()))
-                continue
-            self.session.add(RunAttempt(run_id=row.id, attempt=attempt))
-            claimed.append(ClaimedRun(id=row.id, experiment_id=row.experiment_id,
-                                      attempt=attempt, trainer=row.trainer,
-                                      condition=row.condition, seed=row.seed,
-                                      num_cpus=row.num_cpus, num_gpus=row.num_gpus))
+            if problems[row.id] is not None:
+                self._fail_unschedulable(row.id, row.experiment_id, problems[row.id])
+        schedulable = [row for row in candidates if problems[row.id] is None]
+        if not schedulable:
+            return []
+        # One statement for all: a run a concurrent cancel ended meanwhile is not returned.
+        attempts = dict(self.session.execute(
+            update(RUN).where(RUN.c.id.in_([row.id for row in schedulable]),
+                              RUN.c.status == RunStatus.queued)
+            .values(status=RunStatus.running, attempts=RUN.c.attempts + 1,
+                    cancel_requested=False)
+            .returning(RUN.c.id, RUN.c.attempts)
+        ).all())
+        claimed = [ClaimedRun(id=row.id, experiment_id=row.experiment_id,
+                              attempt=attempts[row.id], trainer=row.trainer,
+                              condition=row.condition, seed=row.seed, num_cpus=row.num_cpus,
+                              num_gpus=row.num_gpus)
+                   for row in schedulable if row.id in attempts]
+        if claimed:
+            self.session.execute(insert(ATTEMPT), [
+                {"run_id": run.id, "attempt": run.attempt, "started_at": utcnow()}
+                for run in claimed])
+        for run in claimed:
+            self._moved(run.experiment_id, RunStatus.queued, RunStatus.running)
         return claimed
 
-    # -- a running attempt ---------------------------------------------------------------------
-    def start(self, attempt: AttemptKey, *, node_id: str | None, worker_id: str | None,
-              pid: int | None) -> None:
-        """The worker began the attempt: where it runs."""
-        self.session.execute(
-            update(Run).where(Run.id == attempt.run_id, Run.attempts == attempt.attempt)
-            .values(started_at=utcnow(), node_id=node_id, worker_id=worker_id, worker_pid=pid)
-        )
-        self.session.execute(
-            update(RunAttempt).where(RunAttempt.run_id == attempt.run_id,
-                                     RunAttempt.attempt == attempt.attempt)
-            .values(node_id=node_id, worker_pid=pid)
-        )
+    def _fail_unschedulable(self, run_id: int, experiment_id: int, problem: str) -> None:
+        now = utcnow()
+        attempt = self.session.execute(
+            update(RUN).where(RUN.c.id == run_id, RUN.c.status == RunStatus.queued)
+            .values(status=RunStatus.failed, attempts=RUN.c.attempts + 1, error=problem,
+                    finished_at=now)
+            .returning(RUN.c.attempts)
+        ).scalar()
+        if attempt is not None:
+            self._moved(experiment_id, RunStatus.queued, RunStatus.failed)
+            self.session.execute(insert(ATTEMPT), [{
+                "run_id": run_id, "attempt": attempt, "outcome": AttemptOutcome.failed,
+                "error": problem, "started_at": now, "finished_at": now}])
+
+    # -- running attempts ----------------------------------------------------------------------
+    def start(self, started: Sequence[StartedAttempt]) -> None:
+        """Workers began these attempts: where each runs."""
+        if not started:
+            return
+        now = utcnow()
+        rows = [{"b_run": s.key.run_id, "b_attempt": s.key.attempt, "v_node_id": s.node_id,
+                 "v_worker_id": s.worker_id, "v_worker_pid": s.pid, "v_started_at": now}
+                for s in started]
+        self.session.execute(_START_RUN, rows)
+        self.session.execute(_START_ATTEMPT, rows)
 
     def record_points(self, rows: Sequence[dict[str, Any]]) -> None:
         """Metric points ({run_id, step, epoch, name, value}) streamed by running attempts."""
         if rows:
-            self.session.execute(insert(RunMetric), rows)
+            self.session.execute(insert(METRIC), rows)
 
-    def finish(self, attempt: AttemptKey, *, status: RunStatus, metrics: dict[str, Any],
-               diagnostics: dict[str, Any], warnings: list[dict[str, Any]],
-               provenance: dict[str, Any], error: str | None) -> None:
-        """The attempt returned a result: the run ends completed, failed or diverged."""
-        if status not in (RunStatus.completed, RunStatus.failed, RunStatus.diverged):
-            raise ValueError(f"a result cannot end a run as {status}")
-        self._end_running(attempt, status, AttemptOutcome(status.value), error,
-                          metrics=metrics, diagnostics=diagnostics, warnings=warnings,
-                          provenance=provenance, error=error)
+    def finish(self, finished: Sequence[FinishedAttempt]) -> None:
+        """These attempts returned results: each run ends completed, failed or diverged. A
+        result of an attempt that is not the run's running one (lost and re-queued meanwhile)
+        changes nothing."""
+        for f in finished:
+            if f.status not in (RunStatus.completed, RunStatus.failed, RunStatus.diverged):
+                raise ValueError(f"a result cannot end a run as {f.status}")
+        current = self._running_attempts([f.key.run_id for f in finished])
+        ending = [f for f in finished if current.get(f.key.run_id) == f.key.attempt]
+        if not ending:
+            return
+        now = utcnow()
+        self.session.execute(_FINISH_RUN, [
+            {"b_run": f.key.run_id, "b_attempt": f.key.attempt, "v_status": f.status,
+             "v_metrics": f.metrics, "v_diagnostics": f.diagnostics, "v_warnings": f.warnings,
+             "v_provenance": f.provenance, "v_error": f.error, "v_finished_at": now}
+            for f in ending])
+        self.session.execute(_END_ATTEMPT, [
+            {"b_run": f.key.run_id, "b_attempt": f.key.attempt,
+             "v_outcome": AttemptOutcome(f.status.value), "v_error": f.error,
+             "v_finished_at": now}
+            for f in ending])
+        for f in ending:
+            self._moved(f.key.experiment_id, RunStatus.running, f.status)
+
+    def _running_attempts(self, run_ids: list[int]) -> dict[int, int]:
+        """Of these runs, the running ones and the attempt each runs."""
+        if not run_ids:
+            return {}
+        return dict(self.session.execute(
+            select(RUN.c.id, RUN.c.attempts)
+            .where(RUN.c.id.in_(run_ids), RUN.c.status == RunStatus.running)
+        ).all())
 
     def end_cancelled(self, attempt: AttemptKey) -> None:
         """Ray reports the attempt's task cancelled (a cancel the dispatcher forwarded)."""

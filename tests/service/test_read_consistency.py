@@ -15,7 +15,7 @@ from sqlmodel import Session
 from api_schemas import ExperimentSpec, ExperimentStatus, RunStatus
 from service.db import Experiment, make_engine, upgrade_database
 from service.experiments import create_experiment, experiment_detail, list_experiments
-from service.run_store import AttemptKey, RunStore
+from service.run_store import AttemptKey, FinishedAttempt, RunStore
 from service.settings import Settings
 
 
@@ -54,10 +54,10 @@ def _finish_all_runs(url: str, experiment_id: int) -> None:
     try:
         with Session(engine) as session:
             store = RunStore(session)
-            for run_id in range(1, 5):
-                store.finish(AttemptKey(run_id=run_id, experiment_id=experiment_id, attempt=1),
-                             status=RunStatus.completed, metrics={}, diagnostics={},
-                             warnings=[], provenance={}, error=None)
+            store.finish([FinishedAttempt(
+                key=AttemptKey(run_id=run_id, experiment_id=experiment_id, attempt=1),
+                status=RunStatus.completed, metrics={}, diagnostics={}, warnings=[],
+                provenance={}, error=None) for run_id in range(1, 5)])
             store.commit()
     finally:
         engine.dispose()

@@ -9,12 +9,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from api_schemas import ExperimentSpec, ExperimentStatus, RunStatus
-from service.db import Experiment, Run, make_engine, upgrade_database
+from service.db import AttemptOutcome, Experiment, Run, RunAttempt, make_engine, upgrade_database
 from service.experiments import create_experiment
-from service.run_store import AttemptKey, RunStore, experiment_counts, recount, retry_decision
+from service.run_store import (
+    AttemptKey,
+    FinishedAttempt,
+    RunStore,
+    StartedAttempt,
+    experiment_counts,
+    recount,
+    retry_decision,
+)
 from service.settings import Settings
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
@@ -38,6 +46,12 @@ def new_experiment(session: Session, seeds: int, max_retries: int = 1) -> int:
                                    settings=Settings(database_url="sqlite://"))
     assert experiment.id is not None
     return experiment.id
+
+
+def finished(key: AttemptKey, status: RunStatus, metrics: dict[str, float] | None = None,
+             error: str | None = None) -> FinishedAttempt:
+    return FinishedAttempt(key=key, status=status, metrics=metrics or {}, diagnostics={},
+                           warnings=[], provenance={}, error=error)
 
 
 def assert_counts_kept(session: Session, experiment_id: int) -> Experiment:
@@ -70,17 +84,23 @@ def test_every_state_change_keeps_the_experiment_counts(session: Session) -> Non
     assert experiment.status == ExperimentStatus.running and experiment.runs_running == 4
     keys = [AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
             for c in claimed]
-    store.finish(keys[0], status=RunStatus.completed, metrics={"min_l2": 1.0}, diagnostics={},
-                 warnings=[], provenance={}, error=None)
-    store.finish(keys[1], status=RunStatus.diverged, metrics={}, diagnostics={}, warnings=[],
-                 provenance={}, error="non-finite loss at step 3")
+    store.finish([finished(keys[0], RunStatus.completed, {"min_l2": 1.0}),
+                  finished(keys[1], RunStatus.diverged, error="non-finite loss at step 3")])
     assert store.lose(keys[2], "node died") == RunStatus.queued  # retried: 1 <= max_retries
     store.fail(keys[3], "its results could not be stored")
     store.commit()
     assert_counts_kept(session, experiment_id)
+    done, diverged = session.get(Run, 1), session.get(Run, 2)
+    assert done is not None and diverged is not None
+    assert (done.status, done.metrics, done.error) == (RunStatus.completed, {"min_l2": 1.0}, None)
+    assert done.finished_at is not None
+    assert (diverged.status, diverged.error) == (RunStatus.diverged, "non-finite loss at step 3")
+    outcomes = dict(session.exec(select(RunAttempt.run_id, RunAttempt.outcome)
+                                 .where(RunAttempt.attempt == 1)).all())
+    assert outcomes == {1: AttemptOutcome.completed, 2: AttemptOutcome.diverged,
+                        3: AttemptOutcome.lost, 4: AttemptOutcome.failed}
     # a late message from the lost attempt changes nothing
-    store.finish(keys[2], status=RunStatus.completed, metrics={}, diagnostics={}, warnings=[],
-                 provenance={}, error=None)
+    store.finish([finished(keys[2], RunStatus.completed)])
     store.commit()
     assert session.get(Run, 3).status == RunStatus.queued  # type: ignore[union-attr]
     retried = store.claim(10)
@@ -113,7 +133,7 @@ def test_orphans_are_lost_and_unstarted_attempts_are_not_charged(session: Sessio
     claimed = store.claim(2)
     store.commit()
     started = AttemptKey(run_id=claimed[0].id, experiment_id=experiment_id, attempt=1)
-    store.start(started, node_id="n", worker_id="w", pid=42)
+    store.start([StartedAttempt(key=started, node_id="n", worker_id="w", pid=42)])
     store.commit()
     assert sorted(store.requeue_orphans({})) == [1, 2]
     store.commit()
