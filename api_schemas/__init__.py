@@ -317,12 +317,25 @@ class Comparison(BaseModel):
     var_a: float | None
     var_b: float | None
     var_ratio: float | None
+    # The ratio's 95% interval by bootstrap (percentile method); null at small n when a
+    # resample has zero variance, with the reason in var_ratio_ci95_null_reason.
     var_ratio_ci95: list[float | None] | None
+    var_ratio_ci95_null_reason: str | None = None
+    # The ratio's exact 95% interval under normality, from the F distribution: finite whenever
+    # both variances are positive.
+    var_ratio_ci95_f: list[float | None] | None = None
     f_test_p: float | None
     brown_forsythe_p: float | None
     permutation_p: float | None
     mean_diff: float | None
+    # Welch's 95% interval of mean_a - mean_b.
+    mean_diff_ci95: list[float | None] | None = None
     welch_p: float | None
+    # Power (two-sided F-test, alpha 0.05, power 0.8): the smallest var_a / var_b > 1 these
+    # n_a, n_b seeds detect, and the seeds per level that would detect the observed ratio
+    # (null when it is 1 or would need more than 100,000).
+    detectable_ratio: float | None = None
+    seeds_needed: int | None = None
     # Pooled comparisons only: the within-cell pooled variance sum (n_k - 1) s_k^2 / sum (n_k - 1)
     # over the cells of the other factors, and its ratio (the var_ratio above is the plain
     # variance of all runs of a level); null within a cell or with no other factor.
@@ -345,6 +358,20 @@ class Stats(BaseModel):
     offset: int = 0
     next_offset: int | None = None
     comparisons: list[Comparison]
+
+
+class SeedPlan(BaseModel):
+    """GET /planning/seeds: how many seeds a variance comparison needs, before submission.
+    Given a ratio, the seeds per level that detect it; given seeds per level, the smallest
+    ratio they detect (and its inverse, 1 / ratio, equally)."""
+
+    method: str
+    alpha: float
+    power: float
+    ratio: float | None
+    seeds_per_level: int | None
+    # Why seeds_per_level or ratio is null (say a ratio too close to 1 for any study).
+    note: str | None = None
 
 
 class TrainerInfo(BaseModel):

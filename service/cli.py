@@ -384,6 +384,42 @@ def stats(
 
 
 @app.command()
+def plan(
+    ratio: Annotated[float | None, typer.Option(
+        help="variance ratio var_a / var_b to detect: prints the seeds per level")] = None,
+    seeds: Annotated[int | None, typer.Option(
+        help="seeds per level: prints the smallest ratio they detect")] = None,
+    alpha: Annotated[float, typer.Option(help="level of the two-sided F-test")] = 0.05,
+    power: Annotated[float, typer.Option(help="probability of detecting it")] = 0.8,
+) -> None:
+    """How many seeds a variance comparison needs (no service needed; GET /planning/seeds
+    answers the same)."""
+    from service.power import seed_plan
+
+    if (ratio is None) == (seeds is None):
+        raise _fail("give exactly one of --ratio (to get the seeds per level) and --seeds (to "
+                    "get the detectable ratio)")
+    if ratio is not None and ratio <= 0:
+        raise _fail(f"--ratio must be above 0, got {ratio}")
+    if seeds is not None and seeds < 2:
+        raise _fail(f"--seeds must be at least 2 (a variance needs two values), got {seeds}")
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise _fail(f"--alpha and --power must lie between 0 and 1, got {alpha} and {power}")
+    answer = seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power)
+    if ratio is not None:
+        result = (f"{answer.seeds_per_level} seeds per level" if answer.seeds_per_level
+                  else answer.note)
+        console.print(f"to detect a variance ratio of {ratio:g} (or 1/{ratio:g}) with power "
+                      f"{power:g} at alpha {alpha:g}: {result}", markup=False)
+    else:
+        result = (f"{answer.ratio:.3g} (or 1/{answer.ratio:.3g})" if answer.ratio
+                  else answer.note)
+        console.print(f"{seeds} seeds per level detect, with power {power:g} at alpha "
+                      f"{alpha:g}, a variance ratio of {result}", markup=False)
+    console.print(f"({answer.method})", markup=False)
+
+
+@app.command()
 def run(
     spec_file: Path, metric: Annotated[str | None, typer.Option(help="metric to compare")] = None
 ) -> None:

@@ -9,7 +9,9 @@ once pooled over every other factor and once within each combination of the othe
 - permutation_p: scipy.stats.permutation_test on log(var_a / var_b), two-sided;
 - var_ratio_ci95: scipy.stats.bootstrap percentile interval of the ratio (BCa is undefined for
   the 3-5 seeds typical here, so the percentile method is used);
-- mean_diff = mean_a - mean_b and welch_p from ttest_ind(equal_var=False);
+- var_ratio_ci95_f: the exact interval under normality, ratio / F quantiles (service.power);
+- mean_diff = mean_a - mean_b, welch_p and mean_diff_ci95 from ttest_ind(equal_var=False);
+- detectable_ratio and seeds_needed: the F-test's power at alpha 0.05, power 0.8;
 - pooled comparisons also give the within-cell pooled variance of each level,
   sum_k (n_k - 1) s_k^2 / sum_k (n_k - 1) over the cells of the other factors, and its ratio
   (paper 000 asks for both readings of "pooled").
@@ -31,6 +33,7 @@ import numpy as np
 from scipy import stats
 
 from api_schemas import Comparison, ConditionStats, Stats, level_key
+from service.power import detectable_ratio, f_ratio_interval, seeds_needed
 
 N_RESAMPLES = 9999
 RESAMPLING_SEED = 0
@@ -112,6 +115,7 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict[str, A
         "permutation_p": None,
         "mean_diff": None,
         "welch_p": None,
+        "detectable_ratio": _finite(detectable_ratio(len(a), len(b))),
     }
     if len(a) and len(b):
         out["mean_diff"] = _finite(a.mean() - b.mean())
@@ -121,13 +125,20 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict[str, A
     out["var_a"], out["var_b"] = var_a, var_b
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        out["welch_p"] = _finite(stats.ttest_ind(a, b, equal_var=False).pvalue)
+        welch = stats.ttest_ind(a, b, equal_var=False)
+        out["welch_p"] = _finite(welch.pvalue)
+        if var_a > 0 or var_b > 0:
+            low, high = welch.confidence_interval(0.95)
+            out["mean_diff_ci95"] = [_finite(low), _finite(high)]
         out["brown_forsythe_p"] = _finite(stats.levene(a, b, center="median").pvalue)
         if var_a > 0 and var_b > 0:
             ratio = var_a / var_b
             out["var_ratio"] = ratio
             dist = stats.f(len(a) - 1, len(b) - 1)
             out["f_test_p"] = min(1.0, 2.0 * min(float(dist.cdf(ratio)), float(dist.sf(ratio))))
+            out["var_ratio_ci95_f"] = [_finite(v) for v in f_ratio_interval(ratio, len(a),
+                                                                              len(b))]
+            out["seeds_needed"] = seeds_needed(ratio)
             perm = stats.permutation_test(
                 (a, b),
                 _log_var_ratio,
@@ -150,6 +161,10 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict[str, A
             )
             ci = boot.confidence_interval
             out["var_ratio_ci95"] = [_finite(ci.low), _finite(ci.high)]
+            if None in out["var_ratio_ci95"]:
+                out["var_ratio_ci95_null_reason"] = (
+                    "a bootstrap resample drew one seed value over and over (zero variance): "
+                    "too few seeds for the bootstrap; see var_ratio_ci95_f")
     return out
 
 

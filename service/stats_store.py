@@ -25,6 +25,11 @@ log = logging.getLogger("seedgrid.stats")
 MAX_STORED_PAGES = 64
 
 
+# Bumped when the served statistics gain fields: pages stored by an earlier version are then
+# computed again rather than served without them.
+STATS_FORMAT = "v2"
+
+
 def _query_error(field: str, message: str) -> SpecError:
     return SpecError([{"loc": ["query", field], "msg": message, "type": "value_error"}])
 
@@ -61,7 +66,7 @@ def stats_json(
     if offset > total:
         raise _query_error("offset", f"offset {offset:,} is past the last of the {total:,} "
                                      "comparisons")
-    page = f"{factor or ''}|{offset}|{'all' if limit is None else limit}"
+    page = f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
     # kept by the runs store with every status change: one row, not a count over the runs
     n_completed = experiment.runs_completed
     stored = session.execute(

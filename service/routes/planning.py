@@ -1,0 +1,29 @@
+"""/planning/seeds: the seeds a variance comparison needs, answered before submission."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api_schemas import SeedPlan
+from service.experiments import SpecError
+from service.power import DEFAULT_ALPHA, DEFAULT_POWER, seed_plan
+
+router = APIRouter(prefix="/planning", tags=["planning"])
+
+
+@router.get("/seeds", response_model=SeedPlan)
+def plan_seeds(
+    ratio: Annotated[float | None, Query(gt=0, le=1e12, description=(
+        "the variance ratio var_a / var_b to detect: answers the seeds per level"))] = None,
+    seeds: Annotated[int | None, Query(ge=2, le=100_000, description=(
+        "seeds per level: answers the smallest ratio they detect"))] = None,
+    alpha: Annotated[float, Query(gt=0, lt=1)] = DEFAULT_ALPHA,
+    power: Annotated[float, Query(gt=0, lt=1)] = DEFAULT_POWER,
+) -> SeedPlan:
+    if (ratio is None) == (seeds is None):
+        raise SpecError([{"loc": ["query", "ratio"], "type": "value_error",
+                          "msg": "give exactly one of ratio (to get the seeds per level) and "
+                                 "seeds (to get the detectable ratio)"}])
+    return seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power)
