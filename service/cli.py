@@ -403,8 +403,9 @@ def plan(
         raise _fail(f"--ratio must be above 0, got {ratio}")
     if seeds is not None and seeds < 2:
         raise _fail(f"--seeds must be at least 2 (a variance needs two values), got {seeds}")
-    if not (0 < alpha < 1 and 0 < power < 1):
-        raise _fail(f"--alpha and --power must lie between 0 and 1, got {alpha} and {power}")
+    if not (0 < alpha < power < 1):
+        raise _fail(f"--alpha and --power must satisfy 0 < alpha < power < 1, got {alpha} and "
+                    f"{power}")
     answer = seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power)
     if ratio is not None:
         result = (f"{answer.seeds_per_level} seeds per level" if answer.seeds_per_level

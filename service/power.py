@@ -48,6 +48,8 @@ def detectable_ratio(n_a: int, n_b: int, alpha: float = DEFAULT_ALPHA,
     if n_a < 2 or n_b < 2:
         return math.inf
     target = lambda rho: f_test_power(rho, n_a, n_b, alpha) - power  # noqa: E731
+    if target(1.0) >= 0:  # power <= alpha: equal variances are "detected" that often already
+        return 1.0
     high = 2.0
     while target(high) < 0:
         high *= 2

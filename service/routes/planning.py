@@ -26,4 +26,8 @@ def plan_seeds(
         raise SpecError([{"loc": ["query", "ratio"], "type": "value_error",
                           "msg": "give exactly one of ratio (to get the seeds per level) and "
                                  "seeds (to get the detectable ratio)"}])
+    if power <= alpha:
+        raise SpecError([{"loc": ["query", "power"], "type": "value_error",
+                          "msg": f"power {power:g} must be above alpha {alpha:g}: a test of "
+                                 "level alpha rejects that often when the variances are equal"}])
     return seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power)

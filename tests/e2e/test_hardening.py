@@ -80,6 +80,7 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
     (run,) = guarded.service.runs(done["id"])
     path_values = {"experiment_id": done["id"], "run_id": run["id"], "report_name": "audit"}
     bodies = {("POST", "/experiments"): spec(name="via-route-walk")}
+    queries = {("GET", "/planning/seeds"): {"ratio": 4.0}}
     expected = {("POST", "/experiments"): 201, ("POST", "/experiments/{experiment_id}/cancel"): 202,
                 # a collapse experiment has no reports (feedback declares the protocol)
                 ("GET", "/experiments/{experiment_id}/protocol"): 404,
@@ -100,14 +101,16 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
         values = {**path_values, **overrides.get((method, template), {})}
         url = template.format(**{n: values[n] for n in names})
         body = bodies.get((method, template))
+        params = queries.get((method, template))
         if template == "/healthz":
             assert guarded.anon.request(method, url).status_code == 200
             continue
         before = table_counts(guarded.service)
-        assert_refused(guarded.anon.request(method, url, json=body), None)
-        assert_refused(guarded.wrong.request(method, url, json=body), "invalid_token")
+        assert_refused(guarded.anon.request(method, url, json=body, params=params), None)
+        assert_refused(guarded.wrong.request(method, url, json=body, params=params),
+                       "invalid_token")
         assert table_counts(guarded.service) == before, f"{method} {template} changed the store"
-        response = client.request(method, url, json=body)
+        response = client.request(method, url, json=body, params=params)
         assert response.status_code == expected.get((method, template), 200), (
             f"{method} {url}: {response.status_code} {response.text[:300]}")
     assert guarded.service.wait(slow["id"])["status"] == "cancelled"

@@ -80,6 +80,7 @@ def test_the_detectable_ratio_is_detected_with_80_percent_power() -> None:
     assert rho > 1 and f_test_power(rho, 7, 7) == pytest.approx(0.8, abs=1e-8)
     assert simulated_power(rho, 7, 7, sims=4000) == pytest.approx(0.8, abs=0.03)
     assert detectable_ratio(14, 14) < rho  # more seeds detect smaller ratios
+    assert detectable_ratio(7, 7, alpha=0.4, power=0.3) == 1.0  # power below the test's size
 
 
 def test_three_seeds_per_level_get_a_finite_f_interval_where_the_bootstrap_has_none() -> None:
@@ -112,7 +113,8 @@ def test_the_planning_endpoint_answers_both_ways_and_names_bad_input(
             "no study detects a ratio of 1")
         for params, field in (({}, "ratio"), ({"ratio": 2, "seeds": 3}, "ratio"),
                               ({"ratio": 0}, "ratio"), ({"seeds": 1}, "seeds"),
-                              ({"ratio": 2, "alpha": 1.5}, "alpha")):
+                              ({"ratio": 2, "alpha": 1.5}, "alpha"),
+                              ({"seeds": 9, "alpha": 0.4, "power": 0.3}, "power")):
             response = client.get("/planning/seeds", params=params)
             assert response.status_code == 422, (params, response.text)
             assert response.json()["detail"][0]["loc"] == ["query", field]
