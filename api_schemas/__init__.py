@@ -25,6 +25,7 @@ __all__ = [
     "ExperimentSummary",
     "Health",
     "MetricPoint",
+    "Omnibus",
     "Resources",
     "RunDetail",
     "RunOut",
@@ -344,6 +345,17 @@ class Comparison(BaseModel):
     within_cell_var_ratio: float | None = None
 
 
+class Omnibus(BaseModel):
+    """One test over every level of a factor with more than two levels (pooled over the other
+    factors): do the levels' variances differ at all? Brown-Forsythe, scipy.stats.levene with
+    center="median"; null with fewer than two values in some level or none varying."""
+
+    factor: str
+    levels: list[GridValue]
+    n: list[int]
+    brown_forsythe_p: float | None
+
+
 class Stats(BaseModel):
     metric: str
     # The completed runs these statistics come from; they are recomputed (and stored again)
@@ -358,6 +370,8 @@ class Stats(BaseModel):
     offset: int = 0
     next_offset: int | None = None
     comparisons: list[Comparison]
+    # Per factor with more than two levels (those of `factor` when one is asked for).
+    omnibus: list[Omnibus] = []
 
 
 class SeedPlan(BaseModel):

@@ -12,6 +12,8 @@ once pooled over every other factor and once within each combination of the othe
 - var_ratio_ci95_f: the exact interval under normality, ratio / F quantiles (service.power);
 - mean_diff = mean_a - mean_b, welch_p and mean_diff_ci95 from ttest_ind(equal_var=False);
 - detectable_ratio and seeds_needed: the F-test's power at alpha 0.05, power 0.8;
+- per factor with more than two levels, an omnibus Brown-Forsythe test over all its levels
+  (scipy.stats.levene(*levels, center="median"), each level pooled over the other factors);
 - pooled comparisons also give the within-cell pooled variance of each level,
   sum_k (n_k - 1) s_k^2 / sum_k (n_k - 1) over the cells of the other factors, and its ratio
   (paper 000 asks for both readings of "pooled").
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from api_schemas import Comparison, ConditionStats, Stats, level_key
+from api_schemas import Comparison, ConditionStats, Omnibus, Stats, level_key
 from service.power import detectable_ratio, f_ratio_interval, seeds_needed
 
 N_RESAMPLES = 9999
@@ -281,9 +283,23 @@ def experiment_stats(
     values = RunValues(grid, runs)
     comparisons = [_comparison(slot, values) for slot in plan.page(offset, limit)]
     end = offset + len(comparisons)
+    omnibus = [omnibus_test(f, grid[f], values) for f in grid
+               if (factor is None or f == factor) and len(grid[f]) > 2]
     return Stats(metric=metric, conditions=conditions, comparisons=comparisons, factor=factor,
                  total_comparisons=total, offset=offset,
-                 next_offset=end if end < total else None)
+                 next_offset=end if end < total else None, omnibus=omnibus)
+
+
+def omnibus_test(factor: str, levels: Sequence[Any], values: RunValues) -> Omnibus:
+    """Brown-Forsythe over every level of `factor`, each level pooled over the other factors."""
+    groups = [values.values(factor, level, None) for level in levels]
+    p = None
+    if all(len(g) >= 2 for g in groups) and any(np.ptp(g) > 0 for g in groups):
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            p = _finite(stats.levene(*groups, center="median").pvalue)
+    return Omnibus(factor=factor, levels=list(levels), n=[len(g) for g in groups],
+                   brown_forsythe_p=p)
 
 
 def _comparison(slot: Slot, values: RunValues) -> Comparison:

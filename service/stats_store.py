@@ -27,7 +27,7 @@ MAX_STORED_PAGES = 64
 
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-STATS_FORMAT = "v2"
+STATS_FORMAT = "v3"
 
 
 def _query_error(field: str, message: str) -> SpecError:

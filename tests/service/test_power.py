@@ -128,3 +128,23 @@ def test_the_plan_command_prints_the_answer_without_a_service() -> None:
     refused = subprocess.run([sys.executable, "-m", "service.cli", "plan"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "exactly one of --ratio" in refused.stderr
+
+
+def test_a_factor_with_more_than_two_levels_gets_an_omnibus_brown_forsythe_test() -> None:
+    from service.stats import experiment_stats
+
+    rng = np.random.default_rng(3)
+    grid = {"r": [0.0, 0.1, 0.2], "stop_gradient": [False, True]}
+    runs, by_level = [], {0.0: [], 0.1: [], 0.2: []}
+    for r in grid["r"]:
+        for sg in grid["stop_gradient"]:
+            for value in rng.normal(0, 1 + 10 * r, size=4):
+                runs.append(({"r": r, "stop_gradient": sg}, f"r={r},sg={sg}", float(value)))
+                by_level[r].append(float(value))
+    result = experiment_stats(metric="m", grid=grid, runs=runs)
+    (omnibus,) = result.omnibus  # stop_gradient has two levels: its pairwise test suffices
+    assert (omnibus.factor, omnibus.levels, omnibus.n) == ("r", [0.0, 0.1, 0.2], [8, 8, 8])
+    expected = stats.levene(*by_level.values(), center="median").pvalue
+    assert omnibus.brown_forsythe_p == pytest.approx(expected, rel=1e-12)
+    assert experiment_stats(metric="m", grid=grid, runs=runs, factor="stop_gradient",
+                            limit=0).omnibus == []
