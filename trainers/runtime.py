@@ -26,7 +26,6 @@ import importlib.metadata
 import math
 import platform
 import sys
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -188,7 +187,7 @@ class RunContext:
         return value is not None and not math.isfinite(value)
 
 
-class TrainerBase(ABC):
+class TrainerBase:
     """The shared part of every trainer: set-up, the loop contract and the result.
 
     A trainer declares its name, paper, `Config`, metric and diagnostic names, its primary
@@ -228,14 +227,11 @@ class TrainerBase(ABC):
         output = self.train(config, context)
         return self._result(context, output)
 
-    @abstractmethod
     def train(self, config: Any, run: RunContext) -> TrainOutput:
-        """The trainer's own part of a run: models, loop, evaluation (see the module's
-        docstring for the loop contract)."""
+        raise NotImplementedError
 
-    @abstractmethod
     def estimate(self, config: Any) -> ResourceEstimate:
-        """Peak memory and logged points of one run, by arithmetic on the config alone."""
+        raise NotImplementedError
 
     def provenance(self, run: RunContext) -> dict[str, Any]:
         """What identifies the code, the platform and the inputs of a result."""
