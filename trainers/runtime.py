@@ -26,6 +26,7 @@ import importlib.metadata
 import math
 import platform
 import sys
+import threading
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -101,7 +102,27 @@ def trainer_source(trainer: object) -> Path:
 @cache
 def warm_up() -> None:
     """Pay, once per process, what the first run would pay inside its cancel window: torch's
-    first `use_deterministic_algorithms` call imports its compiler stack (about a second)."""
+    first `use_deterministic_algorithms` call imports its compiler stack (about a second).
+
+    An interrupt must not land inside that import: Ray delivers a cancel as KeyboardInterrupt in
+    the main thread, and an import it cuts short leaves torch's modules half made, so that every
+    later run of the process fails with an AttributeError (`torch._dynamo` has no `utils`). The
+    import therefore runs in a thread of its own, which an interrupt cannot reach; an interrupt
+    that arrives meanwhile is raised once the import has finished."""
+    worker = threading.Thread(target=_use_deterministic_setting, name="seedgrid-warm-up",
+                              daemon=True)
+    worker.start()
+    interrupted: KeyboardInterrupt | None = None
+    while worker.is_alive():
+        try:
+            worker.join()
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+
+
+def _use_deterministic_setting() -> None:
     torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())
 
 

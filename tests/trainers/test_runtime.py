@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -93,3 +94,30 @@ def test_a_changed_line_changes_the_source_hash(tmp_path: Path) -> None:
     source_sha256.cache_clear()
     (package / "train.py").write_text("STEPS = 11\n")
     assert source_sha256(package) != before
+
+
+# A fresh interpreter: the warm-up's import has not happened yet. Ray's cancel is
+# KeyboardInterrupt in the main thread; interrupt_main delivers the same, DELAY seconds in.
+INTERRUPTED_WARM_UP = """
+import _thread, sys, threading, time
+import torch
+from trainers.runtime import warm_up
+threading.Timer(float(sys.argv[1]), _thread.interrupt_main).start()
+try:
+    warm_up()
+    print("finished first")
+except KeyboardInterrupt:
+    print("interrupted")
+torch.use_deterministic_algorithms(True)
+print("torch works")
+"""
+
+
+def test_a_cancel_during_the_warm_up_is_raised_and_leaves_torch_whole() -> None:
+    """Regression: a cancel inside the warm-up's import left torch half imported, and every later
+    run of that worker process was lost with an AttributeError (CI, tests/e2e/test_probes.py)."""
+    for delay in (0.02, 0.3):
+        done = subprocess.run([sys.executable, "-c", INTERRUPTED_WARM_UP, str(delay)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["interrupted", "torch", "works"], (delay, done.stdout)
