@@ -27,6 +27,7 @@ import math
 import platform
 import sys
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -208,7 +209,7 @@ class RunContext:
         return value is not None and not math.isfinite(value)
 
 
-class TrainerBase:
+class TrainerBase(ABC):
     """The shared part of every trainer: set-up, the loop contract and the result.
 
     A trainer declares its name, paper, `Config`, metric and diagnostic names, its primary
@@ -248,11 +249,14 @@ class TrainerBase:
         output = self.train(config, context)
         return self._result(context, output)
 
+    @abstractmethod
     def train(self, config: Any, run: RunContext) -> TrainOutput:
-        raise NotImplementedError
+        """The trainer's own part of a run: models, loop, evaluation (see the module's
+        docstring for the loop contract)."""
 
+    @abstractmethod
     def estimate(self, config: Any) -> ResourceEstimate:
-        raise NotImplementedError
+        """Peak memory and logged points of one run, by arithmetic on the config alone."""
 
     def provenance(self, run: RunContext) -> dict[str, Any]:
         """What identifies the code, the platform and the inputs of a result."""

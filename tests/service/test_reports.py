@@ -19,9 +19,9 @@ from service.db import Experiment, Run, make_engine
 from service.experiments import condition_key
 from service.server import BackgroundServer
 from service.settings import Settings
-from trainers.base import TrainerConfig
+from trainers.base import ResourceEstimate, TrainerConfig
 from trainers.reports import CrossRunReport, ExperimentRecord, RunRecord
-from trainers.runtime import TrainerBase
+from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 
 class SeenRun(BaseModel):
@@ -57,7 +57,7 @@ def completed_count(_: ExperimentRecord, runs: Sequence[RunRecord]) -> Completed
 
 
 class ToyConfig(TrainerConfig):
-    width: int = 4  # unused: the toy trainers never run
+    width: int = 4  # the toy trainers' runs are rows the tests write; their loop is trivial
     depth: int = 1
 
 
@@ -72,6 +72,12 @@ class ToyTrainer(TrainerBase):
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = (CrossRunReport(
         name="tally", description="Every run as the report sees it.", response_model=Tally,
         build=tally),)
+
+    def train(self, config: ToyConfig, run: RunContext) -> TrainOutput:
+        return TrainOutput(metrics={"loss": float(config.width)})
+
+    def estimate(self, config: ToyConfig) -> ResourceEstimate:
+        return ResourceEstimate(1024, (), 1, ())
 
 
 class OtherToyTrainer(ToyTrainer):
