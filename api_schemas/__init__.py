@@ -12,11 +12,25 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from api_schemas.adaptive import (
+    AdaptiveLook,
+    AdaptiveSpec,
+    AdaptiveState,
+    AddSeeds,
+    NamedComparison,
+    SeedsAdded,
+)
 
 __all__ = [
+    "AdaptiveLook",
+    "AdaptiveSpec",
+    "AdaptiveState",
+    "AddSeeds",
     "Comparison",
     "ConditionStats",
+    "ExperimentComparison",
     "ExperimentCounts",
     "ExperimentCreated",
     "ExperimentDetail",
@@ -25,11 +39,14 @@ __all__ = [
     "ExperimentSummary",
     "Health",
     "MetricPoint",
+    "NamedComparison",
     "Omnibus",
     "Resources",
     "RunDetail",
     "RunOut",
     "RunStatus",
+    "SeedsAdded",
+    "SideBySide",
     "Stats",
     "TrainerInfo",
     "json_problems",
@@ -177,6 +194,9 @@ class ExperimentSpec(BaseModel):
     max_retries: int = Field(2, ge=0, le=20)
     # Higher runs first.
     priority: int = Field(0, ge=-1000, le=1000)
+    # Seeds in rounds until a named comparison is settled (api_schemas.adaptive); the first
+    # round is adaptive.min_seeds seeds, so `seeds` is left out.
+    adaptive: AdaptiveSpec | None = None
 
     @field_validator("config")
     @classmethod
@@ -218,6 +238,20 @@ class ExperimentSpec(BaseModel):
             if any(s < 0 for s in seeds):
                 raise ValueError("seeds must be non-negative")
         return seeds
+
+    @model_validator(mode="after")
+    def _adaptive_seeds(self) -> ExperimentSpec:
+        """An adaptive spec's first round is adaptive.min_seeds seeds: `seeds` is that number
+        (as stored and served), and any other value is refused."""
+        if self.adaptive is None:
+            return self
+        first = self.adaptive.min_seeds
+        if "seeds" in self.model_fields_set and self.seeds != first:
+            raise ValueError(f"seeds: an adaptive spec's first round is adaptive.min_seeds "
+                             f"({first}) seeds per condition, seeds 0 to {first - 1}; leave "
+                             f"seeds out (or set it to {first})")
+        self.seeds = first
+        return self
 
     def seed_list(self) -> list[int]:
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
@@ -261,6 +295,8 @@ class ExperimentSummary(BaseModel):
 class ExperimentDetail(ExperimentSummary):
     spec: ExperimentSpec
     n_conditions: int
+    # An adaptive experiment's looks and why it stopped (null for a plain experiment).
+    adaptive: AdaptiveState | None = None
 
 
 class RunOut(BaseModel):
@@ -409,3 +445,33 @@ class Health(BaseModel):
     # This process's dispatcher: active (holds the dispatch lock), standby (waits for it),
     # stopped, or absent (an API started with --no-dispatch).
     dispatcher: str
+
+
+class SideBySide(BaseModel):
+    """One condition two experiments both ran: each one's summary and the tests between them,
+    as a Comparison whose factor is "experiment" and whose levels are the two ids."""
+
+    condition: dict[str, GridValue]
+    condition_key: str
+    a: ConditionStats
+    b: ConditionStats
+    comparison: Comparison
+
+
+class ExperimentComparison(BaseModel):
+    """GET /compare?a=&b=: the conditions two experiments of one trainer and metric share, side
+    by side with the tests of /stats; the conditions only one of them ran are listed by key."""
+
+    a: int
+    b: int
+    trainer: str
+    metric: str
+    # One page of the shared conditions (in the order a's runs completed them): from `offset`;
+    # `next_offset` asks for the next page (None: this is the last one).
+    total_conditions: int
+    offset: int = 0
+    next_offset: int | None = None
+    conditions: list[SideBySide]
+    # Condition keys that only one experiment has completed runs of.
+    only_in_a: list[str]
+    only_in_b: list[str]

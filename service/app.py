@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from service.db import make_engine, upgrade_database
 from service.dispatcher import Dispatcher
 from service.experiments import Conflict, NotFound, QueueFull, SpecError
-from service.routes import experiments, planning, runs, system
+from service.routes import compare, experiments, planning, runs, system
 from service.routes.reports import reports_router
 from service.security import RequestGuard, declare_bearer_auth, json_safe
 from service.settings import Settings, get_settings
@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.include_router(runs.router)
     app.include_router(system.router)
     app.include_router(planning.router)
+    app.include_router(compare.router)
     app.include_router(reports_router(REGISTRY.values()))
 
     # Open without the token: the health probe, and the docs (a browser cannot send the header).

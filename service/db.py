@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     event,
+    false,
     inspect,
     pool,
     text,
@@ -103,6 +104,11 @@ class Experiment(SQLModel, table=True):
     runs_failed: int = run_count_column()
     runs_diverged: int = run_count_column()
     runs_cancelled: int = run_count_column()
+    # An adaptive experiment's record (api_schemas.AdaptiveState: its looks, why it stopped);
+    # null for a plain one. `deciding` holds while it has not stopped: with no run queued or
+    # running it is then `running` (its next look is due), not ended.
+    adaptive: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    deciding: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
 
 
 class Run(SQLModel, table=True):

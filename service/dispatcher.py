@@ -35,6 +35,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlmodel import Session
 
 from api_schemas import RunStatus, storable_text
+from service.adaptive import decide_due
 from service.db import masked_url
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
 from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
@@ -53,6 +54,8 @@ NODE_CHECK_INTERVAL_S = 5.0
 STANDBY_POLL_S = 0.5
 # How often the active dispatcher confirms it still holds the lock when it has nothing to write.
 LOCK_CHECK_INTERVAL_S = 1.0
+# How often the adaptive experiments are checked for a due look.
+LOOK_CHECK_INTERVAL_S = 0.5
 # Base configs of experiments the dispatcher keeps (a spec never changes; the bound is memory).
 MAX_CACHED_CONFIGS = 1024
 
@@ -143,6 +146,7 @@ class Dispatcher:
         self._nodes: list[tuple[float, float]] = []
         self._nodes_checked_at = -math.inf
         self._last_lock_check = 0.0
+        self._last_look_check = -math.inf
         # A harvest read from Ray whose transaction failed: written before anything else.
         self._unsaved: Harvest | None = None
         self._configs: dict[int, dict[str, Any]] = {}
@@ -355,6 +359,7 @@ class Dispatcher:
 
     def step(self) -> None:
         self._save_unsaved()
+        self._take_due_looks()
         claimed = self._fill()
         self._forward_cancellations()
         harvest = self._pump(timeout_s=0 if claimed else self.settings.dispatch_poll_interval_s)
@@ -362,6 +367,16 @@ class Dispatcher:
             # Read from Ray once only: kept until a transaction has written it.
             self._unsaved = harvest
             self._save_unsaved()
+
+    def _take_due_looks(self) -> None:
+        """Adaptive experiments whose round ended get their look (service.adaptive): stopped,
+        or their next round queued before this pass claims runs."""
+        now = time.monotonic()
+        if now - self._last_look_check < LOOK_CHECK_INTERVAL_S:
+            return
+        self._last_look_check = now
+        with self._session() as session:
+            decide_due(session)
 
     def _save_unsaved(self) -> None:
         """Write the harvest read from Ray. When its transaction fails, write it run by run, so

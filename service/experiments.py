@@ -12,6 +12,9 @@ from sqlalchemy import text
 from sqlmodel import Session, select
 
 from api_schemas import (
+    MAX_SEED,
+    AdaptiveState,
+    AddSeeds,
     ExperimentDetail,
     ExperimentSpec,
     ExperimentStatus,
@@ -19,7 +22,10 @@ from api_schemas import (
     RunDetail,
     RunOut,
     RunStatus,
+    SeedsAdded,
+    level_key,
 )
+from api_schemas.adaptive import NamedComparison
 from service.db import Experiment, Run, RunAttempt
 from service.run_store import RunStore, experiment_counts
 from service.settings import Settings
@@ -73,6 +79,40 @@ def unknown_metric(trainer: Trainer, metric: str) -> str | None:
             f"{', '.join(trainer.metrics)}")
 
 
+def _named_comparison_errors(named: NamedComparison, grid: dict[str, list[Any]],
+                             loc: list[str]) -> list[dict[str, Any]]:
+    """A named comparison must be one /stats serves: two different levels of a grid factor,
+    within levels of all the other factors or pooled over them."""
+    if named.factor not in grid:
+        return [_error([*loc, "factor"], f"{named.factor!r} is not a factor of the grid; its "
+                       f"factors: {', '.join(grid) or 'none'}")]
+    errors = []
+    levels = {level_key(v) for v in grid[named.factor]}
+    for side in ("a", "b"):
+        if level_key(getattr(named, side)) not in levels:
+            errors.append(_error([*loc, side], f"{getattr(named, side)!r} is not a level of "
+                                 f"{named.factor!r}: {grid[named.factor]}"))
+    if level_key(named.a) == level_key(named.b):
+        errors.append(_error([*loc, "b"], "a and b must be different levels"))
+    if named.within is not None:
+        others = [f for f in grid if f != named.factor]
+        if sorted(named.within) != sorted(others):
+            errors.append(_error([*loc, "within"], f"within must give a level of each other "
+                                 f"factor ({', '.join(others) or 'none'}), or be null to pool "
+                                 "over them"))
+        else:
+            errors += [_error([*loc, "within", f], f"{v!r} is not a level of {f!r}: {grid[f]}")
+                       for f, v in named.within.items()
+                       if level_key(v) not in {level_key(x) for x in grid[f]}]
+    return errors
+
+
+def grid_conditions(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The conditions of a grid, in grid order: the cartesian product of its levels."""
+    names = list(grid)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
 def validate_spec(
     spec: ExperimentSpec, *, settings: Settings
 ) -> tuple[Trainer, list[dict[str, Any]]]:
@@ -106,19 +146,23 @@ def validate_spec(
                 ]
     if spec.metric is not None and (problem := unknown_metric(trainer, spec.metric)):
         errors.append(_error(["metric"], problem))
+    if spec.adaptive is not None:
+        errors += _named_comparison_errors(spec.adaptive.comparison, spec.grid,
+                                           ["adaptive", "comparison"])
     if errors:
         raise SpecError(errors)
 
     n_conditions = math.prod(len(v) for v in spec.grid.values())
-    n_runs = n_conditions * len(spec.seed_list())
+    seeds = spec.adaptive.max_seeds if spec.adaptive else len(spec.seed_list())
+    n_runs = n_conditions * seeds
     max_runs = settings.max_runs_per_experiment
     if n_runs > max_runs:
-        raise SpecError([_error(["grid"], f"{n_conditions} conditions x {len(spec.seed_list())} "
-                                f"seeds = {n_runs} runs, over the limit of {max_runs} "
+        field = ["adaptive", "max_seeds"] if spec.adaptive else ["grid"]
+        at_most = " at most" if spec.adaptive else ""
+        raise SpecError([_error(field, f"{n_conditions} conditions x{at_most} {seeds} seeds = "
+                                f"{n_runs} runs, over the limit of {max_runs} "
                                 "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)")])
-    names = list(spec.grid)
-    conditions = [dict(zip(names, combo, strict=True))
-                  for combo in itertools.product(*spec.grid.values())]
+    conditions = grid_conditions(spec.grid)
     refusals = _Refusals(spec)
     for condition in conditions:
         try:
@@ -214,14 +258,8 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
     trainer, conditions = validate_spec(spec, settings=settings)
     seeds = spec.seed_list()
     n_runs = len(conditions) * len(seeds)
-    cap = settings.max_queued_runs
-    if session.get_bind().dialect.name == "postgresql":
-        # Submissions count the queue one at a time, or two could each fit under the cap.
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
     store = RunStore(session)
-    queued = store.queued_runs()
-    if queued + n_runs > cap:
-        raise QueueFull(queued, n_runs, cap)
+    queued = _count_queue(session, store, n_runs, settings)
     experiment = Experiment(
         name=spec.name,
         trainer=trainer.name,
@@ -232,24 +270,92 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
         n_runs=n_runs,
         runs_queued=n_runs,
     )
+    if spec.adaptive is not None:
+        experiment.adaptive = AdaptiveState.start(spec.adaptive).model_dump(mode="json")
+        experiment.deciding = True
     session.add(experiment)
     session.flush()
-    assert experiment.id is not None
-    shared = {"trainer": trainer.name, "priority": spec.priority,
-              "max_retries": spec.max_retries, "num_cpus": spec.resources.num_cpus,
-              "num_gpus": spec.resources.num_gpus}
-    store.create_runs(experiment, [
-        {"condition_key": condition_key(condition), "condition": condition, "seed": seed}
-        for condition in conditions for seed in seeds
-    ], shared)
-    # On SQLite the insert holds the database's write lock: counted again now, the queue
-    # includes every submission that committed meanwhile.
-    if store.queued_runs() > cap:
-        session.rollback()
-        raise QueueFull(queued, n_runs, cap)
+    store.create_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
+    _recount_queue(session, store, queued, n_runs, settings)
     session.commit()
     session.refresh(experiment)
     return experiment
+
+
+def seed_runs(conditions: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
+    return [{"condition_key": condition_key(condition), "condition": condition, "seed": seed}
+            for condition in conditions for seed in seeds]
+
+
+def run_defaults(spec: ExperimentSpec) -> dict[str, Any]:
+    """What every run of the spec shares."""
+    return {"trainer": spec.trainer, "priority": spec.priority, "max_retries": spec.max_retries,
+            "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus}
+
+
+def _count_queue(session: Session, store: RunStore, adding: int, settings: Settings) -> int:
+    """The queued runs now, or QueueFull when `adding` more would pass the cap."""
+    if session.get_bind().dialect.name == "postgresql":
+        # Submissions count the queue one at a time, or two could each fit under the cap.
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
+    queued = store.queued_runs()
+    if queued + adding > settings.max_queued_runs:
+        raise QueueFull(queued, adding, settings.max_queued_runs)
+    return queued
+
+
+def _recount_queue(session: Session, store: RunStore, queued: int, adding: int,
+                   settings: Settings) -> None:
+    # On SQLite the insert holds the database's write lock: counted again now, the queue
+    # includes every submission that committed meanwhile.
+    if store.queued_runs() > settings.max_queued_runs:
+        session.rollback()
+        raise QueueFull(queued, adding, settings.max_queued_runs)
+
+
+def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
+              settings: Settings) -> SeedsAdded:
+    """More seeds for every condition of an experiment, queued now; their runs join its
+    statistics as they complete. An ended experiment runs again; a cancelled one is a
+    Conflict, and so is an adaptive one whose rounds still add seeds."""
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    store = RunStore(session)
+    store.lock_experiments([experiment_id])
+    session.refresh(experiment)
+    if experiment.cancel_requested or experiment.status == ExperimentStatus.cancelled:
+        raise Conflict(f"experiment {experiment_id} was cancelled: submit a new one")
+    if experiment.deciding:
+        raise Conflict(f"experiment {experiment_id} is adaptive and still adds its own seeds "
+                       "in rounds; add seeds by hand once it has stopped")
+    have = set(session.exec(select(Run.seed).where(Run.experiment_id == experiment_id)
+                            .distinct()).all())
+    if isinstance(request.seeds, int):
+        start = max(have, default=-1) + 1
+        seeds = list(range(start, start + request.seeds))
+        if seeds[-1] > MAX_SEED:
+            raise SpecError([_error(["seeds"], f"the next {request.seeds} seeds after "
+                                    f"{start - 1} pass the largest seed, {MAX_SEED}")])
+    else:
+        seeds = list(request.seeds)
+        repeated = sorted(have.intersection(seeds))
+        if repeated:
+            raise SpecError([_error(["seeds"], f"experiment {experiment_id} has seeds "
+                                    f"{repeated[:10]} already")])
+    spec = ExperimentSpec.model_validate(experiment.spec)
+    conditions = grid_conditions(spec.grid)
+    adding = len(conditions) * len(seeds)
+    if experiment.n_runs + adding > settings.max_runs_per_experiment:
+        raise SpecError([_error(["seeds"], f"{experiment.n_runs} runs + {len(conditions)} "
+                                f"conditions x {len(seeds)} seeds = {experiment.n_runs + adding} "
+                                f"runs, over the limit of {settings.max_runs_per_experiment} "
+                                "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)")])
+    queued = _count_queue(session, store, adding, settings)
+    store.add_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
+    _recount_queue(session, store, queued, adding, settings)
+    store.commit()
+    session.refresh(experiment)
+    return SeedsAdded(experiment_id=experiment_id, seeds=seeds, runs_added=adding,
+                      n_runs=experiment.n_runs)
 
 
 def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
@@ -301,6 +407,7 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         **summary.model_dump(),
         spec=ExperimentSpec.model_validate(experiment.spec),
         n_conditions=experiment.n_conditions,
+        adaptive=experiment.adaptive,
     )
 
 

@@ -60,11 +60,14 @@ def retry_decision(*, cancel_requested: bool, charged_attempts: int, max_retries
     return RunStatus.failed, f"lost on each of {charged_attempts} attempts; last: {reason}"
 
 
-def experiment_status(*, cancel_requested: bool, n_runs: int,
-                      counts: ExperimentCounts) -> ExperimentStatus:
-    """An experiment's status from its run counts."""
+def experiment_status(*, cancel_requested: bool, n_runs: int, counts: ExperimentCounts,
+                      deciding: bool = False) -> ExperimentStatus:
+    """An experiment's status from its run counts. An adaptive experiment whose next look is
+    due (`deciding`, no run queued or running) is still running: its next round may follow."""
     if cancel_requested:
         return ExperimentStatus.cancelled
+    if counts.queued == 0 and counts.running == 0 and deciding:
+        return ExperimentStatus.running
     if counts.queued == 0 and counts.running == 0:
         return (ExperimentStatus.completed if counts.completed == n_runs
                 else ExperimentStatus.partial)
@@ -177,17 +180,20 @@ class RunStore:
     def _refresh_status(self, experiment_id: int) -> None:
         row = self.session.execute(
             select(Experiment.n_runs, Experiment.cancel_requested, Experiment.finished_at,
-                   *(count_column(s) for s in RunStatus))
+                   Experiment.deciding, *(count_column(s) for s in RunStatus))
             .where(Experiment.id == experiment_id)
         ).first()
         if row is None:
             return
-        counts = ExperimentCounts(**{s.value: row[3 + i] for i, s in enumerate(RunStatus)})
+        counts = ExperimentCounts(**{s.value: row[4 + i] for i, s in enumerate(RunStatus)})
         status = experiment_status(cancel_requested=row.cancel_requested, n_runs=row.n_runs,
-                                   counts=counts)
+                                   counts=counts, deciding=row.deciding)
         values: dict[str, Any] = {"status": status}
-        if counts.queued == 0 and counts.running == 0 and row.finished_at is None:
+        ended = status not in (ExperimentStatus.queued, ExperimentStatus.running)
+        if ended and counts.queued == 0 and counts.running == 0 and row.finished_at is None:
             values["finished_at"] = utcnow()
+        elif not ended and row.finished_at is not None:
+            values["finished_at"] = None  # seeds were added to an ended experiment
         self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
                              .values(**values).execution_options(synchronize_session=False))
 
@@ -211,6 +217,38 @@ class RunStore:
                     "metrics": {}, "diagnostics": {}, "warnings": [], "provenance": {},
                     "experiment_id": experiment.id, "created_at": utcnow()}
         self.session.execute(insert(Run), [{**defaults, **shared, **row} for row in rows])
+
+    def add_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]],
+                 shared: dict[str, Any]) -> None:
+        """More queued runs for an experiment that has some (seeds added by hand or by an
+        adaptive round): its run total and queued count grow in the same transaction."""
+        assert experiment.id is not None
+        self.create_runs(experiment, rows, shared)
+        self.session.execute(
+            update(Experiment).where(Experiment.id == experiment.id)
+            .values(n_runs=Experiment.n_runs + len(rows))
+            .execution_options(synchronize_session=False))
+        self._moves[experiment.id][RunStatus.queued] += len(rows)
+        self._touched.add(experiment.id)
+
+    def due_decisions(self) -> list[int]:
+        """Adaptive experiments whose next look is due: deciding, with no run queued or
+        running (their cancel included: the look then records the stop)."""
+        return list(self.session.exec(
+            select(Experiment.id).where(
+                Experiment.deciding == True,  # noqa: E712
+                count_column(RunStatus.queued) == 0, count_column(RunStatus.running) == 0)
+            .order_by(Experiment.id)
+        ).all())
+
+    def record_look(self, experiment_id: int, state: dict[str, Any], *, stopped: bool) -> None:
+        """Store an adaptive experiment's record after a look; `stopped` ends its rounds (its
+        status then follows from its runs like any experiment's)."""
+        self.session.execute(
+            update(Experiment).where(Experiment.id == experiment_id)
+            .values(adaptive=state, deciding=not stopped)
+            .execution_options(synchronize_session=False))
+        self._touched.add(experiment_id)
 
     def queued_runs(self) -> int:
         return self.session.exec(

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from api_schemas import (
     MAX_KEY_LENGTH,
     STORABLE_TEXT,
+    AddSeeds,
     ExperimentCreated,
     ExperimentDetail,
     ExperimentSpec,
@@ -16,6 +17,7 @@ from api_schemas import (
     ExperimentSummary,
     RunOut,
     RunStatus,
+    SeedsAdded,
     Stats,
 )
 from service import experiments as logic
@@ -70,6 +72,17 @@ def detail(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail
 def cancel(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     logic.cancel_experiment(session=session, experiment_id=experiment_id)
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
+
+
+@router.post("/{experiment_id}/seeds", status_code=201, response_model=SeedsAdded,
+             responses={409: {"description": "The experiment was cancelled, or is adaptive "
+                                             "and still adds its own rounds"},
+                        429: {"description": "The queue is full (SEEDGRID_MAX_QUEUED_RUNS)"}})
+def add_seeds(experiment_id: ExperimentId, request: AddSeeds, session: SessionDep,
+              settings: SettingsDep) -> SeedsAdded:
+    """More seeds for every condition; their runs join the experiment's statistics."""
+    return logic.add_seeds(session=session, experiment_id=experiment_id, request=request,
+                           settings=settings)
 
 
 @router.get("/{experiment_id}/runs", response_model=list[RunOut])

@@ -79,9 +79,12 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
     guarded.service.wait(done["id"])
     (run,) = guarded.service.runs(done["id"])
     path_values = {"experiment_id": done["id"], "run_id": run["id"], "report_name": "audit"}
-    bodies = {("POST", "/experiments"): spec(name="via-route-walk")}
-    queries = {("GET", "/planning/seeds"): {"ratio": 4.0}}
+    bodies = {("POST", "/experiments"): spec(name="via-route-walk"),
+              ("POST", "/experiments/{experiment_id}/seeds"): {"seeds": 1}}
+    queries = {("GET", "/planning/seeds"): {"ratio": 4.0},
+               ("GET", "/compare"): {"a": done["id"], "b": slow["id"]}}
     expected = {("POST", "/experiments"): 201, ("POST", "/experiments/{experiment_id}/cancel"): 202,
+                ("POST", "/experiments/{experiment_id}/seeds"): 201,
                 # a collapse experiment has no reports (feedback declares the protocol)
                 ("GET", "/experiments/{experiment_id}/protocol"): 404,
                 ("GET", "/experiments/{experiment_id}/reports/protocol"): 404,

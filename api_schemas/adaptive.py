@@ -1,0 +1,147 @@
+"""Models of seeds in rounds: an adaptive spec, the record of its looks, and seeds added by hand
+(DESIGN.md "Statistics, beyond pairwise tests").
+
+An adaptive experiment runs `min_seeds` seeds per condition, then looks at one named comparison
+and adds `step` seeds per condition until that comparison's interval excludes its null value
+(1 for a variance ratio, 0 for a mean difference) or `max_seeds` is reached. The stopping rule
+is a Bonferroni split of alpha over the planned looks: each look uses a two-sided interval at
+confidence 1 - alpha / K, K = 1 + ceil((max_seeds - min_seeds) / step). By the union bound the
+chance that any look excludes the null value when it holds is at most alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Kept equal to api_schemas' bounds (importing them here would be a cycle).
+_MAX_KEY_LENGTH = 100
+_MAX_LEVEL_LENGTH = 200
+_STORABLE_TEXT = r"^[^\x00]*$"
+# Rounds of one adaptive experiment; bounds the planned looks (and the work of each).
+MAX_SEEDS_PER_CONDITION = 1000
+_Level = (bool | int | float
+          | Annotated[str, Field(max_length=_MAX_LEVEL_LENGTH, pattern=_STORABLE_TEXT)] | None)
+
+
+class NamedComparison(BaseModel):
+    """One comparison of the experiment's statistics: two levels of a grid factor, pooled over
+    the other factors (`within` null) or within one combination of their levels."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    factor: str = Field(..., min_length=1, max_length=_MAX_KEY_LENGTH, pattern=_STORABLE_TEXT)
+    a: _Level
+    b: _Level
+    within: dict[Annotated[str, Field(max_length=_MAX_KEY_LENGTH)], _Level] | None = None
+
+
+class AdaptiveSpec(BaseModel):
+    """Seeds in rounds until `comparison`'s interval excludes its null value."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [{
+        "comparison": {"factor": "stop_gradient", "a": False, "b": True},
+        "target": "var_ratio", "min_seeds": 4, "step": 2, "max_seeds": 12, "alpha": 0.05,
+    }]})
+
+    comparison: NamedComparison
+    # var_ratio: the exact F interval of var_a / var_b must exclude 1 (normal samples);
+    # mean_diff: Welch's interval of mean_a - mean_b must exclude 0.
+    target: Literal["var_ratio", "mean_diff"] = "var_ratio"
+    min_seeds: int = Field(4, ge=2, le=MAX_SEEDS_PER_CONDITION)
+    step: int = Field(2, ge=1, le=MAX_SEEDS_PER_CONDITION)
+    max_seeds: int = Field(12, ge=2, le=MAX_SEEDS_PER_CONDITION)
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+
+    @model_validator(mode="after")
+    def _rounds(self) -> AdaptiveSpec:
+        if self.max_seeds < self.min_seeds:
+            raise ValueError(f"max_seeds ({self.max_seeds}) is below min_seeds "
+                             f"({self.min_seeds})")
+        return self
+
+    @property
+    def planned_looks(self) -> int:
+        return 1 + math.ceil((self.max_seeds - self.min_seeds) / self.step)
+
+    @property
+    def alpha_per_look(self) -> float:
+        return self.alpha / self.planned_looks
+
+    @property
+    def null_value(self) -> float:
+        """What the interval must exclude: no difference."""
+        return 1.0 if self.target == "var_ratio" else 0.0
+
+    def seeds_at_look(self, look: int) -> int:
+        """Seeds per condition at look 1, 2, ... (the last is max_seeds)."""
+        return min(self.max_seeds, self.min_seeds + (look - 1) * self.step)
+
+
+class AdaptiveLook(BaseModel):
+    look: int
+    seeds_per_condition: int
+    n_a: int
+    n_b: int
+    # var_a / var_b or mean_a - mean_b; null when undefined (fewer than 2 values, a zero
+    # variance), and then the look cannot stop the experiment.
+    estimate: float | None
+    interval: list[float] | None
+    confidence: float
+    excludes_null: bool
+    # The reason the look's interval is null, if it is.
+    note: str | None = None
+
+
+class AdaptiveState(BaseModel):
+    """An adaptive experiment's record: its rule, every look, and why it stopped."""
+
+    rule: str
+    planned_looks: int
+    alpha_per_look: float
+    looks: list[AdaptiveLook] = []
+    # Null while the experiment goes on.
+    stop_reason: str | None = None
+    significant: bool | None = None
+
+    @classmethod
+    def start(cls, rule: AdaptiveSpec) -> AdaptiveState:
+        named = rule.comparison
+        where = (f"within {named.within}" if named.within is not None
+                 else "pooled over the other factors")
+        return cls(
+            rule=(f"{rule.target} of {named.factor} {named.a!r} vs {named.b!r} ({where}): "
+                  f"seeds {rule.min_seeds} to {rule.max_seeds} per condition in steps of "
+                  f"{rule.step}; stop when the interval excludes {rule.null_value:g}, each of "
+                  f"the {rule.planned_looks} planned looks at confidence 1 - {rule.alpha:g}/"
+                  f"{rule.planned_looks} (Bonferroni)"),
+            planned_looks=rule.planned_looks, alpha_per_look=rule.alpha_per_look)
+
+
+class AddSeeds(BaseModel):
+    """POST /experiments/{id}/seeds: more seeds for every condition of an experiment. An int n
+    adds the n seeds after the highest one it has; a list names them (none it has already)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"seeds": 3}]})
+
+    seeds: int | list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
+
+    @model_validator(mode="after")
+    def _sizes(self) -> AddSeeds:
+        if isinstance(self.seeds, int):
+            if not 1 <= self.seeds <= MAX_SEEDS_PER_CONDITION:
+                raise ValueError(f"seeds must be between 1 and {MAX_SEEDS_PER_CONDITION}")
+        elif not 1 <= len(self.seeds) <= MAX_SEEDS_PER_CONDITION:
+            raise ValueError(f"seeds must list between 1 and {MAX_SEEDS_PER_CONDITION} seeds")
+        elif len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must not repeat a seed")
+        return self
+
+
+class SeedsAdded(BaseModel):
+    experiment_id: int
+    seeds: list[int]
+    runs_added: int
+    n_runs: int

@@ -1,0 +1,77 @@
+"""Two experiments side by side (GET /compare): studies grow after the first look, and a
+follow-up experiment (more seeds, a changed base config) is compared condition by condition
+with the first, with the same tests as /stats (service.stats.compare)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session, select
+
+from api_schemas import Comparison, ExperimentComparison, RunStatus, SideBySide
+from service.db import Experiment, Run
+from service.experiments import SpecError, get_experiment, unknown_metric
+from service.stats import compare, condition_stats
+from trainers import REGISTRY
+
+# Conditions per response: each costs a permutation test and a bootstrap.
+MAX_CONDITIONS_PER_PAGE = 200
+
+
+def _query_error(field: str, message: str) -> SpecError:
+    return SpecError([{"loc": ["query", field], "msg": message, "type": "value_error"}])
+
+
+def _values(session: Session, experiment: Experiment,
+            metric: str) -> dict[str, tuple[dict[str, Any], list[float]]]:
+    """condition_key -> (condition, the metric of its completed runs in run order)."""
+    out: dict[str, tuple[dict[str, Any], list[float]]] = {}
+    rows = session.exec(
+        select(Run.condition, Run.condition_key, Run.metrics)
+        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
+        .order_by(Run.id)  # type: ignore[arg-type]
+    ).all()
+    for condition, key, metrics in rows:
+        value = metrics.get(metric)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out.setdefault(key, (condition, []))[1].append(float(value))
+    return out
+
+
+def compare_experiments(*, session: Session, a_id: int, b_id: int, metric: str | None,
+                        offset: int, limit: int) -> ExperimentComparison:
+    """The conditions both experiments ran (keys in a's first-completed order), from `offset`,
+    at most `limit`; a 422 naming the query field for experiments of different trainers, an
+    unknown metric, or the same experiment twice."""
+    if a_id == b_id:
+        raise _query_error("b", "compare two different experiments")
+    a = get_experiment(session=session, experiment_id=a_id)
+    b = get_experiment(session=session, experiment_id=b_id)
+    if a.trainer != b.trainer:
+        raise _query_error("b", f"experiment {b_id} ran trainer {b.trainer!r} and experiment "
+                                f"{a_id} ran {a.trainer!r}: only runs of one trainer compare")
+    metric = metric or a.metric
+    problem = unknown_metric(REGISTRY[a.trainer], metric)
+    if problem:
+        raise _query_error("metric", problem)
+    values_a, values_b = _values(session, a, metric), _values(session, b, metric)
+    shared = [key for key in values_a if key in values_b]
+    if offset > len(shared):
+        raise _query_error("offset", f"offset {offset} is past the {len(shared)} shared "
+                                     "conditions")
+    sides = []
+    for key in shared[offset:offset + limit]:
+        condition, xs = values_a[key]
+        ys = values_b[key][1]
+        sides.append(SideBySide(
+            condition=condition, condition_key=key,
+            a=condition_stats(condition, key, xs), b=condition_stats(condition, key, ys),
+            comparison=Comparison(factor="experiment", a=a_id, b=b_id, within=condition,
+                                  **compare(xs, ys))))
+    end = offset + len(sides)
+    return ExperimentComparison(
+        a=a_id, b=b_id, trainer=a.trainer, metric=metric, conditions=sides,
+        total_conditions=len(shared), offset=offset,
+        next_offset=end if end < len(shared) else None,
+        only_in_a=[k for k in values_a if k not in values_b],
+        only_in_b=[k for k in values_b if k not in values_a])

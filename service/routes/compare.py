@@ -1,0 +1,29 @@
+"""/compare: two experiments of one trainer side by side, condition by condition."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, ExperimentComparison
+from service.compare import MAX_CONDITIONS_PER_PAGE, compare_experiments
+from service.deps import MAX_INT_COLUMN, SessionDep
+from service.routes.paging import Offset
+
+router = APIRouter(tags=["experiments"])
+
+IdQuery = Annotated[int, Query(ge=1, le=MAX_INT_COLUMN, description="an experiment id")]
+
+
+@router.get("/compare", response_model=ExperimentComparison)
+def compare(
+    a: IdQuery,
+    b: IdQuery,
+    session: SessionDep,
+    metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_CONDITIONS_PER_PAGE)] = 50,
+    offset: Offset = 0,
+) -> ExperimentComparison:
+    return compare_experiments(session=session, a_id=a, b_id=b, metric=metric, offset=offset,
+                               limit=limit)

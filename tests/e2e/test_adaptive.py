@@ -1,0 +1,188 @@
+"""Studies that grow after the first look, through HTTP on a real Ray and both databases: an
+adaptive experiment adds seeds in rounds and records why it stopped; seeds added by hand join an
+experiment's statistics; two experiments compare side by side.
+
+The toy trainer (tests/e2e/toy_trainer.py) makes the truth known: its loss after T steps is
+(1 - 2 lr)^(2T) ||w0||^2 with w0 drawn from the seed, so two learning rates run on the same
+seeds have a variance ratio of exactly ((1 - 2 lr_a) / (1 - 2 lr_b))^(4T)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from scipy import stats
+
+from tests.conftest import Service
+from tests.e2e.toy_trainer import ToyTrainer
+from trainers import REGISTRY
+
+STEPS = 3
+RATIO = (0.8 / 0.6) ** (4 * STEPS)  # lr 0.1 vs 0.2: 31.6
+
+
+@pytest.fixture
+def start_service(start_backend_service: Callable[..., Service]) -> Callable[..., Service]:
+    return start_backend_service
+
+
+@pytest.fixture
+def service(backend_service: Service, monkeypatch: pytest.MonkeyPatch) -> Service:
+    monkeypatch.setitem(REGISTRY, "toy", ToyTrainer())  # the workers have it from conftest
+    return backend_service
+
+
+def toy(name: str, lrs: list[float], **fields: Any) -> dict[str, Any]:
+    return {"name": name, "trainer": "toy", "config": {"steps": STEPS, "log_every": 1},
+            "grid": {"lr": lrs}, **fields}
+
+
+def wait_ended(service: Service, experiment_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
+    """The experiment once its status has ended (an adaptive one between rounds has no run
+    queued or running, yet is still running)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        detail = service.client.get(f"/experiments/{experiment_id}").json()
+        if detail["status"] not in ("queued", "running"):
+            return detail
+        time.sleep(0.1)
+    raise AssertionError(f"experiment {experiment_id} did not end: {detail}")
+
+
+def test_an_adaptive_experiment_adds_rounds_until_its_interval_excludes_one(
+        service: Service) -> None:
+    rule = {"comparison": {"factor": "lr", "a": 0.1, "b": 0.2}, "target": "var_ratio",
+            "min_seeds": 3, "step": 2, "max_seeds": 9, "alpha": 0.05}
+    created = service.submit(toy("adaptive", [0.1, 0.2], adaptive=rule))
+    assert created["n_runs"] == 6  # the first round only
+    detail = wait_ended(service, created["id"])
+    assert detail["status"] == "completed" and detail["n_runs"] == 10, detail
+    state = detail["adaptive"]
+    assert state["planned_looks"] == 4 and state["alpha_per_look"] == pytest.approx(0.0125)
+    first, second = state["looks"]
+    # Look 1, 3 seeds a side: 31.6 / F(2, 2) at 0.99375 is 0.2, the interval holds 1.
+    # Look 2, 5 seeds: 31.6 / F(4, 4) at 0.99375 is 1.53 > 1: stop.
+    for look, n in ((first, 3), (second, 5)):
+        upper, lower = stats.f.ppf([1 - 0.00625, 0.00625], n - 1, n - 1)
+        assert (look["n_a"], look["n_b"], look["seeds_per_condition"]) == (n, n, n)
+        assert look["estimate"] == pytest.approx(RATIO, rel=1e-6)
+        assert look["interval"] == pytest.approx([RATIO / upper, RATIO / lower], rel=1e-6)
+    assert (first["excludes_null"], second["excludes_null"]) == (False, True)
+    assert state["significant"] is True
+    assert state["stop_reason"].startswith("significant at look 2 of 4 (5 seeds per condition)")
+    runs = service.runs(created["id"])
+    assert sorted({r["seed"] for r in runs}) == [0, 1, 2, 3, 4]
+    assert all(r["status"] == "completed" for r in runs) and len(runs) == 10
+    # The rounds join the statistics like any run.
+    conditions = service.client.get(f"/experiments/{created['id']}/stats").json()["conditions"]
+    assert [c["n"] for c in conditions] == [5, 5]
+    # While it added its own rounds, seeds by hand were refused; now that it stopped, they join.
+    added = service.client.post(f"/experiments/{created['id']}/seeds", json={"seeds": 1})
+    assert added.status_code == 201, added.text
+
+
+def test_an_adaptive_experiment_without_a_difference_stops_at_max_seeds(
+        service: Service) -> None:
+    rule = {"comparison": {"factor": "lr", "a": 0.1, "b": 0.1001}, "min_seeds": 2, "step": 2,
+            "max_seeds": 4}
+    created = service.submit(toy("no-difference", [0.1, 0.1001], adaptive=rule))
+    detail = wait_ended(service, created["id"])
+    state = detail["adaptive"]
+    assert detail["status"] == "completed" and detail["n_runs"] == 8
+    assert [look["excludes_null"] for look in state["looks"]] == [False, False]
+    assert state["significant"] is False
+    assert state["stop_reason"] == ("max_seeds reached (4 per condition) at look 2 without the "
+                                    "interval excluding 1")
+
+
+def test_adaptive_specs_are_checked_against_the_grid(service: Service) -> None:
+    def refused(rule: dict[str, Any], **fields: Any) -> list[Any]:
+        response = service.client.post("/experiments", json=toy("bad", [0.1, 0.2],
+                                                                 adaptive=rule, **fields))
+        assert response.status_code == 422, response.text
+        return [e["loc"] for e in response.json()["detail"]]
+
+    named = {"factor": "lr", "a": 0.1, "b": 0.2}
+    assert refused({"comparison": {**named, "factor": "steps"}}) == [
+        ["body", "adaptive", "comparison", "factor"]]
+    assert refused({"comparison": {**named, "b": 0.3}}) == [
+        ["body", "adaptive", "comparison", "b"]]
+    assert refused({"comparison": {**named, "b": 0.1}}) == [
+        ["body", "adaptive", "comparison", "b"]]
+    # 10,000 runs per experiment at most (the setting's default): the whole plan must fit.
+    lrs = [0.1 + i / 1000 for i in range(11)]
+    response = service.client.post("/experiments", json=toy(
+        "too-many", lrs, adaptive={"comparison": {**named, "a": lrs[0], "b": lrs[1]},
+                                    "min_seeds": 2, "max_seeds": 1000}))
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "adaptive", "max_seeds"]
+    assert "11 conditions x at most 1000 seeds = 11000 runs" in response.text
+    response = service.client.post("/experiments", json=toy("bad", [0.1, 0.2], seeds=5,
+                                                            adaptive={"comparison": named}))
+    assert response.status_code == 422 and "seeds: an adaptive spec" in response.text
+    assert service.sql("SELECT count(*) FROM experiment") == [(0,)]
+
+
+def test_seeds_added_by_hand_join_the_statistics(service: Service) -> None:
+    created = service.submit(toy("grows", [0.1, 0.2], seeds=2))
+    assert wait_ended(service, created["id"])["status"] == "completed"
+    url = f"/experiments/{created['id']}/seeds"
+    added = service.client.post(url, json={"seeds": 2})
+    assert added.status_code == 201, added.text
+    assert added.json() == {"experiment_id": created["id"], "seeds": [2, 3], "runs_added": 4,
+                            "n_runs": 8}
+    detail = wait_ended(service, created["id"])
+    assert detail["status"] == "completed" and detail["counts"]["completed"] == 8
+    assert detail["finished_at"] is not None
+    stats_ = service.client.get(f"/experiments/{created['id']}/stats").json()
+    assert [c["n"] for c in stats_["conditions"]] == [4, 4]
+    (pooled,) = stats_["comparisons"]
+    assert pooled["var_ratio"] == pytest.approx(RATIO, rel=1e-6)
+
+    again = service.client.post(url, json={"seeds": [3, 7]})
+    assert again.status_code == 422 and again.json()["detail"][0]["loc"] == ["body", "seeds"]
+    assert "has seeds [3] already" in again.text
+    assert service.client.post(url, json={"seeds": 0}).status_code == 422
+    assert service.client.post("/experiments/999999/seeds", json={"seeds": 1}).status_code == 404
+    slow = service.submit(toy("cancelled", [0.1], seeds=1, config={"steps": 10**9, "log_every": 10**6}))
+    assert service.client.post(f"/experiments/{slow['id']}/cancel").status_code == 202
+    refused = service.client.post(f"/experiments/{slow['id']}/seeds", json={"seeds": 1})
+    assert refused.status_code == 409 and "cancelled" in refused.text
+    assert service.sql("SELECT count(*) FROM run") == [(9,)]
+
+
+def test_two_experiments_compare_side_by_side(service: Service) -> None:
+    # Same seeds, one more step in b: at lr 0.2 each seed's loss is 0.6^2 times a's, so the
+    # variance ratio a / b is 0.6^-4 and the mean difference a's mean times (1 - 0.36).
+    a = service.submit(toy("first", [0.1, 0.2], seeds=3))
+    b = service.submit({**toy("follow-up", [0.2, 0.3], seeds=3),
+                        "config": {"steps": STEPS + 1, "log_every": 1}})
+    for experiment in (a, b):
+        assert wait_ended(service, experiment["id"])["status"] == "completed"
+    response = service.client.get("/compare", params={"a": a["id"], "b": b["id"]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["trainer"], body["metric"], body["total_conditions"]) == ("toy", "loss", 1)
+    assert body["only_in_a"] == ["lr=0.1"] and body["only_in_b"] == ["lr=0.3"]
+    (side,) = body["conditions"]
+    assert side["condition"] == {"lr": 0.2} and side["a"]["n"] == 3 and side["b"]["n"] == 3
+    tests = side["comparison"]
+    assert (tests["factor"], tests["a"], tests["b"]) == ("experiment", a["id"], b["id"])
+    assert tests["var_ratio"] == pytest.approx(0.6 ** -4, rel=1e-6)
+    assert tests["mean_diff"] == pytest.approx(side["a"]["mean"] * (1 - 0.36), rel=1e-6)
+
+    def refused(params: dict[str, Any]) -> list[Any]:
+        response = service.client.get("/compare", params=params)
+        assert response.status_code == 422, response.text
+        return response.json()["detail"][0]["loc"]
+
+    assert refused({"a": a["id"], "b": a["id"]}) == ["query", "b"]
+    assert refused({"a": a["id"], "b": b["id"], "metric": "nope"}) == ["query", "metric"]
+    assert refused({"a": a["id"], "b": b["id"], "offset": 5}) == ["query", "offset"]
+    other = service.client.post("/experiments", json={"name": "other", "trainer": "collapse",
+                                                      "config": {"steps": 5}, "seeds": 1})
+    assert other.status_code == 201
+    assert refused({"a": a["id"], "b": other.json()["id"]}) == ["query", "b"]
+    assert service.client.get("/compare", params={"a": a["id"], "b": 999999}).status_code == 404
