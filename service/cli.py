@@ -171,7 +171,8 @@ def watch(client: httpx.Client, experiment_id: int, poll_s: float = 0.5) -> dict
             c = detail["counts"]
             done = c["completed"] + c["failed"] + c["diverged"] + c["cancelled"]
             shown = ", ".join(f"{k} {v}" for k, v in c.items() if v)
-            progress.update(task, completed=done, counts=shown)
+            # an adaptive experiment's total grows with each round
+            progress.update(task, total=detail["n_runs"], completed=done, counts=shown)
             if detail["status"] in ENDED and c["queued"] == 0 and c["running"] == 0:
                 return detail
             time.sleep(poll_s)
@@ -368,8 +369,75 @@ def status(experiment_id: int, url: UrlOpt = DEFAULT_URL) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
     console.print(
         f"experiment {d['id']} {d['name']} ({d['trainer']}): {d['status']}; "
-        f"{d['n_runs']} runs: {counts}"
+        f"{d['n_runs']} runs: {counts}", markup=False
     )
+    adaptive = d.get("adaptive")
+    if adaptive:
+        console.print(f"adaptive: {adaptive['rule']}", markup=False)
+        for look in adaptive["looks"]:
+            interval = ("none" if look["interval"] is None
+                        else f"[{_fmt(look['interval'][0])}, {_fmt(look['interval'][1])}]")
+            console.print(f"  look {look['look']}: {look['seeds_per_condition']} seeds, "
+                          f"estimate {_fmt(look['estimate'])}, {look['confidence']:.2%} "
+                          f"interval {interval}" + (f" ({look['note']})" if look["note"] else ""),
+                          markup=False)
+        console.print(f"  {adaptive['stop_reason'] or 'next look when the round ends'}",
+                      markup=False)
+
+
+@app.command("add-seeds")
+def add_seeds(
+    experiment_id: int,
+    seeds: Annotated[int, typer.Argument(help="how many seeds to add to every condition")],
+    url: UrlOpt = DEFAULT_URL,
+    wait: Annotated[bool, typer.Option(help="follow progress, then print the stats")] = False,
+) -> None:
+    """Add seeds to every condition of an experiment; their runs join its statistics."""
+    with _client(url, 60) as client:
+        added = _request(client, "POST", f"/experiments/{experiment_id}/seeds",
+                         json={"seeds": seeds})
+        console.print(f"experiment {experiment_id}: seeds {added['seeds'][0]} to "
+                      f"{added['seeds'][-1]} added, {added['runs_added']} runs queued "
+                      f"({added['n_runs']} in all)", markup=False)
+        if wait:
+            watch(client, experiment_id)
+            report(client, experiment_id)
+
+
+@app.command()
+def compare(
+    a: Annotated[int, typer.Argument(help="the first experiment's id")],
+    b: Annotated[int, typer.Argument(help="the second experiment's id")],
+    url: UrlOpt = DEFAULT_URL,
+    metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
+) -> None:
+    """Two experiments of one trainer side by side, condition by condition."""
+    params: dict[str, Any] = {"a": a, "b": b, "limit": 200}
+    if metric:
+        params["metric"] = metric
+    table = Table(title=f"experiment {a} vs {b}")
+    for column in ("condition", "n a/b", "mean a", "mean b", "welch p", "var a/b",
+                   "F 95% interval", "F p"):
+        table.add_column(column)
+    offset: int | None = 0
+    with _client(url, 120) as client:
+        while offset is not None:
+            body = _request(client, "GET", "/compare", params={**params, "offset": offset})
+            for side in body["conditions"]:
+                t = side["comparison"]
+                interval = t.get("var_ratio_ci95_f") or [None, None]
+                table.add_row(escape(side["condition_key"]), f"{t['n_a']}/{t['n_b']}",
+                              _fmt(side["a"]["mean"]), _fmt(side["b"]["mean"]),
+                              _fmt(t["welch_p"]), _fmt(t["var_ratio"]),
+                              escape(f"[{_fmt(interval[0])}, {_fmt(interval[1])}]"),
+                              _fmt(t["f_test_p"]))
+            offset = body["next_offset"]
+    console.print(f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} "
+                  "shared conditions", markup=False)
+    console.print(table)
+    for side, keys in (("a", body["only_in_a"]), ("b", body["only_in_b"])):
+        if keys:
+            console.print(f"only in {side}: {', '.join(keys)}", markup=False)
 
 
 @app.command()

@@ -8,6 +8,8 @@ seeds have a variance ratio of exactly ((1 - 2 lr_a) / (1 - 2 lr_b))^(4T)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +39,15 @@ def service(backend_service: Service, monkeypatch: pytest.MonkeyPatch) -> Servic
 def toy(name: str, lrs: list[float], **fields: Any) -> dict[str, Any]:
     return {"name": name, "trainer": "toy", "config": {"steps": STEPS, "log_every": 1},
             "grid": {"lr": lrs}, **fields}
+
+
+def cli(service: Service, *args: str) -> str:
+    """The seedgrid command's output against the test's service."""
+    done = subprocess.run([sys.executable, "-m", "service.cli", *args, "--url", service.server.url],
+                          capture_output=True, text=True, timeout=60,
+                          env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def wait_ended(service: Service, experiment_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -75,6 +86,9 @@ def test_an_adaptive_experiment_adds_rounds_until_its_interval_excludes_one(
     runs = service.runs(created["id"])
     assert sorted({r["seed"] for r in runs}) == [0, 1, 2, 3, 4]
     assert all(r["status"] == "completed" for r in runs) and len(runs) == 10
+    shown = cli(service, "status", str(created["id"]))
+    assert "look 1: 3 seeds" in shown and "look 2: 5 seeds" in shown
+    assert "significant at look 2 of 4" in shown
     # The rounds join the statistics like any run.
     conditions = service.client.get(f"/experiments/{created['id']}/stats").json()["conditions"]
     assert [c["n"] for c in conditions] == [5, 5]
@@ -141,16 +155,20 @@ def test_seeds_added_by_hand_join_the_statistics(service: Service) -> None:
     (pooled,) = stats_["comparisons"]
     assert pooled["var_ratio"] == pytest.approx(RATIO, rel=1e-6)
 
+    shown = cli(service, "add-seeds", str(created["id"]), "1")
+    assert f"experiment {created['id']}: seeds 4 to 4 added, 2 runs queued (10 in all)" in shown
+    assert wait_ended(service, created["id"])["counts"]["completed"] == 10
     again = service.client.post(url, json={"seeds": [3, 7]})
     assert again.status_code == 422 and again.json()["detail"][0]["loc"] == ["body", "seeds"]
     assert "has seeds [3] already" in again.text
     assert service.client.post(url, json={"seeds": 0}).status_code == 422
     assert service.client.post("/experiments/999999/seeds", json={"seeds": 1}).status_code == 404
-    slow = service.submit(toy("cancelled", [0.1], seeds=1, config={"steps": 10**9, "log_every": 10**6}))
+    slow = service.submit(toy("cancelled", [0.1], seeds=1,
+                              config={"steps": 10**9, "log_every": 10**6}))
     assert service.client.post(f"/experiments/{slow['id']}/cancel").status_code == 202
     refused = service.client.post(f"/experiments/{slow['id']}/seeds", json={"seeds": 1})
     assert refused.status_code == 409 and "cancelled" in refused.text
-    assert service.sql("SELECT count(*) FROM run") == [(9,)]
+    assert service.sql("SELECT count(*) FROM run") == [(11,)]
 
 
 def test_two_experiments_compare_side_by_side(service: Service) -> None:
@@ -172,6 +190,10 @@ def test_two_experiments_compare_side_by_side(service: Service) -> None:
     assert (tests["factor"], tests["a"], tests["b"]) == ("experiment", a["id"], b["id"])
     assert tests["var_ratio"] == pytest.approx(0.6 ** -4, rel=1e-6)
     assert tests["mean_diff"] == pytest.approx(side["a"]["mean"] * (1 - 0.36), rel=1e-6)
+
+    shown = cli(service, "compare", str(a["id"]), str(b["id"]))
+    assert "toy, metric loss: 1 shared conditions" in shown and "lr=0.2" in shown
+    assert "only in a: lr=0.1" in shown and "only in b: lr=0.3" in shown
 
     def refused(params: dict[str, Any]) -> list[Any]:
         response = service.client.get("/compare", params=params)
