@@ -12,6 +12,8 @@ from sqlalchemy import text
 from sqlmodel import Session, select
 
 from api_schemas import (
+    SOURCE_FACTOR,
+    SOURCE_LEVELS,
     ExperimentDetail,
     ExperimentSpec,
     ExperimentStatus,
@@ -23,6 +25,7 @@ from api_schemas import (
 from service.db import Experiment, Run, RunAttempt
 from service.run_store import RunStore, experiment_counts
 from service.settings import Settings
+from service.sources import config_condition
 from trainers import REGISTRY, Trainer
 
 # Any fixed 64-bit number: the PostgreSQL advisory lock submissions take to count the queue.
@@ -90,7 +93,10 @@ def validate_spec(
         trainer.Config.model_validate(spec.config)
     except pydantic.ValidationError as exc:
         errors += _pydantic_errors(exc, ["config"])
+    errors += _source_errors(spec)
     for field, levels in spec.grid.items():
+        if field == SOURCE_FACTOR:
+            continue  # refused by _source_errors
         if field not in fields:
             errors.append(_error(["grid", field], f"unknown config field {field!r} of trainer "
                                  f"{trainer.name!r}", "extra_forbidden"))
@@ -110,6 +116,8 @@ def validate_spec(
         raise SpecError(errors)
 
     n_conditions = math.prod(len(v) for v in spec.grid.values())
+    if spec.decompose_sources:
+        n_conditions *= len(SOURCE_LEVELS)
     n_runs = n_conditions * len(spec.seed_list())
     max_runs = settings.max_runs_per_experiment
     if n_runs > max_runs:
@@ -131,7 +139,27 @@ def validate_spec(
     errors += refusals.errors()
     if errors:
         raise SpecError(errors)
+    if spec.decompose_sources:
+        conditions = [{**condition, SOURCE_FACTOR: level}
+                      for condition in conditions for level in SOURCE_LEVELS]
     return trainer, conditions
+
+
+def _source_errors(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    """What the spec's random-source fields cannot mean (service.sources)."""
+    errors = []
+    if SOURCE_FACTOR in spec.grid:
+        errors.append(_error(["grid", SOURCE_FACTOR], f"{SOURCE_FACTOR!r} is reserved for the "
+                             "source decomposition: ask for it with decompose_sources: true"))
+    if spec.decompose_sources:
+        if spec.seed_sources:
+            errors.append(_error(["seed_sources"], "seed_sources cannot be combined with "
+                                 "decompose_sources: the decomposition pins the sources itself "
+                                 "(to the first seed)"))
+        if len(spec.seed_list()) < 2:
+            errors.append(_error(["seeds"], "decompose_sources needs at least 2 seeds: a "
+                                 "source's variance over one seed is undefined"))
+    return errors
 
 
 class _Refusals:
@@ -350,7 +378,7 @@ def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any
                ) -> dict[str, Any]:
     """A run's full config: the experiment's base config with the run's condition, defaults
     filled in; as stored when the trainer no longer accepts it (a retired field, say)."""
-    merged = {**base, **condition}
+    merged = {**base, **config_condition(condition)}
     trainer = REGISTRY.get(trainer_name)
     if trainer is None:
         return merged
