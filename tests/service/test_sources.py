@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 from api_schemas import RANDOM_SOURCES, SOURCE_FACTOR, SOURCE_LEVELS
+from service import cli
 from service.experiments import condition_key
 from service.server import BackgroundServer
 from service.settings import Settings
@@ -25,6 +26,7 @@ from service.sources import (
     source_decomposition,
     variance_interval,
 )
+from service.stats import experiment_stats
 from trainers.random_sources import SOURCES
 
 
@@ -211,3 +213,19 @@ def test_the_decomposition_counts_toward_the_run_limit(tmp_path: Path) -> None:
         assert response.status_code == 422, response.text
         (error,) = response.json()["detail"]
         assert error["loc"] == ["body", "grid"] and "30 runs" in error["msg"]
+
+
+def test_the_stats_command_prints_the_decomposition(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli.console, "width", 200)  # no wrapped cells
+    grid = {SOURCE_FACTOR: list(SOURCE_LEVELS)}
+    values = {(level,): [1.0, 2.0, 4.0] for level in SOURCE_LEVELS}
+    runs = runs_of(grid, values)
+    page = experiment_stats(metric="min_l2", grid=grid, runs=runs, factor=SOURCE_FACTOR,
+                            limit=0)
+    page.source_decomposition = source_decomposition(grid, runs)
+    cli.print_stats(page.model_dump(mode="json"))
+    out = capsys.readouterr().out
+    assert "variance of min_l2 by random source" in out
+    assert "2.33 [0.63, 92]" in out  # var 7/3, chi-square interval with 2 dof
+    assert "(all)" in out and "sum / all" in out
