@@ -80,7 +80,8 @@ def validate_spec(
     spec: ExperimentSpec, *, settings: Settings
 ) -> tuple[Trainer, list[dict[str, Any]]]:
     """Check the spec against its trainer and the operator's limits; return the trainer and
-    the conditions in grid order."""
+    the conditions in grid order (each once per level of the reserved factor varying_source
+    when the spec asks for a source decomposition: service.sources)."""
     trainer = REGISTRY.get(spec.trainer)
     if trainer is None:
         raise SpecError(
