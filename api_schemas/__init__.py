@@ -10,7 +10,7 @@ import math
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,12 +41,17 @@ __all__ = [
     "MetricPoint",
     "NamedComparison",
     "Omnibus",
+    "RANDOM_SOURCES",
     "Resources",
     "RunDetail",
     "RunOut",
     "RunStatus",
     "SeedsAdded",
     "SideBySide",
+    "SOURCE_FACTOR",
+    "SOURCE_LEVELS",
+    "SourceDecomposition",
+    "SourceVariance",
     "Stats",
     "TrainerInfo",
     "json_problems",
@@ -75,6 +80,17 @@ STORABLE_TEXT = r"^[^\x00]*$"
 GridKey = Annotated[str, Field(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)]
 GridLevel = (bool | int | float
              | Annotated[str, Field(max_length=MAX_LEVEL_LENGTH, pattern=STORABLE_TEXT)] | None)
+
+# The named random sources a run's seed drives (DESIGN.md "Random sources"); the trainers'
+# generators (trainers.random_sources) are made for exactly these.
+RANDOM_SOURCES = ("init", "data", "augment", "evaluate")
+RandomSource = Literal["init", "data", "augment", "evaluate"]
+PinnedSeed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)]
+# The reserved grid factor of a source decomposition (`decompose_sources`) and its levels:
+# which source varies with the seed while the others are pinned; `all` varies every source,
+# `none` pins every source (what remains is hardware nondeterminism).
+SOURCE_FACTOR = "varying_source"
+SOURCE_LEVELS = ("init", "data", "augment", "all", "none")
 
 
 class RunStatus(StrEnum):
@@ -197,6 +213,13 @@ class ExperimentSpec(BaseModel):
     # Seeds in rounds until a named comparison is settled (api_schemas.adaptive); the first
     # round is adaptive.min_seeds seeds, so `seeds` is left out.
     adaptive: AdaptiveSpec | None = None
+    # Random source -> the seed it takes in every run, whatever the run's seed ({"data": 0}:
+    # every run sees the data order of seed 0; the other sources still follow the run's seed).
+    seed_sources: dict[RandomSource, PinnedSeed] = Field(default_factory=dict)
+    # Run every condition once per level of the reserved factor `varying_source` (init, data,
+    # augment: only that source follows the seed; all; none), the pinned sources taking the
+    # first seed, and serve each source's variance in /stats (`source_decomposition`).
+    decompose_sources: bool = False
 
     @field_validator("config")
     @classmethod
@@ -392,6 +415,33 @@ class Omnibus(BaseModel):
     brown_forsythe_p: float | None
 
 
+class SourceVariance(BaseModel):
+    """The seed variance of one level of `varying_source` (a source, `all` or `none`) in one
+    condition of the other factors."""
+
+    source: str
+    n: int
+    var: float | None
+    # 95% interval of the variance under normality: (n - 1) s^2 divided by the chi-square
+    # quantiles 0.975 and 0.025 with n - 1 degrees of freedom; [0, 0] for a zero variance.
+    var_ci95: list[float | None] | None
+
+
+class SourceDecomposition(BaseModel):
+    """Where one condition's seed variance comes from (a spec with decompose_sources)."""
+
+    # The levels of the other grid factors ({} when varying_source is the only factor).
+    within: dict[str, GridValue]
+    # One per level of varying_source: init, data, augment, all, none.
+    sources: list[SourceVariance]
+    # var(init) + var(data) + var(augment), and how far it is from var(all): the gap holds
+    # interactions between the sources and the evaluate source's noise (pinned except in all).
+    sum_var: float | None
+    all_var: float | None
+    sum_minus_all: float | None
+    sum_over_all: float | None
+
+
 class Stats(BaseModel):
     metric: str
     # The completed runs these statistics come from; they are recomputed (and stored again)
@@ -408,6 +458,9 @@ class Stats(BaseModel):
     comparisons: list[Comparison]
     # Per factor with more than two levels (those of `factor` when one is asked for).
     omnibus: list[Omnibus] = []
+    # Experiments with decompose_sources: per condition of the other factors, each source's
+    # variance with its interval; null for other experiments.
+    source_decomposition: list[SourceDecomposition] | None = None
 
 
 class SeedPlan(BaseModel):

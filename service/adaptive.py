@@ -26,7 +26,7 @@ from sqlmodel import Session, select
 
 from api_schemas import AdaptiveLook, AdaptiveSpec, AdaptiveState, ExperimentSpec, RunStatus
 from service.db import Experiment, Run
-from service.experiments import grid_conditions, run_defaults, seed_runs
+from service.experiments import grid_conditions, run_defaults, seed_runs, stats_grid
 from service.power import f_ratio_interval
 from service.run_store import RunStore
 from service.stats import RunValues
@@ -117,7 +117,8 @@ def decide_due(session: Session) -> int:
             select(Run.condition, Run.condition_key, Run.metrics)
             .where(Run.experiment_id == experiment_id, Run.status == RunStatus.completed)
         ).all()
-        values = RunValues(spec.grid, [
+        grid = stats_grid(spec)
+        values = RunValues(grid, [
             (condition, key, float(metrics[experiment.metric]))
             for condition, key, metrics in rows
             if isinstance(metrics.get(experiment.metric), int | float)
@@ -131,7 +132,7 @@ def decide_due(session: Session) -> int:
                                         cancelled=experiment.cancel_requested)
         if reason is None:
             first, last = latest.seeds_per_condition, rule.seeds_at_look(latest.look + 1)
-            store.add_runs(experiment, seed_runs(grid_conditions(spec.grid),
+            store.add_runs(experiment, seed_runs(grid_conditions(grid),
                                                  list(range(first, last))), run_defaults(spec))
         else:
             state.stop_reason, state.significant = reason, significant

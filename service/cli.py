@@ -236,9 +236,28 @@ def print_stats(stats: dict[str, Any]) -> None:
             _fmt(c["welch_p"], 3),
         )
     console.print(comp)
+    if stats.get("source_decomposition"):
+        print_source_decomposition(stats)
     if stats.get("next_offset") is not None:
         console.print(f"showing comparisons {stats['offset'] + 1}-{stats['next_offset']} of "
                       f"{stats['total_comparisons']}")
+
+
+def print_source_decomposition(stats: dict[str, Any]) -> None:
+    """One row per condition of the other factors: each level's variance and its interval."""
+    decompositions = stats["source_decomposition"]
+    table = Table(title=f"variance of {stats['metric']} by random source (var [95% interval])")
+    table.add_column("within")
+    for source in decompositions[0]["sources"]:
+        table.add_column(source["source"], justify="right")
+    table.add_column("sum / all", justify="right")
+    for d in decompositions:
+        table.add_row(
+            ", ".join(f"{k}={v}" for k, v in d["within"].items()) or "(all)",
+            *(f"{_fmt(s['var'], 3)} {_fmt(s['var_ci95'], 2)}" for s in d["sources"]),
+            _fmt(d["sum_over_all"], 3),
+        )
+    console.print(table)
 
 
 def report(client: httpx.Client, experiment_id: int, metric: str | None = None) -> None:

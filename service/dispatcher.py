@@ -40,6 +40,7 @@ from service.db import masked_url
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
 from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
 from service.settings import Settings
+from service.sources import SourcePlan, config_condition
 from workers import run_task
 from workers.messages import MetricBatch, Result, Started
 
@@ -104,6 +105,15 @@ class InFlight:
                           attempt=self.attempt)
 
 
+@dataclass(frozen=True)
+class RunTemplate:
+    """What every run of one experiment shares: the base config, and how its runs seed their
+    random sources."""
+
+    config: dict[str, Any]
+    sources: SourcePlan
+
+
 @dataclass
 class Harvest:
     """Everything one pump read from Ray, written in one transaction."""
@@ -149,7 +159,7 @@ class Dispatcher:
         self._last_look_check = -math.inf
         # A harvest read from Ray whose transaction failed: written before anything else.
         self._unsaved: Harvest | None = None
-        self._configs: dict[int, dict[str, Any]] = {}
+        self._templates: dict[int, RunTemplate] = {}
         self._standby_announced = False
         self._database_unreachable = False
         self.max_in_flight = settings.max_in_flight or 4
@@ -442,26 +452,31 @@ class Dispatcher:
             store = RunStore(session)
             claimed = store.claim(free, unschedulable=lambda cpus, gpus: infeasible(cpus, gpus,
                                                                                    nodes))
-            base = self._base_configs(store, {run.experiment_id for run in claimed})
+            templates = self._run_templates(store, {run.experiment_id for run in claimed})
             store.commit()
         for run in claimed:
-            config = {**base[run.experiment_id], **run.condition}
+            template = templates[run.experiment_id]
+            config = {**template.config, **config_condition(run.condition)}
             generator = run_task.options(
                 num_cpus=run.num_cpus, num_gpus=run.num_gpus, name=f"seedgrid-run-{run.id}"
-            ).remote(run.trainer, config, run.seed, self.settings.metrics_batch_interval_s)
+            ).remote(run.trainer, config, run.seed, self.settings.metrics_batch_interval_s,
+                     template.sources.source_seeds(run.condition))
             self.in_flight[run.id] = InFlight(run_id=run.id, experiment_id=run.experiment_id,
                                               attempt=run.attempt, generator=generator)
         return len(claimed)
 
-    def _base_configs(self, store: RunStore, experiment_ids: set[int]) -> dict[int, Any]:
-        """The base config of each experiment (its spec's, stored once), read once each: a
-        spec never changes."""
-        missing = experiment_ids - set(self._configs)
+    def _run_templates(self, store: RunStore, experiment_ids: set[int]
+                       ) -> dict[int, RunTemplate]:
+        """What the runs of each experiment share (from its spec, stored once), read once
+        each: a spec never changes."""
+        missing = experiment_ids - set(self._templates)
         if missing:
-            if len(self._configs) > MAX_CACHED_CONFIGS:
-                self._configs.clear()
-            self._configs.update(store.base_configs(missing))
-        return {i: self._configs[i] for i in experiment_ids}
+            if len(self._templates) > MAX_CACHED_CONFIGS:
+                self._templates.clear()
+            self._templates.update({
+                i: RunTemplate(config=spec.get("config", {}), sources=SourcePlan.of(spec))
+                for i, spec in store.specs(missing).items()})
+        return {i: self._templates[i] for i in experiment_ids}
 
     def _node_capacities(self) -> list[tuple[float, float]]:
         """(CPUs, GPUs) of every alive Ray node, refreshed every few seconds; empty when the

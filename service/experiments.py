@@ -13,6 +13,8 @@ from sqlmodel import Session, select
 
 from api_schemas import (
     MAX_SEED,
+    SOURCE_FACTOR,
+    SOURCE_LEVELS,
     AdaptiveState,
     AddSeeds,
     ExperimentDetail,
@@ -29,6 +31,7 @@ from api_schemas.adaptive import NamedComparison
 from service.db import Experiment, Run, RunAttempt
 from service.run_store import RunStore, experiment_counts
 from service.settings import Settings
+from service.sources import config_condition, experiment_grid
 from trainers import REGISTRY, Trainer
 
 # Any fixed 64-bit number: the PostgreSQL advisory lock submissions take to count the queue.
@@ -117,7 +120,8 @@ def validate_spec(
     spec: ExperimentSpec, *, settings: Settings
 ) -> tuple[Trainer, list[dict[str, Any]]]:
     """Check the spec against its trainer and the operator's limits; return the trainer and
-    the conditions in grid order."""
+    the conditions in grid order (each once per level of the reserved factor varying_source
+    when the spec asks for a source decomposition: service.sources)."""
     trainer = REGISTRY.get(spec.trainer)
     if trainer is None:
         raise SpecError(
@@ -130,7 +134,10 @@ def validate_spec(
         trainer.Config.model_validate(spec.config)
     except pydantic.ValidationError as exc:
         errors += _pydantic_errors(exc, ["config"])
+    errors += _source_errors(spec)
     for field, levels in spec.grid.items():
+        if field == SOURCE_FACTOR:
+            continue  # refused by _source_errors
         if field not in fields:
             errors.append(_error(["grid", field], f"unknown config field {field!r} of trainer "
                                  f"{trainer.name!r}", "extra_forbidden"))
@@ -147,12 +154,14 @@ def validate_spec(
     if spec.metric is not None and (problem := unknown_metric(trainer, spec.metric)):
         errors.append(_error(["metric"], problem))
     if spec.adaptive is not None:
-        errors += _named_comparison_errors(spec.adaptive.comparison, spec.grid,
+        errors += _named_comparison_errors(spec.adaptive.comparison, stats_grid(spec),
                                            ["adaptive", "comparison"])
     if errors:
         raise SpecError(errors)
 
     n_conditions = math.prod(len(v) for v in spec.grid.values())
+    if spec.decompose_sources:
+        n_conditions *= len(SOURCE_LEVELS)
     seeds = spec.adaptive.max_seeds if spec.adaptive else len(spec.seed_list())
     n_runs = n_conditions * seeds
     max_runs = settings.max_runs_per_experiment
@@ -175,7 +184,32 @@ def validate_spec(
     errors += refusals.errors()
     if errors:
         raise SpecError(errors)
+    if spec.decompose_sources:
+        conditions = grid_conditions(stats_grid(spec))
     return trainer, conditions
+
+
+def stats_grid(spec: ExperimentSpec) -> dict[str, list[Any]]:
+    """The grid as the runs and statistics see it: the spec's, and the reserved factor of a
+    source decomposition last (service.sources)."""
+    return experiment_grid({"grid": spec.grid, "decompose_sources": spec.decompose_sources})
+
+
+def _source_errors(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    """What the spec's random-source fields cannot mean (service.sources)."""
+    errors = []
+    if SOURCE_FACTOR in spec.grid:
+        errors.append(_error(["grid", SOURCE_FACTOR], f"{SOURCE_FACTOR!r} is reserved for the "
+                             "source decomposition: ask for it with decompose_sources: true"))
+    if spec.decompose_sources:
+        if spec.seed_sources:
+            errors.append(_error(["seed_sources"], "seed_sources cannot be combined with "
+                                 "decompose_sources: the decomposition pins the sources itself "
+                                 "(to the first seed)"))
+        if len(spec.seed_list()) < 2:
+            errors.append(_error(["seeds"], "decompose_sources needs at least 2 seeds: a "
+                                 "source's variance over one seed is undefined"))
+    return errors
 
 
 class _Refusals:
@@ -342,7 +376,7 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
             raise SpecError([_error(["seeds"], f"experiment {experiment_id} has seeds "
                                     f"{repeated[:10]} already")])
     spec = ExperimentSpec.model_validate(experiment.spec)
-    conditions = grid_conditions(spec.grid)
+    conditions = grid_conditions(stats_grid(spec))
     adding = len(conditions) * len(seeds)
     if experiment.n_runs + adding > settings.max_runs_per_experiment:
         raise SpecError([_error(["seeds"], f"{experiment.n_runs} runs + {len(conditions)} "
@@ -457,7 +491,7 @@ def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any
                ) -> dict[str, Any]:
     """A run's full config: the experiment's base config with the run's condition, defaults
     filled in; as stored when the trainer no longer accepts it (a retired field, say)."""
-    merged = {**base, **condition}
+    merged = {**base, **config_condition(condition)}
     trainer = REGISTRY.get(trainer_name)
     if trainer is None:
         return merged

@@ -12,6 +12,7 @@ from sqlmodel import Session, select
 from api_schemas import RunStatus
 from service.db import Experiment, Run
 from service.experiments import NotFound, get_experiment
+from service.sources import config_condition, experiment_grid
 from trainers import REGISTRY, Trainer
 from trainers.reports import CrossRunReport, ExperimentRecord, RunRecord
 
@@ -62,7 +63,7 @@ def experiment_record(experiment: Experiment) -> ExperimentRecord:
     assert experiment.id is not None
     return ExperimentRecord(id=experiment.id, name=experiment.name, trainer=experiment.trainer,
                             config=experiment.spec.get("config", {}),
-                            grid=experiment.spec.get("grid", {}))
+                            grid=experiment_grid(experiment.spec))
 
 
 def run_record(run: Run, *, base_config: Mapping[str, Any]) -> RunRecord:
@@ -71,5 +72,6 @@ def run_record(run: Run, *, base_config: Mapping[str, Any]) -> RunRecord:
     assert run.id is not None
     return RunRecord(id=run.id, condition=run.condition, condition_key=run.condition_key,
                      seed=run.seed, status=RunStatus(run.status),
-                     config={**base_config, **run.condition}, metrics=run.metrics,
+                     config={**base_config, **config_condition(run.condition)},
+                     metrics=run.metrics,
                      diagnostics=run.diagnostics)

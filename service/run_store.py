@@ -255,13 +255,13 @@ class RunStore:
             select(func.count()).select_from(Run).where(Run.status == RunStatus.queued)
         ).one()
 
-    def base_configs(self, experiment_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
-        """Each experiment's base config (its spec's, stored once with the experiment)."""
+    def specs(self, experiment_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """Each experiment's stored spec (its base config, how its runs seed their sources)."""
         rows = self.session.exec(
             select(Experiment.id, Experiment.spec)
             .where(Experiment.id.in_(sorted(experiment_ids)))  # type: ignore[union-attr]
         ).all()
-        return {experiment_id: spec.get("config", {}) for experiment_id, spec in rows}
+        return dict(rows)
 
     def cancel_requested(self, run_ids: Iterable[int]) -> list[int]:
         """Of these runs, the ones a cancel was asked for."""

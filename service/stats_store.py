@@ -6,15 +6,15 @@ then serves the same stored result, and it survives restarts."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
-from api_schemas import RunStatus
+from api_schemas import SOURCE_FACTOR, RunStatus
 from service.db import Experiment, Run, StatsCache, utcnow
 from service.experiments import SpecError, unknown_metric
+from service.sources import experiment_grid, source_decomposition
 from service.stats import MAX_COMPARISONS_PER_PAGE, ComparisonPlan, experiment_stats
 from trainers import REGISTRY
 
@@ -27,7 +27,7 @@ MAX_STORED_PAGES = 64
 
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-STATS_FORMAT = "v3"
+STATS_FORMAT = "v4"
 
 
 def _query_error(field: str, message: str) -> SpecError:
@@ -50,7 +50,7 @@ def stats_json(
     problem = unknown_metric(trainer, metric)
     if problem:
         raise _query_error("metric", problem)
-    grid: dict[str, list[Any]] = experiment.spec.get("grid", {})
+    grid = experiment_grid(experiment.spec)
     if factor is not None and factor not in grid:
         raise _query_error("factor", f"{factor!r} is not a factor of experiment "
                                      f"{experiment.id}; its factors: {', '.join(grid) or 'none'}")
@@ -87,6 +87,8 @@ def stats_json(
               and not isinstance(metrics.get(metric), bool)]
     stats = experiment_stats(metric=metric, grid=grid, runs=values, factor=factor,
                              offset=offset, limit=limit)
+    if SOURCE_FACTOR in grid:
+        stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)
     stats.computed_at = utcnow()
     payload = stats.model_dump_json()

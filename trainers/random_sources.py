@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SOURCES = ("init", "data", "augment", "evaluate")
+from api_schemas import MAX_SEED, RANDOM_SOURCES
+
+SOURCES = RANDOM_SOURCES
 
 
 def derive_seed(seed: int, source: str) -> int:
@@ -36,17 +38,17 @@ class RandomSources:
     init_np: np.random.Generator
     data_np: np.random.Generator
     augment_np: np.random.Generator
+    # The seed each source was made from: the run's seed unless an override pinned it.
+    source_seeds: dict[str, int]
 
 
 def random_sources(
     seed: int, overrides: dict[str, int] | None = None, device: str | torch.device = "cpu"
 ) -> RandomSources:
     """Generators for the four sources; `overrides` pins a source to another seed."""
-    overrides = overrides or {}
-    unknown = set(overrides) - set(SOURCES)
-    if unknown:
-        raise ValueError(f"unknown random sources {sorted(unknown)}; expected {SOURCES}")
-    seeds = {s: derive_seed(overrides.get(s, seed), s) for s in SOURCES}
+    overrides = checked_overrides(overrides)
+    source_seeds = {s: overrides.get(s, seed) for s in SOURCES}
+    seeds = {s: derive_seed(source_seeds[s], s) for s in SOURCES}
     gens = {}
     for source, s in seeds.items():
         g = torch.Generator(device=device)
@@ -61,4 +63,24 @@ def random_sources(
         init_np=np.random.default_rng(seeds["init"]),
         data_np=np.random.default_rng(seeds["data"]),
         augment_np=np.random.default_rng(seeds["augment"]),
+        source_seeds=source_seeds,
     )
+
+
+def checked_overrides(overrides: dict[str, int] | None) -> dict[str, int]:
+    """`overrides` as a plain dict once every name is a source and every seed an int in
+    [0, MAX_SEED]: they come from a spec through the service, and are refused here rather than
+    turned into generators when anything else reaches a worker."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, dict):
+        raise ValueError(f"source seeds must be a dict of source -> seed, not "
+                         f"{type(overrides).__name__}")
+    unknown = set(overrides) - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown random sources {sorted(map(str, unknown))}; expected {SOURCES}")
+    for source, seed in overrides.items():
+        if type(seed) is not int or not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"the seed of random source {source!r} must be an int in "
+                             f"[0, {MAX_SEED}], not {seed!r}")
+    return dict(overrides)

@@ -233,11 +233,13 @@ class TrainerBase(ABC):
         return pick_device(getattr(config, "device", "cpu"))
 
     def run(self, config: Any, seed: int, reporter: Reporter, *,
-            threads: int | None = None) -> RunResult:
+            threads: int | None = None, source_seeds: dict[str, int] | None = None
+            ) -> RunResult:
         """Set the run up, train, and package the result with its provenance.
 
         `threads`: torch's intra-op thread count for this run (the worker passes the run's
-        CPUs); None keeps the process's current count."""
+        CPUs); None keeps the process's current count. `source_seeds`: random sources pinned
+        to another seed than `seed` (a spec's seed_sources, a source decomposition's level)."""
         device = self.device(config)
         # Same config and seed on the same CPU give identical metrics (DESIGN.md); on a GPU
         # the fast kernels are not all deterministic and the trainers do not ask them to be.
@@ -245,7 +247,8 @@ class TrainerBase(ABC):
         if threads is not None:
             torch.set_num_threads(max(1, threads))
         context = RunContext(config=config, seed=seed, reporter=reporter, device=device,
-                             sources=random_sources(seed), divergence_metric=self.divergence_metric)
+                             sources=random_sources(seed, source_seeds),
+                             divergence_metric=self.divergence_metric)
         output = self.train(config, context)
         return self._result(context, output)
 
@@ -270,6 +273,7 @@ class TrainerBase(ABC):
             "device": str(run.device),
             "torch_threads": torch.get_num_threads(),
             "seed": run.seed,
+            "source_seeds": dict(run.sources.source_seeds),
             "config": run.config.model_dump(mode="json"),
             "parameters_sha256": run.parameters_sha256(),
         }

@@ -94,9 +94,12 @@ def assigned_cpus() -> int | None:
 
 
 def execute(
-    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float
+    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float,
+    source_seeds: dict[str, int] | None = None,
 ) -> Iterator[WorkerMessage]:
-    """The body of the Ray task, usable without Ray (a plain generator)."""
+    """The body of the Ray task, usable without Ray (a plain generator). `source_seeds` pins
+    random sources to other seeds (source name -> seed; checked by trainers.random_sources,
+    a bad one fails the run)."""
     context = ray.get_runtime_context() if ray.is_initialized() else None
     warm_up()  # before Started: a run counts as started when it can train at once
     yield Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
@@ -110,7 +113,7 @@ def execute(
         try:
             trainer = box["trainer"] = get_trainer(trainer_name)
             box["result"] = trainer.run(trainer.Config.model_validate(config), seed, reporter,
-                                        threads=assigned_cpus())
+                                        threads=assigned_cpus(), source_seeds=source_seeds)
         except BaseException as exc:  # noqa: BLE001 - every trainer failure becomes a failed run
             box["error"] = exc
         finally:
@@ -139,7 +142,8 @@ def execute(
 
 @ray.remote(max_retries=0)
 def run_task(
-    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float = 0.5
+    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float = 0.5,
+    source_seeds: dict[str, int] | None = None,
 ) -> Iterator[WorkerMessage]:
     """Ray streaming generator running one (condition, seed); the dispatcher does retries."""
-    yield from execute(trainer_name, config, seed, batch_interval_s)
+    yield from execute(trainer_name, config, seed, batch_interval_s, source_seeds)

@@ -10,6 +10,7 @@ import yaml
 from api_schemas import ExperimentSpec
 from service.experiments import validate_spec
 from service.settings import Settings
+from service.sources import config_condition
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -26,4 +27,4 @@ def test_example_spec_validates(path: Path) -> None:
     trainer, conditions = validate_spec(spec, settings=Settings(data_roots="", _env_file=None))
     assert len(conditions) * len(spec.seed_list()) >= 6
     for condition in conditions:  # every condition builds a valid trainer config
-        trainer.Config.model_validate({**spec.config, **condition})
+        trainer.Config.model_validate({**spec.config, **config_condition(condition)})

@@ -4,18 +4,20 @@ the code that ran."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
 
 from tests.e2e.toy_trainer import ToyTrainer
 from trainers.base import MemoryReporter, NullReporter
-from trainers.random_sources import random_sources
-from trainers.runtime import RunContext, git_commit, seedgrid_version, source_sha256
+from trainers.random_sources import SOURCES, random_sources
+from trainers.runtime import RunContext, TrainOutput, git_commit, seedgrid_version, source_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,3 +123,62 @@ def test_a_cancel_during_the_warm_up_is_raised_and_leaves_torch_whole() -> None:
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["interrupted", "torch", "works"], (delay, done.stdout)
+
+
+class DrawsTrainer(ToyTrainer):
+    """Reports what a run drew from each source: a data order (a permutation from `data`), an
+    initial weight (from `init`), an augmentation draw and an evaluation draw."""
+
+    name: ClassVar[str] = "draws"
+
+    def train(self, config: Any, run: RunContext) -> TrainOutput:
+        sources = run.sources
+        return TrainOutput(metrics={"loss": 0.0}, diagnostics={
+            "data_order": torch.randperm(50, generator=sources.data).tolist(),
+            "init": torch.randn(8, generator=sources.init, dtype=torch.float64).tolist(),
+            "augment": torch.rand(8, generator=sources.augment, dtype=torch.float64).tolist(),
+            "evaluate": torch.rand(8, generator=sources.evaluate, dtype=torch.float64).tolist(),
+        })
+
+
+def test_pinning_data_gives_two_seeds_one_data_order_and_their_own_init() -> None:
+    trainer = DrawsTrainer()
+    config = trainer.Config()
+    pinned = [trainer.run(config, seed, NullReporter(), source_seeds={"data": 0})
+              for seed in (1, 2)]
+    free = [trainer.run(config, seed, NullReporter()) for seed in (0, 1, 2)]
+    one, two = (r.diagnostics for r in pinned)
+    assert one["data_order"] == two["data_order"] == free[0].diagnostics["data_order"]
+    assert one["init"] != two["init"]
+    assert one["augment"] != two["augment"] and one["evaluate"] != two["evaluate"]
+    # every other source follows the run's own seed, exactly as without the pin
+    for run, plain in zip(pinned, free[1:], strict=True):
+        for source in ("init", "augment", "evaluate"):
+            assert run.diagnostics[source] == plain.diagnostics[source]
+    assert free[1].diagnostics["data_order"] != free[2].diagnostics["data_order"]
+    assert pinned[1].provenance["source_seeds"] == {"init": 2, "data": 0, "augment": 2,
+                                                    "evaluate": 2}
+    assert free[1].provenance["source_seeds"] == dict.fromkeys(SOURCES, 1)
+
+
+def test_every_source_pinned_makes_two_seeds_one_run() -> None:
+    trainer = DrawsTrainer()
+    everything = dict.fromkeys(SOURCES, 5)
+    one, two = (trainer.run(trainer.Config(), seed, NullReporter(), source_seeds=everything)
+                for seed in (1, 2))
+    assert one.diagnostics == two.diagnostics
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"weights": 0}, "unknown random sources ['weights']"),
+    ({"data": -1}, "the seed of random source 'data' must be an int"),
+    ({"data": 2**31}, "the seed of random source 'data' must be an int"),
+    ({"data": True}, "the seed of random source 'data' must be an int"),
+    ({"data": 1.0}, "the seed of random source 'data' must be an int"),
+    ({"data": "0"}, "the seed of random source 'data' must be an int"),
+    ([("data", 0)], "source seeds must be a dict"),
+])
+def test_source_seeds_that_are_not_a_source_and_a_seed_are_refused(overrides: Any,
+                                                                   message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        random_sources(0, overrides)

@@ -59,3 +59,22 @@ def test_a_result_is_made_storable() -> None:
     stored = result.storable()
     assert stored.error == "bad\ufffdbyte"
     assert stored.metrics == {"a\ufffd": 1.0}
+
+
+def test_source_seeds_reach_the_trainer_and_bad_ones_fail_the_run() -> None:
+    config = {"n_samples": 16, "r": 0.5, "steps": 20, "log_every": 10}
+
+    def run(seed: int, source_seeds: dict[str, int] | None) -> Result:
+        result = list(execute("collapse", config, seed, 0.01, source_seeds))[-1]
+        assert isinstance(result, Result)
+        return result
+
+    everything = {"init": 3, "data": 3, "augment": 3, "evaluate": 3}
+    one, two = run(1, everything), run(2, everything)
+    assert one.status == RunStatus.completed and one.metrics == two.metrics
+    assert one.provenance["source_seeds"] == everything
+    assert run(1, {"data": 3}).metrics != one.metrics  # init follows seed 1 again
+    bad = run(1, {"data": -1})
+    assert bad.status == RunStatus.failed
+    assert bad.error == ("ValueError: the seed of random source 'data' must be an int in "
+                         "[0, 2147483647], not -1")
