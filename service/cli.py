@@ -16,6 +16,7 @@ import httpx
 import pydantic
 import typer
 import yaml
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -209,9 +210,10 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
         return
     bounds = stats.get("metric_bounds")
     title = f"per-condition {stats['metric']}" + (f" (bounded {_fmt(bounds)})" if bounds else "")
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("condition", "n", "mean", "ci95", "std", "noise share", "!"):
-        table.add_column(col, justify="left" if col == "condition" else "right")
+        table.add_column(col, justify="left" if col == "condition" else "right",
+                         overflow="fold")
     for c in stats["conditions"]:
         table.add_row(c["condition_key"] or "(all)", str(c["n"]), _fmt(c["mean"]),
                       _fmt(c["ci95"]), _fmt(c["std"], 3), _fmt(c.get("noise_floor_share"), 2),
@@ -219,11 +221,13 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
     console.print(table, width=min(console.width, COMPACT_WIDTH))
     comp = Table(title=f"variance comparisons of {stats['metric']} (var_a / var_b; cell ratio: "
                        "within-cell pooled)")
+    comp.box, comp.show_edge = box.SIMPLE_HEAD, False
     for col in ("pair", "within", "n", "var ratio", "F ci95", "cell ratio", "Holm F p", "!"):
-        comp.add_column(col, justify="left" if col in {"pair", "within"} else "right")
+        comp.add_column(col, justify="left" if col in {"pair", "within"} else "right",
+                        overflow="fold")
     for c in stats["comparisons"]:
         comp.add_row(f"{c['factor']}: {c['a']} vs {c['b']}", _within(c), f"{c['n_a']}/{c['n_b']}",
-                     _fmt(c["var_ratio"], 3), _fmt(c.get("var_ratio_ci95_f"), 3),
+                     _fmt(c["var_ratio"], 3), _fmt(c.get("var_ratio_ci95_f"), 2),
                      _fmt(c.get("within_cell_var_ratio"), 3),
                      _fmt(c.get("f_test_p_holm_factor"), 3), _flag(c))
     console.print(comp, width=min(console.width, COMPACT_WIDTH))
