@@ -40,6 +40,7 @@ __all__ = [
     "Health",
     "MetricPoint",
     "NamedComparison",
+    "MultiplicityFamily",
     "Omnibus",
     "RANDOM_SOURCES",
     "Resources",
@@ -362,8 +363,20 @@ class ConditionStats(BaseModel):
     min: float | None
     median: float | None
     max: float | None
+    # The 95% interval of the mean: Student's t, or for a bounded metric (Stats.metric_bounds)
+    # the t interval on the logit scale of the mean (delta method), which never crosses a
+    # bound; ci95_method names which.
     ci95: list[float | None] | None
     values: list[float]
+    ci95_method: str | None = None
+    # Accuracy-like metrics whose trainer declares the test-set size n: the binomial noise
+    # floor, the mean over the condition's runs of p_i (1 - p_i) / n_i, and the share of the
+    # observed seed variance it accounts for (above 1: less seed variance than test-set noise);
+    # null where the metric has no declared test set.
+    noise_floor_var: float | None = None
+    noise_floor_share: float | None = None
+    # What in these numbers is computed from fewer seeds than it needs, each naming why.
+    warnings: list[str] = []
 
 
 class Comparison(BaseModel):
@@ -402,6 +415,32 @@ class Comparison(BaseModel):
     within_cell_var_a: float | None = None
     within_cell_var_b: float | None = None
     within_cell_var_ratio: float | None = None
+    # Holm-adjusted p-values (statsmodels multipletests, method "holm") over the comparison's
+    # family: every comparison of its factor (_holm_factor) or of the experiment (_holm_all),
+    # whichever page this is; null when the raw p-value is, or the family is too large to
+    # adjust (the reason is in Stats.multiplicity).
+    f_test_p_holm_factor: float | None = None
+    f_test_p_holm_all: float | None = None
+    brown_forsythe_p_holm_factor: float | None = None
+    brown_forsythe_p_holm_all: float | None = None
+    welch_p_holm_factor: float | None = None
+    welch_p_holm_all: float | None = None
+    # Every interval or test here computed from fewer seeds than it needs, each naming what
+    # and why (the seed minimums are documented in service/stats.py).
+    warnings: list[str] = []
+
+
+class MultiplicityFamily(BaseModel):
+    """One family of comparisons whose p-values are Holm-adjusted together."""
+
+    # The factor whose comparisons form the family; None: every comparison of the experiment.
+    factor: str | None
+    comparisons: int
+    # Per adjusted p-value (f_test_p, brown_forsythe_p, welch_p): how many of the family's
+    # comparisons have one, Holm's m.
+    tested: dict[str, int]
+    # Why the family's adjusted p-values are null (too many comparisons to adjust).
+    null_reason: str | None = None
 
 
 class Omnibus(BaseModel):
@@ -413,6 +452,7 @@ class Omnibus(BaseModel):
     levels: list[GridValue]
     n: list[int]
     brown_forsythe_p: float | None
+    warnings: list[str] = []
 
 
 class SourceVariance(BaseModel):
@@ -456,6 +496,11 @@ class Stats(BaseModel):
     offset: int = 0
     next_offset: int | None = None
     comparisons: list[Comparison]
+    # The metric's bounds as its trainer declares them (say [0, 1] for an accuracy); null:
+    # unbounded. Condition intervals then stay within them.
+    metric_bounds: list[float] | None = None
+    # The families the *_holm_* p-values are adjusted over: one per factor, then all.
+    multiplicity: list[MultiplicityFamily] = []
     # Per factor with more than two levels (those of `factor` when one is asked for).
     omnibus: list[Omnibus] = []
     # Experiments with decompose_sources: per condition of the other factors, each source's

@@ -16,6 +16,7 @@ import httpx
 import pydantic
 import typer
 import yaml
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -189,55 +190,87 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def print_stats(stats: dict[str, Any]) -> None:
-    table = Table(title=f"per-condition {stats['metric']}")
-    for col in ("condition", "n", "mean", "std", "median", "min", "max", "ci95"):
-        table.add_column(col, justify="left" if col == "condition" else "right")
+# The compact view's width: its tables fit a 100-column terminal.
+COMPACT_WIDTH = 100
+
+
+def _within(comparison: dict[str, Any]) -> str:
+    within = comparison["within"]
+    return ", ".join(f"{k}={v}" for k, v in within.items()) if within else "pooled"
+
+
+def _flag(item: dict[str, Any]) -> str:
+    return f"!{len(item['warnings'])}" if item.get("warnings") else ""
+
+
+def print_stats(stats: dict[str, Any], full: bool = False) -> None:
+    """The compact view (a few columns per condition and per comparison, `!n`: n warnings),
+    or with `full` every field of every condition, comparison, family and omnibus test."""
+    if full:
+        print_all_stats(stats)
+        return
+    bounds = stats.get("metric_bounds")
+    title = f"per-condition {stats['metric']}" + (f" (bounded {_fmt(bounds)})" if bounds else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
+    for col in ("condition", "n", "mean", "ci95", "std", "noise share", "!"):
+        table.add_column(col, justify="left" if col == "condition" else "right",
+                         overflow="fold")
     for c in stats["conditions"]:
-        table.add_row(
-            c["condition_key"] or "(all)",
-            str(c["n"]),
-            _fmt(c["mean"]),
-            _fmt(c["std"]),
-            _fmt(c["median"]),
-            _fmt(c["min"]),
-            _fmt(c["max"]),
-            _fmt(c["ci95"]),
-        )
-    console.print(table)
-    comp = Table(title=f"variance comparisons of {stats['metric']} (var_a / var_b)")
-    for col in (
-        "factor",
-        "a vs b",
-        "within",
-        "n",
-        "var ratio",
-        "ratio ci95",
-        "F p",
-        "Brown-Forsythe p",
-        "perm p",
-        "mean diff",
-        "Welch p",
-    ):
-        comp.add_column(col, justify="left" if col in {"factor", "a vs b", "within"} else "right")
+        table.add_row(c["condition_key"] or "(all)", str(c["n"]), _fmt(c["mean"]),
+                      _fmt(c["ci95"]), _fmt(c["std"], 3), _fmt(c.get("noise_floor_share"), 2),
+                      _flag(c))
+    console.print(table, width=min(console.width, COMPACT_WIDTH))
+    comp = Table(title=f"variance comparisons of {stats['metric']} (var_a / var_b; cell ratio: "
+                       "within-cell pooled)")
+    comp.box, comp.show_edge = box.SIMPLE_HEAD, False
+    for col in ("pair", "within", "n", "var ratio", "F ci95", "cell ratio", "Holm F p", "!"):
+        comp.add_column(col, justify="left" if col in {"pair", "within"} else "right",
+                        overflow="fold")
     for c in stats["comparisons"]:
-        within = ", ".join(f"{k}={v}" for k, v in c["within"].items()) if c["within"] else "pooled"
-        comp.add_row(
-            c["factor"],
-            f"{c['a']} vs {c['b']}",
-            within,
-            f"{c['n_a']}/{c['n_b']}",
-            _fmt(c["var_ratio"]),
-            _fmt(c["var_ratio_ci95"], 3),
-            _fmt(c["f_test_p"], 3),
-            _fmt(c["brown_forsythe_p"], 3),
-            _fmt(c["permutation_p"], 3),
-            _fmt(c["mean_diff"]),
-            _fmt(c["welch_p"], 3),
-        )
-    console.print(comp)
+        comp.add_row(f"{c['factor']}: {c['a']} vs {c['b']}", _within(c), f"{c['n_a']}/{c['n_b']}",
+                     _fmt(c["var_ratio"], 3), _fmt(c.get("var_ratio_ci95_f"), 2),
+                     _fmt(c.get("within_cell_var_ratio"), 3),
+                     _fmt(c.get("f_test_p_holm_factor"), 3), _flag(c))
+    console.print(comp, width=min(console.width, COMPACT_WIDTH))
     if stats.get("source_decomposition"):
         print_source_decomposition(stats)
+    warned = sum(1 for c in stats["comparisons"] + stats["conditions"] if c.get("warnings"))
+    if warned:
+        console.print(f"!n: n warnings on {warned} rows (numbers from fewer seeds than they "
+                      "need);\n`seedgrid stats ID --all` lists them with every field",
+                      markup=False)
+    _print_page(stats)
+
+
+def print_all_stats(stats: dict[str, Any]) -> None:
+    """Every field, one per line, grouped per condition, comparison, family and omnibus test."""
+    def block(title: str, item: dict[str, Any]) -> None:
+        console.print(title, markup=False, style="bold")
+        for key, value in item.items():
+            if key == "warnings":
+                for warning in value:
+                    console.print(f"  warning: {warning}", markup=False, soft_wrap=True)
+            else:
+                console.print(f"  {key}: {_fmt(value, 6)}", markup=False, soft_wrap=True)
+
+    console.print(f"metric {stats['metric']}, bounds {_fmt(stats.get('metric_bounds'))}, "
+                  f"{stats['n_completed']} completed runs", markup=False)
+    for c in stats["conditions"]:
+        block(f"condition {c['condition_key'] or '(all)'}",
+              {k: v for k, v in c.items() if k not in {"condition", "condition_key"}})
+    for c in stats["comparisons"]:
+        block(f"comparison {c['factor']}: {c['a']} vs {c['b']} ({_within(c)})",
+              {k: v for k, v in c.items() if k not in {"factor", "a", "b", "within"}})
+    for family in stats.get("multiplicity", []):
+        name = f"factor {family['factor']}" if family["factor"] is not None else "all"
+        block(f"Holm family: {name}", {k: v for k, v in family.items() if k != "factor"})
+    for omnibus in stats.get("omnibus", []):
+        block(f"omnibus {omnibus['factor']}",
+              {k: v for k, v in omnibus.items() if k != "factor"})
+    _print_page(stats)
+
+
+def _print_page(stats: dict[str, Any]) -> None:
     if stats.get("next_offset") is not None:
         console.print(f"showing comparisons {stats['offset'] + 1}-{stats['next_offset']} of "
                       f"{stats['total_comparisons']}")
@@ -260,7 +293,8 @@ def print_source_decomposition(stats: dict[str, Any]) -> None:
     console.print(table)
 
 
-def report(client: httpx.Client, experiment_id: int, metric: str | None = None) -> None:
+def report(client: httpx.Client, experiment_id: int, metric: str | None = None,
+           full: bool = False) -> None:
     detail = _request(client, "GET", f"/experiments/{experiment_id}")
     params = {"metric": metric} if metric else {}
     stats = _request(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
@@ -268,7 +302,7 @@ def report(client: httpx.Client, experiment_id: int, metric: str | None = None) 
         f"experiment {experiment_id} [bold]{detail['name']}[/bold]: {detail['status']} "
         f"({', '.join(f'{k} {v}' for k, v in detail['counts'].items() if v)})"
     )
-    print_stats(stats)
+    print_stats(stats, full)
     failed = [
         r
         for status in ("failed", "diverged")
@@ -464,10 +498,14 @@ def stats(
     experiment_id: int,
     url: UrlOpt = DEFAULT_URL,
     metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
+    show_all: Annotated[bool, typer.Option(
+        "--all", help="every field of every condition and comparison, warnings included, "
+                      "instead of the compact tables")] = False,
 ) -> None:
-    """Per-condition table and variance comparisons of an experiment."""
+    """Per-condition table and variance comparisons of an experiment (compact; --all for
+    every field)."""
     with _client(url, 120) as client:
-        report(client, experiment_id, metric)
+        report(client, experiment_id, metric, show_all)
 
 
 @app.command()

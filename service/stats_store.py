@@ -78,15 +78,18 @@ def stats_json(
         return stored.payload
 
     rows = session.execute(
-        select(Run.condition, Run.condition_key, Run.metrics)
+        select(Run.condition, Run.condition_key, Run.metrics, Run.diagnostics)
         .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
         .order_by(Run.id)
     ).all()
-    values = [(condition, key, float(metrics[metric])) for condition, key, metrics in rows
-              if isinstance(metrics.get(metric), int | float)
-              and not isinstance(metrics.get(metric), bool)]
+    kept = [row for row in rows if isinstance(row.metrics.get(metric), int | float)
+            and not isinstance(row.metrics.get(metric), bool)]
+    values = [(row.condition, row.condition_key, float(row.metrics[metric])) for row in kept]
+    sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row in kept]
     stats = experiment_stats(metric=metric, grid=grid, runs=values, factor=factor,
-                             offset=offset, limit=limit)
+                             offset=offset, limit=limit,
+                             bounds=trainer.metric_bounds.get(metric),
+                             test_set_sizes=sizes if any(s is not None for s in sizes) else None)
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)

@@ -48,6 +48,13 @@ class MemoryReporter:
         return [(s, v) for s, _, n, v in self.points if n == name]
 
 
+def binomial_noise_floor(accuracy: Any, n_test: Any) -> Any:
+    """p (1 - p) / n: the variance of an accuracy measured on n test examples that comes from
+    the test set alone (each example a Bernoulli trial). The one formula for a trainer's own
+    noise-floor metric and for /stats' per-condition noise floor (floats or numpy arrays)."""
+    return accuracy * (1 - accuracy) / n_test
+
+
 @dataclass
 class RunWarning:
     """A diagnostic that crossed its threshold."""
@@ -122,6 +129,13 @@ class Trainer(Protocol):
     # A logged or final value of this metric that is not finite ends the run as diverged
     # (None: the trainer has no such metric).
     divergence_metric: ClassVar[str | None]
+    # Metrics with a known range (low, high), say (0, 1) for an accuracy.
+    metric_bounds: ClassVar[dict[str, tuple[float, float]]]
+
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
+        """{accuracy-like metric: test examples it averages} for one run, from its stored
+        diagnostics (the binomial noise floor of /stats)."""
+        ...
 
     def run(self, config: Any, seed: int, reporter: Reporter, *,
             threads: int | None = None) -> RunResult:

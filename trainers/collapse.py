@@ -238,6 +238,8 @@ class CollapseTrainer(TrainerBase):
     )
     primary_metric: ClassVar[str] = "min_l2"
     divergence_metric: ClassVar[str] = "loss"
+    metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "train_accuracy": (0.0, 1.0), "train_accuracy_clean": (0.0, 1.0)}
 
     def estimate(self, config: CollapseConfig) -> ResourceEstimate:
         return collapse_estimate(config)

@@ -227,6 +227,16 @@ class TrainerBase(ABC):
     # A logged or final value of this metric that is NaN or infinite ends the run as diverged.
     divergence_metric: ClassVar[str | None] = "loss"
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = ()
+    # Metrics with a known range, as (low, high): say (0, 1) for an accuracy. /stats keeps a
+    # condition's mean interval within them.
+    metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {}
+
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
+        """{accuracy-like metric: the number of test examples it averages} for one completed
+        run, from the diagnostics the run stored; /stats reports the binomial noise floor of
+        these metrics. The size comes from the run, not the config: it depends on the dataset
+        the run loaded (its test split, then `test_size`). Empty: no metric has a test set."""
+        return {}
 
     def device(self, config: Any) -> torch.device:
         """Where a run of `config` trains: the config's `device` field, else the CPU."""

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.base import ResourceEstimate, RunWarning
+from trainers.base import ResourceEstimate, RunWarning, binomial_noise_floor
 from trainers.cff.config import MAX_DEPTH, CFFConfig
 from trainers.cff.estimate import EVAL_BATCH, cff_estimate
 from trainers.cff.model import build_head, build_layers, encode, patchify
@@ -70,6 +70,16 @@ class CFFTrainer(TrainerBase):
     primary_metric: ClassVar[str] = "test_accuracy"
     # Stage 1's summed layer objectives: non-finite as soon as one layer's loss is.
     divergence_metric: ClassVar[str] = "loss"
+    metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        name: (0.0, 1.0) for name in ("test_accuracy", "test_top5_accuracy",
+                                      "head_val_accuracy", "car_layer0_early")}
+
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
+        """Both test accuracies average the un-augmented test split (`n_test` of the run)."""
+        n_test = diagnostics.get("n_test")
+        if not isinstance(n_test, int) or n_test < 1:
+            return {}
+        return {"test_accuracy": n_test, "test_top5_accuracy": n_test}
 
     def estimate(self, config: CFFConfig) -> ResourceEstimate:
         return cff_estimate(config)
@@ -379,7 +389,8 @@ def evaluate(
         if splits.num_classes >= 20:
             top5 += int((logits.topk(5, dim=1).indices == y[:, None]).any(1).sum())
     accuracy = top1 / n
-    out = {"test_accuracy": accuracy, "test_accuracy_noise_floor": accuracy * (1 - accuracy) / n}
+    out = {"test_accuracy": accuracy,
+           "test_accuracy_noise_floor": binomial_noise_floor(accuracy, n)}
     if splits.num_classes >= 20:
         out["test_top5_accuracy"] = top5 / n
     return out

@@ -11,7 +11,13 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning
+from trainers.base import (
+    Reporter,
+    ResourceEstimate,
+    RunResult,
+    RunWarning,
+    binomial_noise_floor,
+)
 from trainers.data import ImageSplits, prepare_splits
 from trainers.feedback import protocol
 from trainers.feedback.config import MAX_DEPTH, FeedbackConfig
@@ -311,6 +317,14 @@ class FeedbackTrainer(TrainerBase):
     # terminal norm, while a large but finite one is D1's finding, not a divergence.
     divergence_metric: ClassVar[str] = "loss"
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = (PROTOCOL_REPORT,)
+    metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "test_accuracy": (0.0, 1.0), "train_accuracy": (0.0, 1.0)}
+
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
+        """test_accuracy averages the task's test set (`n_test` of the run: the image split,
+        or the StudentNet teacher's `student_test_size` inputs)."""
+        n_test = diagnostics.get("n_test")
+        return {"test_accuracy": n_test} if isinstance(n_test, int) and n_test >= 1 else {}
 
     def train(self, config: FeedbackConfig, run: RunContext) -> TrainOutput:
         return train_network(config, run).output
@@ -424,7 +438,7 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     metrics = {**last, **final.metrics()}
     if accuracy is not None:
         metrics["test_accuracy"] = accuracy
-        metrics["test_accuracy_noise_floor"] = accuracy * (1 - accuracy) / task.n_test
+        metrics["test_accuracy_noise_floor"] = binomial_noise_floor(accuracy, task.n_test)
     diagnostics: dict[str, Any] = {
         "protocol": protocol_summary(snapshots, config, method),
         "feedback_matrices": (

@@ -109,6 +109,17 @@ class SSLTrainer(TrainerBase):
     primary_metric: ClassVar[str] = "knn_accuracy"
     # The epoch's mean training loss, logged every epoch.
     divergence_metric: ClassVar[str] = "loss"
+    metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "knn_accuracy": (0.0, 1.0), "knn_accuracy_clean": (0.0, 1.0),
+        "knn_norm_spearman": (-1.0, 1.0)}
+
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
+        """Both kNN accuracies classify the in-distribution test images
+        (`n_test_in_distribution` of the run: held-out classes excluded)."""
+        n_test = diagnostics.get("n_test_in_distribution")
+        if not isinstance(n_test, int) or n_test < 1:
+            return {}
+        return {"knn_accuracy": n_test, "knn_accuracy_clean": n_test}
 
     def estimate(self, config: SSLConfig) -> ResourceEstimate:
         return ssl_estimate(config)
