@@ -48,6 +48,7 @@ class AttemptOutcome(StrEnum):
     failed = "failed"
     diverged = "diverged"
     cancelled = "cancelled"
+    stopped = "stopped"  # a check the spec asked to stop on fired: the run's result is stored
     lost = "lost"  # its worker or node died: charged to the run's max_retries
     interrupted = "interrupted"  # its dispatcher stopped first: not charged
 
@@ -103,6 +104,7 @@ class Experiment(SQLModel, table=True):
     runs_failed: int = run_count_column()
     runs_diverged: int = run_count_column()
     runs_cancelled: int = run_count_column()
+    runs_stopped: int = run_count_column()
 
 
 class Run(SQLModel, table=True):

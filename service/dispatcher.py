@@ -37,7 +37,7 @@ from sqlmodel import Session
 from api_schemas import RunStatus, storable_text
 from service.db import masked_url
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
-from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
+from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt, TaskBase
 from service.settings import Settings
 from workers import run_task
 from workers.messages import MetricBatch, Result, Started
@@ -145,7 +145,7 @@ class Dispatcher:
         self._last_lock_check = 0.0
         # A harvest read from Ray whose transaction failed: written before anything else.
         self._unsaved: Harvest | None = None
-        self._configs: dict[int, dict[str, Any]] = {}
+        self._task_bases: dict[int, TaskBase] = {}
         self._standby_announced = False
         self._database_unreachable = False
         self.max_in_flight = settings.max_in_flight or 4
@@ -427,26 +427,27 @@ class Dispatcher:
             store = RunStore(session)
             claimed = store.claim(free, unschedulable=lambda cpus, gpus: infeasible(cpus, gpus,
                                                                                    nodes))
-            base = self._base_configs(store, {run.experiment_id for run in claimed})
+            bases = self._bases(store, {run.experiment_id for run in claimed})
             store.commit()
         for run in claimed:
-            config = {**base[run.experiment_id], **run.condition}
+            base = bases[run.experiment_id]
             generator = run_task.options(
                 num_cpus=run.num_cpus, num_gpus=run.num_gpus, name=f"seedgrid-run-{run.id}"
-            ).remote(run.trainer, config, run.seed, self.settings.metrics_batch_interval_s)
+            ).remote(run.trainer, {**base.config, **run.condition}, run.seed,
+                     self.settings.metrics_batch_interval_s, base.stop_on_checks)
             self.in_flight[run.id] = InFlight(run_id=run.id, experiment_id=run.experiment_id,
                                               attempt=run.attempt, generator=generator)
         return len(claimed)
 
-    def _base_configs(self, store: RunStore, experiment_ids: set[int]) -> dict[int, Any]:
-        """The base config of each experiment (its spec's, stored once), read once each: a
-        spec never changes."""
-        missing = experiment_ids - set(self._configs)
+    def _bases(self, store: RunStore, experiment_ids: set[int]) -> dict[int, TaskBase]:
+        """The base config and stop checks of each experiment (its spec's, stored once), read
+        once each: a spec never changes."""
+        missing = experiment_ids - set(self._task_bases)
         if missing:
-            if len(self._configs) > MAX_CACHED_CONFIGS:
-                self._configs.clear()
-            self._configs.update(store.base_configs(missing))
-        return {i: self._configs[i] for i in experiment_ids}
+            if len(self._task_bases) > MAX_CACHED_CONFIGS:
+                self._task_bases.clear()
+            self._task_bases.update(store.task_bases(missing))
+        return {i: self._task_bases[i] for i in experiment_ids}
 
     def _node_capacities(self) -> list[tuple[float, float]]:
         """(CPUs, GPUs) of every alive Ray node, refreshed every few seconds; empty when the
