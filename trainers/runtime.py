@@ -19,9 +19,10 @@ its result keeps the last finite point's metrics and records the step.
 A trainer with checks of its own (feedback's D1 and D2) declares them in `stop_checks` and
 reports each evaluation's fired checks through `run.checks_fired({name: reason}, step=...,
 epoch=...)`: when the spec asked to stop on one of them, the run stops there (should_stop()
-answers True from then on) and its result carries the stop (`RunResult.stop`). Every loop must reach
-`should_stop()` or `log()` about once a second of work, so that a cancel ends any run within
-about a second.
+answers True from then on) and its result carries the stop (`RunResult.stop`).
+
+Every loop must reach `should_stop()` or `log()` about once a second of work, so that a cancel
+ends any run within about a second.
 """
 
 from __future__ import annotations

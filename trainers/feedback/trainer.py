@@ -384,6 +384,7 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     accuracy = test_accuracy(model, task, run.should_stop)
     if accuracy is not None:
         run.log(0, {**snapshots[0].metrics(), "test_accuracy": accuracy}, epoch=0)
+        # a stop asked for here ends the run before its first step (should_stop() below)
         report_fired_checks(run, snapshots[0], config, step=0, epoch=0)
     last: dict[str, float] = {}
     step, started = 0, time.perf_counter()
