@@ -53,6 +53,7 @@ __all__ = [
     "SOURCE_LEVELS",
     "SourceDecomposition",
     "SourceVariance",
+    "RunStop",
     "Stats",
     "TrainerInfo",
     "json_problems",
@@ -101,13 +102,18 @@ class RunStatus(StrEnum):
     failed = "failed"
     diverged = "diverged"
     cancelled = "cancelled"
+    # Ended early, as its spec's stop_on_checks asked, by a trainer check that fired: its
+    # verdict, diagnostics and last metrics are stored; see RunOut.stop.
+    stopped = "stopped"
 
 
 class ExperimentStatus(StrEnum):
     queued = "queued"
     running = "running"
-    completed = "completed"  # every run completed
-    partial = "partial"  # every run ended, some not completed
+    # every run completed or was stopped by a check its spec asked to stop on (both are the
+    # outcomes the spec asked for; failed, diverged and cancelled runs are not)
+    completed = "completed"
+    partial = "partial"  # every run ended, some failed, diverged or were cancelled
     cancelled = "cancelled"
 
 
@@ -221,6 +227,12 @@ class ExperimentSpec(BaseModel):
     # augment: only that source follows the seed; all; none), the pinned sources taking the
     # first seed, and serve each source's variance in /stats (`source_decomposition`).
     decompose_sources: bool = False
+    # Checks of the trainer (GET /trainers: stop_checks) on which a run ends early: at the end
+    # of the first epoch at which one of them fires, the run stops with status `stopped`, its
+    # verdict and last metrics stored, and frees its worker. Empty: runs train to the end.
+    stop_on_checks: list[Annotated[str, Field(max_length=MAX_KEY_LENGTH,
+                                              pattern=STORABLE_TEXT)]] = Field(
+        default_factory=list, max_length=MAX_GRID_AXES)
 
     @field_validator("config")
     @classmethod
@@ -276,6 +288,13 @@ class ExperimentSpec(BaseModel):
                              f"seeds out (or set it to {first})")
         self.seeds = first
         return self
+    @field_validator("stop_on_checks")
+    @classmethod
+    def _distinct_checks(cls, checks: list[str]) -> list[str]:
+        repeated = sorted({c for c in checks if checks.count(c) > 1})
+        if repeated:
+            raise ValueError(f"stop_on_checks repeats {', '.join(map(repr, repeated))}")
+        return checks
 
     def seed_list(self) -> list[int]:
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
@@ -303,6 +322,7 @@ class ExperimentCounts(BaseModel):
     failed: int = 0
     diverged: int = 0
     cancelled: int = 0
+    stopped: int = 0
 
 
 class ExperimentSummary(BaseModel):
@@ -323,6 +343,18 @@ class ExperimentDetail(ExperimentSummary):
     adaptive: AdaptiveState | None = None
 
 
+class RunStop(BaseModel):
+    """Why a `stopped` run ended early: the checks (among its spec's stop_on_checks) that
+    fired at the epoch it stopped at."""
+
+    checks: list[str]
+    # The epoch whose end the run stopped at (0: the audit of the initialisation), and the
+    # optimisation steps it had taken.
+    epoch: int | None
+    step: int
+    reason: str
+
+
 class RunOut(BaseModel):
     id: int
     experiment_id: int
@@ -337,6 +369,8 @@ class RunOut(BaseModel):
     error: str | None
     started_at: datetime | None
     finished_at: datetime | None
+    # Set when the status is `stopped`: the check that ended the run, the epoch, the reason.
+    stop: RunStop | None = None
 
 
 class RunDetail(RunOut):
@@ -532,6 +566,8 @@ class TrainerInfo(BaseModel):
     primary_metric: str
     # The cross-run reports the trainer declares, each at /experiments/{id}/reports/{name}.
     reports: list[str]
+    # The checks a spec can name in stop_on_checks (none: the trainer cannot stop on a check).
+    stop_checks: list[str] = []
 
 
 class Health(BaseModel):

@@ -170,7 +170,7 @@ def watch(client: httpx.Client, experiment_id: int, poll_s: float = 0.5) -> dict
         task = progress.add_task(detail["name"], total=detail["n_runs"], counts="")
         while True:
             c = detail["counts"]
-            done = c["completed"] + c["failed"] + c["diverged"] + c["cancelled"]
+            done = sum(v for k, v in c.items() if k not in ("queued", "running"))
             shown = ", ".join(f"{k} {v}" for k, v in c.items() if v)
             # an adaptive experiment's total grows with each round
             progress.update(task, total=detail["n_runs"], completed=done, counts=shown)
@@ -303,16 +303,20 @@ def report(client: httpx.Client, experiment_id: int, metric: str | None = None,
         f"({', '.join(f'{k} {v}' for k, v in detail['counts'].items() if v)})"
     )
     print_stats(stats, full)
-    failed = [
+    unfinished = [
         r
-        for status in ("failed", "diverged")
+        for status in ("failed", "diverged", "stopped")
         for r in _request(client, "GET", f"/experiments/{experiment_id}/runs",
                           params={"status": status, "limit": 10})
     ]
-    for r in failed[:10]:
+    if any(r["status"] == "stopped" for r in unfinished):
+        console.print("stopped runs ended early on a check (stop_on_checks): the statistics "
+                      "above leave them out")
+    for r in unfinished[:10]:
+        why = r["stop"]["reason"] if r["status"] == "stopped" and r["stop"] else r["error"]
         console.print(
             f"[yellow]run {r['id']} ({r['condition_key']}, seed {r['seed']}) "
-            f"{r['status']}:[/yellow] {r['error']}"
+            f"{r['status']}:[/yellow] {why}"
         )
 
 

@@ -49,6 +49,7 @@ class AttemptOutcome(StrEnum):
     failed = "failed"
     diverged = "diverged"
     cancelled = "cancelled"
+    stopped = "stopped"  # a check the spec asked to stop on fired: the run's result is stored
     lost = "lost"  # its worker or node died: charged to the run's max_retries
     interrupted = "interrupted"  # its dispatcher stopped first: not charged
 
@@ -104,6 +105,7 @@ class Experiment(SQLModel, table=True):
     runs_failed: int = run_count_column()
     runs_diverged: int = run_count_column()
     runs_cancelled: int = run_count_column()
+    runs_stopped: int = run_count_column()
     # An adaptive experiment's record (api_schemas.AdaptiveState: its looks, why it stopped);
     # null for a plain one. `deciding` holds while it has not stopped: with no run queued or
     # running it is then `running` (its next look is due), not ended.

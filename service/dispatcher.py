@@ -107,11 +107,12 @@ class InFlight:
 
 @dataclass(frozen=True)
 class RunTemplate:
-    """What every run of one experiment shares: the base config, and how its runs seed their
-    random sources."""
+    """What every run of one experiment shares: the base config, how its runs seed their
+    random sources, and the checks on which a run ends early."""
 
     config: dict[str, Any]
     sources: SourcePlan
+    stop_on_checks: tuple[str, ...]
 
 
 @dataclass
@@ -460,7 +461,7 @@ class Dispatcher:
             generator = run_task.options(
                 num_cpus=run.num_cpus, num_gpus=run.num_gpus, name=f"seedgrid-run-{run.id}"
             ).remote(run.trainer, config, run.seed, self.settings.metrics_batch_interval_s,
-                     template.sources.source_seeds(run.condition))
+                     template.sources.source_seeds(run.condition), template.stop_on_checks)
             self.in_flight[run.id] = InFlight(run_id=run.id, experiment_id=run.experiment_id,
                                               attempt=run.attempt, generator=generator)
         return len(claimed)
@@ -474,7 +475,8 @@ class Dispatcher:
             if len(self._templates) > MAX_CACHED_CONFIGS:
                 self._templates.clear()
             self._templates.update({
-                i: RunTemplate(config=spec.get("config", {}), sources=SourcePlan.of(spec))
+                i: RunTemplate(config=spec.get("config", {}), sources=SourcePlan.of(spec),
+                               stop_on_checks=tuple(spec.get("stop_on_checks", ())))
                 for i, spec in store.specs(missing).items()})
         return {i: self._templates[i] for i in experiment_ids}
 

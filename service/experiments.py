@@ -24,6 +24,7 @@ from api_schemas import (
     RunDetail,
     RunOut,
     RunStatus,
+    RunStop,
     SeedsAdded,
     level_key,
 )
@@ -156,6 +157,7 @@ def validate_spec(
     if spec.adaptive is not None:
         errors += _named_comparison_errors(spec.adaptive.comparison, stats_grid(spec),
                                            ["adaptive", "comparison"])
+    errors += _stop_check_errors(trainer, spec.stop_on_checks)
     if errors:
         raise SpecError(errors)
 
@@ -210,6 +212,16 @@ def _source_errors(spec: ExperimentSpec) -> list[dict[str, Any]]:
             errors.append(_error(["seeds"], "decompose_sources needs at least 2 seeds: a "
                                  "source's variance over one seed is undefined"))
     return errors
+
+
+def _stop_check_errors(trainer: Trainer, names: list[str]) -> list[dict[str, Any]]:
+    """Each name in stop_on_checks that is not a check the trainer can stop on."""
+    if not trainer.stop_checks:
+        return [_error(["stop_on_checks", i], f"trainer {trainer.name!r} has no checks a run "
+                       "can stop on; leave stop_on_checks out") for i in range(len(names))]
+    return [_error(["stop_on_checks", i], f"unknown check {name!r} of trainer "
+                   f"{trainer.name!r}; a run can stop on: {', '.join(trainer.stop_checks)}")
+            for i, name in enumerate(names) if name not in trainer.stop_checks]
 
 
 class _Refusals:
@@ -471,7 +483,19 @@ def run_out(run: Run) -> RunOut:
         error=run.error,
         started_at=run.started_at,
         finished_at=run.finished_at,
+        stop=run_stop(run),
     )
+
+
+def run_stop(run: Run) -> RunStop | None:
+    """A stopped run's stop, which its worker stored in the diagnostics ("stop"); None for any
+    other status, or when what is stored there is not a stop (read as it is, never a 500)."""
+    if run.status != RunStatus.stopped:
+        return None
+    try:
+        return RunStop.model_validate(run.diagnostics.get("stop"))
+    except pydantic.ValidationError:
+        return None
 
 
 def list_runs(

@@ -3,7 +3,7 @@
 The only module that assigns a run's status (MLflow's tracking store is the model: callers say
 `claim`, `finish`, `lose` and never write SQL for a run). The state machine:
 
-    queued --claim--> running --finish--> completed | failed | diverged
+    queued --claim--> running --finish--> completed | stopped | failed | diverged
        |                 |  --end_cancelled / cancel flag--> cancelled
        |                 |  --lose--> queued (retry) | failed (out of retries) | cancelled
        |                 |  --interrupt--> queued (not charged) | cancelled
@@ -35,8 +35,11 @@ from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus
 from service.db import AttemptOutcome, Experiment, Run, RunAttempt, RunMetric, utcnow
 
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
-ENDED = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.diverged,
-                   RunStatus.cancelled})
+ENDED = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
+                   RunStatus.diverged, RunStatus.cancelled})
+# What a worker's result can end a run as.
+RESULT_STATUSES = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
+                             RunStatus.diverged})
 
 
 def count_column(status: RunStatus) -> Any:
@@ -62,16 +65,19 @@ def retry_decision(*, cancel_requested: bool, charged_attempts: int, max_retries
 
 def experiment_status(*, cancel_requested: bool, n_runs: int, counts: ExperimentCounts,
                       deciding: bool = False) -> ExperimentStatus:
-    """An experiment's status from its run counts. An adaptive experiment whose next look is
-    due (`deciding`, no run queued or running) is still running: its next round may follow."""
+    """An experiment's status from its run counts. Once every run has ended, it is completed
+    when each run completed or was stopped by a check its spec asked to stop on (the outcomes
+    the spec asked for), partial when some failed, diverged or were cancelled. An adaptive
+    experiment whose next look is due (`deciding`, no run queued or running) is still
+    running: its next round may follow."""
     if cancel_requested:
         return ExperimentStatus.cancelled
     if counts.queued == 0 and counts.running == 0 and deciding:
         return ExperimentStatus.running
     if counts.queued == 0 and counts.running == 0:
-        return (ExperimentStatus.completed if counts.completed == n_runs
+        return (ExperimentStatus.completed if counts.completed + counts.stopped == n_runs
                 else ExperimentStatus.partial)
-    if counts.running or counts.completed or counts.failed or counts.diverged or counts.cancelled:
+    if any(getattr(counts, s.value) for s in RunStatus if s != RunStatus.queued):
         return ExperimentStatus.running
     return ExperimentStatus.queued
 
@@ -344,11 +350,11 @@ class RunStore:
             self.session.execute(insert(METRIC), rows)
 
     def finish(self, finished: Sequence[FinishedAttempt]) -> None:
-        """These attempts returned results: each run ends completed, failed or diverged. A
-        result of an attempt that is not the run's running one (lost and re-queued meanwhile)
-        changes nothing."""
+        """These attempts returned results: each run ends completed, stopped, failed or
+        diverged. A result of an attempt that is not the run's running one (lost and re-queued
+        meanwhile) changes nothing."""
         for f in finished:
-            if f.status not in (RunStatus.completed, RunStatus.failed, RunStatus.diverged):
+            if f.status not in RESULT_STATUSES:
                 raise ValueError(f"a result cannot end a run as {f.status}")
         current = self._running_attempts([f.key.run_id for f in finished])
         ending = [f for f in finished if current.get(f.key.run_id) == f.key.attempt]

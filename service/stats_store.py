@@ -77,6 +77,8 @@ def stats_json(
     if stored is not None and stored.n_completed == n_completed:
         return stored.payload
 
+    # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
+    # it stopped at, not comparable with a run trained to the end.
     rows = session.execute(
         select(Run.condition, Run.condition_key, Run.metrics, Run.diagnostics)
         .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)

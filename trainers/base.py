@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -88,6 +89,20 @@ class ResourceEstimate:
     points_fields: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class CheckStop:
+    """A run ended early because checks it was asked to stop on fired (RunContext.checks_fired)."""
+
+    checks: tuple[str, ...]  # the fired checks among those asked for, in the trainer's order
+    epoch: int | None  # the epoch at whose end it stopped (None: the trainer has no epochs)
+    step: int  # optimisation steps taken
+    reason: str  # what fired, with its value and threshold
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checks": list(self.checks), "epoch": self.epoch, "step": self.step,
+                "reason": self.reason}
+
+
 @dataclass
 class RunResult:
     """What a trainer returns: final metrics, diagnostics summary, warnings and provenance."""
@@ -103,6 +118,10 @@ class RunResult:
     # only the final value was non-finite).
     diverged: bool = False
     diverged_at_step: int | None = None
+    # Set when the run stopped early on a check its spec asked to stop on (never together with
+    # `diverged`): its metrics and diagnostics are those of the epoch it stopped at, and the
+    # diagnostics carry the stop under "stop".
+    stop: CheckStop | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -136,11 +155,14 @@ class Trainer(Protocol):
         """{accuracy-like metric: test examples it averages} for one run, from its stored
         diagnostics (the binomial noise floor of /stats)."""
         ...
+    # The checks a run can be asked to stop on (an experiment spec's stop_on_checks).
+    stop_checks: ClassVar[tuple[str, ...]]
 
     def run(self, config: Any, seed: int, reporter: Reporter, *,
-            threads: int | None = None) -> RunResult:
+            threads: int | None = None, stop_on_checks: Collection[str] = ()) -> RunResult:
         """One run of `config` with `seed`: metric curves go to `reporter`, which can stop it;
-        `threads` sets torch's thread count (the run's CPUs). trainers.runtime.TrainerBase
+        `threads` sets torch's thread count (the run's CPUs); the run ends early when one of
+        `stop_on_checks` (a subset of `stop_checks`) fires. trainers.runtime.TrainerBase
         implements it for every trainer."""
         ...
 

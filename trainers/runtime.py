@@ -14,9 +14,15 @@ algorithms on a CPU, the torch thread count, and the run's named random sources.
 
 Divergence is the declared metric (`Trainer.divergence_metric`, "loss" unless a trainer says
 otherwise) turning non-finite in a logged point or in the final metrics: the run then stops, and
-its result keeps the last finite point's metrics and records the step. Every loop must reach
-`should_stop()` or `log()` about once a second of work, so that a cancel ends any run within
-about a second.
+its result keeps the last finite point's metrics and records the step.
+
+A trainer with checks of its own (feedback's D1 and D2) declares them in `stop_checks` and
+reports each evaluation's fired checks through `run.checks_fired({name: reason}, step=...,
+epoch=...)`: when the spec asked to stop on one of them, the run stops there (should_stop()
+answers True from then on) and its result carries the stop (`RunResult.stop`).
+
+Every loop must reach `should_stop()` or `log()` about once a second of work, so that a cancel
+ends any run within about a second.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import platform
 import sys
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -36,7 +43,7 @@ from typing import Any, ClassVar
 import pydantic
 import torch
 
-from trainers.base import Reporter, ResourceEstimate, RunResult, RunWarning
+from trainers.base import CheckStop, Reporter, ResourceEstimate, RunResult, RunWarning
 from trainers.random_sources import RandomSources, random_sources
 from trainers.reports import CrossRunReport
 
@@ -147,19 +154,21 @@ class TrainOutput:
 
 class RunContext:
     """One run as its trainer sees it: config, seed, device, random sources, and the reporter
-    behind the loop contract (`log`, `should_stop`)."""
+    behind the loop contract (`log`, `should_stop`, `checks_fired`)."""
 
     def __init__(self, *, config: pydantic.BaseModel, seed: int, reporter: Reporter,
                  device: torch.device, sources: RandomSources,
-                 divergence_metric: str | None) -> None:
+                 divergence_metric: str | None, stop_on_checks: Collection[str] = ()) -> None:
         self.config = config
         self.seed = seed
         self.device = device
         self.sources = sources
         self.divergence_metric = divergence_metric
+        self.stop_on_checks = frozenset(stop_on_checks)
         self._reporter = reporter
         self.cancelled = False
         self.diverged_at_step: int | None = None
+        self.stopped_by: CheckStop | None = None
         self.last_finite: dict[str, float] = {}
         self.last_finite_step: int | None = None
         self._trained: list[torch.Tensor] = []
@@ -194,15 +203,27 @@ class RunContext:
                 self.last_finite, self.last_finite_step = values, step
         return self.should_stop()
 
+    def checks_fired(self, fired: Mapping[str, str], *, step: int, epoch: int | None) -> bool:
+        """The trainer's checks that fired at this evaluation, each with the reason (what fired,
+        value against threshold). True when the spec asked to stop on one of them: the run
+        then stops here, as for a cancel, but its result is a whole one (status `stopped`)."""
+        asked = [name for name in fired if name in self.stop_on_checks]
+        if asked and self.stopped_by is None and not self.stopped:
+            self.stopped_by = CheckStop(checks=tuple(asked), epoch=epoch, step=step,
+                                        reason="; ".join(fired[name] for name in asked))
+        return self.stopped_by is not None
+
     def should_stop(self) -> bool:
-        """True once the run was cancelled or diverged: the trainer returns what it has."""
+        """True once the run was cancelled, diverged or stopped by a check: the trainer returns
+        what it has."""
         if not self.cancelled and self._reporter.should_stop():
             self.cancelled = True
-        return self.cancelled or self.diverged_at_step is not None
+        return self.stopped
 
     @property
     def stopped(self) -> bool:
-        return self.cancelled or self.diverged_at_step is not None
+        return (self.cancelled or self.diverged_at_step is not None
+                or self.stopped_by is not None)
 
     def _diverging(self, values: dict[str, float]) -> bool:
         value = values.get(self.divergence_metric) if self.divergence_metric else None
@@ -226,6 +247,8 @@ class TrainerBase(ABC):
     primary_metric: ClassVar[str]
     # A logged or final value of this metric that is NaN or infinite ends the run as diverged.
     divergence_metric: ClassVar[str | None] = "loss"
+    # The checks a run can stop on (reported through RunContext.checks_fired); none by default.
+    stop_checks: ClassVar[tuple[str, ...]] = ()
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = ()
     # Metrics with a known range, as (low, high): say (0, 1) for an accuracy. /stats keeps a
     # condition's mean interval within them.
@@ -243,13 +266,21 @@ class TrainerBase(ABC):
         return pick_device(getattr(config, "device", "cpu"))
 
     def run(self, config: Any, seed: int, reporter: Reporter, *,
-            threads: int | None = None, source_seeds: dict[str, int] | None = None
-            ) -> RunResult:
+            threads: int | None = None, source_seeds: dict[str, int] | None = None,
+            stop_on_checks: Collection[str] = ()) -> RunResult:
         """Set the run up, train, and package the result with its provenance.
 
         `threads`: torch's intra-op thread count for this run (the worker passes the run's
         CPUs); None keeps the process's current count. `source_seeds`: random sources pinned
-        to another seed than `seed` (a spec's seed_sources, a source decomposition's level)."""
+        to another seed than `seed` (a spec's seed_sources, a source decomposition's level).
+        `stop_on_checks`: the checks (of `stop_checks`) on which the run ends early; the
+        service refuses others in the spec, and a name this trainer does not declare is a
+        ValueError here too."""
+        unknown = sorted(set(stop_on_checks) - set(self.stop_checks))
+        if unknown:
+            raise ValueError(f"stop_on_checks: trainer {self.name!r} has no check "
+                             f"{', '.join(map(repr, unknown))}; it can stop on: "
+                             f"{', '.join(self.stop_checks) or 'none'}")
         device = self.device(config)
         # Same config and seed on the same CPU give identical metrics (DESIGN.md); on a GPU
         # the fast kernels are not all deterministic and the trainers do not ask them to be.
@@ -258,7 +289,8 @@ class TrainerBase(ABC):
             torch.set_num_threads(max(1, threads))
         context = RunContext(config=config, seed=seed, reporter=reporter, device=device,
                              sources=random_sources(seed, source_seeds),
-                             divergence_metric=self.divergence_metric)
+                             divergence_metric=self.divergence_metric,
+                             stop_on_checks=stop_on_checks)
         output = self.train(config, context)
         return self._result(context, output)
 
@@ -299,6 +331,9 @@ class TrainerBase(ABC):
             metrics = dict(run.last_finite)
             diagnostics["last_finite_step"] = run.last_finite_step
             diagnostics["diverged_at_step"] = diverged_at
+        stop = None if diverged or run.cancelled else run.stopped_by
+        if stop is not None:
+            diagnostics["stop"] = stop.as_dict()
         return RunResult(
             metrics=metrics,
             diagnostics=diagnostics,
@@ -307,4 +342,5 @@ class TrainerBase(ABC):
             finished=not run.cancelled,
             diverged=diverged,
             diverged_at_step=diverged_at,
+            stop=stop,
         )

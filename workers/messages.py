@@ -32,8 +32,9 @@ class MetricBatch:
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """How the run ended: completed, diverged (metrics are the last finite point's) or failed
-    (the trainer raised; `error` says what)."""
+    """How the run ended: completed, stopped (a check the spec asked to stop on fired: the
+    diagnostics' "stop" says which, at which epoch), diverged (metrics are the last finite
+    point's) or failed (the trainer raised; `error` says what)."""
 
     status: RunStatus
     metrics: dict[str, Any]

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
@@ -74,8 +74,10 @@ def _outcome(result: RunResult | None, error: BaseException | None,
         step = result.diverged_at_step
         where = f" at step {step}" if step is not None else ""
         error_text = f"non-finite {divergence_metric}{where}"
+    status = (RunStatus.diverged if result.diverged
+              else RunStatus.stopped if result.stop is not None else RunStatus.completed)
     return Result(
-        status=RunStatus.diverged if result.diverged else RunStatus.completed,
+        status=status,
         metrics=payload["metrics"],
         diagnostics=payload["diagnostics"],
         warnings=payload["warnings"],
@@ -96,10 +98,12 @@ def assigned_cpus() -> int | None:
 def execute(
     trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float,
     source_seeds: dict[str, int] | None = None,
+    stop_on_checks: Sequence[str] = (),
 ) -> Iterator[WorkerMessage]:
     """The body of the Ray task, usable without Ray (a plain generator). `source_seeds` pins
     random sources to other seeds (source name -> seed; checked by trainers.random_sources,
-    a bad one fails the run)."""
+    a bad one fails the run). `stop_on_checks`: the spec's checks on which the run ends early
+    (status `stopped`)."""
     context = ray.get_runtime_context() if ray.is_initialized() else None
     warm_up()  # before Started: a run counts as started when it can train at once
     yield Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
@@ -113,7 +117,8 @@ def execute(
         try:
             trainer = box["trainer"] = get_trainer(trainer_name)
             box["result"] = trainer.run(trainer.Config.model_validate(config), seed, reporter,
-                                        threads=assigned_cpus(), source_seeds=source_seeds)
+                                        threads=assigned_cpus(), source_seeds=source_seeds,
+                                        stop_on_checks=stop_on_checks)
         except BaseException as exc:  # noqa: BLE001 - every trainer failure becomes a failed run
             box["error"] = exc
         finally:
@@ -144,6 +149,8 @@ def execute(
 def run_task(
     trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float = 0.5,
     source_seeds: dict[str, int] | None = None,
+    stop_on_checks: Sequence[str] = (),
 ) -> Iterator[WorkerMessage]:
     """Ray streaming generator running one (condition, seed); the dispatcher does retries."""
-    yield from execute(trainer_name, config, seed, batch_interval_s, source_seeds)
+    yield from execute(trainer_name, config, seed, batch_interval_s, source_seeds,
+                       stop_on_checks)

@@ -27,6 +27,7 @@ def trainers() -> list[TrainerInfo]:
             diagnostics=list(t.diagnostics),
             primary_metric=t.primary_metric,
             reports=report_names(t),
+            stop_checks=list(t.stop_checks),
         )
         for t in REGISTRY.values()
     ]

@@ -11,8 +11,9 @@ import pytest
 
 from api_schemas import RunStatus
 from tests.conftest import Service
+from tests.trainers.test_feedback import RESMLP_D2, STUDENT_D1
 from trainers.feedback import decode_feedback
-from trainers.feedback.report import NO_FROZEN_AXIS, protocol_report
+from trainers.feedback.report import NO_FROZEN_AXIS, STOPPED_NO_D3, protocol_report
 from trainers.reports import ExperimentRecord, RunRecord
 
 VERDICT = re.compile(r"^(PASS|FAIL\((D1|D2|D3)(\+(D2|D3))*\))$")
@@ -145,6 +146,21 @@ def test_runs_without_protocol_diagnostics_and_unfinished_runs() -> None:
     assert run.checks["D1"].fired is None
     assert run.checks["D1"].reason == "the run stored no protocol diagnostics"
     assert run.verdict == "PASS" and run.verdict_checks == ["D3"]
+
+
+def test_a_stopped_run_is_audited_on_d1_and_d2_without_d3() -> None:
+    stop = {"checks": ["D2"], "epoch": 2, "step": 20, "reason": "D2 fired"}
+    runs = [_run(1, 0, 0.5, status="stopped", method="dfa", frozen_blocks=False,
+                 diagnostics={**_checks(d2=True), "stop": stop}),
+            _run(2, 0, 0.3, method="dfa", frozen_blocks=True),
+            _run(3, 1, 0.5, status="diverged", method="dfa", frozen_blocks=False)]
+    report = protocol_report(_experiment({"frozen_blocks": [False, True]}), runs)
+    assert (report.n_runs, report.n_completed, report.n_stopped) == (3, 1, 1)
+    run = {r.run_id: r for r in report.runs}[1]
+    assert run.status == RunStatus.stopped and run.verdict == "FAIL(D2)"
+    assert run.checks["D3"].fired is None and run.checks["D3"].reason == STOPPED_NO_D3
+    assert run.frozen_run_id is None and run.verdict_checks == ["D1", "D2"]
+    assert 3 not in {r.run_id for r in report.runs}
 
 
 def test_condition_summary_counts_verdicts_and_summarises_depth_utility() -> None:
@@ -281,3 +297,66 @@ def test_protocol_errors(service: Service) -> None:
         "grid": {"method": ["bp", "ep"]}, "seeds": 1})
     assert bad.status_code == 422
     assert bad.json()["detail"][0]["loc"] == ["body", "grid", "method", 1]
+
+
+def test_runs_stopped_by_their_checks_read_back_with_verdict_epoch_and_reason(
+        backend_service: Service) -> None:
+    """D2 on a ResMLP with its terminal LayerNorm on digits (D1 fires first but was not asked
+    for), D1 on StudentNet (where D2 never fires): each run ends `stopped` at the epoch its
+    check fired, and the API serves the stop, the verdict and the curves up to that epoch."""
+    service = backend_service
+    resmlp = service.submit({"name": "stop-on-d2", "trainer": "feedback", "config": RESMLP_D2,
+                             "seeds": 1, "stop_on_checks": ["D2"]})
+    student = service.submit({"name": "stop-on-d1", "trainer": "feedback",
+                              "config": STUDENT_D1, "seeds": 1,
+                              "stop_on_checks": ["D1", "D2"]})
+    for created, check, other in ((resmlp, "D2", "D1"), (student, "D1", "D2")):
+        detail = service.wait(created["id"], timeout_s=180)
+        assert detail["status"] == "completed", detail  # stopped as asked: not partial
+        assert detail["counts"]["stopped"] == 1 and detail["counts"]["completed"] == 0
+        (run,) = service.client.get(f"/experiments/{created['id']}/runs",
+                                    params={"status": "stopped"}).json()
+        stop = service.client.get(f"/runs/{run['id']}").json()["stop"]
+        assert stop == run["stop"] and stop["checks"] == [check] and run["error"] is None
+        protocol = run["diagnostics"]["protocol"]
+        assert protocol["checks"][check]["first_epoch"] == stop["epoch"] > 0
+        assert protocol["verdict"].startswith("FAIL(") and check in protocol["verdict"]
+        name = "ref_grad_norm" if check == "D2" else "residual_growth_max"
+        label = {"D1": "D1 scale stability", "D2": "D2 reference validity"}[check]
+        assert stop["reason"].startswith(f"{label} fired at epoch {stop['epoch']}: {name} ")
+        curve = service.client.get(f"/runs/{run['id']}/metrics", params={"name": name}).json()
+        assert [p["epoch"] for p in curve] == list(range(stop["epoch"] + 1))  # none after it
+        fired = [p["epoch"] for p in curve
+                 if (p["value"] < 1e-7 if check == "D2" else p["value"] > 50)]
+        assert fired[0] == stop["epoch"]
+        if check == "D1":  # StudentNet: D2 did not fire at any epoch up to the stop
+            assert protocol["checks"][other]["first_epoch"] is None
+        else:  # ResMLP: D1 fired at an earlier epoch without stopping the run
+            assert protocol["checks"][other]["first_epoch"] < stop["epoch"]
+        report = service.client.get(f"/experiments/{created['id']}/protocol").json()
+        assert (report["n_completed"], report["n_stopped"]) == (0, 1)
+        assert report["runs"][0]["status"] == "stopped"
+        assert report["runs"][0]["verdict"] == protocol["verdict"]
+        stats = service.client.get(f"/experiments/{created['id']}/stats").json()
+        assert stats["n_completed"] == 0  # a stopped run's final metric is not comparable
+        assert all(c["n"] == 0 for c in stats["conditions"])
+    # a trainer without checks, or a check the trainer cannot stop on: a 422 naming the field
+    for trainer, config, checks, message in (
+            ("collapse", {"n_samples": 16, "steps": 5}, ["D1"],
+             "trainer 'collapse' has no checks a run can stop on"),
+            ("feedback", {"arch": "studentnet"}, ["D1", "D3"],
+             "unknown check 'D3' of trainer 'feedback'; a run can stop on: D1, D2")):
+        bad = service.client.post("/experiments", json={
+            "name": "bad", "trainer": trainer, "config": config, "seeds": 1,
+            "stop_on_checks": checks})
+        assert bad.status_code == 422, bad.text
+        (error,) = bad.json()["detail"]
+        assert error["loc"] == ["body", "stop_on_checks", len(checks) - 1]
+        assert message in error["msg"]
+    repeated = service.client.post("/experiments", json={
+        "name": "bad", "trainer": "feedback", "seeds": 1, "stop_on_checks": ["D1", "D1"]})
+    assert repeated.status_code == 422
+    assert repeated.json()["detail"][0]["loc"] == ["body", "stop_on_checks"]
+    trainers = {t["name"]: t for t in service.client.get("/trainers").json()}
+    assert trainers["feedback"]["stop_checks"] == ["D1", "D2"]
+    assert trainers["collapse"]["stop_checks"] == []

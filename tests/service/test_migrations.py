@@ -327,6 +327,69 @@ def test_text_an_earlier_version_stored_unencodable_is_made_readable(database_ur
     assert runs.json()[0]["condition"] == {"loss": "mse\ufffd"}
 
 
+def _migrate(database_url: str, revision: str, *, down: bool = False) -> None:
+    engine = make_engine(database_url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        (command.downgrade if down else command.upgrade)(config, revision)
+    engine.dispose()
+
+
+def test_0004_counts_stopped_runs_and_its_downgrade_makes_them_failed(
+        database_url: str) -> None:
+    """0004 adds the experiment's runs_stopped (0 for a database 0003 kept); going back to
+    0003, which knows no `stopped`, a stopped run becomes failed with the reason, its count
+    and attempt move with it, and an experiment completed by stopped runs becomes partial."""
+    _migrate(database_url, "0003")
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at, runs_completed) VALUES ('e', "
+            "'feedback', '{}', 'test_accuracy', 'completed', 0, 1, 2, false, "
+            "'2026-01-01 00:00:00', 2)")
+        for seed in (0, 1):
+            connection.exec_driver_sql(
+                "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
+                "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
+                "metrics, diagnostics, warnings, provenance, created_at) SELECT id, '', '{}', "
+                f"{seed}, 'feedback', 'completed', 0, 1, 2, 1, 0, false, '{{}}', '{{}}', '[]', "
+                "'{}', '2026-01-01 00:00:00' FROM experiment")
+    engine.dispose()
+    assert upgrade_database(database_url) == SchemaUpgrade(before="0003", after=head_revision(),
+                                                           stamped=False)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        assert connection.exec_driver_sql(
+            "SELECT runs_completed, runs_stopped FROM experiment").all() == [(2, 0)]
+        # what 0004's service writes when seed 1 stops on its check
+        connection.exec_driver_sql("UPDATE run SET status = 'stopped' WHERE seed = 1")
+        connection.exec_driver_sql(
+            "UPDATE experiment SET runs_completed = 1, runs_stopped = 1")
+        connection.exec_driver_sql(
+            "INSERT INTO runattempt (run_id, attempt, outcome, started_at) SELECT id, 1, "
+            "'stopped', '2026-01-01 00:00:00' FROM run WHERE seed = 1")
+    engine.dispose()
+    _migrate(database_url, "0003", down=True)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        assert connection.exec_driver_sql(
+            "SELECT status, runs_completed, runs_failed FROM experiment").all() == [
+            ("partial", 1, 1)]
+        assert connection.exec_driver_sql(
+            "SELECT seed, status, error FROM run ORDER BY seed").all() == [
+            (0, "completed", None),
+            (1, "failed", "stopped early by a check its spec asked to stop on (status "
+                          "'stopped')")]
+        assert connection.exec_driver_sql("SELECT outcome FROM runattempt").all() == [
+            ("failed",)]
+    engine.dispose()
+    upgrade_database(database_url)
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
 def seedgrid(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sqlmodel import Session, select
 
-from api_schemas import ExperimentSpec, ExperimentStatus, RunStatus
+from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunStatus
 from service.db import AttemptOutcome, Experiment, Run, RunAttempt, make_engine, upgrade_database
-from service.experiments import create_experiment
+from service.experiments import Conflict, cancel_experiment, create_experiment
 from service.run_store import (
     AttemptKey,
     FinishedAttempt,
     RunStore,
     StartedAttempt,
     experiment_counts,
+    experiment_status,
     recount,
     retry_decision,
 )
@@ -124,7 +126,8 @@ def test_every_state_change_keeps_the_experiment_counts(session: Session) -> Non
     experiment = assert_counts_kept(session, experiment_id)
     assert experiment.finished_at is not None
     assert experiment_counts(experiment).model_dump() == {
-        "queued": 0, "running": 0, "completed": 1, "failed": 2, "diverged": 1, "cancelled": 2}
+        "queued": 0, "running": 0, "completed": 1, "failed": 2, "diverged": 1, "cancelled": 2,
+        "stopped": 0}
 
 
 def test_orphans_are_lost_and_unstarted_attempts_are_not_charged(session: Session) -> None:
@@ -141,6 +144,105 @@ def test_orphans_are_lost_and_unstarted_attempts_are_not_charged(session: Sessio
     assert session.get(Run, 1).status == RunStatus.failed  # type: ignore[union-attr]
     assert session.get(Run, 2).status == RunStatus.queued  # type: ignore[union-attr]
     assert_counts_kept(session, experiment_id)
+
+
+@pytest.fixture
+def backend_session(backend: str, tmp_path: Path,
+                    request: pytest.FixtureRequest) -> Iterator[Session]:
+    """A session on a migrated SQLite file or a fresh PostgreSQL database."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        url = request.getfixturevalue("pg_databases").url()
+    upgrade_database(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        yield session
+    engine.dispose()
+
+
+def stopping_experiment(session: Session, seeds: int) -> int:
+    """A feedback experiment whose runs stop on D2 (the store does not run them)."""
+    spec = ExperimentSpec.model_validate({
+        "name": "stops", "trainer": "feedback", "seeds": seeds, "stop_on_checks": ["D2"],
+        "config": {"arch": "studentnet", "width": 8, "depth": 1, "epochs": 1}})
+    experiment = create_experiment(session=session, spec=spec,
+                                   settings=Settings(database_url="sqlite://"))
+    assert experiment.id is not None
+    return experiment.id
+
+
+STOP = {"checks": ["D2"], "epoch": 3, "step": 30,
+        "reason": "D2 reference validity fired at epoch 3: ref_grad_norm 4e-08 < 1e-07"}
+
+
+def test_a_stopped_run_is_counted_ended_and_its_experiment_completes(
+        backend_session: Session) -> None:
+    session = backend_session
+    experiment_id = stopping_experiment(session, seeds=3)
+    assert session.get(Experiment, experiment_id).spec["stop_on_checks"] == ["D2"]  # type: ignore[union-attr]
+    store = RunStore(session)
+    assert store.specs([experiment_id])[experiment_id]["stop_on_checks"] == ["D2"]
+    keys = [AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
+            for c in store.claim(3)]
+    store.commit()
+    stopped = FinishedAttempt(key=keys[0], status=RunStatus.stopped,
+                              metrics={"test_accuracy": 0.5},
+                              diagnostics={"stop": STOP, "protocol": {"verdict": "FAIL(D2)"}},
+                              warnings=[], provenance={}, error=None)
+    store.finish([stopped, finished(keys[1], RunStatus.completed, {"test_accuracy": 0.9})])
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_stopped, experiment.runs_completed, experiment.runs_running) == (
+        1, 1, 1)
+    assert experiment.status == ExperimentStatus.running and experiment.finished_at is None
+    store.finish([replace(stopped, key=keys[2])])
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert experiment_counts(experiment).model_dump() == {
+        "queued": 0, "running": 0, "completed": 1, "failed": 0, "diverged": 0, "cancelled": 0,
+        "stopped": 2}
+    # the runs ended as the spec asked: completed, not partial
+    assert experiment.status == ExperimentStatus.completed and experiment.finished_at is not None
+    run = session.get(Run, keys[0].run_id)
+    assert run is not None and run.status == RunStatus.stopped and run.error is None
+    assert run.diagnostics["stop"] == STOP and run.metrics == {"test_accuracy": 0.5}
+    outcomes = dict(session.exec(select(RunAttempt.run_id, RunAttempt.outcome)).all())
+    assert outcomes == {keys[0].run_id: AttemptOutcome.stopped,
+                        keys[1].run_id: AttemptOutcome.completed,
+                        keys[2].run_id: AttemptOutcome.stopped}
+    # an ended experiment cannot be cancelled
+    with pytest.raises(Conflict, match="already ended"):
+        cancel_experiment(session=session, experiment_id=experiment_id)
+
+
+def test_stopped_beside_a_failed_run_is_partial(backend_session: Session) -> None:
+    session = backend_session
+    experiment_id = stopping_experiment(session, seeds=2)
+    store = RunStore(session)
+    first, second = (AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
+                     for c in store.claim(2))
+    store.finish([FinishedAttempt(key=first, status=RunStatus.stopped, metrics={},
+                                  diagnostics={"stop": STOP}, warnings=[], provenance={},
+                                  error=None)])
+    store.fail(second, "its results could not be stored")
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_stopped, experiment.runs_failed) == (1, 1)
+    assert experiment.status == ExperimentStatus.partial
+
+
+@pytest.mark.parametrize(("counts", "expected"), [
+    ({"completed": 2, "stopped": 2}, ExperimentStatus.completed),
+    ({"stopped": 4}, ExperimentStatus.completed),
+    ({"completed": 2, "stopped": 1, "diverged": 1}, ExperimentStatus.partial),
+    ({"stopped": 1, "queued": 3}, ExperimentStatus.running),
+    ({"queued": 4}, ExperimentStatus.queued),
+])
+def test_experiment_status_counts_stopped_runs_as_ended_as_asked(
+        counts: dict[str, int], expected: ExperimentStatus) -> None:
+    assert experiment_status(cancel_requested=False, n_runs=4,
+                             counts=ExperimentCounts(**counts)) == expected
 
 
 def test_only_the_runs_store_assigns_a_run_status() -> None:

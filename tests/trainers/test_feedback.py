@@ -376,6 +376,99 @@ def test_a_non_finite_training_loss_ends_the_run_as_diverged_at_the_last_finite_
     assert result.metrics["loss"] == losses[-2][1]
 
 
+# ---------------------------------------------------------------------------------------------
+# early stop on a check (a spec's stop_on_checks)
+
+# DFA with a large step on digits: the terminal LayerNorm turns the exploding residual stream
+# into a vanishing reference gradient. Measured (seed 0, one thread): rho passes 50 at epoch 4
+# (66), ||g_L|| falls below 1e-7 at epoch 5 (4.8e-8, 2.1e-7 at epoch 4).
+RESMLP_D2 = {**DIGITS_MLP, "method": "dfa", "lr": 0.1, "epochs": 6}
+# DFA on StudentNet, which has no terminal LayerNorm: rho passes 50 at epoch 11 (53.6) while
+# ||g_L|| stays >= 4.8e-5 over the 15 epochs (seed 0, one thread).
+STUDENT_D1 = dict(arch="studentnet", method="dfa", width=64, depth=4, student_input_dim=6,
+                  teacher_gain=6.0, student_train_size=1000, student_test_size=500,
+                  eval_batch_size=256, batch_size=64, epochs=15, lr=0.02, embed_credit="none",
+                  device="cpu")
+
+
+def _per_epoch(reporter: MemoryReporter, name: str) -> list[float]:
+    """A metric's value at each audited epoch (0 = initialisation), in epoch order."""
+    values = {e: v for _, e, n, v in reporter.points if n == name}
+    return [values[e] for e in sorted(values)]
+
+
+def _comparable(points: list[tuple[int, int | None, str, float]], last_epoch: int
+                ) -> list[tuple[int, int | None, str, float | None]]:
+    """The points up to `last_epoch`, nan as None (D2 makes the cosines nan, and nan != nan)."""
+    return [(s, e, n, None if math.isnan(v) else v) for s, e, n, v in points
+            if e is not None and e <= last_epoch]
+
+
+def _stopped_against_full(config: FeedbackConfig, stop_on: list[str]):
+    """The run stopped on `stop_on` and the same run trained to the end without stopping."""
+    trainer = get_trainer("feedback")
+    full, stopped = MemoryReporter(), MemoryReporter()
+    full_result = trainer.run(config, 0, full, threads=1)
+    stopped_result = trainer.run(config, 0, stopped, threads=1, stop_on_checks=stop_on)
+    return full, full_result, stopped, stopped_result
+
+
+def test_resmlp_dfa_on_digits_stops_at_the_epoch_d2_fires() -> None:
+    config = FeedbackConfig(**RESMLP_D2)
+    full, full_result, stopped, result = _stopped_against_full(config, ["D2"])
+    assert full_result.stop is None and full_result.diagnostics["epochs_run"] == config.epochs
+    rho, ref = _per_epoch(full, "residual_growth_max"), _per_epoch(full, "ref_grad_norm")
+    d1_epoch = next(e for e, v in enumerate(rho) if v > config.scale_growth_threshold)
+    d2_epoch = next(e for e, v in enumerate(ref) if v < config.ref_grad_floor)
+    assert d1_epoch < d2_epoch < config.epochs  # D1 fired first, but only D2 was asked for
+    assert result.stop is not None and result.finished and not result.diverged
+    assert (result.stop.checks, result.stop.epoch) == (("D2",), d2_epoch)
+    assert result.stop.reason.startswith(f"D2 reference validity fired at epoch {d2_epoch}: "
+                                         "ref_grad_norm ")
+    # the run is the full one cut at that epoch: same curves, nothing logged after it
+    assert _comparable(stopped.points, d2_epoch) == _comparable(full.points, d2_epoch)
+    assert len(stopped.points) == len(_comparable(full.points, d2_epoch))
+    assert result.diagnostics["epochs_run"] == d2_epoch
+    assert result.stop.step == result.diagnostics["optimizer_steps"] == max(
+        s for s, _, _, _ in stopped.points)
+    assert result.diagnostics["stop"] == result.stop.as_dict()
+    protocol = result.diagnostics["protocol"]
+    assert protocol["verdict"] == "FAIL(D1+D2)"
+    assert (protocol["checks"]["D1"]["first_epoch"],
+            protocol["checks"]["D2"]["first_epoch"]) == (d1_epoch, d2_epoch)
+    assert result.metrics["test_accuracy"] == _per_epoch(full, "test_accuracy")[d2_epoch]
+    assert result.metrics["ref_grad_norm"] == ref[d2_epoch]
+
+
+def test_studentnet_dfa_stops_on_d1_and_d2_never_fires() -> None:
+    config = FeedbackConfig(**STUDENT_D1)
+    full, full_result, stopped, result = _stopped_against_full(config, ["D1", "D2"])
+    ref = _per_epoch(full, "ref_grad_norm")
+    assert len(ref) == config.epochs + 1 and min(ref) >= config.ref_grad_floor  # D2: never
+    assert full_result.diagnostics["protocol"]["checks"]["D2"]["first_epoch"] is None
+    rho = _per_epoch(full, "residual_growth_max")
+    d1_epoch = next(e for e, v in enumerate(rho) if v > config.scale_growth_threshold)
+    assert 0 < d1_epoch < config.epochs
+    assert result.stop is not None
+    assert (result.stop.checks, result.stop.epoch) == (("D1",), d1_epoch)
+    assert result.stop.reason == (
+        f"D1 scale stability fired at epoch {d1_epoch}: residual_growth_max "
+        f"{rho[d1_epoch]:.4g} > 50")
+    assert stopped.points == [p for p in full.points if p[1] <= d1_epoch]  # no D2: no nan
+    assert result.diagnostics["protocol"]["verdict"] == "FAIL(D1)"
+
+
+def test_a_check_firing_at_initialisation_stops_before_any_step() -> None:
+    config = FeedbackConfig(**{**STUDENT, "scale_growth_threshold": 1e-3})
+    reporter = MemoryReporter()
+    result = get_trainer("feedback").run(config, 0, reporter, threads=1,
+                                         stop_on_checks=["D1"])
+    assert result.stop is not None and result.stop.epoch == 0 and result.stop.step == 0
+    assert result.diagnostics["optimizer_steps"] == 0 == result.diagnostics["epochs_run"]
+    assert {e for _, e, _, _ in reporter.points} == {0}
+    assert "test_accuracy" in result.metrics
+
+
 def test_config_errors_name_the_field() -> None:
     with pytest.raises(pydantic.ValidationError, match="method"):
         FeedbackConfig(method="sgd")

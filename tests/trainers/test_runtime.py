@@ -15,17 +15,18 @@ import pytest
 import torch
 
 from tests.e2e.toy_trainer import ToyTrainer
-from trainers.base import MemoryReporter, NullReporter
+from trainers.base import CheckStop, MemoryReporter, NullReporter
 from trainers.random_sources import SOURCES, random_sources
 from trainers.runtime import RunContext, TrainOutput, git_commit, seedgrid_version, source_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def context(reporter: object, metric: str | None = "loss") -> RunContext:
+def context(reporter: object, metric: str | None = "loss",
+            stop_on_checks: tuple[str, ...] = ()) -> RunContext:
     return RunContext(config=ToyTrainer.Config(), seed=0, reporter=reporter,  # type: ignore[arg-type]
                       device=torch.device("cpu"), sources=random_sources(0),
-                      divergence_metric=metric)
+                      divergence_metric=metric, stop_on_checks=stop_on_checks)
 
 
 def test_divergence_is_the_declared_metric_turning_non_finite_once() -> None:
@@ -52,6 +53,43 @@ def test_a_cancel_is_seen_by_should_stop_and_log() -> None:
 
     run = context(Cancelled())
     assert run.should_stop() and run.cancelled and run.log(0, {"loss": 1.0})
+
+
+def test_a_fired_check_stops_the_run_only_when_the_spec_asked_for_it() -> None:
+    run = context(NullReporter(), stop_on_checks=("D2",))
+    assert not run.checks_fired({"D1": "D1 fired"}, step=10, epoch=1)  # not asked for
+    assert not run.should_stop() and run.stopped_by is None
+    assert run.checks_fired({"D1": "D1 fired", "D2": "D2 fired"}, step=20, epoch=2)
+    assert run.should_stop() and run.log(21, {"loss": 1.0}) and not run.cancelled
+    assert run.stopped_by == CheckStop(checks=("D2",), epoch=2, step=20, reason="D2 fired")
+    run.checks_fired({"D2": "again"}, step=30, epoch=3)  # the first stop is the one kept
+    assert run.stopped_by.epoch == 2  # type: ignore[union-attr]
+    both = context(NullReporter(), stop_on_checks=("D1", "D2"))
+    assert both.checks_fired({"D1": "a", "D2": "b"}, step=0, epoch=0)
+    assert both.stopped_by == CheckStop(checks=("D1", "D2"), epoch=0, step=0, reason="a; b")
+
+
+def test_a_cancelled_or_diverged_run_is_not_stopped_by_a_check() -> None:
+    class Cancelled(MemoryReporter):
+        def should_stop(self) -> bool:
+            return True
+
+    cancelled = context(Cancelled(), stop_on_checks=("D1",))
+    assert cancelled.should_stop()
+    cancelled.checks_fired({"D1": "fired"}, step=1, epoch=1)
+    assert cancelled.stopped_by is None
+    diverged = context(NullReporter(), stop_on_checks=("D1",))
+    assert diverged.log(0, {"loss": float("nan")})
+    diverged.checks_fired({"D1": "fired"}, step=0, epoch=0)
+    assert diverged.stopped_by is None
+
+
+def test_stop_on_checks_the_trainer_does_not_declare_are_refused() -> None:
+    trainer = ToyTrainer()
+    with pytest.raises(ValueError, match="stop_on_checks: trainer 'toy' has no check 'D1'; "
+                                         "it can stop on: none"):
+        trainer.run(trainer.Config(steps=5), 0, NullReporter(), stop_on_checks=["D1"])
+    assert trainer.run(trainer.Config(steps=5), 0, NullReporter()).stop is None
 
 
 def test_a_run_that_diverges_returns_its_last_finite_metrics() -> None:

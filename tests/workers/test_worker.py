@@ -39,6 +39,27 @@ def test_divergence_stops_the_trainer_and_keeps_the_last_finite_metrics() -> Non
     assert all(v is None or v == v for v in result.metrics.values())
 
 
+def test_a_run_stopped_by_its_check_ends_stopped_with_the_stop_in_its_diagnostics() -> None:
+    # D1 at a threshold of 1e-3 fires when the initialisation is audited (epoch 0)
+    config = {"arch": "studentnet", "width": 8, "depth": 2, "epochs": 3, "student_input_dim": 4,
+              "student_train_size": 64, "student_test_size": 32, "eval_batch_size": 32,
+              "scale_growth_threshold": 1e-3, "device": "cpu"}
+    result = list(execute("feedback", config, seed=0, batch_interval_s=0.01,
+                          stop_on_checks=["D1"]))[-1]
+    assert isinstance(result, Result) and result.status == RunStatus.stopped
+    assert result.error is None
+    assert result.diagnostics["stop"]["checks"] == ["D1"]
+    assert result.diagnostics["stop"]["epoch"] == 0
+    assert result.diagnostics["protocol"]["verdict"] == "FAIL(D1)"
+    unasked = list(execute("feedback", config, seed=0, batch_interval_s=0.01))[-1]
+    assert unasked.status == RunStatus.completed and "stop" not in unasked.diagnostics
+    assert unasked.diagnostics["epochs_run"] == 3
+    refused = list(execute("collapse", {"steps": 5}, seed=0, batch_interval_s=0.01,
+                           stop_on_checks=["D1"]))[-1]
+    assert refused.status == RunStatus.failed
+    assert "stop_on_checks: trainer 'collapse' has no check 'D1'" in refused.error
+
+
 def test_reporter_drops_nothing_and_keeps_the_last_finite_point() -> None:
     reporter = StreamingReporter()
     reporter.log(0, {"loss": 1.0, "acc": 0.5})

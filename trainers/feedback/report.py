@@ -21,6 +21,10 @@ NO_FROZEN_AXIS = (
     "the frozen-block run (frozen_blocks: true) of the same condition and seed; add "
     "frozen_blocks: [false, true] to the grid"
 )
+STOPPED_NO_D3 = (
+    "this run was stopped early on a check (stop_on_checks): its accuracy is that of the epoch "
+    "it stopped at, not a final one to compare with its frozen-block run"
+)
 # Config fields a frozen-block run does not use (its blocks follow no credit rule): a run is
 # paired with the frozen run whose condition differs only in these.
 BASELINE_IGNORES = ("method", "penalty", "fa_top_credit", "fa_skip", "vit_credit_tokens",
@@ -45,6 +49,9 @@ class RunProtocol(BaseModel):
     condition: dict[str, GridValue]
     condition_key: str
     seed: int
+    # completed, or stopped (ended early on a check its spec asked to stop on: its D1 and D2
+    # are those of the epoch it stopped at, and it has no D3)
+    status: RunStatus = RunStatus.completed
     frozen_blocks: bool
     test_accuracy: float | None
     # D1, D2, D3
@@ -77,7 +84,10 @@ class ProtocolReport(BaseModel):
     experiment_id: int
     trainer: str
     n_runs: int
-    n_completed: int  # only completed runs are audited
+    # Completed and stopped runs are audited; the others (queued, running, failed, diverged,
+    # cancelled) are not.
+    n_completed: int
+    n_stopped: int = 0
     # D3 needs a frozen_blocks axis in the grid; null reason when it has one.
     frozen_axis: bool
     d3_reason: str | None
@@ -86,19 +96,21 @@ class ProtocolReport(BaseModel):
 
 
 def protocol_report(experiment: ExperimentRecord, runs: Sequence[RunRecord]) -> ProtocolReport:
-    """Every completed run's checks and verdict, and a summary per condition. A run's baseline
-    is the frozen run of the same seed whose condition equals the run's on every grid axis
-    outside BASELINE_IGNORES (the one that also matches on those when there is one)."""
+    """Every completed or stopped run's checks and verdict, and a summary per condition. A
+    run's baseline is the frozen run of the same seed whose condition equals the run's on every
+    grid axis outside BASELINE_IGNORES (the one that also matches on those when there is
+    one)."""
     frozen_axis = FROZEN_AXIS in experiment.grid
     ignores = set(BASELINE_IGNORES) | {FROZEN_AXIS}
-    completed = [r for r in runs if r.status == RunStatus.completed]
+    ended = [r for r in runs if r.status in (RunStatus.completed, RunStatus.stopped)]
     baselines = FrozenRuns(runs, ignores)
-    audited = [run_protocol(r, baselines, frozen_axis=frozen_axis) for r in completed]
+    audited = [run_protocol(r, baselines, frozen_axis=frozen_axis) for r in ended]
     return ProtocolReport(
         experiment_id=experiment.id,
         trainer=experiment.trainer,
         n_runs=len(runs),
-        n_completed=len(completed),
+        n_completed=sum(1 for r in ended if r.status == RunStatus.completed),
+        n_stopped=sum(1 for r in ended if r.status == RunStatus.stopped),
         frozen_axis=frozen_axis,
         d3_reason=None if frozen_axis else NO_FROZEN_AXIS,
         runs=audited,
@@ -108,9 +120,9 @@ def protocol_report(experiment: ExperimentRecord, runs: Sequence[RunRecord]) -> 
 
 PROTOCOL_REPORT = CrossRunReport(
     name="protocol",
-    description="The audit protocol of every completed run (D1 scale stability, D2 reference "
-                "validity, D3 depth utility against its frozen-block run) and its verdict, with "
-                "a summary per condition.",
+    description="The audit protocol of every completed or stopped run (D1 scale stability, "
+                "D2 reference validity, D3 depth utility against its frozen-block run) and its "
+                "verdict, with a summary per condition.",
     response_model=ProtocolReport,
     build=protocol_report,
 )
@@ -131,6 +143,8 @@ def run_protocol(run: RunRecord, baselines: FrozenRuns, *, frozen_axis: bool) ->
         reason: str | None = NO_FROZEN_AXIS
     elif frozen:
         reason = "this run is a frozen-block baseline"
+    elif run.status == RunStatus.stopped:
+        reason = STOPPED_NO_D3
     else:
         baseline, reason = baselines.find(run)
         frozen_accuracy = _number(baseline.metrics.get("test_accuracy")) if baseline else None
@@ -150,6 +164,7 @@ def run_protocol(run: RunRecord, baselines: FrozenRuns, *, frozen_axis: bool) ->
         condition=dict(run.condition),
         condition_key=run.condition_key,
         seed=run.seed,
+        status=run.status,
         frozen_blocks=frozen,
         test_accuracy=accuracy,
         checks={"D1": d1, "D2": d2, "D3": d3},

@@ -316,6 +316,8 @@ class FeedbackTrainer(TrainerBase):
     # The epoch's training CE: an overflowing residual stream reaches it as NaN through the
     # terminal norm, while a large but finite one is D1's finding, not a divergence.
     divergence_metric: ClassVar[str] = "loss"
+    # D1 and D2 are judged per epoch on the run's own model; D3 needs the frozen-block run.
+    stop_checks: ClassVar[tuple[str, ...]] = ("D1", "D2")
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = (PROTOCOL_REPORT,)
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
         "test_accuracy": (0.0, 1.0), "train_accuracy": (0.0, 1.0)}
@@ -374,7 +376,9 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     """Build the task (failing before training if data is missing), the model and the
     feedback matrices, train, and audit every epoch (epoch 0 is the initialisation). Every
     optimisation step and every test batch checks the run's stop; an epoch cut short is
-    neither audited nor logged, so the result is the last whole epoch's."""
+    neither audited nor logged, so the result is the last whole epoch's. A check the spec
+    asked to stop on (D1, D2) that fires at an epoch's audit ends the run after that epoch is
+    logged: its result is then that epoch's, with the verdict of that model."""
     task = load_task(config, run.sources, run.device)
     model = build_model(config, task.input_shape, task.num_classes, run.sources.init)
     model = model.to(run.device)
@@ -394,6 +398,8 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     accuracy = test_accuracy(model, task, run.should_stop)
     if accuracy is not None:
         run.log(0, {**snapshots[0].metrics(), "test_accuracy": accuracy}, epoch=0)
+        # a stop asked for here ends the run before its first step (should_stop() below)
+        report_fired_checks(run, snapshots[0], config, step=0, epoch=0)
     last: dict[str, float] = {}
     step, started = 0, time.perf_counter()
     for epoch in range(1, config.epochs + 1):
@@ -433,6 +439,8 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
         }
         if run.log(step, last, epoch=epoch):
             break
+        if report_fired_checks(run, snapshot, config, step=step, epoch=epoch):
+            break
     train_time_s = time.perf_counter() - started
     final = snapshots[-1]
     metrics = {**last, **final.metrics()}
@@ -453,6 +461,20 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     output = TrainOutput(metrics=metrics, diagnostics=diagnostics,
                          warnings=protocol_warnings(final, config))
     return TrainedNetwork(model=model, matrices=matrices, output=output)
+
+
+def report_fired_checks(run: RunContext, snapshot: Snapshot, config: FeedbackConfig, *,
+                        step: int, epoch: int) -> bool:
+    """Tell the run which of D1 and D2 fired at this epoch's audit; True when it must stop
+    (the spec asked to stop on one of them)."""
+    fired = {}
+    if snapshot.d1_fired:
+        fired["D1"] = (f"D1 scale stability fired at epoch {epoch}: residual_growth_max "
+                       f"{snapshot.rho:.4g} > {config.scale_growth_threshold:g}")
+    if snapshot.d2_fired:
+        fired["D2"] = (f"D2 reference validity fired at epoch {epoch}: ref_grad_norm "
+                       f"{snapshot.ref_grad_norm:.4g} < {config.ref_grad_floor:g}")
+    return bool(fired) and run.checks_fired(fired, step=step, epoch=epoch)
 
 
 def protocol_summary(snapshots: list[Snapshot], config: FeedbackConfig, method: str
