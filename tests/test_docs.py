@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from service.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 # Directories that hold no repository content (environments, caches, build outputs).
 NOT_CONTENT = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache",
@@ -138,3 +140,12 @@ def test_the_link_checker_finds_what_it_must() -> None:
                            "### `GET /experiments/{id}/stats`\n## Twice\n## Twice\n") == {
         "cff-and-the-dataset-layer", "4-the-protocol", "get-experimentsidstats", "twice",
         "twice-1"}
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    """The README's "Configuration" table is where users look for a setting: each field of
+    service.settings.Settings must appear there under its environment variable."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    undocumented = [f"SEEDGRID_{name.upper()}" for name in Settings.model_fields
+                    if f"`SEEDGRID_{name.upper()}`" not in readme]
+    assert not undocumented, f"settings missing from README.md: {', '.join(undocumented)}"
