@@ -1,4 +1,4 @@
-"""Pydantic models of seedgrid's REST contract (v1, see DESIGN.md).
+"""Pydantic models of seedgrid's REST contract (v1, see docs/api.md).
 
 This package imports nothing of seedgrid's: the service, the workers, the command line and
 any client can share it.
@@ -83,7 +83,7 @@ GridKey = Annotated[str, Field(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)
 GridLevel = (bool | int | float
              | Annotated[str, Field(max_length=MAX_LEVEL_LENGTH, pattern=STORABLE_TEXT)] | None)
 
-# The named random sources a run's seed drives (DESIGN.md "Random sources"); the trainers'
+# The named random sources a run's seed drives (docs/architecture.md); the trainers'
 # generators (trainers.random_sources) are made for exactly these.
 RANDOM_SOURCES = ("init", "data", "augment", "evaluate")
 RandomSource = Literal["init", "data", "augment", "evaluate"]

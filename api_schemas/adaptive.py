@@ -1,5 +1,5 @@
 """Models of seeds in rounds: an adaptive spec, the record of its looks, and seeds added by hand
-(DESIGN.md "Statistics, beyond pairwise tests").
+(docs/architecture.md "Statistics").
 
 An adaptive experiment runs `min_seeds` seeds per condition, then looks at one named comparison
 and adds `step` seeds per condition until that comparison's interval excludes its null value

@@ -1,6 +1,6 @@
 """Holm-adjusted p-values over whole families of comparisons, whichever page is served.
 
-The families (DESIGN.md's "how sure" question; issue 14, item 2):
+The families (docs/architecture.md "Statistics"; issue 14, item 2):
 - per factor: every comparison of that factor, that is every pair of its levels, pooled and
   within each combination of the other factors (ComparisonPlan.count(factor) of them);
 - across all: every comparison of the experiment, every factor's.

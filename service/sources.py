@@ -1,6 +1,6 @@
 """Random sources in a spec, and where the seed variance comes from (issue 14, item 5).
 
-A run's seed drives named random sources (DESIGN.md "Random sources"): `init`, `data`,
+A run's seed drives named random sources (docs/architecture.md "Random sources"): `init`, `data`,
 `augment`, and `evaluate` (evaluation only). A spec can
 
 - pin sources (`seed_sources`, say {"data": 0}): every run takes those sources from the given

@@ -1,4 +1,4 @@
-"""Per-condition summaries and variance comparisons, all from scipy.stats (DESIGN.md).
+"""Per-condition summaries and variance comparisons, all from scipy.stats (docs/api.md).
 
 For every grid factor and every pair of its levels (a, b), values of the metric are compared
 once pooled over every other factor and once within each combination of the other factors:

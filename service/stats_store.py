@@ -1,6 +1,6 @@
 """The variance statistics of an experiment as the API serves them: one page at a time, stored
 in the database per experiment, metric and page, and recomputed only when the number of
-completed runs changed since they were stored (DESIGN.md, data flow step 5). Every API replica
+completed runs changed since they were stored (docs/architecture.md, data flow). Every API replica
 then serves the same stored result, and it survives restarts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Independent scipy computations of the statistics DESIGN.md specifies, for the tests."""
+"""Independent scipy computations of the statistics docs/api.md specifies, for the tests."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`collapse`: the minimal model of representation collapse (paper 004, arXiv:2604.09979).
 
-Specification: shared/papers/minimal-collapse.md. The model is seedgrid's reconstruction of the
+Specification: docs/papers/collapse.md. The model is seedgrid's reconstruction of the
 paper's stated properties (its equations are not published): free sample embeddings x_i and
 label embeddings y_c trained by full-batch gradient descent on
 

@@ -1,4 +1,4 @@
-"""The one place that turns a run's seed into random generators (DESIGN.md "Random sources").
+"""The one place that turns a run's seed into random generators (docs/architecture.md).
 
 Each source of seed-to-seed variance gets its own named generator so that a user can hold one
 fixed and vary another: `init` (parameters, fixed random matrices), `data` (splits, subsampling,

@@ -282,7 +282,7 @@ class TrainerBase(ABC):
                              f"{', '.join(map(repr, unknown))}; it can stop on: "
                              f"{', '.join(self.stop_checks) or 'none'}")
         device = self.device(config)
-        # Same config and seed on the same CPU give identical metrics (DESIGN.md); on a GPU
+        # Same config and seed on one CPU: identical metrics (docs/architecture.md); on a GPU
         # the fast kernels are not all deterministic and the trainers do not ask them to be.
         torch.use_deterministic_algorithms(device.type == "cpu")
         if threads is not None:

@@ -1,4 +1,4 @@
-"""`ssl_sim`: the two simulations of paper 001 (shared/papers/ssl-embedding-norms.md §2.5).
+"""`ssl_sim`: the two simulations of paper 001 (docs/papers/ssl.md §2.5).
 
 A trainer of its own rather than a mode of `ssl`: the simulations share no config, model or
 metric with image SSL training, and a separate name keeps both configs strict and short.

@@ -1,4 +1,4 @@
-"""service.stats against independent scipy computations and the grid structure of DESIGN.md."""
+"""service.stats against independent scipy computations and the grid structure of docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`cff`: margin clamping in Contrastive Forward-Forward (paper 000, arXiv:2603.00951).
 
-Specification: shared/papers/cff-margin-clamping.md. A ViT is trained layer-locally: every layer
+Specification: docs/papers/cff.md. A ViT is trained layer-locally: every layer
 has its own AdamW and its own supervised contrastive loss on its token mean, and its input is
 detached from the layer below. The positive-pair margin m_l is either clamped into the cosine,
 min(s + m, 1) (CFF's code: saturated pairs get zero gradient), subtracted after the

@@ -1,7 +1,7 @@
 """`feedback`: auditing BP, feedback alignment and direct feedback alignment (paper 002,
 arXiv:2606.21126).
 
-Specification: shared/papers/feedback-alignment-audit.md. BP, FA and DFA train residual networks
+Specification: docs/papers/feedback.md. BP, FA and DFA train residual networks
 (ResMLP and ViT-Mini with a terminal LayerNorm, StudentNet without) in one local-loss form and
 differ only in the credit a_l each block receives. Every epoch the trainer audits the model on a
 fixed evaluation batch: per-layer norms ||h_l||, the largest block amplification rho (D1),

@@ -3,7 +3,7 @@ with the targets taken from the EMA target network.
 
 Grill et al., Bootstrap Your Own Latent, NeurIPS 2020 (arXiv:2006.07733); the official code of
 Draganov et al., ICML 2025 (arXiv:2502.09252) calls `symmetric_attractive_loss` for BYOL too;
-spec shared/papers/ssl-embedding-norms.md section 2.1. BYOL's own normalised MSE,
+spec docs/papers/ssl.md section 2.1. BYOL's own normalised MSE,
 sum over both directions of (1/B) sum_i ||p_i/||p_i|| - z'_i/||z'_i||||^2 = 4 - 2(mean cos +
 mean cos), is 4 + 4 t L: the same minimiser, and gradients 4 t times these.
 """

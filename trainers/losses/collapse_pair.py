@@ -1,5 +1,5 @@
 """The label-weighted pair loss of the minimal collapse model (paper 004, arXiv:2604.09979;
-shared/papers/minimal-collapse.md section 2.1) and its closed-form mse gradients (section 2.5).
+docs/papers/collapse.md section 2.1) and its closed-form mse gradients (section 2.5).
 
 The model is seedgrid's reconstruction (the paper's equations are not published): sample
 predictions pred_i are pulled towards the label embeddings y_c with weights p_ic, the rows of the

@@ -2,7 +2,7 @@
 
 Draganov et al., On the Importance of Embedding Norms in Self-Supervised Learning, ICML 2025
 (arXiv:2502.09252), official notebook Simulations.ipynb; spec
-shared/papers/ssl-embedding-norms.md section 2.5.
+docs/papers/ssl.md section 2.5.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The local loss shared by BP, feedback alignment and direct feedback alignment (paper 002,
-arXiv:2606.21126; shared/papers/feedback-alignment-audit.md section 2.2).
+arXiv:2606.21126; docs/papers/feedback.md section 2.2).
 
 Block l is trained with
 

@@ -1,7 +1,7 @@
 """The plain cosine loss of paper 001's theory and convergence simulation.
 
 Draganov et al., On the Importance of Embedding Norms in Self-Supervised Learning, ICML 2025
-(arXiv:2502.09252); spec shared/papers/ssl-embedding-norms.md sections 2.4 and 2.5. It sees
+(arXiv:2502.09252); spec docs/papers/ssl.md sections 2.4 and 2.5. It sees
 a and b only through a/||a|| and b/||b||, so its gradient is orthogonal to both and shrinks as
 1/||a||: plain gradient steps only grow the norms.
 """

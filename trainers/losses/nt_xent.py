@@ -3,7 +3,7 @@
 Chen, Kornblith, Norouzi, Hinton, A Simple Framework for Contrastive Learning of Visual
 Representations, ICML 2020 (arXiv:2002.05709), in the form of `nt_xent` in
 CLA/utils/losses.py of Draganov et al., ICML 2025 (arXiv:2502.09252); spec
-shared/papers/ssl-embedding-norms.md section 2.1.
+docs/papers/ssl.md section 2.1.
 """
 
 from __future__ import annotations

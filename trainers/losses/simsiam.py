@@ -3,7 +3,7 @@
 Chen and He, Exploring Simple Siamese Representation Learning, CVPR 2021 (arXiv:2011.10566),
 in the form of `symmetric_attractive_loss` in CLA/utils/losses.py of Draganov et al.,
 ICML 2025 (arXiv:2502.09252), which adds a temperature t (1 by default); spec
-shared/papers/ssl-embedding-norms.md section 2.1.
+docs/papers/ssl.md section 2.1.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 trains each layer (Aghagolzadeh & Ezoji, Contrastive Forward-Forward: A training algorithm of
 vision transformer, Neural Networks 192:107867 (2025), arXiv:2502.00571; clamped or subtracted
 margin as compared in Steier, When Does Margin Clamping Affect Training Variance?
-arXiv:2603.00951 (2026)). Specification: shared/papers/cff-margin-clamping.md section 2.2.
+arXiv:2603.00951 (2026)). Specification: docs/papers/cff.md section 2.2.
 
 For n images in two views (N = 2n anchors, view-1 rows first), cosines s_ij between the
 L2-normalised features, positives P(i) = {j != i : y_j = y_i}, temperature tau and margin m:

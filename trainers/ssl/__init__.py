@@ -1,7 +1,7 @@
 """`ssl`: embedding norms in SimCLR, SimSiam and BYOL, with Cut-initialisation and GradScale
 (paper 001, Draganov et al., ICML 2025, arXiv:2502.09252).
 
-Specification: shared/papers/ssl-embedding-norms.md. Under a loss that sees z only through
+Specification: docs/papers/ssl.md. Under a loss that sees z only through
 z/||z||, the gradient is orthogonal to z, so plain steps only grow ||z|| and the angular step
 shrinks as 1/||z||^2. Cut-initialisation (divide every parameter by c) starts from small norms;
 GradScale (multiply the embedding's gradient by ||z||^p) undoes the 1/||z|| of the gradient.
