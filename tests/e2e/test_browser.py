@@ -202,3 +202,30 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert watched.blocked == []
     assert watched.errors == []
     watched.context.close()
+
+
+def test_pages_are_open_without_the_token_and_load_nothing_from_outside(
+    start_service: Callable[..., Service]
+) -> None:
+    """Checked over plain HTTP, so that a broken page shows up even where chromium is missing."""
+    service = start_service(api_token=TOKEN)
+    anon = service.client
+    pages = ["/ui", "/ui/app.js", "/ui/app.css", "/docs", "/redoc",
+             "/docs-assets/swagger-ui-bundle.js", "/docs-assets/swagger-ui.css",
+             "/docs-assets/redoc.standalone.js", "/docs-assets/favicon.png"]
+    for path in pages:
+        assert anon.get(path).status_code == 200, path
+    # The data stays behind the token, and so does any other file name under /ui.
+    assert anon.get("/experiments").status_code == 401
+    assert anon.get("/ui/secrets.js").status_code == 401
+    authorised = {"Authorization": f"Bearer {TOKEN}"}
+    assert anon.get("/ui/secrets.js", headers=authorised).status_code == 404
+    assert anon.get("/ui/", follow_redirects=False).headers["location"] == "/ui"
+
+    for path in ("/ui", "/docs", "/redoc"):
+        html = anon.get(path).text
+        assert re.findall(r"""(?:src|href)=["']?(?:https?:)?//""", html) == [], path
+    assert b"cdn.redoc.ly" not in anon.get("/docs-assets/redoc.standalone.js").content
+    # HTML and files, not operations: the schema (and the clients generated from it) omit them.
+    paths = anon.get("/openapi.json").json()["paths"]
+    assert not [p for p in paths if p.startswith(("/ui", "/docs", "/redoc"))]

@@ -74,7 +74,8 @@ function fmtTime(t) {
 }
 
 function fmtValue(v) {
-  return typeof v === "number" ? fmt(v) : JSON.stringify(v);
+  if (typeof v === "number") return fmt(v);
+  return typeof v === "string" ? v : JSON.stringify(v);
 }
 
 function statusBadge(status) {
@@ -101,7 +102,7 @@ function factsList(pairs) {
 function keyValueTable(object, role) {
   const rows = Object.entries(object || {});
   if (!rows.length) return el("p", { class: "muted", text: "none" });
-  return el("table", { "data-role": role },
+  return el("table", { "data-role": role, class: "key-values" },
     el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("th", { text: k }),
       el("td", { text: fmtValue(v) })))));
 }
@@ -245,8 +246,8 @@ function quantile(sorted, q) {
 
 // Per condition, a box (quartiles, median, whiskers at min and max) and every seed as a point.
 function distributionChart(groups, metric, log) {
-  const width = Math.max(360, 110 * groups.length + 80);
-  const height = 300;
+  const width = Math.max(480, 110 * groups.length + 80);
+  const height = 320;
   const margin = { top: 24, right: 16, bottom: 64, left: 64 };
   const all = groups.flatMap((g) => g.points.map((p) => p.value));
   const y = yAxis(all, margin.top, height - margin.bottom, log);
@@ -474,9 +475,11 @@ function comparisonsTable(stats) {
       el("td", { text: fmtP(c.f_test_p) }),
       el("td", { "data-role": "holm-p" }, fmtP(p), " ", el("span", { class: "sig", text: mark })),
       el("td", { text: `${fmt(c.mean_diff)} ${fmtInterval(c.mean_diff_ci95)}` }),
-      el("td", { class: "warn", text: c.warnings.join("; ") }));
+      // The texts are long: listed under Warnings, counted here (hover for them).
+      el("td", { class: "warn", title: c.warnings.join("\n") || null,
+        text: c.warnings.length ? `${c.warnings.length} ⚠` : "" }));
   });
-  return el("table", { "data-role": "comparisons" },
+  return el("table", { "data-role": "comparisons", class: "numbers" },
     el("thead", {}, el("tr", {}, ["factor", "levels a vs b", "within", "n", "var a / var b",
       "var ratio", "95% CI (F)", "95% CI (bootstrap)", "F-test p", "Holm p (factor)",
       "mean a − b [95% CI]", "warnings"].map((h) => el("th", { text: h })))),
