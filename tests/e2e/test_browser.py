@@ -81,21 +81,12 @@ def _numbers(text: str) -> list[float]:
     return [float(x) for x in re.findall(NUMBER, text)]
 
 
-def _completed_experiment(start_service: Callable[..., Service]) -> tuple[Service, int]:
-    service = start_service(api_token=TOKEN)
-    service.client.headers["Authorization"] = f"Bearer {TOKEN}"
-    experiment_id = service.submit(SPEC)["id"]
-    assert service.wait(experiment_id)["status"] == "completed"
-    return service, experiment_id
-
-
 def test_dashboard_and_offline_docs_in_chromium(
     browser: Browser, start_service: Callable[..., Service]
 ) -> None:
-    service, experiment_id = _completed_experiment(start_service)
+    service = start_service(api_token=TOKEN)
+    service.client.headers["Authorization"] = f"Bearer {TOKEN}"
     origin = service.server.url.rstrip("/")
-    runs = service.runs(experiment_id)
-    stats = service.client.get(f"/experiments/{experiment_id}/stats").json()
     watched = Watched(browser, origin)
     page = watched.page
 
@@ -104,14 +95,29 @@ def test_dashboard_and_offline_docs_in_chromium(
     page.wait_for_selector("[data-role=token-needed]")
     page.fill("#token", TOKEN)
     page.click("#login button[type=submit]")
-    row = page.locator(f"[data-role=experiment-row][data-experiment-id='{experiment_id}']")
-    row.wait_for()
-    assert SPEC["name"] in row.inner_text() and "completed" in row.inner_text()
-    assert f"{len(runs)}/{len(runs)}" in row.inner_text()
+    page.wait_for_selector("text=no experiments")
     assert page.evaluate("sessionStorage.getItem('seedgrid.token')") == TOKEN
     assert TOKEN not in page.url
 
-    # Filters: by name on the page, by status through ?status=.
+    # Live: the experiment submitted now appears in the open list, and its page follows the runs
+    # to the end without a reload.
+    experiment_id = service.submit(SPEC)["id"]
+    row = page.locator(f"[data-role=experiment-row][data-experiment-id='{experiment_id}']")
+    row.wait_for(timeout=15_000)
+    row.locator("a").click()
+    page.wait_for_function(
+        "document.querySelector('.facts [data-status]')?.dataset.status === 'completed'"
+        f" && document.querySelectorAll('[data-role=seed-point]').length === {2 * SEEDS}",
+        timeout=120_000)
+    assert service.wait(experiment_id)["status"] == "completed"
+    runs = service.runs(experiment_id)
+    stats = service.client.get(f"/experiments/{experiment_id}/stats").json()
+
+    # The list: status and progress; filters by name on the page, by status through ?status=.
+    page.goto(f"{origin}/ui#/")
+    row.wait_for()
+    assert SPEC["name"] in row.inner_text() and "completed" in row.inner_text()
+    assert f"{len(runs)}/{len(runs)}" in row.inner_text()
     page.fill("[data-role=name-filter]", "no-such-name")
     assert page.locator("[data-role=experiment-row]").count() == 0
     page.fill("[data-role=name-filter]", "browser")

@@ -383,17 +383,18 @@ function showError(error) {
   }
 }
 
+// The list's controls are built once per visit; each refresh replaces only the rows, so typing
+// in the name filter is not interrupted. New experiments appear without a reload.
 async function showList() {
   const gen = generation;
-  const query = listState.status ? `?status=${encodeURIComponent(listState.status)}` : "";
-  const page = await api(`/experiments${query}${query ? "&" : "?"}limit=1000`);
-  if (gen !== generation) return;
   const nameFilter = el("input", { type: "search", placeholder: "filter by name",
     "data-role": "name-filter", value: listState.name });
   const statusFilter = el("select", { "data-role": "status-filter" },
     ["", "queued", "running", "completed", "partial", "cancelled"].map((s) =>
       el("option", { value: s, selected: s === listState.status, text: s || "any status" })));
+  const note = el("span", { class: "muted" });
   const body = el("tbody");
+  let page = [];
   const render = () => {
     const needle = listState.name.toLowerCase();
     const shown = page.filter((e) => e.name.toLowerCase().includes(needle));
@@ -406,17 +407,25 @@ async function showList() {
     el("td", { text: fmtTime(e.created_at) }), el("td", { text: fmtTime(e.finished_at) }))));
     if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "muted",
       text: "no experiments" })));
+    note.textContent = page.length === 1000 ? "the newest 1000 shown" : "";
+  };
+  const load = async () => {
+    const query = listState.status ? `status=${encodeURIComponent(listState.status)}&` : "";
+    const fetched = await api(`/experiments?${query}limit=1000`);
+    if (gen !== generation) return;
+    page = fetched;
+    render();
+    scheduleRefresh(true, () => load().catch(showError));
   };
   nameFilter.addEventListener("input", () => { listState.name = nameFilter.value; render(); });
   statusFilter.addEventListener("change", () => { listState.status = statusFilter.value; route(); });
-  render();
+  await load();
+  if (gen !== generation) return;
   main.replaceChildren(el("h1", { text: "Experiments" }),
-    el("div", { class: "controls" }, nameFilter, statusFilter,
-      page.length === 1000 ? el("span", { class: "muted", text: "the newest 1000 shown" }) : null),
+    el("div", { class: "controls" }, nameFilter, statusFilter, note),
     el("table", { "data-role": "experiments" },
       el("thead", {}, el("tr", {}, ["id", "name", "trainer", "status", "progress", "created",
         "finished"].map((h) => el("th", { text: h })))), body));
-  scheduleRefresh(page.some((e) => ACTIVE.has(e.status)), () => showList().catch(showError));
 }
 
 async function runCurve(run, name) {
