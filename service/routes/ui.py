@@ -8,6 +8,7 @@ that the pages work on a cluster without internet access.
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
@@ -95,12 +96,15 @@ def ui_router(app: FastAPI) -> APIRouter:
 
 def _add_file_route(router: APIRouter, path: str, source: Traversable, media_type: str,
                     rewrite: tuple[bytes, bytes] | None = None) -> None:
+    @cache
+    def content() -> bytes:
+        # Read once, on first use, through importlib.resources (works from any install layout).
+        data = source.read_bytes()
+        return data.replace(*rewrite) if rewrite is not None else data
+
     def serve() -> Response:
-        # Read through importlib.resources (works from any install layout); no-cache: the
-        # browser revalidates, so a dashboard upgraded with the service is picked up at once.
-        content = source.read_bytes()
-        if rewrite is not None:
-            content = content.replace(*rewrite)
-        return Response(content, media_type=media_type, headers={"Cache-Control": "no-cache"})
+        # no-cache: the browser revalidates, so a dashboard upgraded with the service is
+        # picked up at once.
+        return Response(content(), media_type=media_type, headers={"Cache-Control": "no-cache"})
 
     router.add_api_route(path, serve, methods=["GET"], name=f"asset:{path}")
