@@ -5,27 +5,36 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/env.sh"
 cd "$root"
 
-# tests/deploy/test_deploy.py checks deploy/compose.yaml with `docker-compose config`, which Debian's
-# docker-compose 1.29 runs with no Docker engine. Installed here, not in env.sh: only the tests
-# need it. Without root or apt the test skips (fails under CI=true) and says what is missing.
-if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing Debian's docker-compose package system-wide (apt-get install), for" \
-         "tests/deploy/test_deploy.py"
-    install_compose() {
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose
-    }
-    # apt-get update only when the install fails without it (no or stale package lists): it is
-    # the slow part. apt's chatter is shown only when the install fails.
-    if ! apt_log="$(install_compose 2>&1)" \
-       && ! apt_log="$( { apt-get update -qq && install_compose; } 2>&1)"; then
-      echo "$apt_log" >&2
-      echo "== could not install docker-compose; tests/deploy/test_deploy.py will say so" >&2
-    fi
-  else
-    echo "== docker-compose is missing; tests/deploy/test_deploy.py skips its compose check. Install" \
-         "it with: sudo apt-get install -y --no-install-recommends docker-compose" >&2
+# install_for_tests PACKAGE TEST: Debian's PACKAGE, system-wide, for the test file TEST. Only the
+# tests need these, so they are installed here and not in env.sh. apt-get update runs only when
+# the install fails without it (no or stale package lists): it is the slow part. apt's chatter is
+# shown only when the install fails; without root or apt, the command to run is printed.
+install_for_tests() {
+  local package="$1" test="$2" apt_log
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "== $package is missing, for $test. Install it with:" \
+         "sudo apt-get install -y --no-install-recommends $package" >&2
+    return 0
   fi
+  echo "== installing Debian's $package package system-wide (apt-get install), for $test"
+  local install=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
+                 --no-install-recommends "$package")
+  if ! apt_log="$("${install[@]}" 2>&1)" \
+     && ! apt_log="$( { apt-get update -qq && "${install[@]}"; } 2>&1)"; then
+    echo "$apt_log" >&2
+    echo "== could not install $package; $test will say so" >&2
+  fi
+}
+
+# tests/deploy/test_deploy.py checks deploy/compose.yaml with `docker-compose config`, which Debian's
+# docker-compose 1.29 runs with no Docker engine. Without it the test skips (fails under CI=true).
+if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
+  install_for_tests docker-compose tests/deploy/test_deploy.py
+fi
+# tests/e2e/test_browser.py drives Debian's chromium with Playwright (which downloads no browser
+# of its own then). Without it that test fails.
+if ! command -v chromium >/dev/null; then
+  install_for_tests chromium tests/e2e/test_browser.py
 fi
 
 .venv/bin/ruff check .

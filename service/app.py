@@ -14,6 +14,7 @@ from service.dispatcher import Dispatcher
 from service.experiments import Conflict, NotFound, QueueFull, SpecError
 from service.routes import compare, experiments, planning, runs, system
 from service.routes.reports import reports_router
+from service.routes.ui import public_paths, ui_router
 from service.security import RequestGuard, declare_bearer_auth, json_safe
 from service.settings import Settings, get_settings
 from trainers import REGISTRY
@@ -45,6 +46,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         version=seedgrid_version(),
         description="Condition x seed grids of training runs on Ray, with variance statistics.",
         lifespan=lifespan,
+        # Served by service.routes.ui from local files, not FastAPI's CDN pages.
+        docs_url=None,
+        redoc_url=None,
     )
     app.include_router(experiments.router)
     app.include_router(runs.router)
@@ -52,12 +56,13 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.include_router(planning.router)
     app.include_router(compare.router)
     app.include_router(reports_router(REGISTRY.values()))
+    app.include_router(ui_router(app))
 
-    # Open without the token: the health probe, and the docs (a browser cannot send the header).
-    public = {("GET", "/healthz")} | {
-        ("GET", url) for url in (app.openapi_url, app.docs_url, app.redoc_url,
-                                 app.swagger_ui_oauth2_redirect_url) if url
-    }
+    # Open without the token: the health probe, the schema, and the docs and dashboard pages
+    # (a browser cannot send the header when it loads them; they hold no data).
+    public = {("GET", "/healthz")} | public_paths()
+    if app.openapi_url:
+        public.add(("GET", app.openapi_url))
     token = settings.api_token.get_secret_value()
     app.add_middleware(RequestGuard, token=token, public=public,
                        max_body_bytes=settings.max_request_body_bytes)

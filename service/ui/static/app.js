@@ -1,0 +1,722 @@
+// The seedgrid dashboard: reads the JSON API of the service that serves it and draws SVG.
+// Nothing is loaded from elsewhere. Text from the API (spec names, condition keys, errors) is
+// untrusted, so it only ever enters the page as text nodes, never as HTML.
+"use strict";
+
+const TOKEN_KEY = "seedgrid.token";
+const SVG_NS = "http://www.w3.org/2000/svg";
+const REFRESH_MS = 3000;
+// Bounds on what a page fetches: a curve costs one request per run.
+const MAX_CURVE_RUNS_PER_CONDITION = 20;
+const MAX_CURVE_RUNS = 200;
+const RUNS_PAGE = 1000;
+const MAX_RUN_PAGES = 10;
+const POINTS_PAGE = 10000;
+const MAX_RUN_POINT_PAGES = 5;
+const ACTIVE = new Set(["queued", "running"]);
+const COLORS = ["#2456a6", "#d1495b", "#2a9d8f", "#e9a23b", "#7b4fb5", "#5b8c2a", "#c2417f",
+  "#3d7ea6", "#8c6d31", "#555555"];
+
+const main = document.getElementById("main");
+let generation = 0;  // bumped on every navigation: a render that awaited a stale view stops
+let refreshTimer = null;
+let authRequired = null;
+let trainersCache = null;
+const curveCache = new Map();  // "runId/name" -> points, kept only for runs that have ended
+const listState = { name: "", status: "" };
+const experimentState = { id: null, metric: null, curveMetric: null, seeds: false, log: false };
+
+// ---------------------------------------------------------------- DOM helpers
+
+function el(tag, attrs = {}, ...children) {
+  return build(document.createElement(tag), attrs, children);
+}
+
+function svg(tag, attrs = {}, ...children) {
+  return build(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+function build(node, attrs, children) {
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "text") node.textContent = String(value);
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function fmt(x) {
+  if (x === null || x === undefined) return "—";
+  if (typeof x !== "number") return String(x);
+  if (!Number.isFinite(x)) return String(x);
+  if (x === 0) return "0";
+  const a = Math.abs(x);
+  return a < 1e-3 || a >= 1e5 ? x.toExponential(2) : Number(x.toPrecision(4)).toString();
+}
+
+function fmtP(p) {
+  if (p === null || p === undefined) return "—";
+  return p < 1e-4 ? p.toExponential(1) : p.toFixed(4);
+}
+
+function fmtInterval(ci) {
+  if (!ci || ci[0] === null || ci[1] === null) return "—";
+  return `[${fmt(ci[0])}, ${fmt(ci[1])}]`;
+}
+
+function fmtTime(t) {
+  return t ? t.replace("T", " ").replace(/\.\d+/, "").replace(/\+00:00$|Z$/, "") : "—";
+}
+
+function fmtValue(v) {
+  if (typeof v === "number") return fmt(v);
+  return typeof v === "string" ? v : JSON.stringify(v);
+}
+
+function statusBadge(status) {
+  return el("span", { class: `status status-${status}`, "data-status": status, text: status });
+}
+
+function progress(counts, total) {
+  const done = total - (counts.queued || 0) - (counts.running || 0);
+  const share = total ? (100 * done) / total : 0;
+  return el("span", {}, el("span", { class: "bar" }, el("span", { style: `width:${share}%` })),
+    `${done}/${total}`);
+}
+
+function conditionLabel(condition) {
+  const entries = Object.entries(condition);
+  return entries.length ? entries.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "(no grid)";
+}
+
+function factsList(pairs) {
+  return el("dl", { class: "facts" },
+    pairs.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", {}, v)]));
+}
+
+function keyValueTable(object, role) {
+  const rows = Object.entries(object || {});
+  if (!rows.length) return el("p", { class: "muted", text: "none" });
+  return el("table", { "data-role": role, class: "key-values" },
+    el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("th", { text: k }),
+      el("td", { text: fmtValue(v) })))));
+}
+
+function section(title, role, ...children) {
+  return el("section", { "data-role": role }, el("h2", { text: title }), ...children);
+}
+
+// ---------------------------------------------------------------- API
+
+class ApiError extends Error {
+  constructor(status, detail) {
+    super(`${status}: ${typeof detail === "string" ? detail : JSON.stringify(detail)}`);
+    this.status = status;
+  }
+}
+
+async function api(path) {
+  const headers = { Accept: "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const response = await fetch(path, { headers });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = (await response.json()).detail; } catch (_) { /* not JSON: keep the status text */ }
+    throw new ApiError(response.status, detail);
+  }
+  return response.json();
+}
+
+// Every page of a paged list, up to `maxPages` pages; `truncated` says whether more were left.
+async function apiPages(path, pageSize, maxPages) {
+  const items = [];
+  for (let page = 0; page < maxPages; page++) {
+    const sep = path.includes("?") ? "&" : "?";
+    const batch = await api(`${path}${sep}limit=${pageSize}&offset=${page * pageSize}`);
+    items.push(...batch);
+    if (batch.length < pageSize) return { items, truncated: false };
+  }
+  return { items, truncated: true };
+}
+
+// Whether the service wants a token, read from its public schema, so that the page asks for
+// the token instead of sending requests it knows will be refused.
+async function needsToken() {
+  if (authRequired === null) {
+    const schema = await (await fetch("/openapi.json")).json();
+    authRequired = Boolean(schema.components && schema.components.securitySchemes
+      && schema.components.securitySchemes.bearerAuth);
+  }
+  return authRequired;
+}
+
+async function trainers() {
+  if (trainersCache === null) trainersCache = await api("/trainers");
+  return trainersCache;
+}
+
+// ---------------------------------------------------------------- token login
+
+function updateLoginState() {
+  const state = document.getElementById("login-state");
+  const held = Boolean(sessionStorage.getItem(TOKEN_KEY));
+  state.textContent = held ? "token held for this tab" : (authRequired ? "token needed" : "");
+}
+
+document.getElementById("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("token");
+  if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  trainersCache = null;
+  route();
+});
+
+document.getElementById("logout").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  trainersCache = null;
+  route();
+});
+
+// ---------------------------------------------------------------- charts
+
+function niceTicks(lo, hi, count = 5) {
+  if (!(hi > lo)) return [lo];
+  const raw = (hi - lo) / count;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
+  const ticks = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(t);
+  return ticks;
+}
+
+function extent(values) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) if (Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+  if (lo === Infinity) return [0, 1];
+  if (lo === hi) { const pad = Math.abs(lo) * 0.05 || 1; return [lo - pad, hi + pad]; }
+  const pad = (hi - lo) * 0.05;
+  return [lo - pad, hi + pad];
+}
+
+// A y axis on a linear or log10 scale: `scale(v)` is the pixel row, `ticks` its labels.
+function yAxis(values, top, bottom, log) {
+  const finite = values.filter((v) => Number.isFinite(v) && (!log || v > 0));
+  const [lo, hi] = extent(log ? finite.map(Math.log10) : finite);
+  const row = (u) => bottom - ((u - lo) / (hi - lo)) * (bottom - top);
+  const scale = (v) => row(log ? Math.log10(v) : v);
+  const ticks = log
+    ? niceTicks(lo, hi).filter(Number.isInteger).map((e) => [10 ** e, row(e)])
+    : niceTicks(lo, hi).map((t) => [t, row(t)]);
+  return { scale, ticks };
+}
+
+function frame(width, height, margin, ticksY, ticksX, xLabel, yLabel) {
+  const g = svg("g", { class: "axis" });
+  for (const [value, y] of ticksY) {
+    g.append(svg("line", { class: "grid", x1: margin.left, x2: width - margin.right, y1: y, y2: y }),
+      svg("text", { x: margin.left - 4, y: y + 3, "text-anchor": "end", text: fmt(value) }));
+  }
+  for (const [value, x] of ticksX) {
+    g.append(svg("text", { x, y: height - margin.bottom + 14, "text-anchor": "middle", text: fmt(value) }));
+  }
+  g.append(svg("line", { x1: margin.left, x2: margin.left, y1: margin.top, y2: height - margin.bottom }),
+    svg("line", { x1: margin.left, x2: width - margin.right, y1: height - margin.bottom,
+      y2: height - margin.bottom }));
+  if (xLabel) g.append(svg("text", { x: (margin.left + width - margin.right) / 2, y: height - 4,
+    "text-anchor": "middle", text: xLabel }));
+  if (yLabel) g.append(svg("text", { x: 12, y: margin.top - 8, text: yLabel }));
+  return g;
+}
+
+// Quantile with linear interpolation between order statistics (numpy's default).
+function quantile(sorted, q) {
+  const pos = (sorted.length - 1) * q;
+  const lo = Math.floor(pos);
+  const hi = Math.ceil(pos);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+}
+
+// Per condition, a box (quartiles, median, whiskers at min and max) and every seed as a point.
+function distributionChart(groups, metric, log) {
+  const width = Math.max(480, 110 * groups.length + 80);
+  const height = 320;
+  const margin = { top: 24, right: 16, bottom: 64, left: 64 };
+  const all = groups.flatMap((g) => g.points.map((p) => p.value));
+  const y = yAxis(all, margin.top, height - margin.bottom, log);
+  const slot = (width - margin.left - margin.right) / Math.max(groups.length, 1);
+  const chart = svg("svg", { class: "chart", width, height, "data-role": "distribution",
+    "data-metric": metric }, frame(width, height, margin, y.ticks, [], null, metric));
+  groups.forEach((group, i) => {
+    const cx = margin.left + slot * (i + 0.5);
+    const color = COLORS[i % COLORS.length];
+    const g = svg("g", { "data-role": "condition-distribution", "data-condition": group.key });
+    const values = group.points.map((p) => p.value).filter((v) => Number.isFinite(v)
+      && (!log || v > 0)).sort((a, b) => a - b);
+    if (values.length) {
+      const [q1, med, q3] = [0.25, 0.5, 0.75].map((q) => quantile(values, q));
+      const half = Math.min(28, slot * 0.3);
+      g.append(
+        svg("line", { x1: cx, x2: cx, y1: y.scale(values[0]), y2: y.scale(values[values.length - 1]),
+          stroke: color }),
+        svg("rect", { "data-role": "box", x: cx - half, width: 2 * half, y: y.scale(q3),
+          height: Math.max(1, y.scale(q1) - y.scale(q3)), fill: color, "fill-opacity": 0.12,
+          stroke: color }),
+        svg("line", { x1: cx - half, x2: cx + half, y1: y.scale(med), y2: y.scale(med),
+          stroke: color, "stroke-width": 2 }));
+    }
+    group.points.forEach((point, j) => {
+      if (!Number.isFinite(point.value) || (log && point.value <= 0)) return;
+      // Spread the points sideways by their order (deterministic), so ties stay visible.
+      const dx = ((j % 7) - 3) * Math.min(5, slot * 0.04);
+      const dot = svg("circle", { "data-role": "seed-point", "data-condition": group.key,
+        "data-run-id": point.runId, "data-seed": point.seed, cx: cx + dx, cy: y.scale(point.value),
+        r: 3.5, fill: color, "fill-opacity": 0.8, style: "cursor:pointer",
+        onclick: () => { location.hash = `#/runs/${point.runId}`; } },
+      svg("title", { text: `seed ${point.seed} (run ${point.runId}): ${fmt(point.value)}` }));
+      g.append(dot);
+    });
+    g.append(svg("text", { x: cx, y: height - margin.bottom + 16, "text-anchor": "middle",
+      text: group.key.length > 28 ? `${group.key.slice(0, 27)}…` : group.key },
+    svg("title", { text: group.key })));
+    g.append(svg("text", { x: cx, y: height - margin.bottom + 30, "text-anchor": "middle",
+      class: "muted", text: `n=${group.points.length}` }));
+    chart.append(g);
+  });
+  return chart;
+}
+
+// One chart of curves: per series a mean line, optionally a ±std band and single seeds.
+function curveChart(series, { xLabel, yLabel, log, width = 640, height = 300, role }) {
+  const margin = { top: 24, right: 16, bottom: 40, left: 64 };
+  const ys = series.flatMap((s) => [...s.mean.map((p) => p[1]),
+    ...(s.band || []).flatMap((p) => [p[1], p[2]]),
+    ...(s.seeds || []).flatMap((c) => c.map((p) => p[1]))]);
+  const xs = series.flatMap((s) => s.mean.map((p) => p[0]));
+  const [x0, x1] = extent(xs);
+  const left = margin.left;
+  const right = width - margin.right;
+  const scaleX = (x) => left + ((x - x0) / (x1 - x0)) * (right - left);
+  const y = yAxis(ys, margin.top, height - margin.bottom, log);
+  const ok = (v) => Number.isFinite(v) && (!log || v > 0);
+  const path = (pts) => {
+    let d = "";
+    let pen = "M";
+    for (const [x, v] of pts) {
+      if (!ok(v)) { pen = "M"; continue; }
+      d += `${pen}${scaleX(x).toFixed(1)},${y.scale(v).toFixed(1)}`;
+      pen = "L";
+    }
+    return d;
+  };
+  const chart = svg("svg", { class: "chart", width, height, "data-role": role },
+    frame(width, height, margin, y.ticks, niceTicks(x0, x1).map((t) => [t, scaleX(t)]), xLabel, yLabel));
+  for (const s of series) {
+    const g = svg("g", { "data-condition": s.key });
+    if (s.band && s.band.length) {
+      const pts = s.band.filter((p) => ok(p[1]) && ok(p[2]));
+      if (pts.length) {
+        const upper = pts.map((p) => `${scaleX(p[0]).toFixed(1)},${y.scale(p[2]).toFixed(1)}`);
+        const lower = pts.slice().reverse()
+          .map((p) => `${scaleX(p[0]).toFixed(1)},${y.scale(p[1]).toFixed(1)}`);
+        g.append(svg("path", { "data-role": "band", "data-condition": s.key,
+          d: `M${upper.join("L")}L${lower.join("L")}Z`, fill: s.color, "fill-opacity": 0.15,
+          stroke: "none" }));
+      }
+    }
+    for (const seed of s.seeds || []) {
+      g.append(svg("path", { "data-role": "seed-curve", d: path(seed), fill: "none",
+        stroke: s.color, "stroke-opacity": 0.45, "stroke-width": 1 }));
+    }
+    g.append(svg("path", { "data-role": "mean-curve", "data-condition": s.key, d: path(s.mean),
+      fill: "none", stroke: s.color, "stroke-width": 2 }));
+    chart.append(g);
+  }
+  return chart;
+}
+
+// Mean and sample standard deviation across seeds at each step that some seed logged.
+function meanBand(curves) {
+  const byStep = new Map();
+  for (const curve of curves) {
+    for (const [step, value] of curve) {
+      if (!Number.isFinite(value)) continue;
+      if (!byStep.has(step)) byStep.set(step, []);
+      byStep.get(step).push(value);
+    }
+  }
+  const steps = [...byStep.keys()].sort((a, b) => a - b);
+  const mean = [];
+  const band = [];
+  for (const step of steps) {
+    const vs = byStep.get(step);
+    const m = vs.reduce((a, b) => a + b, 0) / vs.length;
+    const sd = vs.length > 1
+      ? Math.sqrt(vs.reduce((a, v) => a + (v - m) ** 2, 0) / (vs.length - 1)) : 0;
+    mean.push([step, m]);
+    band.push([step, m - sd, m + sd]);
+  }
+  return { mean, band };
+}
+
+// ---------------------------------------------------------------- views
+
+function scheduleRefresh(active, view) {
+  clearTimeout(refreshTimer);
+  if (active) {
+    const gen = generation;
+    refreshTimer = setTimeout(() => { if (gen === generation) view(); }, REFRESH_MS);
+  }
+}
+
+function showError(error) {
+  main.replaceChildren(el("p", { class: "error", "data-role": "error", text: String(error.message || error) }));
+  if (error.status === 401) {
+    main.append(el("p", { text: "Enter the service's API token (SEEDGRID_API_TOKEN) above." }));
+  }
+}
+
+// The list's controls are built once per visit; each refresh replaces only the rows, so typing
+// in the name filter is not interrupted. New experiments appear without a reload.
+async function showList() {
+  const gen = generation;
+  const nameFilter = el("input", { type: "search", placeholder: "filter by name",
+    "data-role": "name-filter", value: listState.name });
+  const statusFilter = el("select", { "data-role": "status-filter" },
+    ["", "queued", "running", "completed", "partial", "cancelled"].map((s) =>
+      el("option", { value: s, selected: s === listState.status, text: s || "any status" })));
+  const note = el("span", { class: "muted" });
+  const body = el("tbody");
+  let page = [];
+  const render = () => {
+    const needle = listState.name.toLowerCase();
+    const shown = page.filter((e) => e.name.toLowerCase().includes(needle));
+    body.replaceChildren(...shown.map((e) => el("tr", { "data-role": "experiment-row",
+      "data-experiment-id": e.id },
+    el("td", { text: e.id }),
+    el("td", {}, el("a", { href: `#/experiments/${e.id}`, text: e.name })),
+    el("td", { text: e.trainer }), el("td", {}, statusBadge(e.status)),
+    el("td", {}, progress(e.counts, e.n_runs)),
+    el("td", { text: fmtTime(e.created_at) }), el("td", { text: fmtTime(e.finished_at) }))));
+    if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "muted",
+      text: "no experiments" })));
+    note.textContent = page.length === 1000 ? "the newest 1000 shown" : "";
+  };
+  const load = async () => {
+    const query = listState.status ? `status=${encodeURIComponent(listState.status)}&` : "";
+    const fetched = await api(`/experiments?${query}limit=1000`);
+    if (gen !== generation) return;
+    page = fetched;
+    render();
+    scheduleRefresh(true, () => load().catch(showError));
+  };
+  nameFilter.addEventListener("input", () => { listState.name = nameFilter.value; render(); });
+  statusFilter.addEventListener("change", () => { listState.status = statusFilter.value; route(); });
+  await load();
+  if (gen !== generation) return;
+  main.replaceChildren(el("h1", { text: "Experiments" }),
+    el("div", { class: "controls" }, nameFilter, statusFilter, note),
+    el("table", { "data-role": "experiments" },
+      el("thead", {}, el("tr", {}, ["id", "name", "trainer", "status", "progress", "created",
+        "finished"].map((h) => el("th", { text: h })))), body));
+}
+
+async function runCurve(run, name) {
+  const key = `${run.id}/${name}`;
+  if (curveCache.has(key)) return curveCache.get(key);
+  const { items } = await apiPages(`/runs/${run.id}/metrics?name=${encodeURIComponent(name)}`,
+    POINTS_PAGE, MAX_RUN_POINT_PAGES);
+  const points = items.map((p) => [p.step, p.value === null ? NaN : p.value]);
+  if (!ACTIVE.has(run.status)) curveCache.set(key, points);
+  return points;
+}
+
+async function curvesSection(runs, conditionKeys, gen) {
+  const metric = experimentState.curveMetric;
+  const started = runs.filter((r) => r.started_at !== null);
+  const chosen = [];
+  for (const key of conditionKeys) {
+    chosen.push(...started.filter((r) => r.condition_key === key)
+      .slice(0, MAX_CURVE_RUNS_PER_CONDITION));
+  }
+  const limited = chosen.slice(0, MAX_CURVE_RUNS);
+  const curves = await Promise.all(limited.map((r) => runCurve(r, metric)));
+  if (gen !== generation) return null;
+  const series = conditionKeys.map((key, i) => {
+    const own = curves.filter((_, j) => limited[j].condition_key === key && curves[j].length);
+    const { mean, band } = meanBand(own);
+    return { key, color: COLORS[i % COLORS.length], mean, band, n: own.length,
+      seeds: experimentState.seeds ? own : [] };
+  }).filter((s) => s.mean.length);
+  const note = chosen.length > limited.length || started.length > chosen.length
+    ? el("p", { class: "muted", text: `curves of ${limited.length} runs (at most `
+      + `${MAX_CURVE_RUNS_PER_CONDITION} per condition, ${MAX_CURVE_RUNS} in all)` }) : null;
+  if (!series.length) return [el("p", { class: "muted", text: `no ${metric} points logged yet` })];
+  return [
+    el("div", { class: "legend" }, series.map((s) => el("span", {},
+      el("span", { class: "swatch", style: `background:${s.color}` }), `${s.key} (${s.n} seeds)`))),
+    curveChart(series, { xLabel: "step", yLabel: `${metric}: mean ± std across seeds`,
+      log: experimentState.log, width: 760, role: "curves" }),
+    note];
+}
+
+function comparisonsTable(stats) {
+  const rows = stats.comparisons.map((c) => {
+    const p = c.f_test_p_holm_factor;
+    const mark = p === null || p === undefined ? "" : p < 0.01 ? "**" : p < 0.05 ? "*" : "";
+    return el("tr", { "data-role": "comparison-row", "data-factor": c.factor },
+      el("td", { text: c.factor }),
+      el("td", { text: `${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}` }),
+      el("td", { text: c.within === null ? "pooled" : conditionLabel(c.within) }),
+      el("td", { text: `${c.n_a} / ${c.n_b}` }),
+      el("td", { text: `${fmt(c.var_a)} / ${fmt(c.var_b)}` }),
+      el("td", { "data-role": "var-ratio", text: fmt(c.var_ratio) }),
+      el("td", { "data-role": "var-ratio-ci-f", text: fmtInterval(c.var_ratio_ci95_f) }),
+      el("td", { text: c.var_ratio_ci95 ? fmtInterval(c.var_ratio_ci95)
+        : (c.var_ratio_ci95_null_reason || "—") }),
+      el("td", { text: fmtP(c.f_test_p) }),
+      el("td", { "data-role": "holm-p" }, fmtP(p), " ", el("span", { class: "sig", text: mark })),
+      el("td", { text: `${fmt(c.mean_diff)} ${fmtInterval(c.mean_diff_ci95)}` }),
+      // The texts are long: listed under Warnings, counted here (hover for them).
+      el("td", { class: "warn", title: c.warnings.join("\n") || null,
+        text: c.warnings.length ? `${c.warnings.length} ⚠` : "" }));
+  });
+  return el("table", { "data-role": "comparisons", class: "numbers" },
+    el("thead", {}, el("tr", {}, ["factor", "levels a vs b", "within", "n", "var a / var b",
+      "var ratio", "95% CI (F)", "95% CI (bootstrap)", "F-test p", "Holm p (factor)",
+      "mean a − b [95% CI]", "warnings"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, rows));
+}
+
+function conditionsTable(stats) {
+  return el("table", { "data-role": "conditions" },
+    el("thead", {}, el("tr", {}, ["condition", "n", "mean", "95% CI of mean", "std", "median",
+      "min", "max", "warnings"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, stats.conditions.map((c) => el("tr", { "data-role": "condition-row",
+      "data-condition": c.condition_key, "data-n": c.n },
+    el("td", { text: c.condition_key }), el("td", { text: c.n }), el("td", { text: fmt(c.mean) }),
+    el("td", { text: fmtInterval(c.ci95) }), el("td", { text: fmt(c.std) }),
+    el("td", { text: fmt(c.median) }), el("td", { text: fmt(c.min) }),
+    el("td", { text: fmt(c.max) }), el("td", { class: "warn", text: c.warnings.join("; ") })))));
+}
+
+function runsTable(runs, metric) {
+  return el("table", { "data-role": "runs" },
+    el("thead", {}, el("tr", {}, ["run", "condition", "seed", "status", "attempts", metric,
+      "warnings"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, runs.map((r) => el("tr", {},
+      el("td", {}, el("a", { href: `#/runs/${r.id}`, "data-role": "run-link", text: r.id })),
+      el("td", { text: r.condition_key }), el("td", { text: r.seed }),
+      el("td", {}, statusBadge(r.status)), el("td", { text: r.attempts }),
+      el("td", { text: fmt(r.metrics[metric]) }),
+      el("td", { class: "warn", text: r.warnings.length || "" })))));
+}
+
+function warningsList(runs, stats) {
+  const items = [];
+  for (const r of runs) {
+    for (const w of r.warnings) {
+      items.push(`run ${r.id} (${r.condition_key}, seed ${r.seed}): ${w.message || JSON.stringify(w)}`);
+    }
+  }
+  const errors = new Map();
+  for (const r of runs.filter((x) => x.error)) errors.set(r.error, (errors.get(r.error) || 0) + 1);
+  for (const [error, count] of errors) items.push(`${count} run(s) ended with: ${error}`);
+  if (stats) {
+    for (const c of stats.conditions) for (const w of c.warnings) items.push(`${c.condition_key}: ${w}`);
+    for (const c of stats.comparisons) {
+      for (const w of c.warnings) {
+        items.push(`${c.factor} ${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}: ${w}`);
+      }
+    }
+    for (const o of stats.omnibus) for (const w of o.warnings) items.push(`${o.factor}: ${w}`);
+  }
+  if (!items.length) return el("p", { class: "muted", text: "no warnings" });
+  const shown = items.slice(0, 50);
+  return el("ul", { class: "warn" }, shown.map((t) => el("li", { text: t })),
+    items.length > shown.length ? el("li", { class: "muted", text: `and ${items.length - 50} more` }) : null);
+}
+
+async function showExperiment(id) {
+  const gen = generation;
+  if (experimentState.id !== id) Object.assign(experimentState,
+    { id, metric: null, curveMetric: null, seeds: false, log: false });
+  const detail = await api(`/experiments/${id}`);
+  const trainer = (await trainers()).find((t) => t.name === detail.trainer);
+  const { items: runs, truncated } = await apiPages(`/experiments/${id}/runs`, RUNS_PAGE, MAX_RUN_PAGES);
+  if (gen !== generation) return;
+  const metrics = trainer ? trainer.metrics : [];
+  experimentState.metric = experimentState.metric || detail.spec.metric
+    || (trainer && trainer.primary_metric);
+  experimentState.curveMetric = experimentState.curveMetric || experimentState.metric;
+  const metric = experimentState.metric;
+  const finished = runs.some((r) => r.status === "completed");
+  let stats = null;
+  let statsProblem = null;
+  if (finished) {
+    try { stats = await api(`/experiments/${id}/stats?metric=${encodeURIComponent(metric)}`); }
+    catch (error) { statsProblem = error.message; }
+  }
+  const conditionKeys = stats ? stats.conditions.map((c) => c.condition_key)
+    : [...new Set(runs.map((r) => r.condition_key))];
+  for (const key of new Set(runs.map((r) => r.condition_key))) {
+    if (!conditionKeys.includes(key)) conditionKeys.push(key);
+  }
+  const curves = await curvesSection(runs, conditionKeys, gen);
+  const reports = [];
+  for (const name of (trainer && finished ? trainer.reports : [])) {
+    try { reports.push([name, await api(`/experiments/${id}/reports/${encodeURIComponent(name)}`)]); }
+    catch (error) { reports.push([name, error.message]); }
+  }
+  if (gen !== generation || curves === null) return;
+
+  const select = (role, value, options, onchange) => el("select", { "data-role": role,
+    onchange: (e) => { onchange(e.target.value); showExperiment(id).catch(showError); } },
+  options.map((m) => el("option", { value: m, selected: m === value, text: m })));
+  const toggle = (role, label, key) => el("label", {}, el("input", { type: "checkbox",
+    "data-role": role, checked: experimentState[key],
+    onchange: (e) => { experimentState[key] = e.target.checked; showExperiment(id).catch(showError); } }),
+  ` ${label}`);
+
+  const groups = conditionKeys.map((key) => ({ key, points: runs
+    .filter((r) => r.condition_key === key && r.status === "completed"
+      && typeof r.metrics[metric] === "number")
+    .map((r) => ({ runId: r.id, seed: r.seed, value: r.metrics[metric] })) }));
+
+  const view = [
+    el("p", {}, el("a", { href: "#/", text: "← experiments" })),
+    el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
+    factsList([["status", statusBadge(detail.status)], ["trainer", detail.trainer],
+      ["progress", progress(detail.counts, detail.n_runs)],
+      ["conditions × seeds", `${detail.n_conditions} conditions, ${detail.n_runs} runs`],
+      ["created", fmtTime(detail.created_at)], ["finished", fmtTime(detail.finished_at)],
+      ["counts", Object.entries(detail.counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`).join(", ")]]),
+    el("div", { class: "controls" }, el("label", {}, "metric ", select("metric-select", metric,
+      metrics, (v) => { experimentState.metric = v; })), toggle("log-scale", "log scale", "log"),
+    ACTIVE.has(detail.status) ? el("span", { class: "muted", text: "refreshing while it runs" }) : null),
+    section(`Distribution of ${metric} per condition`, "distribution-section",
+      el("p", { class: "muted", text: "Every completed seed is a point (click one for its run); "
+        + "the box spans the quartiles, the bar is the median, the whiskers reach min and max." }),
+      distributionChart(groups, metric, experimentState.log),
+      stats ? conditionsTable(stats) : el("p", { class: "muted",
+        text: statsProblem || "statistics appear once a run has completed" })),
+    section("Comparisons of variance", "comparisons-section",
+      el("p", { class: "muted", text: "pooled: every run at each level, over all levels of the "
+        + "other factors; within: only runs whose other factors are held at the levels shown. "
+        + "* / **: Holm-adjusted F-test p below 0.05 / 0.01 within the factor's comparisons." }),
+      stats && stats.comparisons.length ? comparisonsTable(stats)
+        : el("p", { class: "muted", text: "no comparisons (a grid factor with two levels and "
+          + "completed runs is needed)" }),
+      stats && stats.next_offset !== null ? el("p", { class: "muted", text: `the first `
+        + `${stats.comparisons.length} of ${stats.total_comparisons} comparisons` }) : null,
+      stats && stats.omnibus.length ? el("table", { "data-role": "omnibus" },
+        el("thead", {}, el("tr", {}, ["factor (omnibus)", "levels", "n", "Brown-Forsythe p"]
+          .map((h) => el("th", { text: h })))),
+        el("tbody", {}, stats.omnibus.map((o) => el("tr", {}, el("td", { text: o.factor }),
+          el("td", { text: o.levels.map((v) => JSON.stringify(v)).join(", ") }),
+          el("td", { text: o.n.join(", ") }), el("td", { text: fmtP(o.brown_forsythe_p) }))))) : null,
+      stats && stats.source_decomposition ? el("table", { "data-role": "source-decomposition" },
+        el("thead", {}, el("tr", {}, ["within", "source", "n", "variance", "95% CI"]
+          .map((h) => el("th", { text: h })))),
+        el("tbody", {}, stats.source_decomposition.flatMap((d) => d.sources.map((s) =>
+          el("tr", {}, el("td", { text: conditionLabel(d.within) }), el("td", { text: s.source }),
+            el("td", { text: s.n }), el("td", { text: fmt(s.var) }),
+            el("td", { text: fmtInterval(s.var_ci95) })))))) : null),
+    section(`Curves of ${experimentState.curveMetric}`, "curves-section",
+      el("div", { class: "controls" }, el("label", {}, "curve ", select("curve-metric-select",
+        experimentState.curveMetric, metrics, (v) => { experimentState.curveMetric = v; })),
+      toggle("show-seeds", "show single seeds", "seeds")),
+      curves),
+    section("Warnings", "warnings-section", warningsList(runs, stats)),
+    reports.length ? section("Reports", "reports-section", reports.map(([name, body]) =>
+      el("details", { open: true, "data-role": "report", "data-report": name },
+        el("summary", { text: name }), el("pre", { text: typeof body === "string" ? body
+          : JSON.stringify(body, null, 2) })))) : null,
+    detail.adaptive ? section("Adaptive seeding", "adaptive-section",
+      el("pre", { text: JSON.stringify(detail.adaptive, null, 2) })) : null,
+    section("Runs", "runs-section", truncated ? el("p", { class: "muted",
+      text: `the first ${runs.length} runs` }) : null, runsTable(runs, metric)),
+    section("Spec", "spec-section", el("pre", { text: JSON.stringify(detail.spec, null, 2) })),
+  ];
+  main.replaceChildren(...view.filter(Boolean));
+  scheduleRefresh(ACTIVE.has(detail.status), () => showExperiment(id).catch(showError));
+}
+
+async function showRun(id) {
+  const gen = generation;
+  const run = await api(`/runs/${id}`);
+  const { items: points, truncated } = await apiPages(`/runs/${id}/metrics`, POINTS_PAGE,
+    MAX_RUN_POINT_PAGES);
+  if (gen !== generation) return;
+  const byName = new Map();
+  for (const p of points) {
+    if (!byName.has(p.name)) byName.set(p.name, []);
+    byName.get(p.name).push([p.step, p.value === null ? NaN : p.value]);
+  }
+  const charts = [...byName].map(([name, pts]) => el("figure", { "data-metric": name },
+    curveChart([{ key: name, color: COLORS[0], mean: pts }], { xLabel: "step", yLabel: name,
+      width: 400, height: 220, role: "run-curve" })));
+  const history = run.attempt_history || [];
+  const historyKeys = [...new Set(history.flatMap((h) => Object.keys(h)))];
+  main.replaceChildren(...[
+    el("p", {}, el("a", { href: `#/experiments/${run.experiment_id}`, text: "← experiment" })),
+    el("h1", { text: `Run ${run.id}: ${run.condition_key}, seed ${run.seed}` }),
+    factsList([["status", statusBadge(run.status)], ["attempts", String(run.attempts)],
+      ["started", fmtTime(run.started_at)], ["finished", fmtTime(run.finished_at)],
+      ["error", run.error || "—"],
+      ["stopped by", run.stop ? `${run.stop.checks.join(", ")} at epoch ${run.stop.epoch}: `
+        + run.stop.reason : "—"]]),
+    section("Curves", "run-curves-section", truncated ? el("p", { class: "muted",
+      text: `the first ${points.length} points` }) : null,
+    charts.length ? el("div", { class: "charts" }, charts)
+      : el("p", { class: "muted", text: "no points logged yet" })),
+    section("Final metrics", "run-metrics-section", keyValueTable(run.metrics, "run-metrics")),
+    section("Diagnostics", "diagnostics-section", keyValueTable(run.diagnostics, "diagnostics")),
+    section("Warnings", "run-warnings-section", run.warnings.length
+      ? el("ul", { class: "warn" }, run.warnings.map((w) => el("li", { text: w.message
+        ? `${w.message} (${w.diagnostic} = ${fmt(w.value)}, threshold ${fmt(w.threshold)})`
+        : JSON.stringify(w) })))
+      : el("p", { class: "muted", text: "no warnings" })),
+    section("Attempt history", "attempts-section", history.length
+      ? el("table", { "data-role": "attempts" },
+        el("thead", {}, el("tr", {}, historyKeys.map((k) => el("th", { text: k })))),
+        el("tbody", {}, history.map((h) => el("tr", {}, historyKeys.map((k) =>
+          el("td", { text: h[k] === undefined ? "" : fmtValue(h[k]) }))))))
+      : el("p", { class: "muted", text: "one attempt, no retries" })),
+    section("Provenance", "provenance-section", keyValueTable(run.provenance, "provenance")),
+    section("Config (as run)", "config-section", el("pre", { text: JSON.stringify(run.config, null, 2) })),
+  ]);
+  scheduleRefresh(ACTIVE.has(run.status), () => showRun(id).catch(showError));
+}
+
+async function route() {
+  generation += 1;
+  clearTimeout(refreshTimer);
+  try {
+    const locked = (await needsToken()) && !sessionStorage.getItem(TOKEN_KEY);
+    updateLoginState();
+    if (locked) {
+      main.replaceChildren(el("p", { "data-role": "token-needed",
+        text: "This service needs its API token (SEEDGRID_API_TOKEN): enter it above. It is "
+          + "kept in this tab's session storage only and sent as an Authorization header." }));
+      return;
+    }
+    const hash = location.hash || "#/";
+    let match;
+    if ((match = hash.match(/^#\/experiments\/(\d+)$/))) await showExperiment(Number(match[1]));
+    else if ((match = hash.match(/^#\/runs\/(\d+)$/))) await showRun(Number(match[1]));
+    else await showList();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,237 @@
+"""The dashboard (/ui) and the offline API docs (/docs, /redoc) in a real headless Chromium.
+
+Debian's `chromium` (installed by scripts/test.sh) driven by Playwright, against a live service
+with the token on and a completed collapse experiment. The browser may reach only the service:
+every other request is aborted and recorded, so a page that needs a CDN fails here. Any console
+error or uncaught exception fails the test. Screenshots go to tests-output/browser/; with
+SEEDGRID_UPDATE_README_SCREENSHOT=1 the experiment page is also saved as the README's picture.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+from scipy import stats as scipy_stats
+
+from tests.conftest import ROOT, Service
+
+SCREENSHOTS = ROOT / "tests-output" / "browser"
+README_SCREENSHOT = ROOT / "docs" / "images" / "dashboard-experiment.png"
+TOKEN = "browser-test-token-5f0c2a"
+SEEDS = 4
+SPEC = {
+    "name": "browser-collapse",
+    "trainer": "collapse",
+    "config": {"n_samples": 200, "steps": 400, "r": 0.1},
+    "grid": {"stop_gradient": [False, True]},
+    "seeds": SEEDS,
+    "metric": "min_l2",
+}
+NUMBER = r"[-+]?\d*\.?\d+(?:e[-+]?\d+)?"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    executable = shutil.which("chromium")
+    if executable is None:
+        # Fails, not skips: CI must not pass without having looked at the pages.
+        pytest.fail("chromium is not installed: scripts/test.sh installs it "
+                    "(apt-get install -y --no-install-recommends chromium)", pytrace=False)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable)
+        yield launched
+        launched.close()
+
+
+class Watched:
+    """A page whose console errors, uncaught exceptions and requests off the service are kept."""
+
+    def __init__(self, browser: Browser, origin: str) -> None:
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.blocked: list[str] = []
+
+        def only_the_service(route, request) -> None:  # type: ignore[no-untyped-def]
+            if request.url.startswith(origin + "/"):
+                route.continue_()
+            else:
+                self.blocked.append(request.url)
+                route.abort()
+
+        self.context.route("**/*", only_the_service)
+        self.page: Page = self.context.new_page()
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+
+    def shot(self, name: str) -> Path:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        self.page.screenshot(path=path, full_page=True)
+        return path
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(x) for x in re.findall(NUMBER, text)]
+
+
+def test_dashboard_and_offline_docs_in_chromium(
+    browser: Browser, start_service: Callable[..., Service]
+) -> None:
+    service = start_service(api_token=TOKEN)
+    service.client.headers["Authorization"] = f"Bearer {TOKEN}"
+    origin = service.server.url.rstrip("/")
+    watched = Watched(browser, origin)
+    page = watched.page
+
+    # The token is asked for before any data request (none is sent without it).
+    page.goto(f"{origin}/ui")
+    page.wait_for_selector("[data-role=token-needed]")
+    page.fill("#token", TOKEN)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("text=no experiments")
+    assert page.evaluate("sessionStorage.getItem('seedgrid.token')") == TOKEN
+    assert TOKEN not in page.url
+
+    # Live: the experiment submitted now appears in the open list, and its page follows the runs
+    # to the end without a reload.
+    experiment_id = service.submit(SPEC)["id"]
+    row = page.locator(f"[data-role=experiment-row][data-experiment-id='{experiment_id}']")
+    row.wait_for(timeout=15_000)
+    row.locator("a").click()
+    page.wait_for_function(
+        "document.querySelector('.facts [data-status]')?.dataset.status === 'completed'"
+        f" && document.querySelectorAll('[data-role=seed-point]').length === {2 * SEEDS}",
+        timeout=120_000)
+    assert service.wait(experiment_id)["status"] == "completed"
+    runs = service.runs(experiment_id)
+    stats = service.client.get(f"/experiments/{experiment_id}/stats").json()
+
+    # The list: status and progress; filters by name on the page, by status through ?status=.
+    page.goto(f"{origin}/ui#/")
+    row.wait_for()
+    assert SPEC["name"] in row.inner_text() and "completed" in row.inner_text()
+    assert f"{len(runs)}/{len(runs)}" in row.inner_text()
+    page.fill("[data-role=name-filter]", "no-such-name")
+    assert page.locator("[data-role=experiment-row]").count() == 0
+    page.fill("[data-role=name-filter]", "browser")
+    assert page.locator("[data-role=experiment-row]").count() == 1
+    page.select_option("[data-role=status-filter]", "running")
+    page.wait_for_selector("text=no experiments")
+    page.select_option("[data-role=status-filter]", "completed")
+    row.wait_for()
+    watched.shot("experiments")
+
+    # The experiment page: one distribution per condition, a point per completed seed.
+    row.locator("a").click()
+    page.wait_for_selector("[data-role=distribution]")
+    page.wait_for_selector("[data-role=band]")
+    distributions = page.locator("[data-role=condition-distribution]")
+    assert distributions.count() == len(stats["conditions"]) == 2
+    for condition in stats["conditions"]:
+        key = condition["condition_key"]
+        points = page.locator(f"[data-role=seed-point][data-condition='{key}']")
+        assert points.count() == condition["n"] == SEEDS
+        shown_runs = sorted(int(points.nth(i).get_attribute("data-run-id") or -1)
+                            for i in range(points.count()))
+        assert shown_runs == sorted(r["id"] for r in runs if r["condition_key"] == key)
+    assert page.locator("[data-role=box]").count() == 2
+
+    # Curves: a mean ± std band per condition; single seeds on demand.
+    bands = page.locator("[data-role=band]")
+    assert bands.count() == 2
+    for i in range(2):
+        assert len(re.findall("L", bands.nth(i).get_attribute("d") or "")) > 4
+    assert page.locator("[data-role=seed-curve]").count() == 0
+    page.check("[data-role=show-seeds]")
+    page.wait_for_function(
+        f"document.querySelectorAll('[data-role=seed-curve]').length === {len(runs)}")
+
+    # The comparison row: the variance ratio and its F interval, against numpy and scipy.
+    by_level = {level: np.array([r["metrics"]["min_l2"] for r in runs
+                                 if r["condition"]["stop_gradient"] is level], dtype=np.float64)
+                for level in (False, True)}
+    comparison = stats["comparisons"][0]
+    a, b = by_level[comparison["a"]], by_level[comparison["b"]]
+    ratio = a.var(ddof=1) / b.var(ddof=1)
+    df_a, df_b = len(a) - 1, len(b) - 1
+    f_interval = (ratio / scipy_stats.f.ppf(0.975, df_a, df_b),
+                  ratio / scipy_stats.f.ppf(0.025, df_a, df_b))
+    comparison_row = page.locator("[data-role=comparison-row]").first
+    assert "pooled" in comparison_row.inner_text()
+    shown_ratio = _numbers(comparison_row.locator("[data-role=var-ratio]").inner_text())
+    assert shown_ratio == pytest.approx([ratio], rel=1e-3)
+    shown_interval = _numbers(comparison_row.locator("[data-role=var-ratio-ci-f]").inner_text())
+    assert shown_interval == pytest.approx(list(f_interval), rel=1e-3)
+    holm = comparison["f_test_p_holm_factor"]
+    assert _numbers(comparison_row.locator("[data-role=holm-p]").inner_text())[0] == (
+        pytest.approx(holm, rel=1e-3, abs=1e-4))
+    watched.shot("experiment")
+    if os.environ.get("SEEDGRID_UPDATE_README_SCREENSHOT") == "1":
+        # The top of the page: distributions, comparisons and curves.
+        README_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=README_SCREENSHOT, full_page=True,
+                        clip={"x": 0, "y": 0, "width": 1280, "height": 1750})
+
+    # The run page of one seed: its curves, diagnostics and provenance.
+    first = page.locator("[data-role=seed-point]").first
+    run_id = int(first.get_attribute("data-run-id") or -1)
+    first.click()
+    page.wait_for_selector("[data-role=run-curve]")
+    assert page.url.endswith(f"#/runs/{run_id}")
+    curve = page.locator("figure[data-metric=min_l2] [data-role=mean-curve]")
+    assert len(re.findall("L", curve.get_attribute("d") or "")) > 4
+    assert "min_l2_peak" in page.locator("[data-role=diagnostics]").inner_text()
+    assert page.locator("[data-role=provenance]").count() == 1
+    watched.shot("run")
+
+    # /docs and /redoc with nothing but the service reachable: every operation is listed.
+    schema = service.client.get("/openapi.json").json()
+    operations = sum(len(methods) for methods in schema["paths"].values())
+    page.goto(f"{origin}/docs")
+    page.wait_for_selector(".opblock")
+    assert page.locator(".opblock").count() == operations
+    assert page.locator(".opblock-summary-path", has_text="/experiments/{experiment_id}/stats"
+                        ).count() == 1
+    watched.shot("docs")
+    page.goto(f"{origin}/redoc")
+    page.wait_for_selector("[data-section-id^='operation/']")
+    assert page.locator("[data-section-id^='operation/']").count() == operations
+    watched.shot("redoc")
+
+    assert watched.blocked == []
+    assert watched.errors == []
+    watched.context.close()
+
+
+def test_pages_are_open_without_the_token_and_load_nothing_from_outside(
+    start_service: Callable[..., Service]
+) -> None:
+    """Checked over plain HTTP, so that a broken page shows up even where chromium is missing."""
+    service = start_service(api_token=TOKEN)
+    anon = service.client
+    pages = ["/ui", "/ui/app.js", "/ui/app.css", "/docs", "/redoc",
+             "/docs-assets/swagger-ui-bundle.js", "/docs-assets/swagger-ui.css",
+             "/docs-assets/redoc.standalone.js", "/docs-assets/favicon.png"]
+    for path in pages:
+        assert anon.get(path).status_code == 200, path
+    # The data stays behind the token, and so does any other file name under /ui.
+    assert anon.get("/experiments").status_code == 401
+    assert anon.get("/ui/secrets.js").status_code == 401
+    authorised = {"Authorization": f"Bearer {TOKEN}"}
+    assert anon.get("/ui/secrets.js", headers=authorised).status_code == 404
+    assert anon.get("/ui/", follow_redirects=False).headers["location"] == "/ui"
+
+    for path in ("/ui", "/docs", "/redoc"):
+        html = anon.get(path).text
+        assert re.findall(r"""(?:src|href)=["']?(?:https?:)?//""", html) == [], path
+    assert b"cdn.redoc.ly" not in anon.get("/docs-assets/redoc.standalone.js").content
+    # HTML and files, not operations: the schema (and the clients generated from it) omit them.
+    paths = anon.get("/openapi.json").json()["paths"]
+    assert not [p for p in paths if p.startswith(("/ui", "/docs", "/redoc"))]
