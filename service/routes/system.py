@@ -1,13 +1,14 @@
-"""/trainers and /healthz."""
+"""/trainers, /healthz and /metrics."""
 
 from __future__ import annotations
 
 import ray
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from sqlalchemy import text
 
 from api_schemas import Health, TrainerInfo
 from service.deps import SessionDep
+from service.metrics import CONTENT_TYPE, exposition
 from service.reports import report_names
 from trainers import REGISTRY
 from trainers.runtime import seedgrid_version
@@ -54,3 +55,13 @@ def healthz(request: Request, session: SessionDep) -> Health:
     return Health(status="ok" if ok else "degraded", database=database, ray=ray_status,
                   cluster_resources=resources, version=seedgrid_version(),
                   dispatcher="absent" if dispatcher is None else dispatcher.state)
+
+
+@router.get("/metrics", response_class=Response, responses={200: {
+    "description": "Prometheus' text exposition format (version 0.0.4)",
+    "content": {"text/plain": {"schema": {"type": "string"}}}}})
+def metrics(request: Request, session: SessionDep) -> Response:
+    dispatcher = request.app.state.dispatcher
+    body = exposition(session, None if dispatcher is None else dispatcher.metrics,
+                      None if dispatcher is None else len(dispatcher.in_flight))
+    return Response(content=body, media_type=CONTENT_TYPE)
