@@ -177,7 +177,9 @@ class Families:
             return
         tested = {}
         for test in ADJUSTED:
-            joined = np.concatenate([members[f][test] for f in self.factors if f in members])
+            parts = [members[f][test] for f in self.factors if f in members]
+            # an experiment without a grid has no comparisons: an empty family
+            joined = np.concatenate(parts) if parts else np.empty(0)
             tested[test] = int(np.isfinite(joined).sum())
             adjusted = holm(joined)
             start = 0

@@ -142,3 +142,12 @@ def test_a_family_too_large_to_adjust_is_null_with_its_reason() -> None:
     assert [c.f_test_p for c in stats.comparisons] == pytest.approx(raw[:3], rel=1e-9)
     assert [c.f_test_p_holm_factor for c in stats.comparisons] == pytest.approx(
         holm_by_hand(raw)[:3], rel=1e-9)
+
+
+def test_an_experiment_without_a_grid_has_one_empty_family() -> None:
+    # one condition, no factor: no comparison to adjust, and no error (it was a 500 on /stats)
+    stats = experiment_stats(metric="m", grid={}, runs=[({}, "", 1.0), ({}, "", 2.5)])
+    assert stats.comparisons == [] and stats.conditions[0].n == 2
+    (family,) = stats.multiplicity
+    assert (family.factor, family.comparisons, family.null_reason) == (None, 0, None)
+    assert family.tested == {"f_test_p": 0, "brown_forsythe_p": 0, "welch_p": 0}
