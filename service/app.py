@@ -45,6 +45,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         version=seedgrid_version(),
         description="Condition x seed grids of training runs on Ray, with variance statistics.",
         lifespan=lifespan,
+        # An operation's id is its handler's name (submit_experiment, get_stats): what a
+        # generated client names its functions, instead of FastAPI's path-and-method ids.
+        generate_unique_id_function=lambda route: route.name,
     )
     app.include_router(experiments.router)
     app.include_router(runs.router)
