@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api_schemas import RunStatus
+from service.server import BackgroundServer
+from service.settings import Settings
 from tests.conftest import Service
 
 FAST = {"n_samples": 64, "steps": 50}
@@ -71,6 +74,19 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
     for status, n in counts.items():
         assert samples[("seedgrid_runs", (("status", status),))] == n, status
     assert samples[("seedgrid_queue_depth", ())] == counts["queued"] == 0
+
+
+    # An API without a dispatcher (--no-dispatch) on the same database: the database's counts,
+    # and none of the dispatcher's metrics, which live in the dispatcher's process.
+    with BackgroundServer(Settings(database_url=service.database_url), dispatch=False) as api:
+        response = httpx.get(f"{api.url}/metrics", timeout=30)
+    assert response.status_code == 200
+    names = {s.name for f in text_string_to_metric_families(response.text) for s in f.samples}
+    assert names == {"seedgrid_runs", "seedgrid_queue_depth"}
+    api_only = {tuple(s.labels.values()): s.value
+                for f in text_string_to_metric_families(response.text) for s in f.samples
+                if s.name == "seedgrid_runs"}
+    assert api_only == {(status,): n for status, n in counts.items()}
 
 
 def test_metrics_need_the_token_when_one_is_set(
