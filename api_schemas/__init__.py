@@ -428,7 +428,7 @@ class ConditionStats(ResponseModel):
     # bound; ci95_method names which.
     ci95: list[float | None] | None
     values: list[float]
-    # The same values, in the same order, each with its run id and seed (empty in /compare).
+    # The same values, in the same order, each with its run id and seed.
     runs: list[RunValue] = []
     ci95_method: str | None = None
     # Accuracy-like metrics whose trainer declares the test-set size n: the binomial noise
