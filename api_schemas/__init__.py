@@ -22,6 +22,7 @@ from api_schemas.adaptive import (
     NamedComparison,
     SeedsAdded,
 )
+from api_schemas.base import ResponseModel
 
 __all__ = [
     "AdaptiveLook",
@@ -30,6 +31,10 @@ __all__ = [
     "AddSeeds",
     "Comparison",
     "ConditionStats",
+    "DatabaseState",
+    "DiagnosticWarning",
+    "DispatcherState",
+    "ErrorDetail",
     "ExperimentComparison",
     "ExperimentCounts",
     "ExperimentCreated",
@@ -38,15 +43,18 @@ __all__ = [
     "ExperimentStatus",
     "ExperimentSummary",
     "Health",
+    "HealthStatus",
     "MetricPoint",
     "NamedComparison",
     "MultiplicityFamily",
     "Omnibus",
+    "RayState",
     "RANDOM_SOURCES",
     "Resources",
     "RunDetail",
     "RunOut",
     "RunStatus",
+    "RunValue",
     "SeedsAdded",
     "SideBySide",
     "SOURCE_FACTOR",
@@ -306,7 +314,7 @@ def level_key(value: GridValue) -> str:
     return f"{type(value).__name__}:{value!r}"
 
 
-class ExperimentCreated(BaseModel):
+class ExperimentCreated(ResponseModel):
     id: int
     name: str
     status: ExperimentStatus
@@ -315,7 +323,7 @@ class ExperimentCreated(BaseModel):
     created_at: datetime
 
 
-class ExperimentCounts(BaseModel):
+class ExperimentCounts(ResponseModel):
     queued: int = 0
     running: int = 0
     completed: int = 0
@@ -325,7 +333,7 @@ class ExperimentCounts(BaseModel):
     stopped: int = 0
 
 
-class ExperimentSummary(BaseModel):
+class ExperimentSummary(ResponseModel):
     id: int
     name: str
     trainer: str
@@ -343,7 +351,7 @@ class ExperimentDetail(ExperimentSummary):
     adaptive: AdaptiveState | None = None
 
 
-class RunStop(BaseModel):
+class RunStop(ResponseModel):
     """Why a `stopped` run ended early: the checks (among its spec's stop_on_checks) that
     fired at the epoch it stopped at."""
 
@@ -355,7 +363,17 @@ class RunStop(BaseModel):
     reason: str
 
 
-class RunOut(BaseModel):
+class DiagnosticWarning(ResponseModel):
+    """A diagnostic of a run that crossed its threshold (the trainer's RunWarning)."""
+
+    diagnostic: str
+    # null when the diagnostic was not finite (JSON has no Infinity)
+    value: float | None
+    threshold: float | None
+    message: str
+
+
+class RunOut(ResponseModel):
     id: int
     experiment_id: int
     condition: dict[str, GridValue]
@@ -365,7 +383,7 @@ class RunOut(BaseModel):
     attempts: int
     metrics: dict[str, Any]
     diagnostics: dict[str, Any]
-    warnings: list[dict[str, Any]]
+    warnings: list[DiagnosticWarning]
     error: str | None
     started_at: datetime | None
     finished_at: datetime | None
@@ -380,14 +398,22 @@ class RunDetail(RunOut):
     attempt_history: list[dict[str, Any]]
 
 
-class MetricPoint(BaseModel):
+class MetricPoint(ResponseModel):
     step: int
     epoch: int | None
     name: str
     value: float | None
 
 
-class ConditionStats(BaseModel):
+class RunValue(ResponseModel):
+    """One run's value of the metric, with the run and seed it came from."""
+
+    run_id: int
+    seed: int
+    value: float
+
+
+class ConditionStats(ResponseModel):
     condition: dict[str, GridValue]
     condition_key: str
     n: int
@@ -402,6 +428,8 @@ class ConditionStats(BaseModel):
     # bound; ci95_method names which.
     ci95: list[float | None] | None
     values: list[float]
+    # The same values, in the same order, each with its run id and seed.
+    runs: list[RunValue] = []
     ci95_method: str | None = None
     # Accuracy-like metrics whose trainer declares the test-set size n: the binomial noise
     # floor, the mean over the condition's runs of p_i (1 - p_i) / n_i, and the share of the
@@ -413,7 +441,7 @@ class ConditionStats(BaseModel):
     warnings: list[str] = []
 
 
-class Comparison(BaseModel):
+class Comparison(ResponseModel):
     factor: str
     a: GridValue
     b: GridValue
@@ -464,7 +492,7 @@ class Comparison(BaseModel):
     warnings: list[str] = []
 
 
-class MultiplicityFamily(BaseModel):
+class MultiplicityFamily(ResponseModel):
     """One family of comparisons whose p-values are Holm-adjusted together."""
 
     # The factor whose comparisons form the family; None: every comparison of the experiment.
@@ -477,7 +505,7 @@ class MultiplicityFamily(BaseModel):
     null_reason: str | None = None
 
 
-class Omnibus(BaseModel):
+class Omnibus(ResponseModel):
     """One test over every level of a factor with more than two levels (pooled over the other
     factors): do the levels' variances differ at all? Brown-Forsythe, scipy.stats.levene with
     center="median"; null with fewer than two values in some level or none varying."""
@@ -489,7 +517,7 @@ class Omnibus(BaseModel):
     warnings: list[str] = []
 
 
-class SourceVariance(BaseModel):
+class SourceVariance(ResponseModel):
     """The seed variance of one level of `varying_source` (a source, `all` or `none`) in one
     condition of the other factors."""
 
@@ -501,7 +529,7 @@ class SourceVariance(BaseModel):
     var_ci95: list[float | None] | None
 
 
-class SourceDecomposition(BaseModel):
+class SourceDecomposition(ResponseModel):
     """Where one condition's seed variance comes from (a spec with decompose_sources)."""
 
     # The levels of the other grid factors ({} when varying_source is the only factor).
@@ -516,7 +544,7 @@ class SourceDecomposition(BaseModel):
     sum_over_all: float | None
 
 
-class Stats(BaseModel):
+class Stats(ResponseModel):
     metric: str
     # The completed runs these statistics come from; they are recomputed (and stored again)
     # only when another run of the experiment completes.
@@ -542,7 +570,7 @@ class Stats(BaseModel):
     source_decomposition: list[SourceDecomposition] | None = None
 
 
-class SeedPlan(BaseModel):
+class SeedPlan(ResponseModel):
     """GET /planning/seeds: how many seeds a variance comparison needs, before submission.
     Given a ratio, the seeds per level that detect it; given seeds per level, the smallest
     ratio they detect (and its inverse, 1 / ratio, equally)."""
@@ -556,7 +584,7 @@ class SeedPlan(BaseModel):
     note: str | None = None
 
 
-class TrainerInfo(BaseModel):
+class TrainerInfo(ResponseModel):
     name: str
     description: str
     paper: str
@@ -570,18 +598,48 @@ class TrainerInfo(BaseModel):
     stop_checks: list[str] = []
 
 
-class Health(BaseModel):
-    status: str
-    database: str
-    ray: str
+class HealthStatus(StrEnum):
+    ok = "ok"
+    degraded = "degraded"  # the database did not answer, or the dispatcher stopped
+
+
+class DatabaseState(StrEnum):
+    ok = "ok"
+    error = "error"  # Health.database_error names the exception
+
+
+class RayState(StrEnum):
+    ok = "ok"
+    not_connected = "not connected"  # this process has not joined Ray (an API without dispatcher)
+    dispatcher_stopped = "dispatcher stopped"
+
+
+class DispatcherState(StrEnum):
+    active = "active"  # holds the dispatch lock and dispatches
+    standby = "standby"  # waits for the lock another dispatcher holds
+    stopped = "stopped"
+    absent = "absent"  # an API started with --no-dispatch
+
+
+class Health(ResponseModel):
+    status: HealthStatus
+    database: DatabaseState
+    # The exception's class name when the database did not answer.
+    database_error: str | None = None
+    ray: RayState
     cluster_resources: dict[str, float]
     version: str
-    # This process's dispatcher: active (holds the dispatch lock), standby (waits for it),
-    # stopped, or absent (an API started with --no-dispatch).
-    dispatcher: str
+    # This process's dispatcher.
+    dispatcher: DispatcherState
 
 
-class SideBySide(BaseModel):
+class ErrorDetail(ResponseModel):
+    """The body of every error but a 422: what went wrong, in one sentence."""
+
+    detail: str
+
+
+class SideBySide(ResponseModel):
     """One condition two experiments both ran: each one's summary and the tests between them,
     as a Comparison whose factor is "experiment" and whose levels are the two ids."""
 
@@ -592,7 +650,7 @@ class SideBySide(BaseModel):
     comparison: Comparison
 
 
-class ExperimentComparison(BaseModel):
+class ExperimentComparison(ResponseModel):
     """GET /compare?a=&b=: the conditions two experiments of one trainer and metric share, side
     by side with the tests of /stats; the conditions only one of them ran are listed by key."""
 

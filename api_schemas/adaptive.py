@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from api_schemas.base import ResponseModel
+
 # Kept equal to api_schemas' bounds (importing them here would be a cycle).
 _MAX_KEY_LENGTH = 100
 _MAX_LEVEL_LENGTH = 200
@@ -80,7 +82,7 @@ class AdaptiveSpec(BaseModel):
         return min(self.max_seeds, self.min_seeds + (look - 1) * self.step)
 
 
-class AdaptiveLook(BaseModel):
+class AdaptiveLook(ResponseModel):
     look: int
     seeds_per_condition: int
     n_a: int
@@ -95,7 +97,7 @@ class AdaptiveLook(BaseModel):
     note: str | None = None
 
 
-class AdaptiveState(BaseModel):
+class AdaptiveState(ResponseModel):
     """An adaptive experiment's record: its rule, every look, and why it stopped."""
 
     rule: str
@@ -140,7 +142,7 @@ class AddSeeds(BaseModel):
         return self
 
 
-class SeedsAdded(BaseModel):
+class SeedsAdded(ResponseModel):
     experiment_id: int
     seeds: list[int]
     runs_added: int

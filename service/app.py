@@ -49,6 +49,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         # Served by service.routes.ui from local files, not FastAPI's CDN pages.
         docs_url=None,
         redoc_url=None,
+        # An operation's id is its handler's name (submit_experiment, get_stats): what a
+        # generated client names its functions, instead of FastAPI's path-and-method ids.
+        generate_unique_id_function=lambda route: route.name,
     )
     app.include_router(experiments.router)
     app.include_router(runs.router)

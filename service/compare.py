@@ -8,7 +8,14 @@ from typing import Any
 
 from sqlmodel import Session, select
 
-from api_schemas import Comparison, ExperimentComparison, RunStatus, SideBySide
+from api_schemas import (
+    Comparison,
+    ConditionStats,
+    ExperimentComparison,
+    RunStatus,
+    RunValue,
+    SideBySide,
+)
 from service.db import Experiment, Run
 from service.experiments import SpecError, get_experiment, unknown_metric
 from service.stats import compare, condition_stats
@@ -23,19 +30,27 @@ def _query_error(field: str, message: str) -> SpecError:
 
 
 def _values(session: Session, experiment: Experiment,
-            metric: str) -> dict[str, tuple[dict[str, Any], list[float]]]:
-    """condition_key -> (condition, the metric of its completed runs in run order)."""
-    out: dict[str, tuple[dict[str, Any], list[float]]] = {}
+            metric: str) -> dict[str, tuple[dict[str, Any], list[RunValue]]]:
+    """condition_key -> (condition, the metric of its completed runs in run order, each with
+    its run id and seed)."""
+    out: dict[str, tuple[dict[str, Any], list[RunValue]]] = {}
     rows = session.exec(
-        select(Run.condition, Run.condition_key, Run.metrics)
+        select(Run.id, Run.seed, Run.condition, Run.condition_key, Run.metrics)
         .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
         .order_by(Run.id)  # type: ignore[arg-type]
     ).all()
-    for condition, key, metrics in rows:
+    for run_id, seed, condition, key, metrics in rows:
         value = metrics.get(metric)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            out.setdefault(key, (condition, []))[1].append(float(value))
+            out.setdefault(key, (condition, []))[1].append(
+                RunValue(run_id=run_id, seed=seed, value=float(value)))
     return out
+
+
+def _side(condition: dict[str, Any], key: str, runs: list[RunValue]) -> ConditionStats:
+    stats = condition_stats(condition, key, [r.value for r in runs])
+    stats.runs = runs
+    return stats
 
 
 def compare_experiments(*, session: Session, a_id: int, b_id: int, metric: str | None,
@@ -61,13 +76,14 @@ def compare_experiments(*, session: Session, a_id: int, b_id: int, metric: str |
                                      "conditions")
     sides = []
     for key in shared[offset:offset + limit]:
-        condition, xs = values_a[key]
-        ys = values_b[key][1]
+        condition, runs_a = values_a[key]
+        runs_b = values_b[key][1]
         sides.append(SideBySide(
             condition=condition, condition_key=key,
-            a=condition_stats(condition, key, xs), b=condition_stats(condition, key, ys),
+            a=_side(condition, key, runs_a), b=_side(condition, key, runs_b),
             comparison=Comparison(factor="experiment", a=a_id, b=b_id, within=condition,
-                                  **compare(xs, ys))))
+                                  **compare([r.value for r in runs_a],
+                                            [r.value for r in runs_b]))))
     end = offset + len(sides)
     return ExperimentComparison(
         a=a_id, b=b_id, trainer=a.trainer, metric=metric, conditions=sides,

@@ -38,6 +38,7 @@ from api_schemas import RunStatus, storable_text
 from service.adaptive import decide_due
 from service.db import masked_url
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
+from service.metrics import DispatcherMetrics
 from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
 from service.settings import Settings
 from service.sources import SourcePlan, config_condition
@@ -96,6 +97,11 @@ class InFlight:
     experiment_id: int
     attempt: int
     generator: Any
+    trainer: str
+    # time.monotonic() at the claim and at the Started message: the dispatch latency and the
+    # run's duration (/metrics)
+    claimed_at: float
+    started_at: float | None = None
     cancel_sent_at: float | None = None
     started: Started | None = None
 
@@ -144,10 +150,12 @@ class Harvest:
 
 class Dispatcher:
     def __init__(
-        self, settings: Settings, engine: Engine, *, lock: DispatchLock | None = None
+        self, settings: Settings, engine: Engine, *, lock: DispatchLock | None = None,
+        metrics: DispatcherMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        self.metrics = metrics or DispatcherMetrics()
         self.identity = lock.identity if lock is not None else dispatcher_identity()
         self.lock = lock or make_dispatch_lock(settings.database_url, self.identity)
         self.in_flight: dict[int, InFlight] = {}
@@ -463,7 +471,8 @@ class Dispatcher:
             ).remote(run.trainer, config, run.seed, self.settings.metrics_batch_interval_s,
                      template.sources.source_seeds(run.condition), template.stop_on_checks)
             self.in_flight[run.id] = InFlight(run_id=run.id, experiment_id=run.experiment_id,
-                                              attempt=run.attempt, generator=generator)
+                                              attempt=run.attempt, generator=generator,
+                                              trainer=run.trainer, claimed_at=time.monotonic())
         return len(claimed)
 
     def _run_templates(self, store: RunStore, experiment_ids: set[int]
@@ -537,8 +546,7 @@ class Dispatcher:
                 message = ray.get(ref)
             except StopIteration:
                 if flight.run_id in self.in_flight:
-                    harvest.lost.append((flight, "the task ended without a result"))
-                    del self.in_flight[flight.run_id]
+                    self._lose(flight, harvest, "the task ended without a result")
                 return
             except TaskCancelledError:
                 harvest.cancelled.append(flight)
@@ -547,13 +555,15 @@ class Dispatcher:
             except RayError as exc:
                 if isinstance(getattr(exc, "cause", None), TaskCancelledError):
                     harvest.cancelled.append(flight)
+                    del self.in_flight[flight.run_id]
                 else:
-                    reason = storable_text(f"{type(exc).__name__}: {_first_line(exc)}")
-                    harvest.lost.append((flight, reason))
-                del self.in_flight[flight.run_id]
+                    self._lose(flight, harvest,
+                               storable_text(f"{type(exc).__name__}: {_first_line(exc)}"))
                 return
             if isinstance(message, Started):
                 flight.started = message
+                flight.started_at = time.monotonic()
+                self.metrics.dispatch_latency.observe(flight.started_at - flight.claimed_at)
                 harvest.started.append((flight, message))
             elif isinstance(message, MetricBatch):
                 harvest.metrics += [
@@ -563,9 +573,18 @@ class Dispatcher:
             elif isinstance(message, Result):
                 harvest.results.append((flight, message.storable()))
                 del self.in_flight[flight.run_id]
+                began = flight.started_at if flight.started_at is not None else flight.claimed_at
+                self.metrics.run_duration.labels(flight.trainer).observe(time.monotonic() - began)
                 return
             if not generator.next_ready():
                 return
+
+    def _lose(self, flight: InFlight, harvest: Harvest, reason: str) -> None:
+        """The task died without a result: its worker or node is gone (the runs store retries
+        or fails the run when the harvest is written)."""
+        harvest.lost.append((flight, reason))
+        del self.in_flight[flight.run_id]
+        self.metrics.worker_losses.inc()
 
     # -- persistence ---------------------------------------------------------------------------
     def _persist(self, harvest: Harvest) -> None:

@@ -178,7 +178,8 @@ class Families:
         tested = {}
         for test in ADJUSTED:
             parts = [members[f][test] for f in self.factors if f in members]
-            joined = np.concatenate(parts) if parts else np.empty(0)  # a grid without factors
+            # an experiment without a grid has no comparisons: an empty family
+            joined = np.concatenate(parts) if parts else np.empty(0)
             tested[test] = int(np.isfinite(joined).sum())
             adjusted = holm(joined)
             start = 0

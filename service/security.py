@@ -126,7 +126,9 @@ def declare_bearer_auth(app: FastAPI, public: Collection[tuple[str, str]]) -> No
                     continue
                 operation["security"] = [{BEARER_SCHEME: []}]
                 operation.setdefault("responses", {})["401"] = {
-                    "description": "Missing or invalid bearer token"
+                    "description": "Missing or invalid bearer token",
+                    "content": {"application/json": {"schema": {
+                        "$ref": "#/components/schemas/ErrorDetail"}}},
                 }
         app.openapi_schema = schema
         return schema

@@ -6,12 +6,14 @@ then serves the same stored result, and it survives restarts."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Row, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
-from api_schemas import SOURCE_FACTOR, RunStatus
+from api_schemas import SOURCE_FACTOR, RunStatus, RunValue, Stats
 from service.db import Experiment, Run, StatsCache, utcnow
 from service.experiments import SpecError, unknown_metric
 from service.sources import experiment_grid, source_decomposition
@@ -27,7 +29,7 @@ MAX_STORED_PAGES = 64
 
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-STATS_FORMAT = "v4"
+STATS_FORMAT = "v5"
 
 
 def _query_error(field: str, message: str) -> SpecError:
@@ -80,7 +82,7 @@ def stats_json(
     # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
     # it stopped at, not comparable with a run trained to the end.
     rows = session.execute(
-        select(Run.condition, Run.condition_key, Run.metrics, Run.diagnostics)
+        select(Run.id, Run.seed, Run.condition, Run.condition_key, Run.metrics, Run.diagnostics)
         .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
         .order_by(Run.id)
     ).all()
@@ -92,6 +94,7 @@ def stats_json(
                              offset=offset, limit=limit,
                              bounds=trainer.metric_bounds.get(metric),
                              test_set_sizes=sizes if any(s is not None for s in sizes) else None)
+    _attach_runs(stats, kept, metric)
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)
@@ -103,6 +106,17 @@ def stats_json(
         session.rollback()
         log.exception("could not store the statistics of experiment %s", experiment.id)
     return payload
+
+
+def _attach_runs(stats: Stats, kept: Sequence[Row[Any]], metric: str) -> None:
+    """Each condition's values again with the run id and seed behind each one, in the order of
+    `values` (both follow the runs' order), so that a client can tell which seed gave what."""
+    by_key: dict[str, list[RunValue]] = {}
+    for row in kept:
+        by_key.setdefault(row.condition_key, []).append(
+            RunValue(run_id=row.id, seed=row.seed, value=float(row.metrics[metric])))
+    for condition in stats.conditions:
+        condition.runs = by_key.get(condition.condition_key, [])
 
 
 def _store(session: Session, experiment_id: int, metric: str, page: str, n_completed: int,

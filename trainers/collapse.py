@@ -31,31 +31,36 @@ from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 
 class CollapseConfig(TrainerConfig):
-    # embedding: free sample embeddings; teacher_student: x_i = A u_i with a learned linear A.
-    model: Literal["embedding", "teacher_student"] = "embedding"
-    # Shared linear head W on the samples, with stop-gradient on the targets of both updates.
-    stop_gradient: bool = False
-    # Fraction of frustrated samples; exactly round(r * n_samples) are frustrated.
-    r: float = Field(0.1, ge=0.0, le=1.0)
-    # all: frustrated samples are uniform over all K labels (lambda_r = 1 - r);
-    # others: uniform over the K - 1 other labels (lambda_r = 1 - rK/(K-1)).
-    frustration_spread: Literal["all", "others"] = "all"
+    model: Literal["embedding", "teacher_student"] = Field(
+        "embedding", description="embedding: free sample embeddings; teacher_student: "
+                                 "x_i = A u_i with a learned linear A")
+    stop_gradient: bool = Field(
+        False, description="Shared linear head W on the samples, with stop-gradient on the "
+                           "targets of both updates")
+    r: float = Field(0.1, ge=0.0, le=1.0, description=(
+        "Fraction of frustrated samples; exactly round(r * n_samples) are frustrated"))
+    frustration_spread: Literal["all", "others"] = Field("all", description=(
+        "all: frustrated samples are uniform over all K labels (lambda_r = 1 - r); others: "
+        "uniform over the K - 1 other labels (lambda_r = 1 - rK/(K-1))"))
     loss: Literal["mse", "cosine"] = "mse"
     n_samples: int = Field(400, ge=2, le=1_000_000)
     n_classes: int = Field(4, ge=2, le=10_000)
     dim: int = Field(8, ge=1, le=100_000)
-    # Teacher-student model: inputs u_i = mu_c(i) + input_noise * xi_i in input_dim
-    # dimensions, teacher class means mu_c ~ N(0, I/input_dim) (unit norm on average) and
-    # xi_i ~ N(0, I/input_dim), so that gradient descent at the default lr stays stable.
-    input_dim: int = Field(32, ge=1, le=100_000)
-    # Noise > 0 makes samples of a class unfittable by a linear map: it acts as extra frustration.
-    input_noise: float = Field(0.0, ge=0.0)
-    # None: 0.5 without stop-gradient, 0.2 with it (the spec's numerical check).
-    lr: float | None = Field(None, gt=0.0)
-    # None: 4000 without stop-gradient, 20000 with it (several collapse times (K+1)/r).
-    steps: int | None = Field(None, ge=1, le=100_000_000)
-    # None: about 200 logged points per run.
-    log_every: int | None = Field(None, ge=1)
+    input_dim: int = Field(32, ge=1, le=100_000, description=(
+        "Teacher-student model: inputs u_i = mu_c(i) + input_noise * xi_i in input_dim "
+        "dimensions, teacher class means mu_c ~ N(0, I/input_dim) (unit norm on average) and "
+        "xi_i ~ N(0, I/input_dim), so that gradient descent at the default lr stays stable"))
+    input_noise: float = Field(0.0, ge=0.0, description=(
+        "Noise > 0 makes samples of a class unfittable by a linear map: it acts as extra "
+        "frustration"))
+    lr: float | None = Field(None, gt=0.0, description=(
+        "Learning rate; None: 0.5 without stop-gradient, 0.2 with it (the spec's numerical "
+        "check)"))
+    steps: int | None = Field(None, ge=1, le=100_000_000, description=(
+        "Optimisation steps; None: 4000 without stop-gradient, 20000 with it (several collapse "
+        "times (K+1)/r)"))
+    log_every: int | None = Field(None, ge=1, description=(
+        "Steps between logged points; None: about 200 logged points per run"))
     init_x_scale: float = Field(1.0, ge=0.0)
     init_y_scale: float = Field(3.0, ge=0.0)
 

@@ -43,21 +43,23 @@ MAX_SIM_CLASSES = 16
 
 class SSLSimConfig(TrainerConfig):
     simulation: Literal["convergence", "latent_class"] = "convergence"
-    # convergence: initial norm rho of every embedding, pairs, dimension, SGD lr, tolerance.
-    initial_norm: float = Field(1.0, gt=0.0, le=1000.0)
-    n_pairs: int = Field(500, ge=1, le=1_000_000)
-    dim: int = Field(20, ge=2, le=10_000)
-    lr: float | None = Field(None, gt=0.0, le=1000.0)  # None: 10 (convergence), 0.01 (latent)
-    tolerance: float = Field(1e-3, gt=0.0, lt=1.0)
+    initial_norm: float = Field(1.0, gt=0.0, le=1000.0, description=(
+        "convergence: initial norm rho of every embedding"))
+    n_pairs: int = Field(500, ge=1, le=1_000_000, description="convergence: pairs")
+    dim: int = Field(20, ge=2, le=10_000, description="convergence: dimension")
+    lr: float | None = Field(None, gt=0.0, le=1000.0, description=(
+        "SGD learning rate; None: 10 (convergence), 0.01 (latent_class)"))
+    tolerance: float = Field(1e-3, gt=0.0, lt=1.0, description="convergence: tolerance")
     max_steps: int = Field(200_000, ge=1, le=10_000_000)
     grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0)
-    # latent_class: relative class frequencies, samples, latent spread, epochs, batch size.
-    class_weights: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0])
-    n_samples: int = Field(2000, ge=10, le=1_000_000)
-    class_spread: float = Field(1.0, ge=0.0, le=100.0)
+    class_weights: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0],
+                                       description="latent_class: relative class frequencies")
+    n_samples: int = Field(2000, ge=10, le=1_000_000, description="latent_class: samples")
+    class_spread: float = Field(1.0, ge=0.0, le=100.0, description=(
+        "latent_class: latent spread"))
     input_scale: float = Field(10.0, gt=0.0, le=1000.0)
-    epochs: int = Field(100, ge=1, le=100_000)
-    batch_size: int = Field(128, ge=2, le=65_536)
+    epochs: int = Field(100, ge=1, le=100_000, description="latent_class: epochs")
+    batch_size: int = Field(128, ge=2, le=65_536, description="latent_class: batch size")
 
     @model_validator(mode="after")
     def _check(self) -> SSLSimConfig:

@@ -7,8 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, ExperimentComparison
-from service.compare import MAX_CONDITIONS_PER_PAGE, compare_experiments
+from service import compare as logic
+from service.compare import MAX_CONDITIONS_PER_PAGE
 from service.deps import MAX_INT_COLUMN, SessionDep
+from service.routes.errors import errors
 from service.routes.paging import Offset
 
 router = APIRouter(tags=["experiments"])
@@ -16,8 +18,13 @@ router = APIRouter(tags=["experiments"])
 IdQuery = Annotated[int, Query(ge=1, le=MAX_INT_COLUMN, description="an experiment id")]
 
 
-@router.get("/compare", response_model=ExperimentComparison)
-def compare(
+@router.get("/compare", response_model=ExperimentComparison, operation_id="compare_experiments",
+            summary="Two experiments of one trainer, condition by condition",
+            description="The conditions experiments `a` and `b` both completed runs of, side by "
+                        "side, each pair tested as in /stats (the factor is `experiment`); the "
+                        "conditions only one of them ran are listed by key.",
+            responses=errors({404: "No experiment with one of these ids"}))
+def compare_experiments(
     a: IdQuery,
     b: IdQuery,
     session: SessionDep,
@@ -25,5 +32,5 @@ def compare(
     limit: Annotated[int, Query(ge=1, le=MAX_CONDITIONS_PER_PAGE)] = 50,
     offset: Offset = 0,
 ) -> ExperimentComparison:
-    return compare_experiments(session=session, a_id=a, b_id=b, metric=metric, offset=offset,
-                               limit=limit)
+    return logic.compare_experiments(session=session, a_id=a, b_id=b, metric=metric,
+                                     offset=offset, limit=limit)

@@ -22,6 +22,7 @@ from api_schemas import (
 )
 from service import experiments as logic
 from service.deps import ExperimentId, SessionDep, SettingsDep
+from service.routes.errors import BODY_TOO_LARGE, NO_EXPERIMENT, QUEUE_FULL, errors
 from service.routes.paging import Offset, link_next
 from service.stats import MAX_COMPARISONS_PER_PAGE
 from service.stats_store import stats_json
@@ -33,9 +34,14 @@ router = APIRouter(prefix="/experiments", tags=["experiments"])
 
 
 @router.post("", status_code=201, response_model=ExperimentCreated,
-             responses={429: {"description": "The queue is full (SEEDGRID_MAX_QUEUED_RUNS); "
-                                             "retry after the Retry-After seconds"}})
-def submit(spec: ExperimentSpec, session: SessionDep, settings: SettingsDep) -> ExperimentCreated:
+             operation_id="submit_experiment", summary="Submit an experiment",
+             description="Validates the spec (the trainer's config model checks `config` and "
+                         "every `grid` level), expands the grid into conditions x seeds and "
+                         "queues one run per (condition, seed). Nothing is stored for a "
+                         "rejected spec; the 422 names the field.",
+             responses=errors({413: BODY_TOO_LARGE, 429: QUEUE_FULL}))
+def submit_experiment(spec: ExperimentSpec, session: SessionDep,
+                      settings: SettingsDep) -> ExperimentCreated:
     experiment = logic.create_experiment(session=session, spec=spec, settings=settings)
     assert experiment.id is not None
     return ExperimentCreated(
@@ -48,8 +54,12 @@ def submit(spec: ExperimentSpec, session: SessionDep, settings: SettingsDep) -> 
     )
 
 
-@router.get("", response_model=list[ExperimentSummary])
-def list_all(
+@router.get("", response_model=list[ExperimentSummary], operation_id="list_experiments",
+            summary="List experiments, newest first",
+            description="One page of experiments with their status and run counts; a "
+                        "`Link: rel=\"next\"` header points at the next page while a page comes "
+                        "back full.")
+def list_experiments(
     request: Request,
     response: Response,
     session: SessionDep,
@@ -62,31 +72,47 @@ def list_all(
     return page
 
 
-@router.get("/{experiment_id}", response_model=ExperimentDetail)
-def detail(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
+@router.get("/{experiment_id}", response_model=ExperimentDetail, operation_id="get_experiment",
+            summary="One experiment: status, run counts and spec",
+            description="Its status, its runs per status, the spec as stored (seeds as given, "
+                        "config without the trainer's defaults) and, for an adaptive "
+                        "experiment, its looks.",
+            responses=errors({404: NO_EXPERIMENT}))
+def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
 @router.post("/{experiment_id}/cancel", status_code=202, response_model=ExperimentDetail,
-             responses={409: {"description": "The experiment ended or was cancelled already"}})
-def cancel(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
+             operation_id="cancel_experiment", summary="Cancel a queued or running experiment",
+             description="Queued runs become `cancelled` at once; running ones are cancelled in "
+                         "Ray and end `cancelled` within about a second.",
+             responses=errors({404: NO_EXPERIMENT,
+                               409: "The experiment ended or was cancelled already"}))
+def cancel_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     logic.cancel_experiment(session=session, experiment_id=experiment_id)
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
 @router.post("/{experiment_id}/seeds", status_code=201, response_model=SeedsAdded,
-             responses={409: {"description": "The experiment was cancelled, or is adaptive "
-                                             "and still adds its own rounds"},
-                        429: {"description": "The queue is full (SEEDGRID_MAX_QUEUED_RUNS)"}})
+             operation_id="add_seeds", summary="Add seeds to every condition",
+             description="More seeds for every condition; their runs join the experiment's "
+                         "statistics.",
+             responses=errors({404: NO_EXPERIMENT,
+                               409: "The experiment was cancelled, or is adaptive and still "
+                                    "adds its own rounds",
+                               413: BODY_TOO_LARGE, 429: QUEUE_FULL}))
 def add_seeds(experiment_id: ExperimentId, request: AddSeeds, session: SessionDep,
               settings: SettingsDep) -> SeedsAdded:
-    """More seeds for every condition; their runs join the experiment's statistics."""
     return logic.add_seeds(session=session, experiment_id=experiment_id, request=request,
                            settings=settings)
 
 
-@router.get("/{experiment_id}/runs", response_model=list[RunOut])
-def runs(
+@router.get("/{experiment_id}/runs", response_model=list[RunOut], operation_id="list_runs",
+            summary="One page of an experiment's runs",
+            description="Each run's condition, seed, status, final metrics, diagnostics "
+                        "summary and warnings, in run order; `status` keeps one status.",
+            responses=errors({404: NO_EXPERIMENT}))
+def list_runs(
     experiment_id: ExperimentId,
     request: Request,
     response: Response,
@@ -101,8 +127,15 @@ def runs(
     return page
 
 
-@router.get("/{experiment_id}/stats", response_model=Stats)
-def stats(
+@router.get("/{experiment_id}/stats", response_model=Stats, operation_id="get_stats",
+            summary="Per-condition summaries and variance comparisons",
+            description="Of `metric` (default: the spec's), over the completed runs: every "
+                        "condition's summary with its values, their runs and seeds, and one page "
+                        "of the comparisons (pooled over the other factors, and within each "
+                        "combination of them). Stored and served again until another run of "
+                        "the experiment completes.",
+            responses=errors({404: NO_EXPERIMENT}))
+def get_stats(
     experiment_id: ExperimentId,
     session: SessionDep,
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,

@@ -13,7 +13,11 @@ from service.power import DEFAULT_ALPHA, DEFAULT_POWER, seed_plan
 router = APIRouter(prefix="/planning", tags=["planning"])
 
 
-@router.get("/seeds", response_model=SeedPlan)
+@router.get("/seeds", response_model=SeedPlan, operation_id="plan_seeds",
+            summary="How many seeds a variance comparison needs",
+            description="Before submission: given a variance ratio, the seeds per level that "
+                        "detect it (two-sided F-test at `alpha` with `power`); given seeds per "
+                        "level, the smallest ratio they detect. Give exactly one of the two.")
 def plan_seeds(
     ratio: Annotated[float | None, Query(gt=0, le=1e12, description=(
         "the variance ratio var_a / var_b to detect: answers the seeds per level"))] = None,

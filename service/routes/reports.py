@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from service.deps import ExperimentId, SessionDep
 from service.reports import experiment_report, reports_by_name
+from service.routes.errors import errors
 from trainers import Trainer
 from trainers.reports import REPORT_NAME, CrossRunReport
 
@@ -27,12 +28,19 @@ def reports_router(trainers: Iterable[Trainer]) -> APIRouter:
     name with a 404 naming the experiment's reports."""
     router = APIRouter(prefix="/experiments", tags=["reports"])
     for name, reports in reports_by_name(trainers).items():
-        _add_report_route(router, f"/{{experiment_id}}/reports/{name}", name, reports)
+        _add_report_route(router, f"/{{experiment_id}}/reports/{name}", name, reports,
+                          operation_id=f"get_{name}_report")
         if name in EARLIER_ADDRESSES:
-            _add_report_route(router, EARLIER_ADDRESSES[name], name, reports)
+            _add_report_route(router, EARLIER_ADDRESSES[name], name, reports,
+                              operation_id=f"get_{name}")
 
     @router.get("/{experiment_id}/reports/{report_name}", name="undeclared_report",
-                response_model=None)
+                response_model=None, operation_id="get_report",
+                summary="Any other report name: a 404 naming the experiment's reports",
+                description="A report name no registered trainer declares: the answer is a "
+                            "404 that lists the reports the experiment's trainer has.",
+                responses=errors({404: "No experiment with this id, or its trainer declares "
+                                       "no report of this name"}))
     def undeclared_report(experiment_id: ExperimentId, report_name: ReportName,
                           session: SessionDep) -> BaseModel:
         return experiment_report(session=session, experiment_id=experiment_id, name=report_name)
@@ -41,7 +49,7 @@ def reports_router(trainers: Iterable[Trainer]) -> APIRouter:
 
 
 def _add_report_route(router: APIRouter, path: str, name: str,
-                      reports: list[CrossRunReport[Any]]) -> None:
+                      reports: list[CrossRunReport[Any]], *, operation_id: str) -> None:
     # Trainers that share a report name may answer with different models: the route's is
     # their union, which pydantic resolves by the model instance the build returns.
     models = list(dict.fromkeys(r.response_model for r in reports))
@@ -51,5 +59,7 @@ def _add_report_route(router: APIRouter, path: str, name: str,
 
     router.add_api_route(
         path, serve_report, methods=["GET"], response_model=reduce(operator.or_, models),
-        name=name, summary=f"The {name!r} report of an experiment",
+        name=name, operation_id=operation_id, summary=f"The {name!r} report of an experiment",
+        responses=errors({404: f"No experiment with this id, or its trainer has no {name!r} "
+                               "report"}),
         description=" ".join(dict.fromkeys(r.description for r in reports)))

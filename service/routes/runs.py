@@ -13,21 +13,30 @@ from service import experiments as logic
 from service.db import Run
 from service.db import RunMetric as MetricRow
 from service.deps import MAX_INT_COLUMN, RunId, SessionDep
+from service.routes.errors import errors
 from service.routes.paging import Offset, link_next
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
+NO_RUN = "No run with this id"
 # Metric points per page of GET /runs/{id}/metrics.
 MAX_POINTS_PAGE = 10_000
 
 
-@router.get("/{run_id}", response_model=RunDetail)
-def detail(run_id: RunId, session: SessionDep) -> RunDetail:
+@router.get("/{run_id}", response_model=RunDetail, operation_id="get_run",
+            summary="One run with its config, provenance and attempts",
+            description="The run as in an experiment's runs, plus the config it ran with, its "
+                        "provenance (seedgrid and torch versions, device, Ray node) and the "
+                        "history of its attempts.",
+            responses=errors({404: NO_RUN}))
+def get_run(run_id: RunId, session: SessionDep) -> RunDetail:
     return logic.run_detail(session=session, run_id=run_id)
 
 
-@router.get("/{run_id}/metrics", response_model=list[MetricPoint])
-def metrics(
+@router.get("/{run_id}/metrics", response_model=list[MetricPoint], operation_id="get_run_metrics",
+            summary="One page of a run's metric curves",
+            responses=errors({404: NO_RUN}))
+def get_run_metrics(
     run_id: RunId,
     request: Request,
     session: SessionDep,
@@ -36,7 +45,8 @@ def metrics(
     limit: Annotated[int, Query(ge=1, le=MAX_POINTS_PAGE)] = MAX_POINTS_PAGE,
     offset: Offset = 0,
 ) -> Response:
-    """One page of a run's points in step order (then in the order they were stored)."""
+    """One page of a run's points in step order (then in the order they were stored);
+    `name` keeps one metric, `since_step` the points from that step on."""
     if session.get(Run, run_id) is None:
         raise logic.NotFound(f"run {run_id} not found")
     query = select(MetricRow.step, MetricRow.epoch, MetricRow.name, MetricRow.value).where(

@@ -186,6 +186,13 @@ def test_two_experiments_compare_side_by_side(service: Service) -> None:
     assert body["only_in_a"] == ["lr=0.1"] and body["only_in_b"] == ["lr=0.3"]
     (side,) = body["conditions"]
     assert side["condition"] == {"lr": 0.2} and side["a"]["n"] == 3 and side["b"]["n"] == 3
+    # each value beside its run and seed: a's runs of lr=0.2, seeds 0, 1, 2
+    for experiment, summary in ((a, side["a"]), (b, side["b"])):
+        stored = {(r["id"], r["seed"], r["metrics"]["loss"]) for r in service.runs(experiment["id"])
+                  if r["condition_key"] == "lr=0.2"}
+        served = [(r["run_id"], r["seed"], r["value"]) for r in summary["runs"]]
+        assert set(served) == stored and [v for _, _, v in served] == summary["values"]
+        assert sorted(seed for _, seed, _ in served) == [0, 1, 2]
     tests = side["comparison"]
     assert (tests["factor"], tests["a"], tests["b"]) == ("experiment", a["id"], b["id"])
     assert tests["var_ratio"] == pytest.approx(0.6 ** -4, rel=1e-6)

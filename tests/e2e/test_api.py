@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Service
 from tests.scipy_reference import assert_matches, reference_comparison, reference_condition
@@ -232,6 +233,11 @@ def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> Non
     history = final["attempt_history"]
     assert [a["outcome"] for a in history] == ["lost", "completed"]
     assert history[0]["worker_pid"] == pid and final["provenance"]["worker_pid"] != pid
+    # /metrics counts the loss, and both attempts' dispatch (claim to Started)
+    scraped = {s.name: s.value for family in text_string_to_metric_families(
+        service.client.get("/metrics").text) for s in family.samples}
+    assert scraped["seedgrid_worker_losses_total"] == 1
+    assert scraped["seedgrid_dispatch_latency_seconds_count"] == 2
     # the metrics of the lost attempt were dropped: one curve, not two
     steps = [
         p["step"]

@@ -152,7 +152,8 @@ def test_a_declared_report_is_served_for_its_trainer(server: BackgroundServer) -
     assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {
         "anyOf": [{"$ref": "#/components/schemas/Tally"},
                   {"$ref": "#/components/schemas/CompletedCount"}],
-        "title": "Response Tally Experiments  Experiment Id  Reports Tally Get"}
+        "title": "Response Get Tally Report"}
+    assert operation["operationId"] == "get_tally_report"
     assert operation["description"] == "Every run as the report sees it. How many runs completed."
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from trainers.data import DataConfig
+from trainers.data import DEVICE, DataConfig
 from trainers.data.sources import NATIVE_SIZE
 from trainers.losses.supcon_margin import MarginMode, Stability
 
@@ -15,38 +15,39 @@ MAX_DEPTH = 16
 
 
 class CFFConfig(DataConfig):
-    # clamp: s' = min(s + m, 1) on positive pairs (CFF); subtract: log p - m on positive pairs
-    # (gradient-neutral); none: no margin.
-    margin_mode: MarginMode = "clamp"
-    # detach: the row max M_i is detached (CFF); direct: not. Equal in exact arithmetic.
-    stability: Stability = "detach"
-    # Per-layer margins from margin_start (layer 0) to margin_end (last layer); CFF's default is
-    # linear 0.4 -> 0.1. margin_end None means margin_start / 4.
-    margin_schedule: Literal["linear", "parabolic", "cosine", "exponential"] = "linear"
-    margin_start: float = Field(0.4, ge=0.0, le=2.0)
-    margin_end: float | None = Field(None, ge=0.0, le=2.0)
+    margin_mode: MarginMode = Field("clamp", description=(
+        "clamp: s' = min(s + m, 1) on positive pairs (CFF); subtract: log p - m on positive "
+        "pairs (gradient-neutral); none: no margin"))
+    stability: Stability = Field("detach", description=(
+        "detach: the row max M_i is detached (CFF); direct: not. Equal in exact arithmetic"))
+    margin_schedule: Literal["linear", "parabolic", "cosine", "exponential"] = Field(
+        "linear", description="Per-layer margins from margin_start (layer 0) to margin_end "
+                              "(last layer); CFF's default is linear 0.4 -> 0.1")
+    margin_start: float = Field(0.4, ge=0.0, le=2.0, description="The margin of layer 0")
+    margin_end: float | None = Field(None, ge=0.0, le=2.0, description=(
+        "The margin of the last layer; None means margin_start / 4"))
     temperature: float = Field(0.15, gt=0.0, le=10.0)
-    # ViT: embedding width E, layers L, attention heads, patch side; MLP width mlp_ratio * E.
-    width: int = Field(128, ge=4, le=4096)
-    depth: int = Field(5, ge=1, le=MAX_DEPTH)
-    heads: int = Field(4, ge=1, le=64)
-    patch: int = Field(4, ge=1, le=64)
-    mlp_ratio: int = Field(2, ge=1, le=16)
-    # Stage 1 (layer-local contrastive) and stage 2 (head) epochs; head_epochs 0 leaves the head
-    # untrained (for throughput benchmarks only).
-    epochs: int = Field(600, ge=1, le=100_000)
-    head_epochs: int = Field(50, ge=0, le=100_000)
-    # Images per batch; each gives two views, so 2 * batch_size anchors.
-    batch_size: int = Field(512, ge=2, le=65_536)
+    width: int = Field(128, ge=4, le=4096, description="ViT: embedding width E")
+    depth: int = Field(5, ge=1, le=MAX_DEPTH, description="ViT: layers L")
+    heads: int = Field(4, ge=1, le=64, description="ViT: attention heads")
+    patch: int = Field(4, ge=1, le=64, description="ViT: patch side")
+    mlp_ratio: int = Field(2, ge=1, le=16, description="ViT: MLP width mlp_ratio * E")
+    epochs: int = Field(600, ge=1, le=100_000, description=(
+        "Stage 1 (layer-local contrastive) epochs"))
+    head_epochs: int = Field(50, ge=0, le=100_000, description=(
+        "Stage 2 (head) epochs; 0 leaves the head untrained (for throughput benchmarks only)"))
+    batch_size: int = Field(512, ge=2, le=65_536, description=(
+        "Images per batch; each gives two views, so 2 * batch_size anchors"))
     lr: float = Field(4e-3, gt=0.0, le=10.0)
     head_lr: float = Field(5e-4, gt=0.0, le=10.0)
     weight_decay: float = Field(0.01, ge=0.0, le=10.0)
-    # Keep the encoder with the best last-layer validation loss and the head with the best
-    # validation cross-entropy (CFF); false keeps the last (needs no validation split).
-    select_by_validation: bool = True
-    # Model input side; the paper's 32 (digits are upsampled to it). None: the dataset's own.
-    image_size: int | None = Field(32, ge=4, le=512)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    select_by_validation: bool = Field(True, description=(
+        "Keep the encoder with the best last-layer validation loss and the head with the best "
+        "validation cross-entropy (CFF); false keeps the last (needs no validation split)"))
+    image_size: int | None = Field(32, ge=4, le=512, description=(
+        "Model input side; the paper's 32 (digits are upsampled to it). None: the dataset's "
+        "own"))
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=DEVICE)
 
     @model_validator(mode="after")
     def _check(self) -> CFFConfig:

@@ -40,44 +40,56 @@ DatasetName = Literal["digits", "synthetic", "cifar10", "cifar100", "svhn", "fas
 Split = Literal["train", "val", "test"]
 
 
+# Descriptions of the fields a trainer's Config may redeclare with its own default.
+IMAGE_SIZE = ("Side of the model's input in pixels; None: the dataset's own (digits 8, "
+              "synthetic 16, MNIST-like 28, CIFAR/SVHN 32). 28 -> 32 zero-pads; other changes "
+              "resize bilinearly")
+VAL_FRACTION = "Seeded fraction of the training set held out for validation"
+AUGMENT_STRENGTH = ("0 = none, 0.5 = the reference crop + flip pipeline, 1 = RandAugment(3, 14) "
+                    "+ 1.5x padding")
+DEVICE = ("auto: the GPU Ray assigned to the run's worker if there is one, else the CPU; cuda "
+          "fails the run when the worker sees no GPU")
+
+
 class DataConfig(TrainerConfig):
     """Dataset fields shared by every trainer's Config."""
 
-    # digits (scikit-learn's bundled 8x8) and synthetic need no files; the others read
-    # torchvision's on-disk layout under the operator's data root.
-    dataset: DatasetName = "digits"
-    # The name of one of the operator's data roots (SEEDGRID_DATA_ROOTS), never a path;
-    # None: the default root, $SEEDGRID_DATA_ROOT (else ~/.cache/seedgrid/data).
-    data_root: str | None = None
-    # Let torchvision download missing files into the data root (the operator must allow it
-    # with SEEDGRID_ALLOW_DOWNLOAD, and the worker needs internet access).
-    download: bool = False
-    # Side of the model's input in pixels; None: the dataset's own (digits 8, synthetic 16,
-    # MNIST-like 28, CIFAR/SVHN 32). 28 -> 32 zero-pads; other changes resize bilinearly.
-    image_size: int | None = Field(None, ge=4, le=512)
-    # Repeat grayscale images to 3 channels so one architecture serves every dataset.
-    rgb: bool = True
-    # Seeded fraction of the training set held out for validation.
-    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    # Exponential class imbalance n_max / n_min over class index (1 = balanced; test stays
-    # balanced): class c keeps the first floor(n_c * ratio^(-c/(K-1))) of its training images.
-    imbalance_ratio: float = Field(1.0, ge=1.0, le=10_000.0)
-    # Seeded subsample of the training set after the split and imbalance (None: all of it).
-    train_size: int | None = Field(None, ge=2)
-    # The first test_size images of a fixed permutation of the test set (the same for all seeds).
-    test_size: int | None = Field(None, ge=1)
-    # 0 = none, 0.5 = the reference crop + flip pipeline, 1 = RandAugment(3, 14) + 1.5x padding.
-    augment_strength: float = Field(0.5, ge=0.0, le=1.0)
-    # Reference crop padding in pixels at strength 0.5; None: the dataset's (CIFAR-10 12/32).
-    crop_padding: int | None = Field(None, ge=0, le=256)
-    # synthetic dataset: classes, images per class, difficulty in [0, 1], generator seed
-    # (fixed across runs, so every seed sees the same dataset).
-    synthetic_classes: int = Field(10, ge=2, le=1000)
-    synthetic_train_per_class: int = Field(200, ge=2, le=100_000)
-    synthetic_test_per_class: int = Field(50, ge=1, le=100_000)
-    synthetic_difficulty: float = Field(0.5, ge=0.0, le=1.0)
-    synthetic_seed: int = Field(0, ge=0)
-
+    dataset: DatasetName = Field("digits", description=(
+        "digits (scikit-learn's bundled 8x8) and synthetic need no files; the others read "
+        "torchvision's on-disk layout under the operator's data root"))
+    data_root: str | None = Field(None, description=(
+        "The name of one of the operator's data roots (SEEDGRID_DATA_ROOTS), never a path; "
+        "None: the default root, $SEEDGRID_DATA_ROOT (else ~/.cache/seedgrid/data)"))
+    download: bool = Field(False, description=(
+        "Let torchvision download missing files into the data root (the operator must allow "
+        "it with SEEDGRID_ALLOW_DOWNLOAD, and the worker needs internet access)"))
+    image_size: int | None = Field(None, ge=4, le=512, description=IMAGE_SIZE)
+    rgb: bool = Field(True, description=(
+        "Repeat grayscale images to 3 channels so one architecture serves every dataset"))
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=VAL_FRACTION)
+    imbalance_ratio: float = Field(1.0, ge=1.0, le=10_000.0, description=(
+        "Exponential class imbalance n_max / n_min over class index (1 = balanced; test stays "
+        "balanced): class c keeps the first floor(n_c * ratio^(-c/(K-1))) of its training "
+        "images"))
+    train_size: int | None = Field(None, ge=2, description=(
+        "Seeded subsample of the training set after the split and imbalance (None: all of it)"))
+    test_size: int | None = Field(None, ge=1, description=(
+        "The first test_size images of a fixed permutation of the test set (the same for all "
+        "seeds)"))
+    augment_strength: float = Field(0.5, ge=0.0, le=1.0, description=AUGMENT_STRENGTH)
+    crop_padding: int | None = Field(None, ge=0, le=256, description=(
+        "Reference crop padding in pixels at strength 0.5; None: the dataset's (CIFAR-10 "
+        "12/32)"))
+    synthetic_classes: int = Field(10, ge=2, le=1000, description="synthetic dataset: classes")
+    synthetic_train_per_class: int = Field(200, ge=2, le=100_000, description=(
+        "synthetic dataset: training images per class"))
+    synthetic_test_per_class: int = Field(50, ge=1, le=100_000, description=(
+        "synthetic dataset: test images per class"))
+    synthetic_difficulty: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "synthetic dataset: difficulty in [0, 1]"))
+    synthetic_seed: int = Field(0, ge=0, description=(
+        "synthetic dataset: generator seed (fixed across runs, so every seed sees the same "
+        "dataset)"))
 
     @field_validator("data_root")
     @classmethod

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from trainers.data import DataConfig
+from trainers.data import AUGMENT_STRENGTH, DEVICE, IMAGE_SIZE, VAL_FRACTION, DataConfig
 
 Method = Literal["simclr", "simsiam", "byol"]
 
@@ -20,47 +20,49 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
 
 class SSLConfig(DataConfig):
     method: Method = "simclr"
-    # Cut-initialisation: every parameter divided by cut at the start (1 = off; paper: 3).
-    cut: float = Field(1.0, ge=1.0, le=1000.0)
-    # GradScale power p: the embedding's gradient is multiplied by ||z||^p (0 = off; paper: 1).
-    grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0)
-    # None: the method's default (SimCLR 1e-6, SimSiam/BYOL 5e-4).
-    weight_decay: float | None = Field(None, ge=0.0, le=1.0)
+    cut: float = Field(1.0, ge=1.0, le=1000.0, description=(
+        "Cut-initialisation: every parameter divided by cut at the start (1 = off; paper: 3)"))
+    grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0, description=(
+        "GradScale power p: the embedding's gradient is multiplied by ||z||^p (0 = off; "
+        "paper: 1)"))
+    weight_decay: float | None = Field(None, ge=0.0, le=1.0, description=(
+        "None: the method's default (SimCLR 1e-6, SimSiam/BYOL 5e-4)"))
     optimizer: Literal["sgd", "adam"] = "sgd"
-    # Peak learning rate; None: the method's default (SimCLR 0.6, SimSiam/BYOL 0.2).
-    lr: float | None = Field(None, gt=0.0, le=100.0)
-    # nominal: warm-up to lr, cosine to lr * 1e-3 (the intended schedule); squared: peak lr^2
-    # and floor lr * 1e-3, the schedule the official code runs by accident (quirk 1).
-    lr_schedule: Literal["nominal", "squared"] = "nominal"
+    lr: float | None = Field(None, gt=0.0, le=100.0, description=(
+        "Peak learning rate; None: the method's default (SimCLR 0.6, SimSiam/BYOL 0.2)"))
+    lr_schedule: Literal["nominal", "squared"] = Field("nominal", description=(
+        "nominal: warm-up to lr, cosine to lr * 1e-3 (the intended schedule); squared: peak "
+        "lr^2 and floor lr * 1e-3, the schedule the official code runs by accident (quirk 1)"))
     warmup_epochs: int = Field(10, ge=0, le=100_000)
-    # None: SimCLR 0.5, SimSiam/BYOL 1.0.
-    temperature: float | None = Field(None, gt=0.0, le=100.0)
+    temperature: float | None = Field(None, gt=0.0, le=100.0, description=(
+        "None: SimCLR 0.5, SimSiam/BYOL 1.0"))
     epochs: int = Field(512, ge=1, le=100_000)
     batch_size: int = Field(512, ge=2, le=65_536)
-    # resnet18: the paper's CIFAR ResNet-18 (3x3 stem, no max-pool, zero-init residuals);
-    # resnet_small: the same design with widths 16/32/64, one block per stage, for CPUs.
-    backbone: Literal["resnet_small", "resnet18"] = "resnet18"
-    # Projector width (None: SimCLR 128, SimSiam/BYOL 2048) and SimSiam/BYOL predictor hidden.
-    proj_dim: int | None = Field(None, ge=2, le=16_384)
-    pred_hidden: int = Field(512, ge=2, le=16_384)
+    backbone: Literal["resnet_small", "resnet18"] = Field("resnet18", description=(
+        "resnet18: the paper's CIFAR ResNet-18 (3x3 stem, no max-pool, zero-init residuals); "
+        "resnet_small: the same design with widths 16/32/64, one block per stage, for CPUs"))
+    proj_dim: int | None = Field(None, ge=2, le=16_384, description=(
+        "Projector width (None: SimCLR 128, SimSiam/BYOL 2048)"))
+    pred_hidden: int = Field(512, ge=2, le=16_384, description="SimSiam/BYOL predictor hidden")
     byol_tau: float = Field(0.99, ge=0.0, lt=1.0)
-    # SimCLR view augmentation strength (0.5: the paper's jitter 0.4/0.4/0.4/0.1), for the
-    # training views and the per-epoch kNN bank alike.
-    view_strength: float = Field(0.5, ge=0.0, le=1.0)
-    # The last held_out_classes classes are removed from training: their test images are the
-    # out-of-distribution set for the norm comparison.
-    held_out_classes: int = Field(0, ge=0, le=1000)
-    # kNN monitor on backbone features: k, similarity temperature, how often (epochs).
-    knn_k: int = Field(200, ge=1, le=10_000)
-    knn_temperature: float = Field(0.1, gt=0.0, le=10.0)
-    eval_every: int = Field(1, ge=1, le=100_000)
-    # Epochs to reach this kNN accuracy are reported (null if never reached).
-    target_knn_accuracy: float = Field(0.5, ge=0.0, le=1.0)
+    view_strength: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "SimCLR view augmentation strength (0.5: the paper's jitter 0.4/0.4/0.4/0.1), for the "
+        "training views and the per-epoch kNN bank alike"))
+    held_out_classes: int = Field(0, ge=0, le=1000, description=(
+        "The last held_out_classes classes are removed from training: their test images are "
+        "the out-of-distribution set for the norm comparison"))
+    knn_k: int = Field(200, ge=1, le=10_000, description="kNN monitor on backbone features: k")
+    knn_temperature: float = Field(0.1, gt=0.0, le=10.0, description=(
+        "kNN monitor: similarity temperature"))
+    eval_every: int = Field(1, ge=1, le=100_000, description=(
+        "kNN monitor: how often (epochs)"))
+    target_knn_accuracy: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "Epochs to reach this kNN accuracy are reported (null if never reached)"))
     # SSL uses its own views, not the shared crop pipeline; no validation split by default.
-    val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    augment_strength: float = Field(0.0, ge=0.0, le=1.0)
-    image_size: int | None = Field(32, ge=4, le=512)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description=VAL_FRACTION)
+    augment_strength: float = Field(0.0, ge=0.0, le=1.0, description=AUGMENT_STRENGTH)
+    image_size: int | None = Field(32, ge=4, le=512, description=IMAGE_SIZE)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=DEVICE)
 
     def resolved(self, name: str) -> Any:
         value = getattr(self, name)

@@ -1,0 +1,365 @@
+"""A Python client of the seedgrid API: submit, wait, and read runs, statistics and curves as
+pandas DataFrames.
+
+    from service.client import Client
+
+    with Client() as sg:                      # SEEDGRID_URL and SEEDGRID_API_TOKEN, or arguments
+        created = sg.submit("examples/collapse_stopgrad.yaml")
+        sg.wait(created.id)                   # a progress bar until every run has ended
+        conditions, comparisons = sg.stats(created.id)
+        curves = sg.curves(created.id, name="min_l2")
+
+It speaks HTTP only and imports nothing of the service but the contract (api_schemas), so it
+works against any deployment. Answers are the api_schemas models; a refusal raises ApiError with
+the status code and the API's detail. pandas is imported only when a DataFrame is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from api_schemas import (
+    AddSeeds,
+    ExperimentComparison,
+    ExperimentCreated,
+    ExperimentDetail,
+    ExperimentSpec,
+    ExperimentStatus,
+    ExperimentSummary,
+    Health,
+    RunDetail,
+    RunOut,
+    RunStatus,
+    SeedsAdded,
+    Stats,
+    TrainerInfo,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+# Page sizes asked for: each list endpoint's maximum.
+RUNS_PAGE = 1000
+POINTS_PAGE = 10_000
+COMPARISONS_PAGE = 2000
+EXPERIMENTS_PAGE = 1000
+COMPARE_PAGE = 500
+ENDED = {ExperimentStatus.completed, ExperimentStatus.partial, ExperimentStatus.cancelled}
+SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+POINT_COLUMNS = ["step", "epoch", "name", "value"]
+
+
+class ApiError(Exception):
+    """The API refused a request: `status_code` and the API's `detail` (a sentence, or for a
+    422 the list of {loc, msg, type} naming each invalid field)."""
+
+    def __init__(self, method: str, path: str, status_code: int, detail: Any) -> None:
+        self.method = method
+        self.path = path
+        self.status_code = status_code
+        self.detail = detail
+        if isinstance(detail, list):
+            shown = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
+                              for e in detail if isinstance(e, dict))
+        else:
+            shown = str(detail)
+        super().__init__(f"{method} {path}: {status_code} {shown}")
+
+
+def default_url() -> str:
+    """SEEDGRID_URL, else the address `seedgrid serve` listens on (SEEDGRID_HOST and
+    SEEDGRID_PORT; a wildcard host is reached on loopback)."""
+    url = os.environ.get("SEEDGRID_URL", "").strip()
+    if url:
+        return url
+    host = os.environ.get("SEEDGRID_HOST", "").strip() or DEFAULT_HOST
+    if host in {"0.0.0.0", "::"}:
+        host = DEFAULT_HOST
+    port = os.environ.get("SEEDGRID_PORT", "").strip() or str(DEFAULT_PORT)
+    return f"http://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class StatsFrames:
+    """/stats as DataFrames: one row per condition, one per comparison, and the full answer
+    (multiplicity families, omnibus tests, source decomposition) as served. Unpacks as
+    `conditions, comparisons = client.stats(id)`."""
+
+    conditions: pd.DataFrame
+    comparisons: pd.DataFrame
+    stats: Stats
+
+    def __iter__(self) -> Iterator[pd.DataFrame]:
+        return iter((self.conditions, self.comparisons))
+
+
+class Client:
+    """The seedgrid API over HTTP. `url` defaults to `default_url()`, `token` to
+    SEEDGRID_API_TOKEN (none: no Authorization header)."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *,
+                 timeout_s: float = 60.0) -> None:
+        self.url = url or default_url()
+        token = token if token is not None else os.environ.get("SEEDGRID_API_TOKEN", "").strip()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    # -- experiments ---------------------------------------------------------------------------
+    def submit(self, spec: Mapping[str, Any] | ExperimentSpec | str | Path) -> ExperimentCreated:
+        """Submit a spec: a dict, an ExperimentSpec, or the path of a .json or .yaml file."""
+        body: Any
+        if isinstance(spec, ExperimentSpec):
+            body = spec.model_dump(mode="json", exclude_unset=True)
+        elif isinstance(spec, str | Path):
+            body = load_spec(Path(spec))
+        else:
+            body = dict(spec)
+        return ExperimentCreated.model_validate(self._json("POST", "/experiments", json=body))
+
+    def experiment(self, experiment_id: int) -> ExperimentDetail:
+        return ExperimentDetail.model_validate(self._json("GET", f"/experiments/{experiment_id}"))
+
+    def experiments(self, status: ExperimentStatus | str | None = None
+                    ) -> list[ExperimentSummary]:
+        """Every experiment (newest first), optionally of one status."""
+        params = {} if status is None else {"status": str(status)}
+        return [ExperimentSummary.model_validate(e)
+                for e in self._pages("/experiments", EXPERIMENTS_PAGE, params)]
+
+    def wait(self, experiment_id: int, *, progress: bool = True, poll_s: float = 0.5,
+             timeout_s: float | None = None) -> ExperimentDetail:
+        """Poll until every run of the experiment has ended; with `progress`, a progress bar of
+        ended runs (rich). TimeoutError after `timeout_s` (None: no limit)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        detail = self.experiment(experiment_id)
+        if not progress:
+            while not _ended(detail):
+                _sleep_or_time_out(poll_s, deadline, detail)
+                detail = self.experiment(experiment_id)
+            return detail
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[counts]}"), TimeElapsedColumn()) as bar:
+            task = bar.add_task(detail.name, total=detail.n_runs, counts="")
+            while True:
+                counts = detail.counts.model_dump()
+                ended = sum(n for status, n in counts.items()
+                            if status not in (RunStatus.queued, RunStatus.running))
+                # an adaptive experiment's total grows with each round
+                bar.update(task, total=detail.n_runs, completed=ended,
+                           counts=", ".join(f"{s} {n}" for s, n in counts.items() if n))
+                if _ended(detail):
+                    return detail
+                _sleep_or_time_out(poll_s, deadline, detail)
+                detail = self.experiment(experiment_id)
+
+    def cancel(self, experiment_id: int) -> ExperimentDetail:
+        return ExperimentDetail.model_validate(
+            self._json("POST", f"/experiments/{experiment_id}/cancel"))
+
+    def add_seeds(self, experiment_id: int, seeds: int | list[int]) -> SeedsAdded:
+        """More seeds for every condition: a count (the next unused seeds) or explicit seeds."""
+        body = AddSeeds.model_validate({"seeds": seeds}).model_dump(mode="json",
+                                                                    exclude_unset=True)
+        return SeedsAdded.model_validate(
+            self._json("POST", f"/experiments/{experiment_id}/seeds", json=body))
+
+    # -- runs ----------------------------------------------------------------------------------
+    def run_list(self, experiment_id: int, status: RunStatus | str | None = None
+                 ) -> list[RunOut]:
+        """Every run of the experiment as the API's models, in run order."""
+        params = {} if status is None else {"status": str(status)}
+        return [RunOut.model_validate(r) for r in
+                self._pages(f"/experiments/{experiment_id}/runs", RUNS_PAGE, params)]
+
+    def runs(self, experiment_id: int, status: RunStatus | str | None = None) -> pd.DataFrame:
+        """One row per run: id, seed, status, condition_key, one column per grid factor, each
+        final metric as `metric.<name>`, attempts, error, times and the warning count."""
+        import pandas as pd
+
+        rows = []
+        for run in self.run_list(experiment_id, status):
+            row: dict[str, Any] = {"run_id": run.id, "seed": run.seed,
+                                   "status": str(run.status),
+                                   "condition_key": run.condition_key}
+            row.update(_factor_columns(run.condition, reserved=row))
+            row.update({f"metric.{name}": value for name, value in run.metrics.items()})
+            row.update({"attempts": run.attempts, "error": run.error,
+                        "started_at": run.started_at, "finished_at": run.finished_at,
+                        "warnings": len(run.warnings)})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def run(self, run_id: int) -> RunDetail:
+        return RunDetail.model_validate(self._json("GET", f"/runs/{run_id}"))
+
+    def curves(self, experiment_id: int | None = None, *, run_ids: list[int] | None = None,
+               name: str | None = None) -> pd.DataFrame:
+        """Metric curves in long form: run_id, seed, condition_key, one column per grid factor,
+        step, epoch, name, value; of every run of an experiment, or of the given runs.
+        `name` keeps one metric."""
+        import pandas as pd
+
+        if (experiment_id is None) == (run_ids is None):
+            raise ValueError("give either experiment_id or run_ids")
+        runs: list[RunOut] = (self.run_list(experiment_id) if experiment_id is not None
+                              else [self.run(i) for i in run_ids or []])
+        frames = []
+        for run in runs:
+            points = list(self._pages(f"/runs/{run.id}/metrics", POINTS_PAGE,
+                                      {} if name is None else {"name": name}))
+            head: dict[str, Any] = {"run_id": run.id, "seed": run.seed,
+                                    "condition_key": run.condition_key}
+            head.update(_factor_columns(run.condition,
+                                        reserved={*head, *POINT_COLUMNS}))
+            frame = pd.DataFrame(points, columns=POINT_COLUMNS).assign(**head)
+            frames.append(frame[[*head, *POINT_COLUMNS]])
+        if not frames:
+            return pd.DataFrame(columns=["run_id", "seed", "condition_key", *POINT_COLUMNS])
+        return pd.concat(frames, ignore_index=True)
+
+    # -- statistics ----------------------------------------------------------------------------
+    def stats(self, experiment_id: int, metric: str | None = None,
+              factor: str | None = None) -> StatsFrames:
+        """/stats of `metric` (default: the spec's), every comparison (pages followed), as
+        DataFrames: conditions (one column per grid factor, then the summary; intervals split
+        into `<name>_low` and `<name>_high`) and comparisons (`within` as served: null for a
+        comparison pooled over the other factors)."""
+        import pandas as pd
+
+        params: dict[str, Any] = {"limit": COMPARISONS_PAGE}
+        if metric is not None:
+            params["metric"] = metric
+        if factor is not None:
+            params["factor"] = factor
+        path = f"/experiments/{experiment_id}/stats"
+        stats = Stats.model_validate(self._json("GET", path, params=params))
+        comparisons = list(stats.comparisons)
+        while stats.next_offset is not None:
+            page = Stats.model_validate(
+                self._json("GET", path, params={**params, "offset": stats.next_offset}))
+            comparisons += page.comparisons
+            stats = stats.model_copy(update={"next_offset": page.next_offset})
+        stats = stats.model_copy(update={"comparisons": comparisons, "offset": 0})
+
+        condition_rows = []
+        for condition in stats.conditions:
+            fields = condition.model_dump(mode="json", exclude={"condition", "runs"})
+            row = _factor_columns(condition.condition, reserved=fields)
+            row.update(_split_intervals(fields))
+            condition_rows.append(row)
+        comparison_rows = [_split_intervals(c.model_dump(mode="json")) for c in comparisons]
+        return StatsFrames(conditions=pd.DataFrame(condition_rows),
+                           comparisons=pd.DataFrame(comparison_rows), stats=stats)
+
+    def compare(self, a: int, b: int, metric: str | None = None) -> ExperimentComparison:
+        """/compare of two experiments, every shared condition (pages followed)."""
+        params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
+        if metric is not None:
+            params["metric"] = metric
+        result = ExperimentComparison.model_validate(self._json("GET", "/compare", params=params))
+        conditions = list(result.conditions)
+        while result.next_offset is not None:
+            page = ExperimentComparison.model_validate(self._json(
+                "GET", "/compare", params={**params, "offset": result.next_offset}))
+            conditions += page.conditions
+            result = result.model_copy(update={"next_offset": page.next_offset})
+        return result.model_copy(update={"conditions": conditions, "offset": 0})
+
+    # -- the service ---------------------------------------------------------------------------
+    def trainers(self) -> list[TrainerInfo]:
+        return [TrainerInfo.model_validate(t) for t in self._json("GET", "/trainers")]
+
+    def health(self) -> Health:
+        return Health.model_validate(self._json("GET", "/healthz"))
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ConnectionError(f"cannot reach the seedgrid API at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except (json.JSONDecodeError, AttributeError):
+                detail = response.text
+            raise ApiError(method, path, response.status_code, detail)
+        return response.json()
+
+    def _pages(self, path: str, limit: int, params: Mapping[str, Any]) -> Iterator[Any]:
+        """Every item of a paged list: pages of `limit` from offset 0 until one comes back
+        short."""
+        offset = 0
+        while True:
+            page = self._json("GET", path, params={**params, "limit": limit, "offset": offset})
+            yield from page
+            if len(page) < limit:
+                return
+            offset += len(page)
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """A spec file: .json, .yaml or .yml; anything else is refused naming what was expected."""
+    if path.suffix.lower() not in SPEC_SUFFIXES:
+        raise ValueError(f"spec file {path}: expected a .json, .yaml or .yml file, not "
+                         f"{path.suffix or 'a file without a suffix'}")
+    text = path.read_text()
+    spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    if not isinstance(spec, dict):
+        raise ValueError(f"spec file {path} must hold a mapping (name, trainer, config, grid, "
+                         "seeds)")
+    return spec
+
+
+def _ended(detail: ExperimentDetail) -> bool:
+    return (detail.status in ENDED and detail.counts.queued == 0
+            and detail.counts.running == 0)
+
+
+def _sleep_or_time_out(poll_s: float, deadline: float | None, detail: ExperimentDetail) -> None:
+    if deadline is not None and time.monotonic() + poll_s > deadline:
+        raise TimeoutError(f"experiment {detail.id} is still {detail.status} "
+                           f"({detail.counts.model_dump()})")
+    time.sleep(poll_s)
+
+
+def _factor_columns(condition: Mapping[str, Any], *, reserved: Collection[str]
+                    ) -> dict[str, Any]:
+    """A condition's factors as columns; a factor whose name another column already has
+    becomes `condition.<name>`."""
+    return {(f"condition.{k}" if k in reserved else k): v for k, v in condition.items()}
+
+
+def _split_intervals(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Interval fields ([low, high] or null) as `<name>_low` and `<name>_high` columns."""
+    row: dict[str, Any] = {}
+    for key, value in fields.items():
+        if "ci95" in key and not key.endswith(("_method", "_reason")):
+            low, high = value if isinstance(value, list) else (None, None)
+            row[f"{key}_low"], row[f"{key}_high"] = low, high
+        else:
+            row[key] = value
+    return row
