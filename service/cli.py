@@ -34,8 +34,9 @@ app.add_typer(db_app, name="db")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
-ENDED = {"completed", "partial", "cancelled"}
+ENDED = {"completed", "partial", "failed", "cancelled"}
 DEFAULT_URL = "http://127.0.0.1:8000"
+SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 UrlOpt = Annotated[str, typer.Option("--url", envvar="SEEDGRID_URL", help="seedgrid API address")]
 DatabaseUrlOpt = Annotated[
     str | None,
@@ -115,16 +116,19 @@ def upgrade_schema(database_url: str) -> None:
 
 
 def load_spec(path: Path) -> dict[str, Any]:
-    """A spec file, JSON or YAML; errors name the file."""
+    """A spec file, JSON or YAML; errors name the file and, for any other file, the types
+    expected (a README passed by mistake is not "invalid YAML")."""
+    if path.suffix.lower() not in SPEC_SUFFIXES:
+        raise _fail(f"expected a .json, .yaml or .yml spec file, got {path.name}")
     try:
         text = path.read_text()
     except OSError as exc:
         raise _fail(f"cannot read spec file {path}: {exc.strerror}") from None
     try:
-        spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise _fail(
-            f"spec file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
+            f"spec file {path} is not valid {path.suffix.lstrip('.').upper()}: {exc}"
         ) from None
     if not isinstance(spec, dict):
         raise _fail(f"spec file {path} must hold a mapping (name, trainer, config, grid, seeds)")
@@ -144,11 +148,11 @@ def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any
     except httpx.HTTPError as exc:
         raise _fail(f"cannot reach the seedgrid API at {client.base_url}: {exc}") from None
     if response.status_code == 422:
-        lines = [
-            f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
-            for e in response.json().get("detail", [])
-        ]
-        what = "the spec was rejected" if method == "POST" else f"GET {path} was refused"
+        detail = response.json().get("detail")
+        lines = ([f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
+                 if isinstance(detail, list) else [f"  {detail}"])
+        what = ("the spec was rejected" if (method, path) == ("POST", "/experiments")
+                else f"{method} {path} was refused")
         raise _fail(f"{what}:\n" + "\n".join(lines))
     if response.status_code >= 400:
         raise _fail(f"{method} {path}: {response.status_code} {response.json().get('detail')}")
