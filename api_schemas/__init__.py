@@ -114,6 +114,9 @@ class ExperimentStatus(StrEnum):
     # outcomes the spec asked for; failed, diverged and cancelled runs are not)
     completed = "completed"
     partial = "partial"  # every run ended, some failed, diverged or were cancelled
+    # every run ended and none completed or was stopped by a check: nothing to compare (a
+    # missing dataset, a device the cluster lacks); the runs' errors say why
+    failed = "failed"
     cancelled = "cancelled"
 
 

@@ -67,7 +67,8 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
                       deciding: bool = False) -> ExperimentStatus:
     """An experiment's status from its run counts. Once every run has ended, it is completed
     when each run completed or was stopped by a check its spec asked to stop on (the outcomes
-    the spec asked for), partial when some failed, diverged or were cancelled. An adaptive
+    the spec asked for), failed when none did and some failed or diverged (calling that partial
+    would hide that there is nothing to compare), partial otherwise. An adaptive
     experiment whose next look is due (`deciding`, no run queued or running) is still
     running: its next round may follow."""
     if cancel_requested:
@@ -75,8 +76,12 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
     if counts.queued == 0 and counts.running == 0 and deciding:
         return ExperimentStatus.running
     if counts.queued == 0 and counts.running == 0:
-        return (ExperimentStatus.completed if counts.completed + counts.stopped == n_runs
-                else ExperimentStatus.partial)
+        succeeded = counts.completed + counts.stopped
+        if succeeded == n_runs:
+            return ExperimentStatus.completed
+        if succeeded == 0 and counts.failed + counts.diverged > 0:
+            return ExperimentStatus.failed
+        return ExperimentStatus.partial
     if any(getattr(counts, s.value) for s in RunStatus if s != RunStatus.queued):
         return ExperimentStatus.running
     return ExperimentStatus.queued
