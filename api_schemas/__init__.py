@@ -37,6 +37,8 @@ __all__ = [
     "ExperimentSpec",
     "ExperimentStatus",
     "ExperimentSummary",
+    "ExportFormat",
+    "ExportWhat",
     "Health",
     "MetricPoint",
     "NamedComparison",
@@ -118,6 +120,21 @@ class ExperimentStatus(StrEnum):
     # missing dataset, a device the cluster lacks); the runs' errors say why
     failed = "failed"
     cancelled = "cancelled"
+
+
+class ExportFormat(StrEnum):
+    """The file format of GET /experiments/{id}/export."""
+
+    csv = "csv"
+    parquet = "parquet"
+
+
+class ExportWhat(StrEnum):
+    """What GET /experiments/{id}/export writes: a row per run (condition, seed, status, final
+    metrics), or the metric curves as a long table (a row per logged point)."""
+
+    runs = "runs"
+    curves = "curves"
 
 
 class Resources(BaseModel):

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 import pydantic
-from sqlalchemy import text
+from sqlalchemy import func, text
 from sqlmodel import Session, select
 
 from api_schemas import (
@@ -456,6 +456,23 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
     return experiment
 
 
+def delete_experiment(*, session: Session, experiment_id: int) -> None:
+    """Delete an ended experiment with its runs, attempts, metric points and statistics. One
+    with a run queued or running is a Conflict (409): its dispatcher would write rows for runs
+    that no longer exist; cancel it first."""
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    store = RunStore(session)
+    store.lock_experiments([experiment_id])
+    session.refresh(experiment)
+    active = experiment.runs_queued + experiment.runs_running
+    if active or experiment.status in {ExperimentStatus.queued, ExperimentStatus.running}:
+        raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued "
+                       f"or running): cancel it (POST /experiments/{experiment_id}/cancel) and "
+                       "delete it once its runs have ended")
+    store.delete_experiment(experiment_id)
+    store.commit()
+
+
 def experiment_summary(experiment: Experiment) -> ExperimentSummary:
     assert experiment.id is not None
     return ExperimentSummary(
@@ -484,11 +501,18 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
 
 
 def list_experiments(
-    *, session: Session, status: ExperimentStatus | None, limit: int, offset: int
+    *, session: Session, status: ExperimentStatus | None, limit: int, offset: int,
+    name: str | None = None,
 ) -> list[ExperimentSummary]:
+    """One page of experiments, newest first, optionally only those in `status` and those
+    whose name contains `name` (case-insensitive)."""
     query = select(Experiment).order_by(Experiment.id.desc())  # type: ignore[union-attr]
     if status is not None:
         query = query.where(Experiment.status == status)
+    if name:
+        # LIKE's own wildcards in the text are matched literally
+        pattern = name.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = query.where(func.lower(Experiment.name).like(f"%{pattern}%", escape="\\"))
     experiments = session.exec(query.offset(offset).limit(limit)).all()
     return [experiment_summary(experiment) for experiment in experiments]
 

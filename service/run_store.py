@@ -32,7 +32,15 @@ from sqlalchemy import bindparam, delete, func, insert, update
 from sqlmodel import Session, select
 
 from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus
-from service.db import AttemptOutcome, Experiment, Run, RunAttempt, RunMetric, utcnow
+from service.db import (
+    AttemptOutcome,
+    Experiment,
+    Run,
+    RunAttempt,
+    RunMetric,
+    StatsCache,
+    utcnow,
+)
 
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
 ENDED = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
@@ -519,6 +527,19 @@ class RunStore:
                              .values(cancel_requested=True)
                              .execution_options(synchronize_session=False))
         self._moved(experiment.id, RunStatus.queued, RunStatus.cancelled, cancelled)
+
+    # -- deleting an ended experiment ----------------------------------------------------------
+    def delete_experiment(self, experiment_id: int) -> None:
+        """The experiment and everything stored for it: metric points, attempts, runs and
+        stored statistics, children first (the foreign keys). The caller has locked the
+        experiment and checked that no run of it is queued or running."""
+        runs = select(Run.id).where(Run.experiment_id == experiment_id)
+        self.session.execute(delete(RunMetric).where(RunMetric.run_id.in_(runs)))  # type: ignore[attr-defined]
+        self.session.execute(delete(RunAttempt).where(RunAttempt.run_id.in_(runs)))  # type: ignore[attr-defined]
+        self.session.execute(delete(StatsCache).where(StatsCache.experiment_id == experiment_id))
+        self.session.execute(delete(Run).where(Run.experiment_id == experiment_id))
+        self.session.execute(delete(Experiment).where(Experiment.id == experiment_id))
+        self._touched.discard(experiment_id)
 
 
 def recount(session: Session, experiment_id: int) -> ExperimentCounts:
