@@ -177,7 +177,9 @@ class Families:
             return
         tested = {}
         for test in ADJUSTED:
-            joined = np.concatenate([members[f][test] for f in self.factors if f in members])
+            arrays = [members[f][test] for f in self.factors if f in members]
+            # a grid without factors has no comparisons: an empty family, not an error
+            joined = np.concatenate(arrays) if arrays else np.empty(0)
             tested[test] = int(np.isfinite(joined).sum())
             adjusted = holm(joined)
             start = 0
