@@ -414,11 +414,13 @@ def _column_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 def abbreviations(factors: Sequence[str]) -> dict[str, str]:
-    """Short names for long factor names: the initials of their `_`-separated parts
+    """Short names for factor names of several `_`-separated words: their initials
     (stop_gradient -> sg), made longer until no two factors share one."""
     short: dict[str, str] = {}
     for factor in factors:
-        parts = [p for p in factor.split("_") if p] or [factor]
+        parts = [p for p in factor.split("_") if p]
+        if len(parts) < 2:  # one word (lr, steps) stays as it is
+            continue
         for extra in range(max(len(p) for p in parts)):
             candidate = "".join(p[: 1 + extra] for p in parts)
             if candidate not in short.values():
