@@ -231,16 +231,24 @@ MAX_WATCHED_CONDITIONS = 24
 MAX_WATCHED_RUNS = 2000
 
 
-def watch(client: httpx.Client, experiment_id: int, poll_s: float = 0.5) -> dict[str, Any]:
+def watch(client: httpx.Client, experiment_id: int, poll_s: float = 0.5,
+          in_process: str | None = None) -> dict[str, Any]:
     """Progress bars, one over the experiment and one per condition (small grids), until every
     run has ended; the experiment's detail at the end. Ctrl-C stops watching, not the
-    experiment, and says how to re-attach."""
+    experiment, and says how to re-attach; with `in_process` (the database of a service that
+    runs in this process, `seedgrid run`), that the runs left wait in its queue instead."""
     try:
         return _follow(client, experiment_id, poll_s)
     except KeyboardInterrupt:
-        err.print(f"stopped watching: experiment {experiment_id} continues on the service; "
-                  f"`seedgrid watch {experiment_id}` re-attaches, `seedgrid cancel "
-                  f"{experiment_id}` stops it", markup=False, soft_wrap=True)
+        if in_process is not None:
+            err.print(f"stopped: experiment {experiment_id}'s runs left stay queued in "
+                      f"{in_process} and run when a `seedgrid serve` on it starts (then "
+                      f"`seedgrid watch {experiment_id}` follows them)", markup=False,
+                      soft_wrap=True)
+        else:
+            err.print(f"stopped watching: experiment {experiment_id} continues on the service; "
+                      f"`seedgrid watch {experiment_id}` re-attaches, `seedgrid cancel "
+                      f"{experiment_id}` stops it", markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
 
 
@@ -1172,7 +1180,9 @@ def run(
             f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
             f"(API at {server.url})"
         )
-        watch(client, created["id"])
+        from service.db import masked_url
+
+        watch(client, created["id"], in_process=masked_url(settings.database_url))
         trouble = report(client, created["id"], metric)
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
     exit_on_trouble(trouble)
