@@ -6,7 +6,7 @@ curves a batch of points at a time, each page in its own short session. CSV is s
 is read; Parquet is written batch by batch (one row group each) into a temporary file that is
 then sent and removed.
 
-Columns (docs/export.md):
+Columns (README, "The API"):
 - runs: id, condition_key, one column per grid factor, seed, status, error, then one column per
   final metric any run reported. A factor or metric whose name is taken by an earlier column
   gets the prefix `condition_` or `metric_`.
