@@ -142,3 +142,16 @@ def test_a_family_too_large_to_adjust_is_null_with_its_reason() -> None:
     assert [c.f_test_p for c in stats.comparisons] == pytest.approx(raw[:3], rel=1e-9)
     assert [c.f_test_p_holm_factor for c in stats.comparisons] == pytest.approx(
         holm_by_hand(raw)[:3], rel=1e-9)
+
+
+@pytest.mark.parametrize("values", [[], [0.5, 0.75, 1.25]])
+def test_a_grid_without_factors_has_one_empty_family(values: list[float]) -> None:
+    stats = experiment_stats(metric="m", grid={}, runs=[({}, "", v) for v in values],
+                             factor=None, offset=0, limit=None)
+    assert stats.comparisons == []
+    (family,) = stats.multiplicity
+    assert family.factor is None and family.comparisons == 0 and family.null_reason is None
+    assert set(family.tested.values()) == {0}
+    if values:
+        (condition,) = stats.conditions
+        assert condition.n == 3 and condition.mean == pytest.approx(np.mean(values), rel=1e-12)
