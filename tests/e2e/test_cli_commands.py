@@ -174,3 +174,19 @@ def test_tables_at_80_columns_show_whole_condition_keys_and_p_values(service: Se
     as_csv = seedgrid(service, "runs", str(created["id"]), "--csv")
     assert as_csv.stdout.splitlines()[0].startswith("id,condition,seed,status,min_l2")
     assert len(as_csv.stdout.splitlines()) == 1 + 12
+
+
+def test_trainers_lists_config_fields_with_defaults_and_protocol_needs_a_declaring_trainer(
+        service: Service) -> None:
+    fields = seedgrid(service, "trainers", "collapse", "--csv")
+    assert fields.returncode == 0, fields.stderr
+    rows = {line.split(",")[0]: line for line in fields.stdout.splitlines()[1:]}
+    assert fields.stdout.splitlines()[0] == "field,type,default,meaning"
+    assert rows["n_samples"].startswith("n_samples,integer,400,")
+    assert rows["stop_gradient"].startswith("stop_gradient,boolean,false,")
+    typo = seedgrid(service, "trainers", "colapse")
+    assert typo.returncode == 2 and "did you mean 'collapse'?" in typo.stderr
+    created = service.submit({"name": "no-protocol", "trainer": "collapse", "config": QUICK,
+                              "grid": {}, "seeds": 1})
+    refused = seedgrid(service, "protocol", str(created["id"]))
+    assert refused.returncode == 2 and "404" in refused.stderr and "Traceback" not in refused.stderr
