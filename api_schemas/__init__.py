@@ -42,6 +42,8 @@ __all__ = [
     "ExperimentSpec",
     "ExperimentStatus",
     "ExperimentSummary",
+    "ExportFormat",
+    "ExportWhat",
     "Health",
     "HealthStatus",
     "MetricPoint",
@@ -122,7 +124,25 @@ class ExperimentStatus(StrEnum):
     # outcomes the spec asked for; failed, diverged and cancelled runs are not)
     completed = "completed"
     partial = "partial"  # every run ended, some failed, diverged or were cancelled
+    # every run ended and none completed or was stopped by a check: nothing to compare (a
+    # missing dataset, a device the cluster lacks); the runs' errors say why
+    failed = "failed"
     cancelled = "cancelled"
+
+
+class ExportFormat(StrEnum):
+    """The file format of GET /experiments/{id}/export."""
+
+    csv = "csv"
+    parquet = "parquet"
+
+
+class ExportWhat(StrEnum):
+    """What GET /experiments/{id}/export writes: a row per run (condition, seed, status, final
+    metrics), or the metric curves as a long table (a row per logged point)."""
+
+    runs = "runs"
+    curves = "curves"
 
 
 class Resources(BaseModel):

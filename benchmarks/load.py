@@ -31,7 +31,7 @@ import httpx
 
 from service.server import free_port
 
-ENDED = {"completed", "partial", "cancelled"}
+ENDED = {"completed", "partial", "failed", "cancelled"}
 
 
 class Recorder:

@@ -1,14 +1,24 @@
-"""The `seedgrid` command line: serve, dispatcher, submit, status, stats, `run` (all in one
-process), and `db upgrade` / `db current` (schema migrations)."""
+"""The `seedgrid` command line: serve, dispatcher, `run` (all in one process), the client
+commands (submit, list, status, runs, watch, stats, protocol, compare, cancel, delete, export,
+trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
+
+Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
+rows); the tables fold long condition keys at their commas, never cutting a key or a number,
+so they stay whole at 80 columns."""
 
 from __future__ import annotations
 
+import csv
+import difflib
 import ipaddress
 import json
 import logging
 import os
+import re
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +30,7 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from service.settings import Settings
 
@@ -31,12 +41,22 @@ app = typer.Typer(
 )
 db_app = typer.Typer(no_args_is_help=True, help="The database schema: apply and show migrations.")
 app.add_typer(db_app, name="db")
-console = Console(width=None if sys.stdout.isatty() else 160)
+# A pipe gets 160 columns unless COLUMNS says otherwise (rich reads COLUMNS itself).
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 err = Console(stderr=True)
 
-ENDED = {"completed", "partial", "cancelled"}
-DEFAULT_URL = "http://127.0.0.1:8000"
-UrlOpt = Annotated[str, typer.Option("--url", envvar="SEEDGRID_URL", help="seedgrid API address")]
+ENDED = {"completed", "partial", "failed", "cancelled"}
+# Run statuses that mean something went wrong: `submit --wait`, `run` and `watch` exit 1.
+TROUBLE = ("failed", "diverged")
+SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+# Wildcard listening addresses a client reaches on the same machine's loopback.
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
+UrlOpt = Annotated[str | None, typer.Option(
+    "--url", envvar="SEEDGRID_URL", show_default=False,
+    help="seedgrid API address [default: SEEDGRID_URL, else http://SEEDGRID_HOST:SEEDGRID_PORT "
+         "as `seedgrid serve` listens, else http://127.0.0.1:8000]")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the API's JSON answer")]
+CsvOpt = Annotated[bool, typer.Option("--csv", help="print the table as CSV")]
 DatabaseUrlOpt = Annotated[
     str | None,
     typer.Option("--database-url", help="SQLAlchemy URL [default: SEEDGRID_DATABASE_URL]"),
@@ -77,12 +97,13 @@ def load_settings(**options: Any) -> Settings:
         raise _fail(f"{field if name else 'settings'}: {first['msg']}") from None
 
 
-def refuse_open_exposure(settings: Settings, insecure: bool) -> None:
+def refuse_open_exposure(settings: Settings, insecure: bool, host_option: bool = False) -> None:
     """A service other machines can reach needs the token: without it, anyone who can connect
     submits work to the cluster. Loopback addresses stay open for local use."""
     if settings.api_token.get_secret_value() or insecure or is_loopback(settings.host):
         return
-    raise _fail(f"SEEDGRID_HOST={settings.host} is reachable from other machines and "
+    host = f"--host {settings.host}" if host_option else f"SEEDGRID_HOST={settings.host}"
+    raise _fail(f"{host} is reachable from other machines and "
                 "SEEDGRID_API_TOKEN is not set: set a token (e.g. `openssl rand -hex 32`), "
                 "listen on 127.0.0.1, or pass --insecure to serve it open anyway")
 
@@ -115,69 +136,312 @@ def upgrade_schema(database_url: str) -> None:
 
 
 def load_spec(path: Path) -> dict[str, Any]:
-    """A spec file, JSON or YAML; errors name the file."""
+    """A spec file, JSON or YAML; errors name the file and, for any other file, the types
+    expected (a README passed by mistake is not "invalid YAML")."""
+    if path.suffix.lower() not in SPEC_SUFFIXES:
+        raise _fail(f"expected a .json, .yaml or .yml spec file, got {path.name}")
     try:
         text = path.read_text()
     except OSError as exc:
         raise _fail(f"cannot read spec file {path}: {exc.strerror}") from None
     try:
-        spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise _fail(
-            f"spec file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
+            f"spec file {path} is not valid {path.suffix.lstrip('.').upper()}: {exc}"
         ) from None
     if not isinstance(spec, dict):
         raise _fail(f"spec file {path} must hold a mapping (name, trainer, config, grid, seeds)")
     return spec
 
 
-def _client(url: str, timeout_s: float) -> httpx.Client:
-    """An API client that sends the bearer token of SEEDGRID_API_TOKEN when it is set."""
+def default_url() -> tuple[str, str]:
+    """The address `seedgrid serve` listens on by this environment's settings, and where it
+    came from: http://SEEDGRID_HOST:SEEDGRID_PORT, a wildcard host reached on loopback."""
+    host = os.environ.get("SEEDGRID_HOST", "127.0.0.1").strip()
+    port_text = os.environ.get("SEEDGRID_PORT", "8000").strip()
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise _fail(f"SEEDGRID_PORT: expected a port number from 1 to 65535, got {port_text!r}")
+    host = WILDCARD_HOSTS.get(host, host).strip("[]")
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    given = [name for name in ("SEEDGRID_HOST", "SEEDGRID_PORT") if name in os.environ]
+    source = " and ".join(given) if given else "the default address"
+    return f"http://{host}:{int(port_text)}", source
+
+
+class ApiClient(httpx.Client):
+    """An API client that says where its address came from when the API cannot be reached."""
+
+    url_source = "--url or SEEDGRID_URL"
+
+
+def _client(url: str | None, timeout_s: float) -> ApiClient:
+    """An API client for `url` (else default_url()) that sends the bearer token of
+    SEEDGRID_API_TOKEN when it is set."""
     token = os.environ.get("SEEDGRID_API_TOKEN", "").strip()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url, timeout=timeout_s, headers=headers)
+    source = ApiClient.url_source
+    if url is None:
+        url, source = default_url()
+    client = ApiClient(base_url=url, timeout=timeout_s, headers=headers)
+    client.url_source = source
+    return client
 
 
 def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
     try:
         response = client.request(method, path, **kwargs)
     except httpx.HTTPError as exc:
-        raise _fail(f"cannot reach the seedgrid API at {client.base_url}: {exc}") from None
+        source = getattr(client, "url_source", "--url")
+        raise _fail(f"cannot reach the seedgrid API at {client.base_url} (from {source}; set "
+                    f"--url or SEEDGRID_URL to reach another): {exc}") from None
     if response.status_code == 422:
-        lines = [
-            f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
-            for e in response.json().get("detail", [])
-        ]
-        what = "the spec was rejected" if method == "POST" else f"GET {path} was refused"
+        detail = response.json().get("detail")
+        lines = ([f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
+                 if isinstance(detail, list) else [f"  {detail}"])
+        what = ("the spec was rejected" if (method, path) == ("POST", "/experiments")
+                else f"{method} {path} was refused")
         raise _fail(f"{what}:\n" + "\n".join(lines))
     if response.status_code >= 400:
         raise _fail(f"{method} {path}: {response.status_code} {response.json().get('detail')}")
-    return response.json()
+    return response.json() if response.content else None
 
 
-def watch(client: httpx.Client, experiment_id: int, poll_s: float = 0.5) -> dict[str, Any]:
-    """A progress bar over the experiment's runs until every run has ended."""
+def _pages(client: httpx.Client, path: str, params: dict[str, Any] | None = None,
+           page_size: int = 1000) -> Iterator[dict[str, Any]]:
+    """Every item of a paged list endpoint, a page at a time."""
+    offset = 0
+    while True:
+        page = _request(client, "GET", path,
+                        params={**(params or {}), "limit": page_size, "offset": offset})
+        yield from page
+        if len(page) < page_size:
+            return
+        offset += len(page)
+
+
+def _ended(detail: dict[str, Any]) -> bool:
+    c = detail["counts"]
+    return detail["status"] in ENDED and c["queued"] == 0 and c["running"] == 0
+
+
+# Per-condition progress is shown up to this many conditions (and runs, read each poll).
+MAX_WATCHED_CONDITIONS = 24
+MAX_WATCHED_RUNS = 2000
+
+
+def watch(client: httpx.Client, experiment_id: int, poll_s: float = 0.5,
+          in_process: str | None = None) -> dict[str, Any]:
+    """Progress bars, one over the experiment and one per condition (small grids), until every
+    run has ended; the experiment's detail at the end. Ctrl-C stops watching, not the
+    experiment, and says how to re-attach; with `in_process` (the database of a service that
+    runs in this process, `seedgrid run`), that the runs left wait in its queue instead."""
+    try:
+        return _follow(client, experiment_id, poll_s)
+    except KeyboardInterrupt:
+        if in_process is not None:
+            err.print(f"stopped: experiment {experiment_id}'s runs left stay queued in "
+                      f"{in_process} and run when a `seedgrid serve` on it starts (then "
+                      f"`seedgrid watch {experiment_id}` follows them)", markup=False,
+                      soft_wrap=True)
+        else:
+            err.print(f"stopped watching: experiment {experiment_id} continues on the service; "
+                      f"`seedgrid watch {experiment_id}` re-attaches, `seedgrid cancel "
+                      f"{experiment_id}` stops it", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+
+
+def _follow(client: httpx.Client, experiment_id: int, poll_s: float) -> dict[str, Any]:
     detail = _request(client, "GET", f"/experiments/{experiment_id}")
+    per_condition = (detail["n_conditions"] <= MAX_WATCHED_CONDITIONS
+                     and detail["n_runs"] <= MAX_WATCHED_RUNS)
     with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        TextColumn("[bold]{task.description}", table_column=Column(overflow="fold")),
+        BarColumn(bar_width=20),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[counts]}"),
+        TextColumn("{task.fields[counts]}", table_column=Column(overflow="fold")),
         TimeElapsedColumn(),
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task(detail["name"], total=detail["n_runs"], counts="")
+        overall = progress.add_task(escape(detail["name"]), total=detail["n_runs"], counts="")
+        conditions: dict[str, Any] = {}
         while True:
             c = detail["counts"]
             done = sum(v for k, v in c.items() if k not in ("queued", "running"))
-            shown = ", ".join(f"{k} {v}" for k, v in c.items() if v)
             # an adaptive experiment's total grows with each round
-            progress.update(task, total=detail["n_runs"], completed=done, counts=shown)
-            if detail["status"] in ENDED and c["queued"] == 0 and c["running"] == 0:
+            progress.update(overall, total=detail["n_runs"], completed=done,
+                            counts=escape(_counts(c)))
+            if per_condition:
+                by_condition: dict[str, Counter[str]] = {}
+                for run in _pages(client, f"/experiments/{experiment_id}/runs"):
+                    by_condition.setdefault(run["condition_key"], Counter())[run["status"]] += 1
+                for key, statuses in by_condition.items():
+                    if key not in conditions:
+                        conditions[key] = progress.add_task(f"  {escape(_spaced(key))}", counts="")
+                    ended = sum(n for s, n in statuses.items() if s not in ("queued", "running"))
+                    progress.update(conditions[key], total=sum(statuses.values()),
+                                    completed=ended, counts=escape(_counts(statuses)))
+            if _ended(detail):
                 return detail
             time.sleep(poll_s)
             detail = _request(client, "GET", f"/experiments/{experiment_id}")
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+
+
+def _spaced(condition_key: str) -> str:
+    """A condition key with a space after each comma, where a narrow table may fold it: each
+    `factor=level` stays whole."""
+    return condition_key.replace(",", ", ")
+
+
+def trouble_summary(client: httpx.Client, experiment_id: int) -> int:
+    """Each distinct error of the failed and diverged runs once, with how many runs it hit;
+    the number of such runs."""
+    errors: Counter[tuple[str, str]] = Counter()
+    for status in TROUBLE:
+        for run in _pages(client, f"/experiments/{experiment_id}/runs", {"status": status}):
+            errors[(status, _first_line_of(run["error"]))] += 1
+    for (status, error), n in errors.most_common():
+        runs = f"{n} run{'s' if n != 1 else ''} {status}"
+        console.print(f"{runs}: {error}", style="yellow", markup=False, soft_wrap=True)
+    return sum(errors.values())
+
+
+def _first_line_of(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else "(no error message)"
+
+
+def _mode(as_json: bool, as_csv: bool) -> str:
+    if as_json and as_csv:
+        raise _fail("--json and --csv: give one of them")
+    return "json" if as_json else "csv" if as_csv else "table"
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def print_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([json.dumps(v) if isinstance(v, list | dict) else v for v in row]
+                     for row in rows)
+
+
+# Longest unbroken word a text column is kept wide enough for; longer ones fold.
+MAX_WORD_WIDTH = 40
+# Columns apart in a table (its padding either side and the separator).
+TABLE_GAP = 3
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                text_columns: set[str], factors: Sequence[str] = (),
+                width: int | None = None) -> None:
+    """A table that stays readable in a narrow terminal: text columns wrap at spaces (a
+    condition key at its commas), the others never wrap and are as wide as their widest cell,
+    so that no number is cut. When the words of the text columns are too wide for that, the
+    grid factors' names are abbreviated in them (stop_gradient -> sg), with a legend."""
+    width = width or console.width
+    legend: dict[str, str] = {}
+    if _min_width(columns, rows, text_columns) > width and factors:
+        legend = abbreviations(factors)
+        rows = [[_abbreviate(cell, legend) if col in text_columns else cell
+                 for col, cell in zip(columns, row, strict=True)] for row in rows]
+    widths = _column_widths(columns, rows, text_columns, width)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name, column_width in zip(columns, widths, strict=True):
+        table.add_column(name, overflow="fold", width=column_width,
+                         justify="left" if name in text_columns else "right")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    console.print(table, width=width)
+    if legend:
+        console.print("factors: " + ", ".join(f"{short} = {full}"
+                                              for full, short in legend.items()),
+                      markup=False, soft_wrap=True)
+
+
+def stats_factors(stats: dict[str, Any]) -> list[str]:
+    """The grid factors a stats page names (its conditions' and comparisons')."""
+    names = [f for c in stats["conditions"] for f in c["condition"]]
+    names += [f for c in stats["comparisons"] for f in [c["factor"], *(c["within"] or {})]]
+    return list(dict.fromkeys(names))
+
+
+def key_factors(keys: Iterator[str] | Sequence[str]) -> list[str]:
+    """The factor names in condition keys (`factor=level,factor=level`)."""
+    return list(dict.fromkeys(part.split("=", 1)[0] for key in keys for part in key.split(",")
+                              if "=" in part))
+
+
+def _word_width(header: str, rows: Sequence[Sequence[str]], i: int) -> int:
+    words = [w for row in rows for w in row[i].split()] + header.split()
+    return min(max((len(w) for w in words), default=1), MAX_WORD_WIDTH)
+
+
+def _min_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
+                text_columns: set[str]) -> list[int]:
+    """Each column's narrowest width with every word of a text column and every number of
+    the others whole (a header may wrap at its spaces)."""
+    return [_word_width(name, rows, i) if name in text_columns
+            else max([len(row[i]) for row in rows] + [len(max(name.split(), key=len))])
+            for i, name in enumerate(columns)]
+
+
+def _min_width(columns: Sequence[str], rows: Sequence[Sequence[str]],
+               text_columns: set[str]) -> int:
+    """The narrowest the table can be with every word and number whole."""
+    return sum(_min_widths(columns, rows, text_columns)) + TABLE_GAP * (len(columns) - 1)
+
+
+def _column_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
+                   text_columns: set[str], width: int) -> list[int | None]:
+    """Fixed widths that fit `width`: each column's natural width when all fit, else its
+    narrowest whole-word width with the room left given to the text columns first. None
+    each (rich decides, folding inside words) when even the narrowest do not fit."""
+    natural = [max([len(row[i]) for row in rows] + [len(name)]) for i, name in enumerate(columns)]
+    room = width - TABLE_GAP * (len(columns) - 1)
+    if sum(natural) <= room:
+        return list(natural)
+    widths = _min_widths(columns, rows, text_columns)
+    spare = room - sum(widths)
+    if spare < 0:
+        return [None] * len(columns)
+    order = sorted(range(len(columns)), key=lambda i: columns[i] not in text_columns)
+    for i in order:
+        grow = min(spare, natural[i] - widths[i])
+        widths[i] += grow
+        spare -= grow
+    return list(widths)
+
+
+def abbreviations(factors: Sequence[str]) -> dict[str, str]:
+    """Short names for factor names of several `_`-separated words: their initials
+    (stop_gradient -> sg), made longer until no two factors share one."""
+    short: dict[str, str] = {}
+    for factor in factors:
+        parts = [p for p in factor.split("_") if p]
+        if len(parts) < 2:  # one word (lr, steps) stays as it is
+            continue
+        for extra in range(max(len(p) for p in parts)):
+            candidate = "".join(p[: 1 + extra] for p in parts)
+            if candidate not in short.values():
+                break
+        if len(candidate) < len(factor):
+            short[factor] = candidate
+    return short
+
+
+def _abbreviate(cell: str, legend: dict[str, str]) -> str:
+    for full, short in legend.items():
+        cell = re.sub(rf"(?<![\w.]){re.escape(full)}(?=[=:])", short, cell)
+    return cell
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -203,6 +467,24 @@ def _flag(item: dict[str, Any]) -> str:
     return f"!{len(item['warnings'])}" if item.get("warnings") else ""
 
 
+CONDITION_COLUMNS = ("condition", "n", "mean", "ci95", "std", "noise share", "!")
+COMPARISON_COLUMNS = ("pair", "within", "n", "var ratio", "F ci95", "cell ratio", "Holm F p", "!")
+
+
+def condition_rows(stats: dict[str, Any]) -> list[list[str]]:
+    return [[_spaced(c["condition_key"]) or "(all)", str(c["n"]), _fmt(c["mean"]),
+             _fmt(c["ci95"]), _fmt(c["std"], 3), _fmt(c.get("noise_floor_share"), 2), _flag(c)]
+            for c in stats["conditions"]]
+
+
+def comparison_rows(stats: dict[str, Any]) -> list[list[str]]:
+    return [[f"{c['factor']}: {c['a']} vs {c['b']}", _spaced(_within(c)), f"{c['n_a']}/{c['n_b']}",
+             _fmt(c["var_ratio"], 3), _fmt(c.get("var_ratio_ci95_f"), 2),
+             _fmt(c.get("within_cell_var_ratio"), 3), _fmt(c.get("f_test_p_holm_factor"), 3),
+             _flag(c)]
+            for c in stats["comparisons"]]
+
+
 def print_stats(stats: dict[str, Any], full: bool = False) -> None:
     """The compact view (a few columns per condition and per comparison, `!n`: n warnings),
     or with `full` every field of every condition, comparison, family and omnibus test."""
@@ -211,27 +493,13 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
         return
     bounds = stats.get("metric_bounds")
     title = f"per-condition {stats['metric']}" + (f" (bounded {_fmt(bounds)})" if bounds else "")
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("condition", "n", "mean", "ci95", "std", "noise share", "!"):
-        table.add_column(col, justify="left" if col == "condition" else "right",
-                         overflow="fold")
-    for c in stats["conditions"]:
-        table.add_row(c["condition_key"] or "(all)", str(c["n"]), _fmt(c["mean"]),
-                      _fmt(c["ci95"]), _fmt(c["std"], 3), _fmt(c.get("noise_floor_share"), 2),
-                      _flag(c))
-    console.print(table, width=min(console.width, COMPACT_WIDTH))
-    comp = Table(title=f"variance comparisons of {stats['metric']} (var_a / var_b; cell ratio: "
-                       "within-cell pooled)")
-    comp.box, comp.show_edge = box.SIMPLE_HEAD, False
-    for col in ("pair", "within", "n", "var ratio", "F ci95", "cell ratio", "Holm F p", "!"):
-        comp.add_column(col, justify="left" if col in {"pair", "within"} else "right",
-                        overflow="fold")
-    for c in stats["comparisons"]:
-        comp.add_row(f"{c['factor']}: {c['a']} vs {c['b']}", _within(c), f"{c['n_a']}/{c['n_b']}",
-                     _fmt(c["var_ratio"], 3), _fmt(c.get("var_ratio_ci95_f"), 2),
-                     _fmt(c.get("within_cell_var_ratio"), 3),
-                     _fmt(c.get("f_test_p_holm_factor"), 3), _flag(c))
-    console.print(comp, width=min(console.width, COMPACT_WIDTH))
+    width = min(console.width, COMPACT_WIDTH)
+    factors = stats_factors(stats)
+    print_table(title, CONDITION_COLUMNS, condition_rows(stats), {"condition"}, factors, width)
+    title = (f"variance comparisons of {stats['metric']} (var_a / var_b; cell ratio: "
+             "within-cell pooled)")
+    print_table(title, COMPARISON_COLUMNS, comparison_rows(stats), {"pair", "within"}, factors,
+                width)
     if stats.get("source_decomposition"):
         print_source_decomposition(stats)
     warned = sum(1 for c in stats["comparisons"] + stats["conditions"] if c.get("warnings"))
@@ -240,6 +508,18 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
                       "need);\n`seedgrid stats ID --all` lists them with every field",
                       markup=False)
     _print_page(stats)
+
+
+def print_stats_csv(stats: dict[str, Any]) -> None:
+    """Both compact tables as one CSV: a `table` column says which each row is from, and each
+    row leaves the other table's columns empty."""
+    columns = ["table", *CONDITION_COLUMNS[:-1], *COMPARISON_COLUMNS[:-1], "warnings"]
+    blank_c, blank_p = [""] * (len(CONDITION_COLUMNS) - 1), [""] * (len(COMPARISON_COLUMNS) - 1)
+    rows = [["condition", *r[:-1], *blank_p, len(c.get("warnings", []))]
+            for r, c in zip(condition_rows(stats), stats["conditions"], strict=True)]
+    rows += [["comparison", *blank_c, *r[:-1], len(c.get("warnings", []))]
+             for r, c in zip(comparison_rows(stats), stats["comparisons"], strict=True)]
+    print_csv(columns, rows)
 
 
 def print_all_stats(stats: dict[str, Any]) -> None:
@@ -294,30 +574,40 @@ def print_source_decomposition(stats: dict[str, Any]) -> None:
 
 
 def report(client: httpx.Client, experiment_id: int, metric: str | None = None,
-           full: bool = False) -> None:
+           full: bool = False, mode: str = "table") -> int:
+    """The experiment's statistics (a table, or the stats as JSON or CSV), then each distinct
+    reason its runs stopped, failed or diverged, once with its count; the number of failed
+    and diverged runs."""
     detail = _request(client, "GET", f"/experiments/{experiment_id}")
     params = {"metric": metric} if metric else {}
-    stats = _request(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
-    console.print(
-        f"experiment {experiment_id} [bold]{detail['name']}[/bold]: {detail['status']} "
-        f"({', '.join(f'{k} {v}' for k, v in detail['counts'].items() if v)})"
-    )
-    print_stats(stats, full)
-    unfinished = [
-        r
-        for status in ("failed", "diverged", "stopped")
-        for r in _request(client, "GET", f"/experiments/{experiment_id}/runs",
-                          params={"status": status, "limit": 10})
-    ]
-    if any(r["status"] == "stopped" for r in unfinished):
+    trouble = sum(detail["counts"][s] for s in TROUBLE)
+    if mode != "table":
+        stats = _request(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
+        print_json(stats) if mode == "json" else print_stats_csv(stats)
+        return trouble
+    console.print(f"experiment {experiment_id} {detail['name']}: {detail['status']} "
+                  f"({_counts(detail['counts'])})", markup=False, soft_wrap=True)
+    if detail["status"] == "failed":
+        console.print("no run completed: there is nothing to compare", markup=False)
+    else:
+        print_stats(_request(client, "GET", f"/experiments/{experiment_id}/stats",
+                             params=params), full)
+    if detail["counts"]["stopped"]:
         console.print("stopped runs ended early on a check (stop_on_checks): the statistics "
-                      "above leave them out")
-    for r in unfinished[:10]:
-        why = r["stop"]["reason"] if r["status"] == "stopped" and r["stop"] else r["error"]
-        console.print(
-            f"[yellow]run {r['id']} ({r['condition_key']}, seed {r['seed']}) "
-            f"{r['status']}:[/yellow] {why}"
-        )
+                      "leave them out", markup=False)
+        reasons = Counter(
+            r["stop"]["reason"] if r["stop"] else "(no reason stored)"
+            for r in _pages(client, f"/experiments/{experiment_id}/runs", {"status": "stopped"}))
+        for reason, n in reasons.most_common():
+            console.print(f"{n} run{'s' if n != 1 else ''} stopped: {reason}", style="yellow",
+                          markup=False, soft_wrap=True)
+    return trouble_summary(client, experiment_id) if trouble else 0
+
+
+def exit_on_trouble(trouble: int) -> None:
+    """Exit 1 when runs failed or diverged, so that scripts and CI notice."""
+    if trouble:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -335,6 +625,12 @@ def serve(
         typer.Option("--insecure", help="listen on a non-loopback SEEDGRID_HOST without "
                                         "SEEDGRID_API_TOKEN (anyone who reaches it can submit)"),
     ] = False,
+    host: Annotated[str | None, typer.Option(
+        help="address to listen on [default: SEEDGRID_HOST, else 127.0.0.1]",
+        show_default=False)] = None,
+    port: Annotated[int | None, typer.Option(
+        help="port to listen on [default: SEEDGRID_PORT, else 8000]; the client commands "
+             "find it when SEEDGRID_PORT says the same", show_default=False)] = None,
 ) -> None:
     """Serve the REST API (and, by default, the dispatcher) with uvicorn."""
     import uvicorn
@@ -342,8 +638,8 @@ def serve(
     if workers > 1 and dispatch:
         raise _fail("--workers: more than one worker process needs --no-dispatch (run the "
                     "dispatcher as its own process: `seedgrid dispatcher`)")
-    settings = load_settings()
-    refuse_open_exposure(settings, insecure)
+    settings = load_settings(host=host, port=port)
+    refuse_open_exposure(settings, insecure, host_option=host is not None)
     log_to_stderr(settings.log_level)
     upgrade_schema(settings.database_url)
     if dispatch:
@@ -402,7 +698,7 @@ def dispatcher() -> None:
 @app.command()
 def submit(
     spec_file: Path,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     wait: Annotated[bool, typer.Option(help="follow progress, then print the stats")] = False,
 ) -> None:
     """Submit an experiment spec (JSON or YAML) to a running service."""
@@ -415,14 +711,17 @@ def submit(
         )
         if wait:
             watch(client, created["id"])
-            report(client, created["id"])
+            exit_on_trouble(report(client, created["id"]))
 
 
 @app.command()
-def status(experiment_id: int, url: UrlOpt = DEFAULT_URL) -> None:
+def status(experiment_id: int, url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """An experiment's status and run counts."""
     with _client(url, 60) as client:
         d = _request(client, "GET", f"/experiments/{experiment_id}")
+    if as_json:
+        print_json(d)
+        return
     counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
     console.print(
         f"experiment {d['id']} {d['name']} ({d['trainer']}): {d['status']}; "
@@ -446,7 +745,7 @@ def status(experiment_id: int, url: UrlOpt = DEFAULT_URL) -> None:
 def add_seeds(
     experiment_id: int,
     seeds: Annotated[int, typer.Argument(help="how many seeds to add to every condition")],
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     wait: Annotated[bool, typer.Option(help="follow progress, then print the stats")] = False,
 ) -> None:
     """Add seeds to every condition of an experiment; their runs join its statistics."""
@@ -458,40 +757,48 @@ def add_seeds(
                       f"({added['n_runs']} in all)", markup=False)
         if wait:
             watch(client, experiment_id)
-            report(client, experiment_id)
+            exit_on_trouble(report(client, experiment_id))
 
 
 @app.command()
 def compare(
     a: Annotated[int, typer.Argument(help="the first experiment's id")],
     b: Annotated[int, typer.Argument(help="the second experiment's id")],
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
 ) -> None:
     """Two experiments of one trainer side by side, condition by condition."""
     params: dict[str, Any] = {"a": a, "b": b, "limit": 200}
     if metric:
         params["metric"] = metric
-    table = Table(title=f"experiment {a} vs {b}")
-    for column in ("condition", "n a/b", "mean a", "mean b", "welch p", "var a/b",
-                   "F 95% interval", "F p"):
-        table.add_column(column)
+    columns = ("condition", "n a/b", "mean a", "mean b", "welch p", "var a/b", "F ci95", "F p")
+    rows: list[list[str]] = []
+    pages: list[dict[str, Any]] = []
     offset: int | None = 0
     with _client(url, 120) as client:
         while offset is not None:
             body = _request(client, "GET", "/compare", params={**params, "offset": offset})
+            pages.append(body)
             for side in body["conditions"]:
                 t = side["comparison"]
-                interval = t.get("var_ratio_ci95_f") or [None, None]
-                table.add_row(escape(side["condition_key"]), f"{t['n_a']}/{t['n_b']}",
-                              _fmt(side["a"]["mean"]), _fmt(side["b"]["mean"]),
-                              _fmt(t["welch_p"]), _fmt(t["var_ratio"]),
-                              escape(f"[{_fmt(interval[0])}, {_fmt(interval[1])}]"),
-                              _fmt(t["f_test_p"]))
+                rows.append([_spaced(side["condition_key"]), f"{t['n_a']}/{t['n_b']}",
+                             _fmt(side["a"]["mean"]), _fmt(side["b"]["mean"]),
+                             _fmt(t["welch_p"], 3), _fmt(t["var_ratio"], 3),
+                             _fmt(t.get("var_ratio_ci95_f"), 2), _fmt(t["f_test_p"], 3)])
             offset = body["next_offset"]
+    mode = _mode(as_json, as_csv)
+    if mode == "json":
+        print_json(pages[0] if len(pages) == 1 else pages)
+        return
+    if mode == "csv":
+        print_csv(columns, rows)
+        return
     console.print(f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} "
                   "shared conditions", markup=False)
-    console.print(table)
+    print_table(f"experiment {a} vs {b}", columns, rows, {"condition"},
+                key_factors(side["condition_key"] for page in pages for side in page["conditions"]))
     for side, keys in (("a", body["only_in_a"]), ("b", body["only_in_b"])):
         if keys:
             console.print(f"only in {side}: {', '.join(keys)}", markup=False)
@@ -500,16 +807,315 @@ def compare(
 @app.command()
 def stats(
     experiment_id: int,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
     show_all: Annotated[bool, typer.Option(
         "--all", help="every field of every condition and comparison, warnings included, "
                       "instead of the compact tables")] = False,
+    as_json: JsonOpt = False,
+    as_csv: Annotated[bool, typer.Option(
+        "--csv", help="both compact tables as one CSV (its `table` column says which)")] = False,
 ) -> None:
     """Per-condition table and variance comparisons of an experiment (compact; --all for
     every field)."""
+    mode = _mode(as_json, as_csv)
     with _client(url, 120) as client:
-        report(client, experiment_id, metric, show_all)
+        report(client, experiment_id, metric, show_all, mode)
+
+
+@app.command("list")
+def list_experiments(
+    url: UrlOpt = None,
+    name: Annotated[str | None, typer.Option(
+        help="only experiments whose name contains this (case-insensitive)")] = None,
+    status: Annotated[str | None, typer.Option(
+        help="only experiments in this status (queued, running, completed, partial, failed, "
+             "cancelled)")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="how many, newest first")] = 50,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+) -> None:
+    """The experiments, newest first: status, progress, trainer, created and finished."""
+    mode = _mode(as_json, as_csv)
+    params: dict[str, Any] = {"limit": limit}
+    params |= {k: v for k, v in (("name", name), ("status", status)) if v is not None}
+    with _client(url, 60) as client:
+        experiments = _request(client, "GET", "/experiments", params=params)
+    if mode == "json":
+        print_json(experiments)
+        return
+    columns = ("id", "name", "trainer", "status", "done", "created", "finished")
+    rows = [[str(e["id"]), e["name"], e["trainer"], e["status"],
+             f"{sum(v for k, v in e['counts'].items() if k not in ('queued', 'running'))}"
+             f"/{e['n_runs']}", _when(e["created_at"]), _when(e["finished_at"])]
+            for e in experiments]
+    if mode == "csv":
+        print_csv(columns, rows)
+    elif rows:
+        print_table(None, columns, rows, {"name", "trainer", "created", "finished"})
+    else:
+        console.print("no experiments" + (" match" if name or status else ""), markup=False)
+
+
+def _when(timestamp: str | None) -> str:
+    """An API timestamp to the minute (UTC), `-` when there is none."""
+    return timestamp[:16].replace("T", " ") if timestamp else "-"
+
+
+@app.command()
+def runs(
+    experiment_id: int,
+    url: UrlOpt = None,
+    status: Annotated[str | None, typer.Option(
+        help="only runs in this status (queued, running, completed, failed, diverged, "
+             "cancelled, stopped)")] = None,
+    metric: Annotated[str | None, typer.Option(
+        help="the final metric shown [default: the experiment's]")] = None,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+) -> None:
+    """An experiment's runs: condition, seed, status, final metric, and why a run did not
+    complete; then every run warning."""
+    mode = _mode(as_json, as_csv)
+    params = {"status": status} if status else {}
+    with _client(url, 120) as client:
+        detail = _request(client, "GET", f"/experiments/{experiment_id}")
+        shown = metric or detail["spec"].get("metric") or _primary_metric(client, detail)
+        listed = list(_pages(client, f"/experiments/{experiment_id}/runs", params))
+    if mode == "json":
+        print_json(listed)
+        return
+    columns = ("id", "condition", "seed", "status", shown, "tries", "why / warnings")
+    rows = [[str(r["id"]), _spaced(r["condition_key"]), str(r["seed"]), r["status"],
+             _fmt(r["metrics"].get(shown)), str(r["attempts"]), _why(r)] for r in listed]
+    if mode == "csv":
+        print_csv([*columns[:-1], "error", "warnings"],
+                  [[*row[:-1], r["error"] or "", "; ".join(w.get("message", str(w))
+                                                             for w in r["warnings"])]
+                   for row, r in zip(rows, listed, strict=True)])
+        return
+    print_table(f"experiment {experiment_id} runs", columns, rows, {"condition", "why / warnings"},
+                key_factors(r["condition_key"] for r in listed))
+    for r in listed:
+        for warning in r["warnings"]:
+            console.print(f"run {r['id']} ({r['condition_key']}, seed {r['seed']}) warning: "
+                          f"{warning.get('message', warning)}", style="yellow", markup=False,
+                          soft_wrap=True)
+
+
+def _primary_metric(client: httpx.Client, detail: dict[str, Any]) -> str:
+    trainers = {t["name"]: t for t in _request(client, "GET", "/trainers")}
+    trainer = trainers.get(detail["trainer"])
+    return trainer["primary_metric"] if trainer else "-"
+
+
+def _why(run: dict[str, Any]) -> str:
+    """What a row's last column says: the error's first line, the stop's reason, or how many
+    warnings the run has (listed under the table)."""
+    if run["status"] == "stopped" and run.get("stop"):
+        return str(run["stop"]["reason"])
+    if run["error"]:
+        return _first_line_of(run["error"])
+    n = len(run["warnings"])
+    return f"{n} warning{'s' if n != 1 else ''}" if n else ""
+
+
+@app.command("watch")
+def watch_command(
+    experiment_id: int,
+    url: UrlOpt = None,
+    poll: Annotated[float, typer.Option(min=0.1, help="seconds between looks")] = 1.0,
+) -> None:
+    """Follow an experiment's progress, per condition, until every run has ended; exit 1 when
+    runs failed or diverged. Ctrl-C stops watching, not the experiment."""
+    with _client(url, 60) as client:
+        detail = watch(client, experiment_id, poll)
+        console.print(f"experiment {experiment_id} {detail['status']}: "
+                      f"{_counts(detail['counts'])}", markup=False, soft_wrap=True)
+        trouble = trouble_summary(client, experiment_id)
+    exit_on_trouble(trouble)
+
+
+@app.command()
+def cancel(experiment_id: int, url: UrlOpt = None) -> None:
+    """Cancel an experiment: its queued runs at once, its running ones as soon as Ray stops
+    them."""
+    with _client(url, 60) as client:
+        d = _request(client, "POST", f"/experiments/{experiment_id}/cancel")
+    running = d["counts"]["running"]
+    console.print(f"experiment {experiment_id} {d['name']}: cancelled; {d['counts']['cancelled']} "
+                  f"runs cancelled" + (f", {running} running runs stopping" if running else ""),
+                  markup=False, soft_wrap=True)
+
+
+@app.command()
+def delete(experiment_id: int, url: UrlOpt = None) -> None:
+    """Delete an ended experiment with its runs, metric points and statistics (refused while a
+    run is queued or running: `seedgrid cancel` it first)."""
+    with _client(url, 60) as client:
+        _request(client, "DELETE", f"/experiments/{experiment_id}")
+    console.print(f"experiment {experiment_id} deleted", markup=False)
+
+
+@app.command()
+def protocol(
+    experiment_id: int,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+) -> None:
+    """The protocol verdicts of an experiment whose trainer declares them (feedback): per
+    condition, then per run."""
+    mode = _mode(as_json, as_csv)
+    with _client(url, 120) as client:
+        body = _request(client, "GET", f"/experiments/{experiment_id}/reports/protocol")
+    if mode == "json":
+        print_json(body)
+        return
+    run_columns = ("run", "condition", "seed", "status", "verdict", "depth utility pp")
+    run_rows = [[str(r["run_id"]), _spaced(r["condition_key"]), str(r["seed"]), r["status"],
+                 r["verdict"], _fmt(r.get("depth_utility_pp"), 3)] for r in body["runs"]]
+    if mode == "csv":
+        print_csv(run_columns, run_rows)
+        return
+    console.print(f"experiment {experiment_id}: {body['n_completed']} completed and "
+                  f"{body.get('n_stopped', 0)} stopped runs audited of {body['n_runs']}"
+                  + (f"; depth utility: {body['d3_reason']}" if body.get("d3_reason") else ""),
+                  markup=False, soft_wrap=True)
+    columns = ("condition", "n", "verdicts", "fired", "depth utility pp")
+    rows = [[_spaced(c["condition_key"]) or "(all)", str(c["n"]), _spaced(_pairs(c["verdicts"])),
+             _spaced(_pairs(c["fired"])),
+             f"{_fmt(c['depth_utility_pp_mean'], 3)} ± {_fmt(c['depth_utility_pp_std'], 3)}"]
+            for c in body["conditions"]]
+    factors = key_factors(r["condition_key"] for r in body["runs"])
+    print_table("per condition", columns, rows, {"condition", "verdicts", "fired"}, factors)
+    print_table("per run", run_columns, run_rows, {"condition", "verdict"}, factors)
+
+
+def _pairs(counts: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in counts.items()) or "-"
+
+
+@app.command()
+def export(
+    experiment_id: int,
+    url: UrlOpt = None,
+    file_format: Annotated[str, typer.Option(
+        "--format", help="csv or parquet")] = "csv",
+    curves: Annotated[bool, typer.Option(
+        "--curves", help="the metric curves (a row per logged point) instead of a row per "
+                         "run")] = False,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="file to write [default: experiment-ID-runs.FORMAT, or "
+                               "-curves]", show_default=False)] = None,
+) -> None:
+    """Write an experiment's runs (condition, seed, status, final metrics) or its metric
+    curves to a CSV or Parquet file."""
+    if file_format not in ("csv", "parquet"):
+        raise _fail(f"--format: expected csv or parquet, got {file_format!r}")
+    what = "curves" if curves else "runs"
+    target = output or Path(f"experiment-{experiment_id}-{what}.{file_format}")
+    path = f"/experiments/{experiment_id}/export"
+    with _client(url, 600) as client:
+        try:
+            with client.stream("GET", path, params={"format": file_format, "what": what}) as rsp:
+                if rsp.status_code >= 400:
+                    rsp.read()
+                    raise _fail(f"GET {path}: {rsp.status_code} {rsp.json().get('detail')}")
+                written = _write_stream(rsp, target)
+        except httpx.HTTPError as exc:
+            raise _fail(f"cannot export from the seedgrid API at {client.base_url}: "
+                        f"{exc}") from None
+    console.print(f"wrote {target} ({written:,} bytes)", markup=False, soft_wrap=True)
+
+
+def _write_stream(response: httpx.Response, target: Path) -> int:
+    """The response body into `target`, through a temporary file beside it, so that a broken
+    download never leaves a truncated file under the name asked for."""
+    partial = target.with_name(target.name + ".part")
+    written = 0
+    try:
+        with partial.open("wb") as out:
+            for chunk in response.iter_bytes():
+                written += out.write(chunk)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise _fail(f"cannot write {target}: {exc.strerror}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(target)
+    return written
+
+
+@app.command()
+def trainers(
+    name: Annotated[str | None, typer.Argument(help="a trainer: its config fields")] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+) -> None:
+    """The trainers the service runs; with NAME, its config fields, defaults and meanings."""
+    mode = _mode(as_json, as_csv)
+    with _client(url, 60) as client:
+        listed = _request(client, "GET", "/trainers")
+    if name is None:
+        if mode == "json":
+            print_json(listed)
+            return
+        columns = ("name", "primary metric", "reports", "description")
+        rows = [[t["name"], t["primary_metric"], ", ".join(t["reports"]) or "-",
+                 t["description"]] for t in listed]
+        if mode == "csv":
+            print_csv(columns, rows)
+        else:
+            print_table(None, columns, rows, set(columns))
+        return
+    found = {t["name"]: t for t in listed}
+    trainer = found.get(name)
+    if trainer is None:
+        close = difflib.get_close_matches(name, found, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise _fail(f"unknown trainer {name!r}{hint}; available: {', '.join(found)}")
+    if mode == "json":
+        print_json(trainer)
+        return
+    schema = trainer["config_schema"]
+    columns = ("field", "type", "default", "meaning")
+    rows = [[field, _schema_type(prop, schema), _default(prop), prop.get("description", "")]
+            for field, prop in schema.get("properties", {}).items()]
+    if mode == "csv":
+        print_csv(columns, rows)
+        return
+    console.print(f"{trainer['name']}: {trainer['description']}", markup=False, soft_wrap=True)
+    if trainer["paper"]:
+        console.print(f"paper: {trainer['paper']}", markup=False, soft_wrap=True)
+    console.print(f"metrics: {', '.join(trainer['metrics'])}", markup=False, soft_wrap=True)
+    console.print(f"diagnostics (per run, not compared): {', '.join(trainer['diagnostics'])}",
+                  markup=False, soft_wrap=True)
+    print_table("config fields", columns, rows, {"field", "type", "default", "meaning"})
+
+
+def _schema_type(prop: dict[str, Any], schema: dict[str, Any]) -> str:
+    """A config field's type from its JSON schema, in a few words."""
+    if "enum" in prop:
+        return " | ".join(json.dumps(v) for v in prop["enum"])
+    if "const" in prop:
+        return json.dumps(prop["const"])
+    if "$ref" in prop:
+        target = schema.get("$defs", {}).get(prop["$ref"].rsplit("/", 1)[-1], {})
+        return _schema_type(target, schema) if target else prop["$ref"].rsplit("/", 1)[-1]
+    for union in ("anyOf", "oneOf"):
+        if union in prop:
+            return " | ".join(_schema_type(p, schema) for p in prop[union])
+    kind = prop.get("type", "any")
+    if kind == "array" and "items" in prop:
+        return f"list of {_schema_type(prop['items'], schema)}"
+    return str(kind)
+
+
+def _default(prop: dict[str, Any]) -> str:
+    return json.dumps(prop["default"]) if "default" in prop else "(required)"
 
 
 @app.command()
@@ -574,9 +1180,12 @@ def run(
             f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
             f"(API at {server.url})"
         )
-        watch(client, created["id"])
-        report(client, created["id"], metric)
+        from service.db import masked_url
+
+        watch(client, created["id"], in_process=masked_url(settings.database_url))
+        trouble = report(client, created["id"], metric)
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
+    exit_on_trouble(trouble)
 
 
 @db_app.command("upgrade")

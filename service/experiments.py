@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import math
 from typing import Any
 
 import pydantic
-from sqlalchemy import text
+from sqlalchemy import func, text
 from sqlmodel import Session, select
 
 from api_schemas import (
@@ -68,19 +69,43 @@ def condition_key(condition: dict[str, Any]) -> str:
     return ",".join(f"{k}={format_level(condition[k])}" for k in sorted(condition))
 
 
-def _pydantic_errors(exc: pydantic.ValidationError, prefix: list[Any]) -> list[dict[str, Any]]:
-    return [
-        _error([*prefix, *err["loc"]], err["msg"], err["type"])
-        for err in exc.errors(include_url=False, include_context=False, include_input=False)
-    ]
-
-
 def unknown_metric(trainer: Trainer, metric: str) -> str | None:
-    """Why `metric` is not one the trainer reports (a metric or a diagnostic), or None."""
-    if metric in {*trainer.metrics, *trainer.diagnostics}:
+    """Why `metric` is not one the statistics can compare, or None. A diagnostic is refused
+    too: it is stored per run (GET /runs/{id}), not in the final metrics the statistics read,
+    so asking for one would give empty tables."""
+    if metric in trainer.metrics:
         return None
-    return (f"unknown metric {metric!r} of trainer {trainer.name!r}; known: "
-            f"{', '.join(trainer.metrics)}")
+    known = f"known metrics: {', '.join(trainer.metrics)}"
+    if metric in trainer.diagnostics:
+        return (f"{metric!r} is a diagnostic of trainer {trainer.name!r} (shown per run, in "
+                f"GET /runs/{{id}}), not a metric the statistics compare; {known}")
+    close = difflib.get_close_matches(metric, trainer.metrics, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    only_diagnostics = [d for d in trainer.diagnostics if d not in trainer.metrics]
+    diagnostics = (f"; diagnostics (per run, not compared): {', '.join(only_diagnostics)}"
+                   if only_diagnostics else "")
+    return f"unknown metric {metric!r} of trainer {trainer.name!r}{hint}; {known}{diagnostics}"
+
+
+def unknown_field(trainer: Trainer, field: str) -> str:
+    """The message for a config field the trainer does not have: the closest valid name (a
+    typo is the usual cause) and every valid one."""
+    fields = list(trainer.Config.model_fields)
+    close = difflib.get_close_matches(field, fields, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown config field {field!r} of trainer {trainer.name!r}{hint}; valid fields: "
+            f"{', '.join(fields)}")
+
+
+def _config_errors(trainer: Trainer, exc: pydantic.ValidationError) -> list[dict[str, Any]]:
+    """pydantic's errors for the spec's config, an unknown field's message made to guide."""
+    errors = []
+    for err in exc.errors(include_url=False, include_context=False, include_input=False):
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            msg = unknown_field(trainer, str(err["loc"][0]))
+        errors.append(_error(["config", *err["loc"]], msg, err["type"]))
+    return errors
 
 
 def _named_comparison_errors(named: NamedComparison, grid: dict[str, list[Any]],
@@ -134,14 +159,14 @@ def validate_spec(
     try:
         trainer.Config.model_validate(spec.config)
     except pydantic.ValidationError as exc:
-        errors += _pydantic_errors(exc, ["config"])
+        errors += _config_errors(trainer, exc)
     errors += _source_errors(spec)
     for field, levels in spec.grid.items():
         if field == SOURCE_FACTOR:
             continue  # refused by _source_errors
         if field not in fields:
-            errors.append(_error(["grid", field], f"unknown config field {field!r} of trainer "
-                                 f"{trainer.name!r}", "extra_forbidden"))
+            errors.append(_error(["grid", field], unknown_field(trainer, field),
+                                 "extra_forbidden"))
             continue
         for i, level in enumerate(levels):
             try:
@@ -415,19 +440,37 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
     """Queued runs become cancelled now; running ones are flagged for the dispatcher to cancel.
 
     One rule: only an experiment that is queued or running can be cancelled. One that ended
-    (completed, partial) or was cancelled already is a Conflict (409), so a client can tell
+    (completed, partial, failed) or was cancelled already is a Conflict (409), so a client can tell
     whether its request changed anything.
     """
     experiment = get_experiment(session=session, experiment_id=experiment_id)
     if experiment.cancel_requested or experiment.status == ExperimentStatus.cancelled:
         raise Conflict(f"experiment {experiment_id} was cancelled already")
-    if experiment.status in {ExperimentStatus.completed, ExperimentStatus.partial}:
+    if experiment.status in {ExperimentStatus.completed, ExperimentStatus.partial,
+                             ExperimentStatus.failed}:
         raise Conflict(f"experiment {experiment_id} has already ended ({experiment.status})")
     store = RunStore(session)
     store.cancel_experiment(experiment)
     store.commit()
     session.refresh(experiment)
     return experiment
+
+
+def delete_experiment(*, session: Session, experiment_id: int) -> None:
+    """Delete an ended experiment with its runs, attempts, metric points and statistics. One
+    with a run queued or running is a Conflict (409): its dispatcher would write rows for runs
+    that no longer exist; cancel it first."""
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    store = RunStore(session)
+    store.lock_experiments([experiment_id])
+    session.refresh(experiment)
+    active = experiment.runs_queued + experiment.runs_running
+    if active or experiment.status in {ExperimentStatus.queued, ExperimentStatus.running}:
+        raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued "
+                       f"or running): cancel it (POST /experiments/{experiment_id}/cancel) and "
+                       "delete it once its runs have ended")
+    store.delete_experiment(experiment_id)
+    store.commit()
 
 
 def experiment_summary(experiment: Experiment) -> ExperimentSummary:
@@ -458,11 +501,18 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
 
 
 def list_experiments(
-    *, session: Session, status: ExperimentStatus | None, limit: int, offset: int
+    *, session: Session, status: ExperimentStatus | None, limit: int, offset: int,
+    name: str | None = None,
 ) -> list[ExperimentSummary]:
+    """One page of experiments, newest first, optionally only those in `status` and those
+    whose name contains `name` (case-insensitive)."""
     query = select(Experiment).order_by(Experiment.id.desc())  # type: ignore[union-attr]
     if status is not None:
         query = query.where(Experiment.status == status)
+    if name:
+        # LIKE's own wildcards in the text are matched literally
+        pattern = name.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = query.where(func.lower(Experiment.name).like(f"%{pattern}%", escape="\\"))
     experiments = session.exec(query.offset(offset).limit(limit)).all()
     return [experiment_summary(experiment) for experiment in experiments]
 

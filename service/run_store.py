@@ -32,7 +32,15 @@ from sqlalchemy import bindparam, delete, func, insert, update
 from sqlmodel import Session, select
 
 from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus
-from service.db import AttemptOutcome, Experiment, Run, RunAttempt, RunMetric, utcnow
+from service.db import (
+    AttemptOutcome,
+    Experiment,
+    Run,
+    RunAttempt,
+    RunMetric,
+    StatsCache,
+    utcnow,
+)
 
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
 ENDED = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
@@ -67,7 +75,8 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
                       deciding: bool = False) -> ExperimentStatus:
     """An experiment's status from its run counts. Once every run has ended, it is completed
     when each run completed or was stopped by a check its spec asked to stop on (the outcomes
-    the spec asked for), partial when some failed, diverged or were cancelled. An adaptive
+    the spec asked for), failed when none did and some failed or diverged (calling that partial
+    would hide that there is nothing to compare), partial otherwise. An adaptive
     experiment whose next look is due (`deciding`, no run queued or running) is still
     running: its next round may follow."""
     if cancel_requested:
@@ -75,8 +84,12 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
     if counts.queued == 0 and counts.running == 0 and deciding:
         return ExperimentStatus.running
     if counts.queued == 0 and counts.running == 0:
-        return (ExperimentStatus.completed if counts.completed + counts.stopped == n_runs
-                else ExperimentStatus.partial)
+        succeeded = counts.completed + counts.stopped
+        if succeeded == n_runs:
+            return ExperimentStatus.completed
+        if succeeded == 0 and counts.failed + counts.diverged > 0:
+            return ExperimentStatus.failed
+        return ExperimentStatus.partial
     if any(getattr(counts, s.value) for s in RunStatus if s != RunStatus.queued):
         return ExperimentStatus.running
     return ExperimentStatus.queued
@@ -514,6 +527,19 @@ class RunStore:
                              .values(cancel_requested=True)
                              .execution_options(synchronize_session=False))
         self._moved(experiment.id, RunStatus.queued, RunStatus.cancelled, cancelled)
+
+    # -- deleting an ended experiment ----------------------------------------------------------
+    def delete_experiment(self, experiment_id: int) -> None:
+        """The experiment and everything stored for it: metric points, attempts, runs and
+        stored statistics, children first (the foreign keys). The caller has locked the
+        experiment and checked that no run of it is queued or running."""
+        runs = select(Run.id).where(Run.experiment_id == experiment_id)
+        self.session.execute(delete(RunMetric).where(RunMetric.run_id.in_(runs)))  # type: ignore[attr-defined]
+        self.session.execute(delete(RunAttempt).where(RunAttempt.run_id.in_(runs)))  # type: ignore[attr-defined]
+        self.session.execute(delete(StatsCache).where(StatsCache.experiment_id == experiment_id))
+        self.session.execute(delete(Run).where(Run.experiment_id == experiment_id))
+        self.session.execute(delete(Experiment).where(Experiment.id == experiment_id))
+        self._touched.discard(experiment_id)
 
 
 def recount(session: Session, experiment_id: int) -> ExperimentCounts:

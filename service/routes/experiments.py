@@ -1,10 +1,13 @@
-"""/experiments: submit, list, inspect, cancel, runs and statistics."""
+"""/experiments: submit, list, inspect, cancel, delete, runs, statistics and export."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from api_schemas import (
     MAX_KEY_LENGTH,
@@ -15,12 +18,15 @@ from api_schemas import (
     ExperimentSpec,
     ExperimentStatus,
     ExperimentSummary,
+    ExportFormat,
+    ExportWhat,
     RunOut,
     RunStatus,
     SeedsAdded,
     Stats,
 )
 from service import experiments as logic
+from service import export
 from service.deps import ExperimentId, SessionDep, SettingsDep
 from service.routes.errors import BODY_TOO_LARGE, NO_EXPERIMENT, QUEUE_FULL, errors
 from service.routes.paging import Offset, link_next
@@ -64,10 +70,14 @@ def list_experiments(
     response: Response,
     session: SessionDep,
     status: ExperimentStatus | None = None,
+    name: Annotated[str | None, Query(
+        max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT,
+        description="only experiments whose name contains this text (case-insensitive)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Offset = 0,
 ) -> list[ExperimentSummary]:
-    page = logic.list_experiments(session=session, status=status, limit=limit, offset=offset)
+    page = logic.list_experiments(session=session, status=status, name=name, limit=limit,
+                                  offset=offset)
     link_next(request, response, offset=offset, limit=limit, returned=len(page))
     return page
 
@@ -80,6 +90,15 @@ def list_experiments(
             responses=errors({404: NO_EXPERIMENT}))
 def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
+
+
+@router.delete("/{experiment_id}", status_code=204, response_class=Response,
+               responses={409: {"description": "A run of the experiment is queued or running: "
+                                               "cancel it first"}})
+def delete(experiment_id: ExperimentId, session: SessionDep) -> Response:
+    """Delete an ended experiment with its runs, attempts, metric points and statistics."""
+    logic.delete_experiment(session=session, experiment_id=experiment_id)
+    return Response(status_code=204)
 
 
 @router.post("/{experiment_id}/cancel", status_code=202, response_model=ExperimentDetail,
@@ -152,3 +171,32 @@ def get_stats(
                          offset=offset, limit=limit)
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
     return Response(content=payload, media_type="application/json")
+
+
+@router.get("/{experiment_id}/export", response_class=Response,
+            responses={200: {"description": "The file (CSV or Parquet)",
+                             "content": {"text/csv": {}, "application/vnd.apache.parquet": {}}}})
+def export_file(
+    experiment_id: ExperimentId,
+    request: Request,
+    session: SessionDep,
+    format: Annotated[ExportFormat, Query(description="csv or parquet")] = ExportFormat.csv,
+    what: Annotated[ExportWhat, Query(
+        description="runs: a row per run (condition, seed, status, final metrics); curves: a "
+                    "row per logged metric point")] = ExportWhat.runs,
+) -> Response:
+    """An experiment's runs or metric curves as one file, read a page at a time (service.export)."""
+    experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
+    table = export.export_table(request.app.state.engine, experiment, what)
+    headers = {"Content-Disposition":
+               f'attachment; filename="{export.filename(experiment_id, what, format)}"'}
+    if format == ExportFormat.csv:
+        return StreamingResponse(export.csv_chunks(table), headers=headers,
+                                 media_type=export.MEDIA_TYPES[format])
+    try:
+        path = export.parquet_file(table)
+    except export.ExportTypeError as exc:
+        raise logic.SpecError([{"loc": ["query", "format"], "msg": str(exc),
+                                "type": "value_error"}]) from None
+    return FileResponse(path, headers=headers, media_type=export.MEDIA_TYPES[format],
+                        background=BackgroundTask(os.unlink, path))

@@ -251,7 +251,8 @@ def test_non_finite_loss_makes_the_run_diverged_with_last_finite_metrics(service
         spec(config={"lr": 50.0, "steps": 2000, "log_every": 1}, grid={}, seeds=1)
     )
     detail = service.wait(created["id"])
-    assert detail["status"] == "partial" and detail["counts"]["diverged"] == 1
+    # its only run diverged: nothing to compare, so the experiment failed
+    assert detail["status"] == "failed" and detail["counts"]["diverged"] == 1
     (run,) = service.runs(created["id"])
     assert run["status"] == "diverged" and "non-finite loss" in run["error"]
     assert run["metrics"]["loss"] is not None and run["metrics"]["loss"] > 0
@@ -278,7 +279,7 @@ def test_trainer_exception_makes_the_run_failed_with_its_message(service: Servic
         id=new_id,
     )
     detail = service.wait(new_id)
-    assert detail["status"] == "partial" and detail["counts"]["failed"] == 1
+    assert detail["status"] == "failed" and detail["counts"]["failed"] == 1
     (run,) = service.runs(new_id)
     assert run["status"] == "failed" and run["attempts"] == 1
     assert run["error"].startswith("ValidationError") and "retired_field" in run["error"]

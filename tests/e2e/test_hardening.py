@@ -76,7 +76,9 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
     client = guarded.service.client
     slow = guarded.service.submit(spec(name="to-cancel", config={**FAST, "steps": 10**7}))
     done = guarded.service.submit(spec(name="done"))
+    to_delete = guarded.service.submit(spec(name="to-delete"))
     guarded.service.wait(done["id"])
+    guarded.service.wait(to_delete["id"])
     (run,) = guarded.service.runs(done["id"])
     path_values = {"experiment_id": done["id"], "run_id": run["id"], "report_name": "audit"}
     bodies = {("POST", "/experiments"): spec(name="via-route-walk"),
@@ -85,12 +87,15 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
                ("GET", "/compare"): {"a": done["id"], "b": slow["id"]}}
     expected = {("POST", "/experiments"): 201, ("POST", "/experiments/{experiment_id}/cancel"): 202,
                 ("POST", "/experiments/{experiment_id}/seeds"): 201,
+                ("DELETE", "/experiments/{experiment_id}"): 204,
                 # a collapse experiment has no reports (feedback declares the protocol)
                 ("GET", "/experiments/{experiment_id}/protocol"): 404,
                 ("GET", "/experiments/{experiment_id}/reports/protocol"): 404,
                 ("GET", "/experiments/{experiment_id}/reports/{report_name}"): 404}
-    # The one route whose answer depends on state: cancel the long experiment, not the ended one.
-    overrides = {("POST", "/experiments/{experiment_id}/cancel"): {"experiment_id": slow["id"]}}
+    # The routes whose answer depends on state: cancel the long experiment, not the ended one;
+    # delete an ended one of its own, so that the routes after it still find `done`.
+    overrides = {("POST", "/experiments/{experiment_id}/cancel"): {"experiment_id": slow["id"]},
+                 ("DELETE", "/experiments/{experiment_id}"): {"experiment_id": to_delete["id"]}}
 
     # Every operation the app serves, from the schema FastAPI builds out of its routes (app.routes
     # itself holds opaque wrappers of the included routers since FastAPI 0.16x).

@@ -408,7 +408,7 @@ def test_a_batch_the_database_refuses_fails_its_run_instead_of_stalling_the_queu
         service.sql("CREATE TRIGGER refuse BEFORE INSERT ON metricpoint "
                     "FOR EACH STATEMENT EXECUTE FUNCTION refuse_points()")
         refused = service.submit({**spec(QUICK, seeds=1), "grid": {}, "max_retries": 0})
-        assert service.wait(refused["id"], timeout_s=60)["status"] == "partial"
+        assert service.wait(refused["id"], timeout_s=60)["status"] == "failed"
         (run,) = service.runs(refused["id"])
         assert run["status"] == "failed" and run["attempts"] == 1
         assert "its results could not be stored" in run["error"]

@@ -471,3 +471,43 @@ def test_bad_database_url_option_is_named() -> None:
     assert result.returncode == 2
     assert "--database-url" in result.stderr and "mysql" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_0006_makes_all_failed_experiments_failed_and_its_downgrade_partial(
+        database_url: str) -> None:
+    """Ended under 0005's rule, an experiment none of whose runs completed is `partial`; 0006
+    makes it `failed` as the runs store now derives it, and leaves every other one alone."""
+    _migrate(database_url, "0005")
+    engine = make_engine(database_url)
+    # name, status, then its runs completed, stopped, failed, diverged, cancelled
+    rows = [("all-failed", "partial", 0, 0, 2, 1, 0),
+            ("some-completed", "partial", 1, 0, 2, 0, 0),
+            ("all-stopped", "completed", 0, 3, 0, 0, 0),
+            ("all-cancelled", "partial", 0, 0, 0, 0, 3),
+            ("cancelled", "cancelled", 0, 0, 3, 0, 0)]
+    with engine.begin() as connection:
+        for name, status, completed, stopped, failed, diverged, cancelled in rows:
+            connection.exec_driver_sql(
+                "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+                "n_conditions, n_runs, cancel_requested, created_at, runs_completed, "
+                "runs_stopped, runs_failed, runs_diverged, runs_cancelled) VALUES "
+                f"('{name}', 'collapse', '{{}}', 'min_l2', '{status}', 0, 1, 3, "
+                f"{'true' if status == 'cancelled' else 'false'}, '2026-01-01 00:00:00', "
+                f"{completed}, {stopped}, {failed}, {diverged}, {cancelled})")
+    engine.dispose()
+    upgrade_database(database_url)
+
+    def statuses() -> dict[str, str]:
+        engine = make_engine(database_url)
+        with engine.begin() as connection:
+            found = dict(connection.exec_driver_sql("SELECT name, status FROM experiment").all())
+        engine.dispose()
+        return found
+
+    assert statuses() == {"all-failed": "failed", "some-completed": "partial",
+                          "all-stopped": "completed", "all-cancelled": "partial",
+                          "cancelled": "cancelled"}
+    _migrate(database_url, "0005", down=True)
+    assert statuses()["all-failed"] == "partial"
+    upgrade_database(database_url)
+    assert metadata_diffs(database_url, SQLModel.metadata) == []

@@ -236,6 +236,10 @@ def test_stopped_beside_a_failed_run_is_partial(backend_session: Session) -> Non
     ({"completed": 2, "stopped": 2}, ExperimentStatus.completed),
     ({"stopped": 4}, ExperimentStatus.completed),
     ({"completed": 2, "stopped": 1, "diverged": 1}, ExperimentStatus.partial),
+    ({"completed": 1, "failed": 3}, ExperimentStatus.partial),
+    ({"failed": 3, "diverged": 1}, ExperimentStatus.failed),
+    ({"failed": 2, "cancelled": 2}, ExperimentStatus.failed),
+    ({"cancelled": 4}, ExperimentStatus.partial),
     ({"stopped": 1, "queued": 3}, ExperimentStatus.running),
     ({"queued": 4}, ExperimentStatus.queued),
 ])

@@ -1,0 +1,192 @@
+"""The `seedgrid` client commands as a user runs them (real subprocesses) against a real service
+(uvicorn, dispatcher, local Ray, a SQLite file): watch, the exit status of an experiment whose
+runs all failed, the errors that name what to type instead, and tables at 80 columns."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import ROOT, Service
+
+QUICK = {"n_samples": 64, "steps": 300}
+# lr 50 makes every collapse run's loss overflow within a few steps: each run ends diverged.
+DIVERGING = {"lr": 50.0, "steps": 2000, "log_every": 1}
+
+
+def seedgrid(service: Service, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args, "--url",
+                           service.server.url], capture_output=True, text=True, timeout=180,
+                          cwd=ROOT, env={**os.environ, **env})
+
+
+def spec_file(tmp_path: Path, **spec: object) -> str:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({"name": "cli", "trainer": "collapse", "config": QUICK,
+                                    "grid": {}, "seeds": 1, **spec}))
+    return str(path)
+
+
+def test_watch_follows_a_running_experiment_to_its_end(service: Service) -> None:
+    created = service.submit({"name": "watched", "trainer": "collapse",
+                              "config": {"n_samples": 64, "steps": 3000},
+                              "grid": {"r": [0.0, 0.5]}, "seeds": 2})
+    before = service.client.get(f"/experiments/{created['id']}").json()
+    assert before["status"] in {"queued", "running"}
+    watched = seedgrid(service, "watch", str(created["id"]), "--poll", "0.2")
+    assert watched.returncode == 0, watched.stderr
+    after = service.client.get(f"/experiments/{created['id']}").json()
+    assert after["status"] == "completed" and after["counts"]["completed"] == 4
+    # the last frame: each condition with its 2 runs done, then the experiment's end
+    for key in ("r=0.0", "r=0.5"):
+        assert re.search(rf"{re.escape(key)}\s.*2/2\s+completed 2", watched.stdout), watched.stdout
+    assert f"experiment {created['id']} completed: completed 4" in watched.stdout
+
+
+def test_ctrl_c_leaves_the_experiment_running_and_says_how_to_re_attach(
+        service: Service) -> None:
+    created = service.submit({"name": "long", "trainer": "collapse",
+                              "config": {"n_samples": 64, "steps": 10**7}, "grid": {},
+                              "seeds": 1})
+    experiment_id = created["id"]
+    watcher = subprocess.Popen([sys.executable, "-m", "service.cli", "watch", str(experiment_id),
+                                "--url", service.server.url], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while service.client.get(f"/experiments/{experiment_id}").json()["status"] != "running":
+        assert time.monotonic() < deadline, "the experiment never started"
+        time.sleep(0.1)
+    time.sleep(1.0)  # the watcher has polled at least once
+    watcher.send_signal(signal.SIGINT)
+    _, stderr = watcher.communicate(timeout=30)
+    assert watcher.returncode == 130, stderr
+    assert f"experiment {experiment_id} continues" in stderr
+    assert f"`seedgrid watch {experiment_id}` re-attaches" in stderr
+    assert service.client.get(f"/experiments/{experiment_id}").json()["status"] == "running"
+    cancelled = seedgrid(service, "cancel", str(experiment_id))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert service.wait(experiment_id)["status"] == "cancelled"
+    again = seedgrid(service, "cancel", str(experiment_id))
+    assert again.returncode == 2 and "409" in again.stderr
+
+
+def test_an_all_failed_experiment_is_failed_and_submit_wait_exits_non_zero(
+        service: Service, tmp_path: Path) -> None:
+    result = seedgrid(service, "submit", spec_file(tmp_path, name="diverging", config=DIVERGING,
+                                                   seeds=3), "--wait")
+    assert result.returncode == 1, result.stdout + result.stderr
+    (experiment,) = service.client.get("/experiments", params={"name": "diverging"}).json()
+    assert experiment["status"] == "failed" and experiment["counts"]["diverged"] == 3
+    errors = Counter(r["error"].splitlines()[0] for r in service.runs(experiment["id"]))
+    # each distinct error once, with the number of runs it ended, not once per run
+    for error, n in errors.items():
+        assert result.stdout.count(f"{error}\n") == 1, result.stdout
+        assert f"{n} run{'s' if n > 1 else ''} diverged: {error}\n" in result.stdout
+    assert "nothing to compare" in result.stdout
+    # cancel refuses a failed experiment as ended
+    refused = service.client.post(f"/experiments/{experiment['id']}/cancel")
+    assert refused.status_code == 409 and "already ended (failed)" in refused.json()["detail"]
+
+
+def test_a_field_typo_names_the_closest_field_and_a_diagnostic_is_named_as_one(
+        service: Service, tmp_path: Path) -> None:
+    typo = seedgrid(service, "submit", spec_file(tmp_path, config={"n_sample": 64}))
+    assert typo.returncode == 2
+    assert "body.config.n_sample: unknown config field 'n_sample'" in typo.stderr
+    assert "did you mean 'n_samples'?" in typo.stderr and "valid fields: " in typo.stderr
+    response = service.client.post("/experiments", json={
+        "name": "x", "trainer": "collapse", "grid": {"stop_gradiant": [False, True]}})
+    assert response.status_code == 422
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "grid", "stop_gradiant"]
+    assert "did you mean 'stop_gradient'?" in error["msg"]
+
+    created = service.submit({"name": "metrics", "trainer": "collapse", "config": QUICK,
+                              "grid": {}, "seeds": 1})
+    service.wait(created["id"])
+    unknown = seedgrid(service, "stats", str(created["id"]), "--metric", "min_l3")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    assert f"GET /experiments/{created['id']}/stats was refused" in unknown.stderr
+    assert "did you mean 'min_l2'?" in unknown.stderr
+    assert "known metrics: loss, train_accuracy" in unknown.stderr
+    diagnostic = service.client.get(f"/experiments/{created['id']}/stats",
+                                    params={"metric": "min_l2_peak"})
+    assert diagnostic.status_code == 422
+    assert "'min_l2_peak' is a diagnostic" in diagnostic.json()["detail"][0]["msg"]
+
+
+def _legend(stdout: str) -> dict[str, str]:
+    """The abbreviations a table printed (`factors: sg = stop_gradient, ...`)."""
+    found = {}
+    for line in stdout.splitlines():
+        if line.startswith("factors: "):
+            for pair in line.removeprefix("factors: ").split(", "):
+                short, full = pair.split(" = ")
+                found[full] = short
+    return found
+
+
+def _cells(stdout: str) -> set[str]:
+    return set(re.split(r"\s+", stdout))
+
+
+def test_tables_at_80_columns_show_whole_condition_keys_and_p_values(service: Service) -> None:
+    created = service.submit({"name": "narrow", "trainer": "collapse", "config": QUICK,
+                              "grid": {"stop_gradient": [False, True],
+                                       "frustration_spread": ["all", "others"]}, "seeds": 3})
+    service.wait(created["id"])
+    stats = service.client.get(f"/experiments/{created['id']}/stats").json()
+    shown = seedgrid(service, "stats", str(created["id"]), COLUMNS="80")
+    assert shown.returncode == 0, shown.stderr
+    assert max(len(line) for line in shown.stdout.splitlines()) <= 80
+    legend = _legend(shown.stdout)
+    cells = _cells(shown.stdout.replace(",", " "))
+    for condition in stats["conditions"]:
+        for factor, level in condition["condition"].items():
+            level_text = level if isinstance(level, str) else str(level).lower()
+            # whole, under its name or (in a table too narrow for it) its abbreviation
+            names = {factor, legend.get(factor, factor)}
+            assert any(f"{n}={level_text}" in cells for n in names), (factor, shown.stdout)
+    p_values = [c["f_test_p_holm_factor"] for c in stats["comparisons"]]
+    assert len(p_values) == 6 and all(p is not None for p in p_values)
+    for p in p_values:
+        assert f"{p:.3g}" in cells, (p, shown.stdout)
+
+    runs = seedgrid(service, "runs", str(created["id"]), COLUMNS="80")
+    assert runs.returncode == 0, runs.stderr
+    assert max(len(line) for line in runs.stdout.splitlines()) <= 80
+    legend = _legend(runs.stdout)
+    cells = _cells(runs.stdout.replace(",", " "))
+    for run in service.runs(created["id"]):
+        for factor, level in run["condition"].items():
+            level_text = level if isinstance(level, str) else str(level).lower()
+            names = {factor, legend.get(factor, factor)}
+            assert any(f"{n}={level_text}" in cells for n in names), (factor, runs.stdout)
+        assert f"{run['metrics']['min_l2']:.4g}" in cells
+    as_csv = seedgrid(service, "runs", str(created["id"]), "--csv")
+    assert as_csv.stdout.splitlines()[0].startswith("id,condition,seed,status,min_l2")
+    assert len(as_csv.stdout.splitlines()) == 1 + 12
+
+
+def test_trainers_lists_config_fields_with_defaults_and_protocol_needs_a_declaring_trainer(
+        service: Service) -> None:
+    fields = seedgrid(service, "trainers", "collapse", "--csv")
+    assert fields.returncode == 0, fields.stderr
+    rows = {line.split(",")[0]: line for line in fields.stdout.splitlines()[1:]}
+    assert fields.stdout.splitlines()[0] == "field,type,default,meaning"
+    assert rows["n_samples"].startswith("n_samples,integer,400,")
+    assert rows["stop_gradient"].startswith("stop_gradient,boolean,false,")
+    typo = seedgrid(service, "trainers", "colapse")
+    assert typo.returncode == 2 and "did you mean 'collapse'?" in typo.stderr
+    created = service.submit({"name": "no-protocol", "trainer": "collapse", "config": QUICK,
+                              "grid": {}, "seeds": 1})
+    refused = seedgrid(service, "protocol", str(created["id"]))
+    assert refused.returncode == 2 and "404" in refused.stderr and "Traceback" not in refused.stderr
