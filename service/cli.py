@@ -403,7 +403,7 @@ def _min_width(columns: Sequence[str], rows: Sequence[Sequence[str]],
 def _column_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
                    text_columns: set[str], width: int) -> list[int | None]:
     """Fixed widths that fit `width`: each column's natural width when all fit, else its
-    narrowest whole-word width with the room left given to the text columns first. None
+    narrowest whole-word width with the room left given to the number columns first. None
     each (rich decides, folding inside words) when even the narrowest do not fit."""
     natural = [max([len(row[i]) for row in rows] + [len(name)]) for i, name in enumerate(columns)]
     room = width - TABLE_GAP * (len(columns) - 1)
@@ -413,7 +413,9 @@ def _column_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
     spare = room - sum(widths)
     if spare < 0:
         return [None] * len(columns)
-    order = sorted(range(len(columns)), key=lambda i: columns[i] not in text_columns)
+    # numbers' headers whole first (a header that wraps, "var / ratio", reads badly), then the
+    # text columns get the room left
+    order = sorted(range(len(columns)), key=lambda i: columns[i] in text_columns)
     for i in order:
         grow = min(spare, natural[i] - widths[i])
         widths[i] += grow
@@ -1146,13 +1148,13 @@ def plan(
         result = (f"{answer.seeds_per_level} seeds per level" if answer.seeds_per_level
                   else answer.note)
         console.print(f"to detect a variance ratio of {ratio:g} (or 1/{ratio:g}) with power "
-                      f"{power:g} at alpha {alpha:g}: {result}", markup=False)
+                      f"{power:g} at alpha {alpha:g}: {result}", markup=False, soft_wrap=True)
     else:
         result = (f"{answer.ratio:.3g} (or 1/{answer.ratio:.3g})" if answer.ratio
                   else answer.note)
         console.print(f"{seeds} seeds per level detect, with power {power:g} at alpha "
-                      f"{alpha:g}, a variance ratio of {result}", markup=False)
-    console.print(f"({answer.method})", markup=False)
+                      f"{alpha:g}, a variance ratio of {result}", markup=False, soft_wrap=True)
+    console.print(f"({answer.method})", markup=False, soft_wrap=True)
 
 
 @app.command()
