@@ -93,8 +93,10 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> Experime
 
 
 @router.delete("/{experiment_id}", status_code=204, response_class=Response,
-               responses={409: {"description": "A run of the experiment is queued or running: "
-                                               "cancel it first"}})
+               operation_id="delete_experiment",
+               summary="Delete an ended experiment and everything it stored",
+               responses=errors({404: NO_EXPERIMENT, 409: "A run of the experiment is queued "
+                                                          "or running: cancel it first"}))
 def delete(experiment_id: ExperimentId, session: SessionDep) -> Response:
     """Delete an ended experiment with its runs, attempts, metric points and statistics."""
     logic.delete_experiment(session=session, experiment_id=experiment_id)
@@ -174,8 +176,11 @@ def get_stats(
 
 
 @router.get("/{experiment_id}/export", response_class=Response,
+            operation_id="export_experiment",
+            summary="An experiment's runs or metric curves as a CSV or Parquet file",
             responses={200: {"description": "The file (CSV or Parquet)",
-                             "content": {"text/csv": {}, "application/vnd.apache.parquet": {}}}})
+                             "content": {"text/csv": {}, "application/vnd.apache.parquet": {}}},
+                       **errors({404: NO_EXPERIMENT})})
 def export_file(
     experiment_id: ExperimentId,
     request: Request,
