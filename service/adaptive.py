@@ -29,7 +29,7 @@ from service.db import Experiment, Run
 from service.experiments import grid_conditions, run_defaults, seed_runs, stats_grid
 from service.power import f_ratio_interval
 from service.run_store import RunStore
-from service.stats import RunValues
+from service.stats import RunValues, metric_value
 
 log = logging.getLogger("seedgrid.adaptive")
 
@@ -119,10 +119,8 @@ def decide_due(session: Session) -> int:
         ).all()
         grid = stats_grid(spec)
         values = RunValues(grid, [
-            (condition, key, float(metrics[experiment.metric]))
-            for condition, key, metrics in rows
-            if isinstance(metrics.get(experiment.metric), int | float)
-            and not isinstance(metrics.get(experiment.metric), bool)])
+            (condition, key, value) for condition, key, metrics in rows
+            if (value := metric_value(metrics, experiment.metric)) is not None])
         named = rule.comparison
         latest = take_look(rule, len(state.looks) + 1,
                            values.values(named.factor, named.a, named.within),

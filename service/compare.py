@@ -18,15 +18,11 @@ from api_schemas import (
 )
 from service.db import Experiment, Run
 from service.experiments import SpecError, get_experiment, unknown_metric
-from service.stats import compare, condition_stats
+from service.stats import compare, condition_stats, metric_value
 from trainers import REGISTRY
 
 # Conditions per response: each costs a permutation test and a bootstrap.
 MAX_CONDITIONS_PER_PAGE = 200
-
-
-def _query_error(field: str, message: str) -> SpecError:
-    return SpecError([{"loc": ["query", field], "msg": message, "type": "value_error"}])
 
 
 def _values(session: Session, experiment: Experiment,
@@ -40,10 +36,10 @@ def _values(session: Session, experiment: Experiment,
         .order_by(Run.id)  # type: ignore[arg-type]
     ).all()
     for run_id, seed, condition, key, metrics in rows:
-        value = metrics.get(metric)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        value = metric_value(metrics, metric)
+        if value is not None:
             out.setdefault(key, (condition, []))[1].append(
-                RunValue(run_id=run_id, seed=seed, value=float(value)))
+                RunValue(run_id=run_id, seed=seed, value=value))
     return out
 
 
@@ -59,20 +55,20 @@ def compare_experiments(*, session: Session, a_id: int, b_id: int, metric: str |
     at most `limit`; a 422 naming the query field for experiments of different trainers, an
     unknown metric, or the same experiment twice."""
     if a_id == b_id:
-        raise _query_error("b", "compare two different experiments")
+        raise SpecError.query("b", "compare two different experiments")
     a = get_experiment(session=session, experiment_id=a_id)
     b = get_experiment(session=session, experiment_id=b_id)
     if a.trainer != b.trainer:
-        raise _query_error("b", f"experiment {b_id} ran trainer {b.trainer!r} and experiment "
+        raise SpecError.query("b", f"experiment {b_id} ran trainer {b.trainer!r} and experiment "
                                 f"{a_id} ran {a.trainer!r}: only runs of one trainer compare")
     metric = metric or a.metric
     problem = unknown_metric(REGISTRY[a.trainer], metric)
     if problem:
-        raise _query_error("metric", problem)
+        raise SpecError.query("metric", problem)
     values_a, values_b = _values(session, a, metric), _values(session, b, metric)
     shared = [key for key in values_a if key in values_b]
     if offset > len(shared):
-        raise _query_error("offset", f"offset {offset} is past the {len(shared)} shared "
+        raise SpecError.query("offset", f"offset {offset} is past the {len(shared)} shared "
                                      "conditions")
     sides = []
     for key in shared[offset:offset + limit]:

@@ -47,6 +47,11 @@ class SpecError(Exception):
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
         self.errors = errors
 
+    @classmethod
+    def query(cls, field: str, message: str) -> SpecError:
+        """A 422 naming one query parameter."""
+        return cls([{"loc": ["query", field], "msg": message, "type": "value_error"}])
+
 
 class NotFound(Exception):
     pass

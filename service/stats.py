@@ -72,6 +72,15 @@ MAX_RATIO_INTERVAL_DECADES = 3.0
 NOISE_FLOOR_WARNING_SHARE = 0.5
 
 
+def metric_value(metrics: dict[str, Any], name: str) -> float | None:
+    """A run's final value of metric `name`, or None when it has none that is a number (JSON
+    true and false are not)."""
+    value = metrics.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
 def _finite(value: Any) -> float | None:
     if value is None:
         return None

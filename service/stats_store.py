@@ -17,7 +17,12 @@ from api_schemas import SOURCE_FACTOR, RunStatus, RunValue, Stats
 from service.db import Experiment, Run, StatsCache, utcnow
 from service.experiments import SpecError, unknown_metric
 from service.sources import experiment_grid, source_decomposition
-from service.stats import MAX_COMPARISONS_PER_PAGE, ComparisonPlan, experiment_stats
+from service.stats import (
+    MAX_COMPARISONS_PER_PAGE,
+    ComparisonPlan,
+    experiment_stats,
+    metric_value,
+)
 from trainers import REGISTRY
 
 log = logging.getLogger("seedgrid.stats")
@@ -30,10 +35,6 @@ MAX_STORED_PAGES = 64
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
 STATS_FORMAT = "v5"
-
-
-def _query_error(field: str, message: str) -> SpecError:
-    return SpecError([{"loc": ["query", field], "msg": message, "type": "value_error"}])
 
 
 def stats_json(
@@ -51,22 +52,22 @@ def stats_json(
     trainer = REGISTRY[experiment.trainer]
     problem = unknown_metric(trainer, metric)
     if problem:
-        raise _query_error("metric", problem)
+        raise SpecError.query("metric", problem)
     grid = experiment_grid(experiment.spec)
     if factor is not None and factor not in grid:
-        raise _query_error("factor", f"{factor!r} is not a factor of experiment "
+        raise SpecError.query("factor", f"{factor!r} is not a factor of experiment "
                                      f"{experiment.id}; its factors: {', '.join(grid) or 'none'}")
     plan = ComparisonPlan(grid, factor)
     total = plan.total
     if limit is None and total > MAX_COMPARISONS_PER_PAGE:
         counts = ", ".join(f"{f} {plan.count(f):,}" for f in plan.factors)
         hint = "" if factor is not None else " or ask for one factor with ?factor="
-        raise _query_error(
+        raise SpecError.query(
             "limit", f"experiment {experiment.id} has {total:,} comparisons ({counts}), more "
                      f"than the {MAX_COMPARISONS_PER_PAGE:,} one response carries: page them "
                      f"with ?limit= (at most {MAX_COMPARISONS_PER_PAGE:,}) and ?offset={hint}")
     if offset > total:
-        raise _query_error("offset", f"offset {offset:,} is past the last of the {total:,} "
+        raise SpecError.query("offset", f"offset {offset:,} is past the last of the {total:,} "
                                      "comparisons")
     page = f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
     # kept by the runs store with every status change: one row, not a count over the runs
@@ -86,15 +87,15 @@ def stats_json(
         .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
         .order_by(Run.id)
     ).all()
-    kept = [row for row in rows if isinstance(row.metrics.get(metric), int | float)
-            and not isinstance(row.metrics.get(metric), bool)]
-    values = [(row.condition, row.condition_key, float(row.metrics[metric])) for row in kept]
-    sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row in kept]
+    kept = [(row, value) for row in rows
+            if (value := metric_value(row.metrics, metric)) is not None]
+    values = [(row.condition, row.condition_key, value) for row, value in kept]
+    sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row, _ in kept]
     stats = experiment_stats(metric=metric, grid=grid, runs=values, factor=factor,
                              offset=offset, limit=limit,
                              bounds=trainer.metric_bounds.get(metric),
                              test_set_sizes=sizes if any(s is not None for s in sizes) else None)
-    _attach_runs(stats, kept, metric)
+    _attach_runs(stats, kept)
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)
@@ -108,13 +109,13 @@ def stats_json(
     return payload
 
 
-def _attach_runs(stats: Stats, kept: Sequence[Row[Any]], metric: str) -> None:
+def _attach_runs(stats: Stats, kept: Sequence[tuple[Row[Any], float]]) -> None:
     """Each condition's values again with the run id and seed behind each one, in the order of
     `values` (both follow the runs' order), so that a client can tell which seed gave what."""
     by_key: dict[str, list[RunValue]] = {}
-    for row in kept:
+    for row, value in kept:
         by_key.setdefault(row.condition_key, []).append(
-            RunValue(run_id=row.id, seed=row.seed, value=float(row.metrics[metric])))
+            RunValue(run_id=row.id, seed=row.seed, value=value))
     for condition in stats.conditions:
         condition.runs = by_key.get(condition.condition_key, [])
 

@@ -201,7 +201,6 @@ def export_file(
     try:
         path = export.parquet_file(table)
     except export.ExportTypeError as exc:
-        raise logic.SpecError([{"loc": ["query", "format"], "msg": str(exc),
-                                "type": "value_error"}]) from None
+        raise logic.SpecError.query("format", str(exc)) from None
     return FileResponse(path, headers=headers, media_type=export.MEDIA_TYPES[format],
                         background=BackgroundTask(os.unlink, path))

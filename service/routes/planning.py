@@ -27,11 +27,10 @@ def plan_seeds(
     power: Annotated[float, Query(gt=0, lt=1)] = DEFAULT_POWER,
 ) -> SeedPlan:
     if (ratio is None) == (seeds is None):
-        raise SpecError([{"loc": ["query", "ratio"], "type": "value_error",
-                          "msg": "give exactly one of ratio (to get the seeds per level) and "
-                                 "seeds (to get the detectable ratio)"}])
+        raise SpecError.query("ratio", "give exactly one of ratio (to get the seeds per level) "
+                                       "and seeds (to get the detectable ratio)")
     if power <= alpha:
-        raise SpecError([{"loc": ["query", "power"], "type": "value_error",
-                          "msg": f"power {power:g} must be above alpha {alpha:g}: a test of "
-                                 "level alpha rejects that often when the variances are equal"}])
+        raise SpecError.query("power", f"power {power:g} must be above alpha {alpha:g}: a test "
+                                       "of level alpha rejects that often when the variances "
+                                       "are equal")
     return seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power)
