@@ -151,8 +151,18 @@ class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # Above 0: a task asking for no CPU is not counted against Ray's CPU limit at all.
-    num_cpus: float = Field(1.0, gt=0, le=1024)
-    num_gpus: float = Field(0.0, ge=0, le=64)
+    num_cpus: float = Field(1.0, gt=0, le=1024, description=(
+        "CPUs of one task (a run, or the seeds of a seed-batched task); the trainer's torch "
+        "thread count"))
+    num_gpus: float = Field(0.0, ge=0, le=64, description=(
+        "GPUs of one task; a fraction shares a device between tasks (they then time-slice "
+        "it: seeds_per_task is the faster way to fill a GPU)"))
+    seeds_per_task: int | None = Field(None, ge=1, le=64, description=(
+        "Seeds of one condition that one task runs together (a seed-batched task): as one "
+        "batched computation for a trainer that batches seeds, else one after another with "
+        "the data loaded once. Each seed stays its own run (status, attempts, curves, result) "
+        "and its result does not depend on which seeds shared its task. None: the trainer's "
+        "default (GET /trainers); at most the trainer's max_seeds_per_task"))
 
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -616,6 +626,11 @@ class TrainerInfo(ResponseModel):
     reports: list[str]
     # The checks a spec can name in stop_on_checks (none: the trainer cannot stop on a check).
     stop_checks: list[str] = []
+    # Seed-batched tasks (resources.seeds_per_task): the default, the most a spec may ask for,
+    # and whether the seeds of a task run as one batched computation (else one after another).
+    seeds_per_task_default: int = 1
+    max_seeds_per_task: int = 1
+    batched: bool = False
 
 
 class HealthStatus(StrEnum):

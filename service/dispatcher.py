@@ -5,13 +5,15 @@ lock (service.lease); a dispatcher that cannot take it stands by and polls, and 
 the holder is gone. Taking over, it re-queues the runs a previous holder left `running`. Then
 each loop it
 1. claims queued runs in priority order (higher first, then oldest) up to `max_in_flight`,
-   marks them running, counts the attempt and submits one `workers.run_task` per run with the
-   run's resources;
+   marks them running, counts the attempt and submits one `workers.run_task` per task with the
+   run's resources: a task runs one seed, or up to the experiment's seeds_per_task seeds of one
+   condition claimed together (a seed-batched task; each seed stays its own run);
 2. forwards cancellations requested through the API to Ray;
 3. reads whatever the in-flight tasks streamed (start, metric batches, final result) and
    persists it in one transaction; when the database refuses that, run by run, so that a run
    whose rows cannot be stored ends `failed` alone and every other run is written.
-A run whose worker or node died is re-queued until it has used max_retries + 1 attempts.
+A run whose worker or node died is re-queued until it has used max_retries + 1 attempts; when
+a seed-batched task dies, only its seeds without a result are.
 
 Stopping (SIGTERM, the API's shutdown), it saves the results Ray already has, cancels the runs
 still in flight and puts them back in the queue without charging them an attempt: Ray ties a
@@ -20,6 +22,7 @@ task's life to its driver's, so none of them could outlive this process anyway.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -37,11 +40,19 @@ from sqlmodel import Session
 from api_schemas import RunStatus, storable_text
 from service.adaptive import decide_due
 from service.db import masked_url
+from service.experiments import seeds_per_task
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
 from service.metrics import DispatcherMetrics
-from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
+from service.run_store import (
+    AttemptKey,
+    ClaimedRun,
+    FinishedAttempt,
+    RunStore,
+    StartedAttempt,
+)
 from service.settings import Settings
 from service.sources import SourcePlan, config_condition
+from trainers import REGISTRY
 from workers import run_task
 from workers.messages import MetricBatch, Result, Started
 
@@ -91,34 +102,60 @@ def ensure_ray(settings: Settings) -> None:
             signal.signal(signal.SIGTERM, previous)
 
 
-@dataclass
-class InFlight:
-    run_id: int
-    experiment_id: int
-    attempt: int
+@dataclass(eq=False)
+class TaskFlight:
+    """One Ray task in flight: the seeds of one condition it runs (one, or a seed-batched
+    task's), by their index in the task, while they have no result."""
+
     generator: Any
     trainer: str
     # time.monotonic() at the claim and at the Started message: the dispatch latency and the
-    # run's duration (/metrics)
+    # runs' durations (/metrics)
     claimed_at: float
+    runs: dict[int, InFlight] = field(default_factory=dict)
     started_at: float | None = None
     cancel_sent_at: float | None = None
     started: Started | None = None
+
+
+@dataclass(eq=False)
+class InFlight:
+    """One run in flight: its attempt, and the task (and place in it) that runs it."""
+
+    run_id: int
+    experiment_id: int
+    attempt: int
+    task: TaskFlight
+    index: int = 0
 
     @property
     def key(self) -> AttemptKey:
         return AttemptKey(run_id=self.run_id, experiment_id=self.experiment_id,
                           attempt=self.attempt)
 
+    @property
+    def generator(self) -> Any:
+        return self.task.generator
+
+    @property
+    def started(self) -> Started | None:
+        return self.task.started
+
+
+def tasks_of(flights: Any) -> list[TaskFlight]:
+    """The distinct tasks of some flights, in first-seen order."""
+    return list({id(f.task): f.task for f in flights}.values())
+
 
 @dataclass(frozen=True)
 class RunTemplate:
     """What every run of one experiment shares: the base config, how its runs seed their
-    random sources, and the checks on which a run ends early."""
+    random sources, the checks on which a run ends early and the seeds one task runs."""
 
     config: dict[str, Any]
     sources: SourcePlan
     stop_on_checks: tuple[str, ...]
+    seeds_per_task: int = 1
 
 
 @dataclass
@@ -301,9 +338,11 @@ class Dispatcher:
             orphans = store.requeue_orphans({i: f.attempt for i, f in ours.items()})
             store.commit()
         kept = set(ours) - set(orphans)
-        for run_id in [run_id for run_id in self.in_flight if run_id not in kept]:
+        dropped = [self.in_flight.pop(run_id) for run_id in list(self.in_flight)
+                   if run_id not in kept]
+        for task in tasks_of(dropped):
             # Cooperatively: the trainer returns at its next step and the worker stays warm.
-            ray.cancel(self.in_flight.pop(run_id).generator)
+            ray.cancel(task.generator)
         if self._unsaved is not None:
             self._unsaved = self._unsaved.only(kept)
         if orphans:
@@ -332,8 +371,8 @@ class Dispatcher:
         if not self.in_flight:
             return
         flights = list(self.in_flight.values())
-        for flight in flights:
-            ray.cancel(flight.generator, force=True)
+        for task in tasks_of(flights):
+            ray.cancel(task.generator, force=True)
         with self._session() as session:
             store = RunStore(session)
             store.lock_experiments(flight.experiment_id for flight in flights)
@@ -349,8 +388,8 @@ class Dispatcher:
         if self.in_flight:
             log.warning("cancelling the %d runs this dispatcher had in Ray: %s",
                         len(self.in_flight), reason)
-            for flight in self.in_flight.values():
-                ray.cancel(flight.generator, force=force)
+            for task in tasks_of(self.in_flight.values()):
+                ray.cancel(task.generator, force=force)
             self.in_flight.clear()
         self._unsaved = None
 
@@ -440,14 +479,22 @@ class Dispatcher:
 
     def _fail_unstorable(self, flight: InFlight, reason: str) -> None:
         """The run's rows cannot be stored: stop its task and end it `failed` with `reason`
-        (not retried: the same config would send the same rows again)."""
+        (not retried: the same config would send the same rows again). The other seeds of a
+        seed-batched task go back to the queue: their task is stopped, not their fault."""
+        siblings: list[InFlight] = []
         if self.in_flight.pop(flight.run_id, None) is not None:
+            siblings = [f for f in flight.task.runs.values() if f is not flight
+                        and self.in_flight.pop(f.run_id, None) is not None]
+            flight.task.runs.clear()
             ray.cancel(flight.generator, force=True)
         try:
             with self._session() as session:
                 store = RunStore(session)
                 store.lock_experiments([flight.experiment_id])
                 store.fail(flight.key, reason)
+                for sibling in siblings:
+                    store.lose(sibling.key, f"run {flight.run_id}, which shared its task, could "
+                                            "not be stored and its task was stopped")
                 store.commit()
         except Exception:  # the next dispatcher to take the lock re-queues it as an orphan
             log.exception("run %s: could not store its failure either", flight.run_id)
@@ -463,16 +510,24 @@ class Dispatcher:
                                                                                    nodes))
             templates = self._run_templates(store, {run.experiment_id for run in claimed})
             store.commit()
-        for run in claimed:
-            template = templates[run.experiment_id]
-            config = {**template.config, **config_condition(run.condition)}
+        for group in task_groups(claimed, templates):
+            first = group[0]
+            template = templates[first.experiment_id]
+            config = {**template.config, **config_condition(first.condition)}
+            name = f"seedgrid-run-{first.id}" + (f"-{group[-1].id}" if len(group) > 1 else "")
             generator = run_task.options(
-                num_cpus=run.num_cpus, num_gpus=run.num_gpus, name=f"seedgrid-run-{run.id}"
-            ).remote(run.trainer, config, run.seed, self.settings.metrics_batch_interval_s,
-                     template.sources.source_seeds(run.condition), template.stop_on_checks)
-            self.in_flight[run.id] = InFlight(run_id=run.id, experiment_id=run.experiment_id,
-                                              attempt=run.attempt, generator=generator,
-                                              trainer=run.trainer, claimed_at=time.monotonic())
+                num_cpus=first.num_cpus, num_gpus=first.num_gpus, name=name
+            ).remote(first.trainer, config, [run.seed for run in group],
+                     self.settings.metrics_batch_interval_s,
+                     [template.sources.source_seeds(run.condition) for run in group],
+                     template.stop_on_checks)
+            task = TaskFlight(generator=generator, trainer=first.trainer,
+                              claimed_at=time.monotonic())
+            for index, run in enumerate(group):
+                flight = InFlight(run_id=run.id, experiment_id=run.experiment_id,
+                                  attempt=run.attempt, task=task, index=index)
+                task.runs[index] = flight
+                self.in_flight[run.id] = flight
         return len(claimed)
 
     def _run_templates(self, store: RunStore, experiment_ids: set[int]
@@ -485,7 +540,8 @@ class Dispatcher:
                 self._templates.clear()
             self._templates.update({
                 i: RunTemplate(config=spec.get("config", {}), sources=SourcePlan.of(spec),
-                               stop_on_checks=tuple(spec.get("stop_on_checks", ())))
+                               stop_on_checks=tuple(spec.get("stop_on_checks", ())),
+                               seeds_per_task=_seeds_per_task(spec))
                 for i, spec in store.specs(missing).items()})
         return {i: self._templates[i] for i in experiment_ids}
 
@@ -510,15 +566,13 @@ class Dispatcher:
         self._last_cancel_check = now
         with self._session() as session:
             ids = RunStore(session).cancel_requested(self.in_flight)
-        for run_id in ids:
-            flight = self.in_flight.get(run_id)
-            if flight is None:
-                continue
-            if flight.cancel_sent_at is None:
-                ray.cancel(flight.generator)
-                flight.cancel_sent_at = now
-            elif now - flight.cancel_sent_at > FORCE_CANCEL_AFTER_S:
-                ray.cancel(flight.generator, force=True)
+        # A cancel ends every seed of a task (an experiment's cancel asks it of all its runs).
+        for task in tasks_of(self.in_flight[i] for i in ids if i in self.in_flight):
+            if task.cancel_sent_at is None:
+                ray.cancel(task.generator)
+                task.cancel_sent_at = now
+            elif now - task.cancel_sent_at > FORCE_CANCEL_AFTER_S:
+                ray.cancel(task.generator, force=True)
 
     def _pump(self, timeout_s: float) -> Harvest:
         harvest = Harvest()
@@ -526,64 +580,80 @@ class Dispatcher:
             if timeout_s:
                 self._stop.wait(timeout_s)
             return harvest
-        by_generator = {id(f.generator): f for f in self.in_flight.values()}
-        generators = [f.generator for f in self.in_flight.values()]
+        tasks = tasks_of(self.in_flight.values())
+        by_generator = {id(task.generator): task for task in tasks}
+        generators = [task.generator for task in tasks]
         ready, _ = ray.wait(generators, num_returns=1, timeout=timeout_s)
         if ready:
             ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
         for generator in ready:
-            flight = by_generator[id(generator)]
-            harvest.flights[flight.run_id] = flight
-            self._drain(flight, harvest)
+            task = by_generator[id(generator)]
+            harvest.flights.update({f.run_id: f for f in task.runs.values()})
+            self._drain(task, harvest)
         return harvest
 
-    def _drain(self, flight: InFlight, harvest: Harvest) -> None:
+    def _drain(self, task: TaskFlight, harvest: Harvest) -> None:
         """Read every message the task has ready now."""
-        generator = flight.generator
+        generator = task.generator
         while True:
             try:
                 ref = next(generator)
                 message = ray.get(ref)
             except StopIteration:
-                if flight.run_id in self.in_flight:
-                    self._lose(flight, harvest, "the task ended without a result")
+                self._lose(task, harvest, "the task ended without a result")
                 return
             except TaskCancelledError:
-                harvest.cancelled.append(flight)
-                del self.in_flight[flight.run_id]
+                self._end_cancelled(task, harvest)
                 return
             except RayError as exc:
                 if isinstance(getattr(exc, "cause", None), TaskCancelledError):
-                    harvest.cancelled.append(flight)
-                    del self.in_flight[flight.run_id]
+                    self._end_cancelled(task, harvest)
                 else:
-                    self._lose(flight, harvest,
+                    self._lose(task, harvest,
                                storable_text(f"{type(exc).__name__}: {_first_line(exc)}"))
                 return
             if isinstance(message, Started):
-                flight.started = message
-                flight.started_at = time.monotonic()
-                self.metrics.dispatch_latency.observe(flight.started_at - flight.claimed_at)
-                harvest.started.append((flight, message))
+                task.started = message
+                task.started_at = time.monotonic()
+                self.metrics.dispatch_latency.observe(task.started_at - task.claimed_at)
+                harvest.started += [(flight, message) for flight in task.runs.values()]
             elif isinstance(message, MetricBatch):
-                harvest.metrics += [
-                    {"run_id": flight.run_id, "step": s, "epoch": e, "name": n, "value": v}
-                    for s, e, n, v in message.points
-                ]
+                flight = task.runs.get(message.index)
+                if flight is not None:
+                    harvest.metrics += [
+                        {"run_id": flight.run_id, "step": s, "epoch": e, "name": n, "value": v}
+                        for s, e, n, v in message.points
+                    ]
             elif isinstance(message, Result):
-                harvest.results.append((flight, message.storable()))
-                del self.in_flight[flight.run_id]
-                began = flight.started_at if flight.started_at is not None else flight.claimed_at
-                self.metrics.run_duration.labels(flight.trainer).observe(time.monotonic() - began)
-                return
+                flight = task.runs.pop(message.index, None)
+                if flight is not None:
+                    harvest.results.append((flight, message.storable()))
+                    del self.in_flight[flight.run_id]
+                    began = task.started_at if task.started_at is not None else task.claimed_at
+                    self.metrics.run_duration.labels(task.trainer).observe(
+                        time.monotonic() - began)
+                if not task.runs:
+                    return
             if not generator.next_ready():
                 return
 
-    def _lose(self, flight: InFlight, harvest: Harvest, reason: str) -> None:
-        """The task died without a result: its worker or node is gone (the runs store retries
-        or fails the run when the harvest is written)."""
-        harvest.lost.append((flight, reason))
-        del self.in_flight[flight.run_id]
+    def _end_cancelled(self, task: TaskFlight, harvest: Harvest) -> None:
+        """The task was cancelled: every seed of it without a result ends cancelled."""
+        for flight in task.runs.values():
+            harvest.cancelled.append(flight)
+            del self.in_flight[flight.run_id]
+        task.runs.clear()
+
+    def _lose(self, task: TaskFlight, harvest: Harvest, reason: str) -> None:
+        """The task died without a result for some seeds: its worker or node is gone (the runs
+        store retries or fails each of those runs when the harvest is written; the seeds that
+        sent their result are kept)."""
+        if not task.runs:
+            return
+        for flight in task.runs.values():
+            harvest.lost.append((flight, reason))
+            del self.in_flight[flight.run_id]
+        task.runs.clear()
         self.metrics.worker_losses.inc()
 
     # -- persistence ---------------------------------------------------------------------------
@@ -609,6 +679,34 @@ class Dispatcher:
                 if store.lose(flight.key, reason) is RunStatus.queued:
                     log.warning("run %s was lost (%s); retrying", flight.run_id, reason)
             store.commit()
+
+
+def task_groups(claimed: list[ClaimedRun], templates: dict[int, RunTemplate]
+                ) -> list[list[ClaimedRun]]:
+    """The claimed runs as tasks: consecutive runs (claim order) of one experiment and
+    condition, up to the experiment's seeds_per_task each; a run's resources are its task's."""
+    groups: list[list[ClaimedRun]] = []
+    open_groups: dict[tuple[Any, ...], list[ClaimedRun]] = {}
+    for run in claimed:
+        size = templates[run.experiment_id].seeds_per_task
+        if size <= 1:
+            groups.append([run])
+            continue
+        key = (run.experiment_id, json.dumps(run.condition, sort_keys=True), run.num_cpus,
+               run.num_gpus)
+        group = open_groups.get(key)
+        if group is None or len(group) >= size:
+            group = open_groups[key] = []
+            groups.append(group)
+        group.append(run)
+    return groups
+
+
+def _seeds_per_task(spec: dict[str, Any]) -> int:
+    """The stored spec's seeds per task (1 for a trainer this process does not know: its runs
+    fail on the worker anyway)."""
+    trainer = REGISTRY.get(spec.get("trainer", ""))
+    return seeds_per_task(trainer, spec) if trainer is not None else 1
 
 
 def _database_trouble(exc: BaseException) -> bool:

@@ -188,6 +188,7 @@ def validate_spec(
         errors += _named_comparison_errors(spec.adaptive.comparison, stats_grid(spec),
                                            ["adaptive", "comparison"])
     errors += _stop_check_errors(trainer, spec.stop_on_checks)
+    errors += _seeds_per_task_errors(trainer, spec)
     if errors:
         raise SpecError(errors)
 
@@ -212,7 +213,8 @@ def validate_spec(
             errors += [_error(["grid"], f"condition {condition_key(condition)}: {e['msg']}")
                        for e in exc.errors(include_url=False)]
             continue
-        _check_operator_limits(trainer, config, condition, settings, refusals)
+        _check_operator_limits(trainer, config, condition, settings, refusals,
+                               seeds_per_task(trainer, spec))
     errors += refusals.errors()
     if errors:
         raise SpecError(errors)
@@ -242,6 +244,24 @@ def _source_errors(spec: ExperimentSpec) -> list[dict[str, Any]]:
             errors.append(_error(["seeds"], "decompose_sources needs at least 2 seeds: a "
                                  "source's variance over one seed is undefined"))
     return errors
+
+
+def seeds_per_task(trainer: Trainer, spec: ExperimentSpec | dict[str, Any]) -> int:
+    """How many seeds of a condition one task runs: the spec's resources.seeds_per_task, else
+    the trainer's default (a stored spec is a dict)."""
+    if isinstance(spec, dict):
+        asked = (spec.get("resources") or {}).get("seeds_per_task")
+    else:
+        asked = spec.resources.seeds_per_task
+    return asked if asked is not None else trainer.seeds_per_task_default
+
+
+def _seeds_per_task_errors(trainer: Trainer, spec: ExperimentSpec) -> list[dict[str, Any]]:
+    asked = spec.resources.seeds_per_task
+    if asked is None or asked <= trainer.max_seeds_per_task:
+        return []
+    return [_error(["resources", "seeds_per_task"], f"trainer {trainer.name!r} runs at most "
+                   f"{trainer.max_seeds_per_task} seeds per task, not {asked}")]
 
 
 def _stop_check_errors(trainer: Trainer, names: list[str]) -> list[dict[str, Any]]:
@@ -287,8 +307,10 @@ class _Refusals:
 
 
 def _check_operator_limits(trainer: Trainer, config: Any, condition: dict[str, Any],
-                           settings: Settings, refusals: _Refusals) -> None:
-    """What the operator allows a run: which data roots, downloads, memory, logged points."""
+                           settings: Settings, refusals: _Refusals, per_task: int = 1) -> None:
+    """What the operator allows a run: which data roots, downloads, memory, logged points.
+    `per_task`: the seeds one task runs; they share its process, so its memory is theirs
+    together (an upper bound: the data is loaded once)."""
     root = getattr(config, "data_root", None)
     if root is not None and root not in settings.data_root_names:
         configured = ", ".join(settings.data_root_names) or "none are configured"
@@ -303,10 +325,12 @@ def _check_operator_limits(trainer: Trainer, config: Any, condition: dict[str, A
                      "the dataset's files under the data root instead", condition)
     estimate = trainer.estimate(config)
     limit_bytes = settings.max_run_memory_gb * 1e9
-    if estimate.memory_bytes > limit_bytes:
+    if estimate.memory_bytes * per_task > limit_bytes:
         fields = ", ".join(estimate.memory_fields)
+        what = "one run needs" if per_task == 1 else (
+            f"one task of {per_task} seeds (resources.seeds_per_task) needs {per_task} x")
         refusals.add("memory", refusals.named(estimate.memory_fields),
-                     f"one run needs about {estimate.memory_bytes / 1e9:,.1f} GB (estimated from "
+                     f"{what} about {estimate.memory_bytes / 1e9:,.1f} GB (estimated from "
                      f"{fields}), over SEEDGRID_MAX_RUN_MEMORY_GB={settings.max_run_memory_gb:g}",
                      condition)
     if estimate.logged_points > settings.max_points_per_run:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -157,6 +157,12 @@ class Trainer(Protocol):
         ...
     # The checks a run can be asked to stop on (an experiment spec's stop_on_checks).
     stop_checks: ClassVar[tuple[str, ...]]
+    # Seed-batched tasks: the seeds one task runs when a spec's resources.seeds_per_task is
+    # left out, the most it may ask for, and whether the seeds run as one batched computation
+    # (else one after another in the task's process).
+    seeds_per_task_default: ClassVar[int]
+    max_seeds_per_task: ClassVar[int]
+    batched: ClassVar[bool]
 
     def run(self, config: Any, seed: int, reporter: Reporter, *,
             threads: int | None = None, stop_on_checks: Collection[str] = ()) -> RunResult:
@@ -164,6 +170,16 @@ class Trainer(Protocol):
         `threads` sets torch's thread count (the run's CPUs); the run ends early when one of
         `stop_on_checks` (a subset of `stop_checks`) fires. trainers.runtime.TrainerBase
         implements it for every trainer."""
+        ...
+
+    def run_seeds(self, config: Any, seeds: Sequence[int], reporters: Sequence[Reporter], *,
+                  threads: int | None = None,
+                  source_seeds: Sequence[dict[str, int] | None] | None = None,
+                  stop_on_checks: Collection[str] = (),
+                  on_done: Callable[[int, RunResult | Exception], None] | None = None,
+                  ) -> list[RunResult | Exception]:
+        """K seeds of `config` in one task, one reporter each: a result (or the exception that
+        ended that seed alone) per seed, in order; `on_done` hears of each as it ends."""
         ...
 
     def estimate(self, config: Any) -> ResourceEstimate:

@@ -23,6 +23,15 @@ answers True from then on) and its result carries the stop (`RunResult.stop`).
 
 Every loop must reach `should_stop()` or `log()` about once a second of work, so that a cancel
 ends any run within about a second.
+
+Seed-batched tasks: `TrainerBase.run_seeds(config, seeds, reporters)` runs K seeds of one config
+in one task. Each seed gets its own `RunContext` (its own random sources, reporter, divergence
+and stop state), so a seed's result does not depend on which seeds shared its task. A trainer
+that overrides `train_seeds(config, runs)` computes the K seeds as one batched computation
+(`batched = True`): it must mask a seed whose context has stopped (diverged or stopped by a
+check) and go on with the others, and return one `TrainOutput` per run. The default
+`train_seeds` trains the seeds one after another in the same process (a trainer's data caches
+then load the data once per task), reporting each seed's result as soon as it ends.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import platform
 import sys
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -158,9 +167,12 @@ class RunContext:
 
     def __init__(self, *, config: pydantic.BaseModel, seed: int, reporter: Reporter,
                  device: torch.device, sources: RandomSources,
-                 divergence_metric: str | None, stop_on_checks: Collection[str] = ()) -> None:
+                 divergence_metric: str | None, stop_on_checks: Collection[str] = (),
+                 index: int = 0) -> None:
         self.config = config
         self.seed = seed
+        # The run's place among the seeds of its task (0 for a task of one seed).
+        self.index = index
         self.device = device
         self.sources = sources
         self.divergence_metric = divergence_metric
@@ -253,6 +265,12 @@ class TrainerBase(ABC):
     # Metrics with a known range, as (low, high): say (0, 1) for an accuracy. /stats keeps a
     # condition's mean interval within them.
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {}
+    # Seed-batched tasks (a spec's resources.seeds_per_task): the number of seeds one task runs
+    # when the spec does not say, and the most it may ask for. `batched`: whether train_seeds
+    # computes them as one batched computation (else one after another in the task).
+    seeds_per_task_default: ClassVar[int] = 1
+    max_seeds_per_task: ClassVar[int] = 16
+    batched: ClassVar[bool] = False
 
     def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
         """{accuracy-like metric: the number of test examples it averages} for one completed
@@ -276,6 +294,65 @@ class TrainerBase(ABC):
         `stop_on_checks`: the checks (of `stop_checks`) on which the run ends early; the
         service refuses others in the spec, and a name this trainer does not declare is a
         ValueError here too."""
+        device = self._set_up(config, threads, stop_on_checks)
+        context = RunContext(config=config, seed=seed, reporter=reporter, device=device,
+                             sources=random_sources(seed, source_seeds),
+                             divergence_metric=self.divergence_metric,
+                             stop_on_checks=stop_on_checks)
+        output = self.train(config, context)
+        return self._result(context, output)
+
+    def run_seeds(self, config: Any, seeds: Sequence[int], reporters: Sequence[Reporter], *,
+                  threads: int | None = None,
+                  source_seeds: Sequence[dict[str, int] | None] | None = None,
+                  stop_on_checks: Collection[str] = (),
+                  on_done: Callable[[int, RunResult | Exception], None] | None = None,
+                  ) -> list[RunResult | Exception]:
+        """K seeds of one config in one task (a seed-batched task): one reporter and, when
+        given, one `source_seeds` per seed. Each seed is set up as `run` sets up a run of its
+        own; `on_done(index, outcome)` hears of each seed as soon as its outcome is known (one
+        after another for a trainer that is not `batched`). The outcomes come in the order of
+        `seeds`: a result, or the exception that ended that seed alone (a trainer that is not
+        batched goes on with the next seed). An exception of a batched computation ends every
+        seed: it propagates."""
+        if len(reporters) != len(seeds) or (source_seeds is not None
+                                            and len(source_seeds) != len(seeds)):
+            raise ValueError("run_seeds needs one reporter (and one source_seeds) per seed")
+        device = self._set_up(config, threads, stop_on_checks)
+        pinned = list(source_seeds) if source_seeds is not None else [None] * len(seeds)
+        contexts = [RunContext(config=config, seed=seed, reporter=reporter, device=device,
+                               sources=random_sources(seed, pins),
+                               divergence_metric=self.divergence_metric,
+                               stop_on_checks=stop_on_checks, index=index)
+                    for index, (seed, reporter, pins) in enumerate(zip(seeds, reporters, pinned,
+                                                                       strict=True))]
+        outcomes: list[RunResult | Exception] = []
+
+        def done(run: RunContext, outcome: RunResult | Exception) -> None:
+            outcomes.append(outcome)
+            if on_done is not None:
+                on_done(run.index, outcome)
+
+        if self.batched:
+            for run, output in zip(contexts, self.train_seeds(config, contexts), strict=True):
+                done(run, self._result(run, output))
+            return outcomes
+        for run in contexts:
+            try:
+                outcome: RunResult | Exception = self._result(run, self.train(config, run))
+            except Exception as exc:  # noqa: BLE001 - this seed fails; the next one runs
+                outcome = exc
+            done(run, outcome)
+        return outcomes
+
+    def train_seeds(self, config: Any, runs: list[RunContext]) -> list[TrainOutput]:
+        """A batched trainer's K seeds as one computation, one output per run in order (see the
+        module's docstring). Only trainers that set `batched = True` override it."""
+        raise NotImplementedError(f"trainer {self.name!r} does not batch seeds")
+
+    def _set_up(self, config: Any, threads: int | None,
+                stop_on_checks: Collection[str]) -> torch.device:
+        """What every run of the process shares: refused checks, device, determinism, threads."""
         unknown = sorted(set(stop_on_checks) - set(self.stop_checks))
         if unknown:
             raise ValueError(f"stop_on_checks: trainer {self.name!r} has no check "
@@ -287,12 +364,7 @@ class TrainerBase(ABC):
         torch.use_deterministic_algorithms(device.type == "cpu")
         if threads is not None:
             torch.set_num_threads(max(1, threads))
-        context = RunContext(config=config, seed=seed, reporter=reporter, device=device,
-                             sources=random_sources(seed, source_seeds),
-                             divergence_metric=self.divergence_metric,
-                             stop_on_checks=stop_on_checks)
-        output = self.train(config, context)
-        return self._result(context, output)
+        return device
 
     @abstractmethod
     def train(self, config: Any, run: RunContext) -> TrainOutput:

@@ -1,6 +1,7 @@
 """The messages a run's Ray task streams to the dispatcher, in order: one `Started`, zero or
-more `MetricBatch`es while the trainer runs, one `Result`. Both sides import this module: it is
-the whole contract between them."""
+more `MetricBatch`es while the trainer runs, one `Result` per seed of the task. `MetricBatch`
+and `Result` name their seed by its index in the task's seeds (0 in a task of one). Both sides
+import this module: it is the whole contract between them."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class MetricBatch:
     """Points the trainer logged since the previous batch."""
 
     points: list[Point]
+    index: int = 0  # the seed's place in the task's seeds
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class Result:
     warnings: list[dict[str, Any]] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    index: int = 0  # the seed's place in the task's seeds
 
     def storable(self) -> Result:
         """This result with every string storable (no NUL, no lone surrogate): whatever a

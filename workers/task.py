@@ -1,14 +1,19 @@
-"""The Ray task that runs one (condition, seed) and streams its metrics back.
+"""The Ray task that runs one (condition, seed), or K seeds of one condition, and streams their
+metrics back.
 
-`run_task` is a Ray streaming generator of the messages in workers.messages: one `Started`,
-zero or more `MetricBatch`es, one `Result`.
+`run_task` is a Ray streaming generator of the messages in workers.messages: one `Started`, zero
+or more `MetricBatch`es, one `Result` per seed. Each `MetricBatch` and `Result` names the seed it
+is about by its index in the task's seeds. A task of K > 1 seeds (a spec's
+`resources.seeds_per_task`) runs them through the trainer's `run_seeds`: as one batched
+computation for a batched trainer, else one after another; a seed's `Result` is sent as soon as
+that seed has ended, so that a task lost later keeps the seeds it finished.
 
 The trainer runs in a thread of the worker process while the generator forwards the metric
 batches it logs, so that the caller (the dispatcher) sees curves while the run goes on. The
 worker never opens the database. Cancellation (`ray.cancel` on the generator) arrives as
-KeyboardInterrupt in the generator: the reporter then answers should_stop() = True, the trainer
+KeyboardInterrupt in the generator: the reporters then answer should_stop() = True, the trainer
 returns at its next check (the loop contract of trainers.runtime: within about a second), and
-the interrupt propagates so that Ray reports the task cancelled.
+the interrupt propagates so that Ray reports the task cancelled: a cancel ends every seed.
 """
 
 from __future__ import annotations
@@ -34,13 +39,13 @@ CANCEL_GRACE_S = 10.0
 
 
 class StreamingReporter:
-    """Buffers logged points for the generator and watches the loss for divergence."""
+    """Buffers one seed's logged points for the generator. The seeds of one task share the
+    stop event: a cancel stops them all."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_requested: threading.Event | None = None) -> None:
         self._lock = threading.Lock()
         self._points: list[Point] = []
-        self.wake = threading.Event()
-        self.stop_requested = threading.Event()
+        self.stop_requested = stop_requested or threading.Event()
         # The last logged point with every value finite: a failed run's metrics.
         self.last_finite: dict[str, float] = {}
 
@@ -61,21 +66,20 @@ class StreamingReporter:
         return points
 
 
-def _outcome(result: RunResult | None, error: BaseException | None,
-             reporter: StreamingReporter, divergence_metric: str | None) -> Result:
-    if error is not None:
+def _outcome(outcome: RunResult | BaseException, reporter: StreamingReporter,
+             divergence_metric: str | None, index: int) -> Result:
+    if isinstance(outcome, BaseException):
         # A message may quote anything (a config value, a file's bytes): stored as text.
-        return Result(status=RunStatus.failed, metrics=reporter.last_finite,
-                      error=storable_text(f"{type(error).__name__}: {error}"))
-    assert result is not None
-    payload = result.as_dict()
+        return Result(status=RunStatus.failed, metrics=reporter.last_finite, index=index,
+                      error=storable_text(f"{type(outcome).__name__}: {outcome}"))
+    payload = outcome.as_dict()
     error_text = None
-    if result.diverged:
-        step = result.diverged_at_step
+    if outcome.diverged:
+        step = outcome.diverged_at_step
         where = f" at step {step}" if step is not None else ""
         error_text = f"non-finite {divergence_metric}{where}"
-    status = (RunStatus.diverged if result.diverged
-              else RunStatus.stopped if result.stop is not None else RunStatus.completed)
+    status = (RunStatus.diverged if outcome.diverged
+              else RunStatus.stopped if outcome.stop is not None else RunStatus.completed)
     return Result(
         status=status,
         metrics=payload["metrics"],
@@ -83,6 +87,7 @@ def _outcome(result: RunResult | None, error: BaseException | None,
         warnings=payload["warnings"],
         provenance=payload["provenance"],
         error=error_text,
+        index=index,
     )
 
 
@@ -100,57 +105,109 @@ def execute(
     source_seeds: dict[str, int] | None = None,
     stop_on_checks: Sequence[str] = (),
 ) -> Iterator[WorkerMessage]:
-    """The body of the Ray task, usable without Ray (a plain generator). `source_seeds` pins
-    random sources to other seeds (source name -> seed; checked by trainers.random_sources,
-    a bad one fails the run). `stop_on_checks`: the spec's checks on which the run ends early
-    (status `stopped`)."""
+    """One seed: `execute_seeds` with a task of one (the trainer's single-run path)."""
+    yield from execute_seeds(trainer_name, config, [seed], batch_interval_s, [source_seeds],
+                             stop_on_checks)
+
+
+def execute_seeds(
+    trainer_name: str, config: dict[str, Any], seeds: Sequence[int], batch_interval_s: float,
+    source_seeds: Sequence[dict[str, int] | None] | None = None,
+    stop_on_checks: Sequence[str] = (),
+) -> Iterator[WorkerMessage]:
+    """The body of the Ray task, usable without Ray (a plain generator). `seeds`: the seeds of
+    one condition this task runs (one: the trainer's single-run path, `Trainer.run`; more: its
+    `run_seeds`). `source_seeds`: per seed, random sources pinned to other seeds (source name ->
+    seed; checked by trainers.random_sources, a bad one fails the run). `stop_on_checks`: the
+    spec's checks on which a run ends early (status `stopped`)."""
+    seeds = list(seeds)
+    pins = list(source_seeds) if source_seeds is not None else [None] * len(seeds)
+    if not seeds or len(pins) != len(seeds):
+        raise ValueError("a task needs at least one seed, and one source_seeds entry per seed")
     context = ray.get_runtime_context() if ray.is_initialized() else None
     warm_up()  # before Started: a run counts as started when it can train at once
     yield Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
                   worker_id=context.get_worker_id() if context else None,
                   hostname=socket.gethostname())
-    reporter = StreamingReporter()
+    stop = threading.Event()
+    reporters = [StreamingReporter(stop) for _ in seeds]
+    news = threading.Event()  # a seed ended, or the trainer thread did
+    ended = threading.Event()
+    done: list[tuple[int, RunResult | BaseException, float]] = []
     box: dict[str, Any] = {}
     started = time.perf_counter()
+
+    def on_done(index: int, outcome: RunResult | BaseException) -> None:
+        done.append((index, outcome, time.perf_counter() - started))
+        news.set()
 
     def target() -> None:
         try:
             trainer = box["trainer"] = get_trainer(trainer_name)
-            box["result"] = trainer.run(trainer.Config.model_validate(config), seed, reporter,
-                                        threads=assigned_cpus(), source_seeds=source_seeds,
-                                        stop_on_checks=stop_on_checks)
-        except BaseException as exc:  # noqa: BLE001 - every trainer failure becomes a failed run
+            parsed = trainer.Config.model_validate(config)
+            if len(seeds) == 1:
+                on_done(0, trainer.run(parsed, seeds[0], reporters[0], threads=assigned_cpus(),
+                                       source_seeds=pins[0], stop_on_checks=stop_on_checks))
+            else:
+                trainer.run_seeds(parsed, seeds, reporters, threads=assigned_cpus(),
+                                  source_seeds=pins, stop_on_checks=stop_on_checks,
+                                  on_done=on_done)
+        except BaseException as exc:  # noqa: BLE001 - every trainer failure fails its seeds
             box["error"] = exc
         finally:
-            reporter.wake.set()
+            ended.set()
+            news.set()
 
-    thread = threading.Thread(target=target, name=f"trainer-{trainer_name}-{seed}", daemon=True)
-    thread.start()
-    try:
-        while not reporter.wake.wait(batch_interval_s):
+    sent: set[int] = set()
+
+    def flush() -> Iterator[WorkerMessage]:
+        for index, reporter in enumerate(reporters):
             points = reporter.drain()
             if points:
-                yield MetricBatch(points)
+                yield MetricBatch(points, index=index)
+        while done:
+            index, outcome, seconds = done.pop(0)
+            sent.add(index)
+            yield _result(outcome, reporters[index], index, seconds)
+
+    def _result(outcome: RunResult | BaseException, reporter: StreamingReporter, index: int,
+                seconds: float) -> Result:
+        result = _outcome(outcome, reporter,
+                          getattr(box.get("trainer"), "divergence_metric", None), index)
+        result.provenance["train_seconds"] = seconds
+        if len(seeds) > 1:
+            result.provenance["task_seeds"] = seeds
+        return result
+
+    thread = threading.Thread(target=target, name=f"trainer-{trainer_name}-{seeds[0]}",
+                              daemon=True)
+    thread.start()
+    try:
+        while True:
+            news.wait(batch_interval_s)
+            news.clear()
+            finished = ended.is_set()
+            yield from flush()
+            if finished:
+                break
     except KeyboardInterrupt:
-        reporter.stop_requested.set()
+        stop.set()
         thread.join(CANCEL_GRACE_S)
         raise
     thread.join()
-    points = reporter.drain()
-    if points:
-        yield MetricBatch(points)
-    outcome = _outcome(box.get("result"), box.get("error"), reporter,
-                       getattr(box.get("trainer"), "divergence_metric", None))
-    outcome.provenance["train_seconds"] = time.perf_counter() - started
-    yield outcome
+    error = box.get("error") or RuntimeError("the trainer returned no result for this seed")
+    for index in range(len(seeds)):
+        if index not in sent:
+            yield _result(error, reporters[index], index, time.perf_counter() - started)
 
 
 @ray.remote(max_retries=0)
 def run_task(
-    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float = 0.5,
-    source_seeds: dict[str, int] | None = None,
+    trainer_name: str, config: dict[str, Any], seeds: Sequence[int], batch_interval_s: float = 0.5,
+    source_seeds: Sequence[dict[str, int] | None] | None = None,
     stop_on_checks: Sequence[str] = (),
 ) -> Iterator[WorkerMessage]:
-    """Ray streaming generator running one (condition, seed); the dispatcher does retries."""
-    yield from execute(trainer_name, config, seed, batch_interval_s, source_seeds,
-                       stop_on_checks)
+    """Ray streaming generator running one condition's seeds (one, or a seed-batched task of
+    several); the dispatcher does retries."""
+    yield from execute_seeds(trainer_name, config, seeds, batch_interval_s, source_seeds,
+                             stop_on_checks)

@@ -41,6 +41,9 @@ def list_trainers() -> list[TrainerInfo]:
             primary_metric=t.primary_metric,
             reports=report_names(t),
             stop_checks=list(t.stop_checks),
+            seeds_per_task_default=t.seeds_per_task_default,
+            max_seeds_per_task=t.max_seeds_per_task,
+            batched=t.batched,
         )
         for t in REGISTRY.values()
     ]
