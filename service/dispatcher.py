@@ -4,7 +4,7 @@ One dispatcher acts per database; it is the Ray driver. It acts only while it ho
 lock (service.lease); a dispatcher that cannot take it stands by and polls, and takes over when
 the holder is gone. Taking over, it re-queues the runs a previous holder left `running`. Then
 each loop it
-1. claims queued runs in priority order (higher first, then oldest) up to `max_in_flight`,
+1. claims queued runs in priority order (higher first, then oldest) up to `max_in_flight` tasks,
    marks them running, counts the attempt and submits one `workers.run_task` per task with the
    run's resources: a task runs one seed, or up to the experiment's seeds_per_task seeds of one
    condition claimed together (a seed-batched task; each seed stays its own run);
@@ -206,6 +206,8 @@ class Dispatcher:
         # A harvest read from Ray whose transaction failed: written before anything else.
         self._unsaved: Harvest | None = None
         self._templates: dict[int, RunTemplate] = {}
+        # Runs claimed per free task slot: the largest seeds_per_task of the last claim.
+        self._claim_factor = 1
         self._standby_announced = False
         self._database_unreachable = False
         self.max_in_flight = settings.max_in_flight or 4
@@ -500,9 +502,12 @@ class Dispatcher:
             log.exception("run %s: could not store its failure either", flight.run_id)
 
     def _fill(self) -> int:
-        free = self.max_in_flight - len(self.in_flight)
+        free = self.max_in_flight - len(tasks_of(self.in_flight.values()))
         if free <= 0:
             return 0
+        # max_in_flight counts tasks: room for `free` tasks as large as the last pass's largest
+        # (a pass whose runs make smaller tasks than the last one's may pass it by that factor).
+        free *= self._claim_factor
         nodes = self._node_capacities()
         with self._session() as session:
             store = RunStore(session)
@@ -510,7 +515,11 @@ class Dispatcher:
                                                                                    nodes))
             templates = self._run_templates(store, {run.experiment_id for run in claimed})
             store.commit()
-        for group in task_groups(claimed, templates):
+        groups = task_groups(claimed, templates)
+        if groups:
+            self._claim_factor = max(
+                templates[group[0].experiment_id].seeds_per_task for group in groups)
+        for group in groups:
             first = group[0]
             template = templates[first.experiment_id]
             config = {**template.config, **config_condition(first.condition)}

@@ -6,6 +6,7 @@ configs of a short run that differ only in their evaluation or logging intervals
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from trainers import REGISTRY, get_trainer
-from trainers.base import MemoryReporter
+from trainers.base import MemoryReporter, RunResult
 
 # A cancelled run must return within this long of the request (the contract says about one
 # second; the margin absorbs a busy 2-core CI machine).
@@ -37,6 +38,14 @@ class Case:
     # whose config has no evaluation or logging interval to vary.
     frequent: dict[str, Any] | None = None
     rare: dict[str, Any] | None = None
+    # A short run for the seed-batching contract; None: `frequent`.
+    short: dict[str, Any] | None = None
+
+    @property
+    def batch(self) -> dict[str, Any]:
+        config = self.short or self.frequent
+        assert config is not None
+        return config
 
 
 FEEDBACK_SHORT = {"arch": "resmlp", "method": "fa", "dataset": "digits", "width": 16,
@@ -80,8 +89,16 @@ CASES: dict[str, Case] = {
     # would take about 96 * 1000^2 steps at this norm.
     "ssl_sim": Case(
         long={"simulation": "convergence", "initial_norm": 1000.0, "max_steps": 10_000_000},
+        short={"simulation": "latent_class", "epochs": 3},
     ),
 }
+
+# How close a seed of a seed-batched task (run_seeds) must come to its solo run (trainer.run),
+# relative, in every logged point, final metric and diagnostic: a trainer that runs the seeds
+# one after another must be exact; a batched one reorders the sums of its stacked GEMMs (each
+# trainer's own batching test states the tolerance and why).
+BATCH_TOLERANCE: dict[str, float] = {"collapse": 1e-9, "feedback": 1e-4, "cff": 1e-4,
+                                     "ssl": 0.0, "ssl_sim": 1e-9}
 
 
 class CancelAfter(MemoryReporter):
@@ -140,3 +157,74 @@ def test_how_often_a_run_evaluates_never_changes_what_it_trains(name: str) -> No
     assert digests[0] is not None
     assert digests[0] == digests[1]
     assert result.provenance["torch_threads"] == 1
+
+
+# Diagnostics of the process rather than the run: wall-clock timings, and whether the dataset was
+# decoded already. They differ between any two runs and are only checked to exist.
+UNREPRODUCIBLE = {"train_time_s", "stage1_train_time_s", "stage1_images_per_s", "dataset_cached"}
+
+
+def assert_close(actual: Any, expected: Any, rel: float, where: str = "") -> None:
+    """`actual` equals `expected` at any depth, floats to `rel` relative (NaN equals NaN);
+    the keys of UNREPRODUCIBLE are only checked to exist."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and set(actual) == set(expected), where
+        for key in set(expected) - UNREPRODUCIBLE:
+            assert_close(actual[key], expected[key], rel, f"{where}.{key}")
+    elif isinstance(expected, list | tuple):
+        assert isinstance(actual, list | tuple) and len(actual) == len(expected), where
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_close(a, e, rel, f"{where}[{i}]")
+    elif isinstance(expected, float) and isinstance(actual, float):
+        assert (math.isnan(actual) and math.isnan(expected)) or math.isclose(
+            actual, expected, rel_tol=rel, abs_tol=rel * 1e-6), (where, actual, expected)
+    else:
+        assert actual == expected, (where, actual, expected)
+
+
+def test_every_registered_trainer_has_a_batch_tolerance() -> None:
+    assert set(BATCH_TOLERANCE) == set(REGISTRY)
+    for name, tolerance in BATCH_TOLERANCE.items():
+        assert get_trainer(name).batched or tolerance == 0.0, name
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_seed_batched_task_gives_each_seed_its_solo_run(name: str) -> None:
+    trainer = get_trainer(name)
+    config = trainer.Config(**CASES[name].batch)
+    seeds = [0, 1, 2, 3]
+    reporters = [MemoryReporter() for _ in seeds]
+    heard: list[int] = []
+    outcomes = trainer.run_seeds(config, seeds, reporters, threads=1,
+                                 on_done=lambda index, _: heard.append(index))
+    assert sorted(heard) == [0, 1, 2, 3]
+    tolerance = BATCH_TOLERANCE[name]
+    for seed, reporter, outcome in zip(seeds, reporters, outcomes, strict=True):
+        assert isinstance(outcome, RunResult), outcome
+        alone = MemoryReporter()
+        solo = trainer.run(config, seed, alone, threads=1)
+        assert outcome.provenance["seed"] == seed and outcome.finished == solo.finished
+        assert (outcome.diverged, outcome.diverged_at_step) == (solo.diverged,
+                                                                solo.diverged_at_step)
+        assert [p[:3] for p in reporter.points] == [p[:3] for p in alone.points], seed
+        assert_close([p[3] for p in reporter.points], [p[3] for p in alone.points], tolerance,
+                     f"seed {seed} curve")
+        assert_close(outcome.metrics, solo.metrics, tolerance, f"seed {seed} metrics")
+        assert_close(outcome.diagnostics, solo.diagnostics, tolerance, f"seed {seed} diagnostics")
+        assert [w.diagnostic for w in outcome.warnings] == [w.diagnostic for w in solo.warnings]
+        if tolerance == 0.0:
+            assert (outcome.provenance["parameters_sha256"]
+                    == solo.provenance["parameters_sha256"])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_cancel_ends_a_long_seed_batched_task_within_the_bound(name: str) -> None:
+    trainer = get_trainer(name)
+    stop = CancelAfter(RUN_BEFORE_CANCEL_S)
+    outcomes = trainer.run_seeds(trainer.Config(**CASES[name].long), [0, 1], [stop, stop],
+                                 threads=1)
+    ended = time.perf_counter()
+    assert stop.requested is not None, "the task ended before the cancel: make it longer"
+    assert ended - stop.requested < CANCEL_BOUND_S, (
+        f"{name} returned {ended - stop.requested:.2f} s after the cancel")
+    assert all(isinstance(o, RunResult) and not o.finished for o in outcomes[:1]), outcomes
