@@ -61,6 +61,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -72,9 +73,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from trainers import Trainer, get_trainer  # noqa: E402
+from trainers import get_trainer  # noqa: E402
 from trainers.data import load_for  # noqa: E402
 from trainers.data.sources import TORCHVISION_DATASETS, DatasetUnavailable  # noqa: E402
+from trainers.runtime import TrainerBase  # noqa: E402
 
 MODES = ("single", "processes", "run_seeds")
 FAKE_ROOT_NAME = "bench-fake"
@@ -201,7 +203,9 @@ class GpuClock:
             raise RuntimeError("the run logged no point: the GPU clock never started")
         torch.cuda.synchronize()
         self._profiler.stop()
-        events = self._profiler.profiler.kineto_results.events()  # unparsed: no FunctionEvents
+        results = self._profiler.profiler.kineto_results if self._profiler.profiler else None
+        assert results is not None, "a stopped profiler holds its results"
+        events = results.events()  # unparsed: no FunctionEvents are built
         on_gpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA]
         busy = [(e.start_ns(), e.end_ns()) for e in on_gpu
                 if e.activity_type() in DEVICE_ACTIVITIES]
@@ -222,7 +226,7 @@ class Measurement:
     errors: list[str] = field(default_factory=list)
 
 
-def run_one(trainer: Trainer, config: Any, seed: int, progress: Callable[..., float | None],
+def run_one(trainer: TrainerBase, config: Any, seed: int, progress: Callable[..., float | None],
             bound: float, deadline: float, threads: int | None = None,
             clock: GpuClock | None = None) -> Measurement:
     """`trainer.run` of one seed under a BoundedReporter (the `single` mode and a worker's
@@ -235,7 +239,7 @@ def run_one(trainer: Trainer, config: Any, seed: int, progress: Callable[..., fl
     return Measurement([reporter.points], time.time() - started)
 
 
-def run_batched(trainer: Trainer, config: Any, seeds: Sequence[int],
+def run_batched(trainer: TrainerBase, config: Any, seeds: Sequence[int],
                 progress: Callable[..., float | None], bound: float, deadline: float,
                 threads: int | None = None, clock: GpuClock | None = None) -> Measurement:
     """`trainer.run_seeds` of `seeds` in this process (the `run_seeds` mode)."""
@@ -270,7 +274,7 @@ def worker_main() -> None:
             if command.get("ping"):
                 answer: dict[str, Any] = {"pong": True}
             else:
-                trainer = get_trainer(command["trainer"])
+                trainer = trainer_named(command["trainer"])
                 config = trainer.Config.model_validate(command["config"])
                 measured = run_one(trainer, config, command["seed"],
                                    progress_of(*command["progress"]), command["bound"],
@@ -347,6 +351,14 @@ def run_processes(pool: WorkerPool, case: Case, config: Any, seeds: Sequence[int
 # configs and data
 
 
+def trainer_named(name: str) -> TrainerBase:
+    """A registered trainer, with TrainerBase's `device(config)` (every built-in one)."""
+    trainer = get_trainer(name)
+    if not isinstance(trainer, TrainerBase):
+        raise TypeError(f"trainer {name!r} is not a trainers.runtime.TrainerBase")
+    return trainer
+
+
 def example(case: Case) -> dict[str, Any]:
     return yaml.safe_load((ROOT / case.example).read_text())
 
@@ -354,7 +366,7 @@ def example(case: Case) -> dict[str, Any]:
 def case_config(case: Case, *, smoke: bool, device: str, precision: str | None,
                 data_root: str | None) -> tuple[Any, dict[str, Any]]:
     """The trainer's Config for a case, and the grid level it took (the first of each axis)."""
-    trainer = get_trainer(case.trainer)
+    trainer = trainer_named(case.trainer)
     spec = example(case)
     level = {axis: values[0] for axis, values in (spec.get("grid") or {}).items()}
     values = {**spec["config"], **level, **(case.smoke if smoke else {})}
@@ -470,7 +482,7 @@ def kernel_s_per_unit(measure: Callable[[GpuClock], Measurement]) -> float | Non
 def measure_case(case: Case, config: Any, args: argparse.Namespace,
                  pool: WorkerPool | None) -> list[Row]:
     """Every mode and K of one case, after a warm-up in this process and in every worker."""
-    trainer = get_trainer(case.trainer)
+    trainer = trainer_named(case.trainer)
     device = trainer.device(config)
     on_gpu = device.type == "cuda"
     progress = progress_of(case.unit, case.epoch_offset)
@@ -503,22 +515,22 @@ def measure_case(case: Case, config: Any, args: argparse.Namespace,
         except Exception as exc:  # noqa: BLE001 - say it in this row, measure the rest
             return Row(mode, k, threads, error=f"{type(exc).__name__}: {exc}")
 
-    single = attempt("single", 1, threads, lambda: run_one(trainer, config, 0, progress, bound,
-                                                           deadline(), threads))
+    single = attempt("single", 1, threads, partial(run_one, trainer, config, 0, progress, bound,
+                                                   deadline(), threads))
     rows.append(single)
     profile = on_gpu and not args.no_busy
     per_unit_single = None
     if profile and single.error is None:
-        per_unit_single = kernel_s_per_unit(lambda clock: run_one(
-            trainer, config, 0, progress, args.profile_epochs, deadline(), threads, clock))
+        per_unit_single = kernel_s_per_unit(partial(
+            run_one, trainer, config, 0, progress, args.profile_epochs, deadline(), threads))
     for k in args.k:
-        row = attempt("run_seeds", k, threads, lambda k=k: run_batched(
-            trainer, config, list(range(k)), progress, bound, deadline(), threads))
+        row = attempt("run_seeds", k, threads, partial(
+            run_batched, trainer, config, list(range(k)), progress, bound, deadline(), threads))
         per_unit = per_unit_single
         if profile and trainer.batched and row.error is None:
-            per_unit = kernel_s_per_unit(lambda clock, k=k: run_batched(
-                trainer, config, list(range(k)), progress, args.profile_epochs, deadline(),
-                threads, clock))
+            per_unit = kernel_s_per_unit(partial(
+                run_batched, trainer, config, list(range(k)), progress, args.profile_epochs,
+                deadline(), threads))
         row.gpu_busy = busy(per_unit, row)
         rows.append(row)
     if pool is not None:
@@ -526,8 +538,9 @@ def measure_case(case: Case, config: Any, args: argparse.Namespace,
             torch.cuda.empty_cache()  # this process's cached blocks, for the workers
         for k in args.k:
             each = max(1, min(threads, cores // k))
-            row = attempt("processes", k, each, lambda k=k, each=each: run_processes(
-                pool, case, config, list(range(k)), bound, args.max_seconds, each))
+            row = attempt("processes", k, each, partial(
+                run_processes, pool, case, config, list(range(k)), bound, args.max_seconds,
+                each))
             row.gpu_busy = busy(per_unit_single, row)
             rows.append(row)
     single.gpu_busy = busy(per_unit_single, single)
@@ -693,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             }
             for case in cases:
                 config, level = configs[case.name]
-                trainer = get_trainer(case.trainer)
+                trainer = trainer_named(case.trainer)
                 rows = measure_case(case, config, args, pool)
                 report["trainers"].append({
                     "name": case.name, "trainer": case.trainer, "example": case.example,

@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def compare(name: str, trainer: Trainer, config: Any, warm_up: Any, seeds: list[
         order = ("solo", "task") if repeat % 2 == 0 else ("task", "solo")
         for side in order:
             run = solo if side == "solo" else task
-            sides[side] = timed(lambda run=run: run(trainer, config, seeds))
+            sides[side] = timed(partial(run, trainer, config, seeds))
         (solo_results, solo_wall, solo_cpu), (task_results, task_wall, task_cpu) = (
             sides["solo"], sides["task"])
         k = len(seeds)
