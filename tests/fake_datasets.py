@@ -20,10 +20,13 @@ def _images(rng: np.random.Generator, n: int, channels: int, side: int) -> np.nd
     return rng.integers(0, 256, size=(n, channels, side, side), dtype=np.uint8)
 
 
-def write_cifar(root: Path, *, classes: int = 10, per_batch: int = 6, seed: int = 0) -> Arrays:
+def write_cifar(root: Path, *, classes: int = 10, per_batch: int = 6, seed: int = 0,
+                test_per_batch: int | None = None) -> Arrays:
     """cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta} or
     cifar-100-python/{train,test,meta}: pickled dicts with 'data' rows of 3072 bytes
-    (channel-major 3 x 32 x 32) and 'labels' / 'fine_labels'."""
+    (channel-major 3 x 32 x 32) and 'labels' / 'fine_labels'. Each file holds `per_batch`
+    images, the test file `test_per_batch` when given (the real CIFAR-100 has 50,000 training
+    and 10,000 test images)."""
     rng = np.random.default_rng(seed)
     ten = classes == 10
     folder = root / ("cifar-10-batches-py" if ten else "cifar-100-python")
@@ -34,10 +37,11 @@ def write_cifar(root: Path, *, classes: int = 10, per_batch: int = 6, seed: int 
     out: Arrays = {}
     for split, names in files.items():
         xs, ys = [], []
+        size = test_per_batch if split == "test" and test_per_batch is not None else per_batch
         for name in names:
-            x = _images(rng, per_batch, 3, 32)
-            y = rng.integers(0, classes, size=per_batch)
-            entry = {"data": x.reshape(per_batch, -1), label_key: [int(v) for v in y],
+            x = _images(rng, size, 3, 32)
+            y = rng.integers(0, classes, size=size)
+            entry = {"data": x.reshape(size, -1), label_key: [int(v) for v in y],
                      "batch_label": name}
             if not ten:
                 entry["coarse_labels"] = [int(v) // 5 for v in y]
