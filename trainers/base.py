@@ -165,9 +165,11 @@ class Trainer(Protocol):
     batched: ClassVar[bool]
 
     def run(self, config: Any, seed: int, reporter: Reporter, *,
-            threads: int | None = None, stop_on_checks: Collection[str] = ()) -> RunResult:
+            threads: int | None = None, source_seeds: dict[str, int] | None = None,
+            stop_on_checks: Collection[str] = ()) -> RunResult:
         """One run of `config` with `seed`: metric curves go to `reporter`, which can stop it;
-        `threads` sets torch's thread count (the run's CPUs); the run ends early when one of
+        `threads` sets torch's thread count (the run's CPUs); `source_seeds` pins random
+        sources to other seeds; the run ends early when one of
         `stop_on_checks` (a subset of `stop_checks`) fires. trainers.runtime.TrainerBase
         implements it for every trainer."""
         ...
