@@ -8,12 +8,14 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from api_schemas import Resources
 from tests.trainers.solo_equivalence import assert_same_as_solo, run_both
 from tests.trainers.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
 from trainers import get_trainer
 from trainers.base import MemoryReporter
+from trainers.losses.collapse_pair import mse_gradients, pair_loss
 
 TRAINER = get_trainer("collapse")
 SEEDS = [0, 1, 2, 3]
@@ -123,3 +125,34 @@ def test_a_cancel_ends_every_seed_of_a_long_batched_task_within_the_bound() -> N
     assert None not in requested, "the task ended before the cancel: make it longer"
     assert all(not result.finished for result in results if not isinstance(result, Exception))
     assert ended - max(r for r in requested if r is not None) < CANCEL_BOUND_S
+
+
+@pytest.mark.parametrize("head", [False, True])
+@pytest.mark.parametrize("teacher", [False, True])
+def test_pair_loss_and_mse_gradients_of_stacked_seeds_are_each_seeds_own(
+        head: bool, teacher: bool) -> None:
+    """The losses module's broadcasting over a leading seed axis, slice by slice against the
+    single-run calls (which test_losses_collapse_pair checks against hand-written float64)."""
+    generator = torch.Generator().manual_seed(0)
+    s, n, k, d, inputs_dim = 3, 30, 4, 8, 16
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(s, *shape, generator=generator, dtype=torch.float64)
+
+    p = torch.softmax(draw(n, k), dim=-1)
+    x, y = draw(d, inputs_dim) if teacher else draw(n, d), draw(k, d)
+    w = draw(d, d) if head else None
+    inputs = draw(n, inputs_dim) if teacher else None
+    stacked = mse_gradients(x, y, w, p, inputs)
+    for i in range(s):
+        alone = mse_gradients(x[i], y[i], None if w is None else w[i], p[i],
+                              None if inputs is None else inputs[i])
+        for got, want in zip(stacked, alone, strict=True):
+            torch.testing.assert_close(got[i], want, rtol=1e-12, atol=0.0)
+    for kind in ("mse", "cosine"):
+        losses = pair_loss(x if not teacher else inputs @ x.mT, y, p, kind)
+        assert losses.shape == (s,)
+        for i in range(s):
+            emb = x[i] if not teacher else inputs[i] @ x[i].T
+            torch.testing.assert_close(losses[i], pair_loss(emb, y[i], p[i], kind),
+                                       rtol=1e-12, atol=0.0)
