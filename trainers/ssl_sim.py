@@ -206,11 +206,11 @@ def convergence_output(config: SSLSimConfig, run: RunContext,
 
 def latent_class_model(sources: RandomSources) -> nn.Sequential:
     """The latent-class MLP 64 -> 64 -> ReLU -> 10, initialised from the run's init generator."""
-    model = nn.Sequential(nn.Linear(LATENT_INPUT, LATENT_HIDDEN), nn.ReLU(),
-                          nn.Linear(LATENT_HIDDEN, LATENT_EMBEDDING))
-    for layer in (model[0], model[2]):
+    hidden = nn.Linear(LATENT_INPUT, LATENT_HIDDEN)
+    embedding = nn.Linear(LATENT_HIDDEN, LATENT_EMBEDDING)
+    for layer in (hidden, embedding):
         init_linear(layer, sources.init)
-    return model
+    return nn.Sequential(hidden, nn.ReLU(), embedding)
 
 
 def latent_class_lr(config: SSLSimConfig) -> float:
@@ -379,6 +379,9 @@ class SSLSimTrainer(TrainerBase):
         # (weights, biases) of each seed as it leaves the stack, in `model.parameters()` order
         finals: list[list[torch.Tensor]] = [[] for _ in runs]
         live = list(range(len(runs)))  # the seeds still training, in the stack's order
+        # the live seeds' sample order of this epoch and their summed batch losses
+        order = torch.empty(len(runs), 0, dtype=torch.long)
+        totals: list[float] = []
 
         def norm_points() -> list[dict[str, float]]:
             with torch.no_grad():
@@ -403,8 +406,6 @@ class SSLSimTrainer(TrainerBase):
         for run, point in zip(runs, points, strict=True):
             run.log(0, point, epoch=0)
         step = 0
-        order = torch.empty(len(runs), 0, dtype=torch.long)
-        totals: list[float] = []
         for epoch in range(config.epochs):
             order = torch.stack([torch.randperm(n, generator=runs[index].sources.data)
                                  for index in live])
