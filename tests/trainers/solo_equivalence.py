@@ -21,10 +21,12 @@ def run_both(trainer: TrainerBase, config: Any, seeds: Sequence[int], *,
              reporter: Callable[[], MemoryReporter] = MemoryReporter,
              ) -> tuple[list[Outcome], list[Outcome]]:
     """(batched, solo): each seed's result and reporter from one `run_seeds` task of all the
-    seeds, then from its own `run`, with the same source seeds and a fresh reporter each."""
+    seeds, then from its own `run`, with the same source seeds and a fresh reporter each. One
+    torch thread: on a busy machine, threads that wait for each other slow small runs down
+    many times over."""
     pins = list(source_seeds) if source_seeds is not None else [None] * len(seeds)
     reporters = [reporter() for _ in seeds]
-    results = trainer.run_seeds(config, seeds, reporters, source_seeds=source_seeds)
+    results = trainer.run_seeds(config, seeds, reporters, source_seeds=source_seeds, threads=1)
     batched = []
     for result, seed_reporter in zip(results, reporters, strict=True):
         assert isinstance(result, RunResult), result
@@ -32,7 +34,7 @@ def run_both(trainer: TrainerBase, config: Any, seeds: Sequence[int], *,
     solo = []
     for seed, pinned in zip(seeds, pins, strict=True):
         solo_reporter = reporter()
-        solo.append((trainer.run(config, seed, solo_reporter, source_seeds=pinned),
+        solo.append((trainer.run(config, seed, solo_reporter, source_seeds=pinned, threads=1),
                      solo_reporter))
     return batched, solo
 

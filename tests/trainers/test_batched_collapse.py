@@ -91,7 +91,7 @@ def test_source_seeds_reach_each_seed_of_a_batched_task() -> None:
     assert results[0].diagnostics["eig_m"] != results[1].diagnostics["eig_m"]
     assert results[0].metrics["loss"] != results[3].metrics["loss"]
     # seed 2 with init pinned to 9 trains seed 9's init on seed 2's data
-    nine = TRAINER.run(config, 9, MemoryReporter(), source_seeds={"data": 2})
+    nine = TRAINER.run(config, 9, MemoryReporter(), source_seeds={"data": 2}, threads=1)
     assert nine.provenance["parameters_sha256"] == results[2].provenance["parameters_sha256"]
 
 
@@ -104,16 +104,28 @@ def test_a_cancelled_seed_stops_and_the_others_finish_as_alone() -> None:
                 MemoryReporter()]
 
     batch_reporters = reporters()
-    results = TRAINER.run_seeds(config, SEEDS, batch_reporters)
-    for seed, result, reporter in zip(SEEDS, results, batch_reporters, strict=True):
-        solo_reporter = reporters()[seed]
-        solo = TRAINER.run(config, seed, solo_reporter)
+    results = TRAINER.run_seeds(config, SEEDS, batch_reporters, threads=1)
+    for index, (seed, result, reporter) in enumerate(
+            zip(SEEDS, results, batch_reporters, strict=True)):
+        solo_reporter = reporters()[index]
+        solo = TRAINER.run(config, seed, solo_reporter, threads=1)
         assert not isinstance(result, Exception)
         assert_same_as_solo((result, reporter), (solo, solo_reporter))
     assert [r.finished for r in results if not isinstance(r, Exception)] == [
         True, False, True, True]
     assert batch_reporters[1].curve("loss")[-1][0] == 30
     assert batch_reporters[1].asked_after_stop == 1  # it stopped at the answer
+
+
+def test_a_cancel_of_every_seed_ends_the_batched_loop_at_once() -> None:
+    config = TRAINER.Config(steps=50_000_000, n_samples=64, log_every=100)
+    batched, solo = run_both(TRAINER, config, SEEDS, reporter=lambda: CancelAfterLogs(3))
+    for got, want in zip(batched, solo, strict=True):
+        assert_same_as_solo(got, want)
+        result, reporter = got
+        assert not result.finished and not result.diverged
+        assert reporter.curve("loss")[-1][0] == 200
+        assert isinstance(reporter, CancelAfterLogs) and reporter.asked_after_stop == 1
 
 
 def test_a_cancel_ends_every_seed_of_a_long_batched_task_within_the_bound() -> None:

@@ -92,11 +92,11 @@ def test_a_cancelled_convergence_seed_stops_where_alone_and_the_others_converge(
         return CancelAfterChecks(50) if index == 2 else MemoryReporter()
 
     reporters = [reporter(i) for i in range(len(SEEDS))]
-    results = TRAINER.run_seeds(config, SEEDS, reporters)
+    results = TRAINER.run_seeds(config, SEEDS, reporters, threads=1)
     for index, (seed, result, seed_reporter) in enumerate(
             zip(SEEDS, results, reporters, strict=True)):
         solo_reporter = reporter(index)
-        solo = TRAINER.run(config, seed, solo_reporter)
+        solo = TRAINER.run(config, seed, solo_reporter, threads=1)
         assert not isinstance(result, Exception)
         assert_same_as_solo((result, seed_reporter), (solo, solo_reporter))
     cancelled = results[2]
@@ -131,11 +131,11 @@ def test_a_cancelled_latent_class_seed_stops_and_the_others_finish_as_alone() ->
         return CancelAfterLogs(2) if index == 1 else MemoryReporter()
 
     reporters = [reporter(i) for i in range(len(SEEDS))]
-    results = TRAINER.run_seeds(config, SEEDS, reporters)
+    results = TRAINER.run_seeds(config, SEEDS, reporters, threads=1)
     for index, (seed, result, seed_reporter) in enumerate(
             zip(SEEDS, results, reporters, strict=True)):
         solo_reporter = reporter(index)
-        solo = TRAINER.run(config, seed, solo_reporter)
+        solo = TRAINER.run(config, seed, solo_reporter, threads=1)
         assert not isinstance(result, Exception)
         assert_same_as_solo((result, seed_reporter), (solo, solo_reporter))
     assert [r.finished for r in results if not isinstance(r, Exception)] == [
