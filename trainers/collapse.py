@@ -18,7 +18,7 @@ and head updates use the plain gradient; time is t = lr * step.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from pydantic import Field, model_validator
 from trainers.base import ResourceEstimate, RunWarning, TrainerConfig
 from trainers.estimates import FLOAT64, INT64, Term, peak
 from trainers.losses.collapse_pair import mse_gradients, pair_loss
+from trainers.random_sources import RandomSources
 from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 
@@ -142,6 +143,212 @@ def class_subspace_eigenvalues(w: torch.Tensor, y: torch.Tensor) -> list[float]:
     return sorted((float(v) for v in torch.linalg.eigvals(sub).abs()), reverse=True)
 
 
+class Problem(NamedTuple):
+    """One seed's drawn problem and starting values: label distributions P (numpy for the final
+    diagnostics and torch), nominal classes, clean (not frustrated) samples, the
+    teacher-student inputs (None for free embeddings), and the trained x (embeddings, or the
+    linear map A), y (label embeddings) and w (the head; None without stop-gradient)."""
+
+    p_np: np.ndarray
+    frustrated_np: np.ndarray
+    p: torch.Tensor
+    cls: torch.Tensor
+    clean: torch.Tensor
+    inputs: torch.Tensor | None
+    x: torch.Tensor
+    y: torch.Tensor
+    w: torch.Tensor | None
+
+
+def draw_problem(config: CollapseConfig, rs: RandomSources) -> Problem:
+    """A run's problem and starting values, drawn from its own generators in a fixed order (a
+    solo run and its seed in a batched task draw the same numbers)."""
+    dtype = torch.float64
+    n, k, d = config.n_samples, config.n_classes, config.dim
+    p_np, cls_np, frustrated_np = frustration_matrix(
+        n, k, config.r, config.frustration_spread, rs.data_np
+    )
+    p = torch.tensor(p_np, dtype=dtype)
+    cls = torch.tensor(cls_np)
+    clean = torch.tensor(~frustrated_np)
+
+    y = config.init_y_scale * torch.randn(k, d, generator=rs.init, dtype=dtype)
+    if config.model == "embedding":
+        inputs = None
+        x = config.init_x_scale * torch.randn(n, d, generator=rs.init, dtype=dtype)
+    else:
+        teacher_means = torch.randn(k, config.input_dim, generator=rs.data, dtype=dtype)
+        noise = torch.randn(n, config.input_dim, generator=rs.data, dtype=dtype)
+        inputs = (teacher_means[cls] + config.input_noise * noise) / math.sqrt(config.input_dim)
+        x = config.init_x_scale * torch.randn(d, config.input_dim, generator=rs.init, dtype=dtype)
+    w = torch.eye(d, dtype=dtype) if config.stop_gradient else None
+    return Problem(p_np, frustrated_np, p, cls, clean, inputs, x, y, w)
+
+
+def sample_step_scale(config: CollapseConfig) -> float:
+    """Per-sample rate 1: the free embeddings step along N * dL/dx_i; the map A along dL/dA."""
+    return float(config.n_samples) if config.model == "embedding" else 1.0
+
+
+class History(NamedTuple):
+    """What a run logged: the time, MinL2 and label spread of every logged step, and the
+    last logged point."""
+
+    times: list[float]
+    min_l2s: list[float]
+    spreads: list[float]
+    last: dict[str, float]
+
+
+def collapse_output(config: CollapseConfig, problem: Problem, history: History,
+                    y: torch.Tensor, w: torch.Tensor | None) -> TrainOutput:
+    """A run's final metrics, diagnostics and warnings from its logged history and its final
+    label embeddings y and head w."""
+    lr, steps, k = config.resolved_lr, config.resolved_steps, config.n_classes
+    t = np.array(history.times)
+    min_l2_arr = np.array(history.min_l2s)
+    at_10 = int(np.searchsorted(t, 0.1 * lr * steps))
+    at_10 = min(at_10, len(t) - 1)
+    eig_m = label_averaging_eigenvalues(problem.p_np)
+    lambda_r = float(eig_m[1]) if k > 1 else 1.0
+    peak = float(np.nanmax(min_l2_arr)) if np.isfinite(min_l2_arr).any() else float("nan")
+    final = float(min_l2_arr[-1])
+    ref_10 = float(min_l2_arr[at_10])
+    slow = fit_decay_rate(t[at_10:], np.array(history.spreads)[at_10:])
+    diagnostics: dict[str, Any] = {
+        "min_l2": final,
+        "min_l2_peak": peak,
+        "min_l2_at_10pct": ref_10,
+        "min_l2_ratio": final / peak if peak > 0 else None,
+        "min_l2_ratio_10pct": final / ref_10 if ref_10 > 0 else None,
+        "slow_rate": slow,
+        "predicted_slow_rate": predicted_slow_rate(lambda_r, k),
+        "realised_r": float(problem.frustrated_np.mean()),
+        "eig_m": [float(v) for v in eig_m],
+        "eig_w_class": (
+            class_subspace_eigenvalues(w.detach(), y.detach()) if w is not None else None
+        ),
+        "total_time": lr * steps,
+    }
+    metrics = dict(history.last)
+    for key in (
+        "min_l2_peak",
+        "min_l2_at_10pct",
+        "min_l2_ratio",
+        "min_l2_ratio_10pct",
+        "slow_rate",
+        "realised_r",
+    ):
+        value = diagnostics[key]
+        if value is not None:
+            metrics[key] = float(value)
+    warnings = []
+    ratio = diagnostics["min_l2_ratio_10pct"]
+    if ratio is not None and ratio < 0.01:
+        warnings.append(
+            RunWarning(
+                diagnostic="min_l2_ratio_10pct",
+                value=float(ratio),
+                threshold=0.01,
+                message="label embeddings collapsed: MinL2 fell below 1% of its value "
+                "at 10% of training",
+            )
+        )
+    return TrainOutput(metrics=metrics, diagnostics=diagnostics, warnings=warnings)
+
+
+# The values `CollapseTrainer._observe` logs at every logged step (before the time), in order.
+OBSERVED_METRICS = ("loss", "train_accuracy", "train_accuracy_clean", "min_l2", "label_spread")
+
+
+class SeedStack(NamedTuple):
+    """The seeds of a batched task that are still training: each `Problem` tensor stacked on
+    a leading seed axis (S x ...), x, y and w updated in place."""
+
+    p: torch.Tensor
+    cls: torch.Tensor
+    clean: torch.Tensor
+    inputs: torch.Tensor | None
+    x: torch.Tensor
+    y: torch.Tensor
+    w: torch.Tensor | None
+    # cosine: x, y and w require grad (the gradients come from autograd)
+    autograd: bool
+
+    @staticmethod
+    def of(problems: list[Problem], *, autograd: bool) -> SeedStack:
+        def stacked(name: str) -> Any:
+            values = [getattr(problem, name) for problem in problems]
+            return None if values[0] is None else torch.stack(values)
+
+        return SeedStack(stacked("p"), stacked("cls"), stacked("clean"), stacked("inputs"),
+                         stacked("x"), stacked("y"), stacked("w"), autograd).trainable()
+
+    def trainable(self) -> SeedStack:
+        if self.autograd:
+            for t in self.trained():
+                t.requires_grad_(True)
+        return self
+
+    def trained(self) -> list[torch.Tensor]:
+        return [t for t in (self.x, self.y, self.w) if t is not None]
+
+    def select(self, positions: list[int]) -> SeedStack:
+        """A new stack of the seeds at `positions`: the values of the others, which leave,
+        stay as they are in this one."""
+        index = torch.tensor(positions)
+
+        def rows(t: Any) -> Any:
+            return None if t is None else t.detach().index_select(0, index)
+
+        return SeedStack(rows(self.p), rows(self.cls), rows(self.clean), rows(self.inputs),
+                         rows(self.x), rows(self.y), rows(self.w), self.autograd).trainable()
+
+    def seed(self, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One seed's x, y and w (views into the stack)."""
+        x, y = self.x.detach()[position], self.y.detach()[position]
+        return x, y, None if self.w is None else self.w.detach()[position]
+
+    def embeddings(self) -> torch.Tensor:
+        return self.x if self.inputs is None else self.inputs @ self.x.mT
+
+    def objective(self, kind: str) -> torch.Tensor:
+        """Each seed's loss (S): `train`'s objective, slice by slice."""
+        emb = self.embeddings()
+        if self.w is None:
+            return pair_loss(emb, self.y, self.p, kind)
+        head = pair_loss(emb @ self.w.mT, self.y.detach(), self.p, kind)
+        labels = pair_loss(emb.detach(), self.y, self.p, kind)
+        return head + labels
+
+    def gradients(self, kind: str) -> tuple[torch.Tensor, ...]:
+        """Each seed's gradients of its own loss: the seeds do not interact, so autograd on
+        the sum of their losses gives every seed its own."""
+        if kind == "mse":
+            return mse_gradients(self.x, self.y, self.w, self.p, self.inputs)
+        return torch.autograd.grad(self.objective(kind).sum(), self.trained())
+
+
+@torch.no_grad()
+def observe_seeds(stack: SeedStack, kind: str) -> torch.Tensor:
+    """`CollapseTrainer._observe` for every seed of the stack: S x OBSERVED_METRICS."""
+    emb = stack.embeddings()
+    y = stack.y
+    pred = emb if stack.w is None else emb @ stack.w.mT
+    if kind == "mse":
+        nearest = torch.cdist(pred, y).argmin(dim=-1)
+    else:  # the cosine loss ignores norms: classify by angle
+        nearest = (pred @ torch.nn.functional.normalize(y, dim=-1).mT).argmax(dim=-1)
+    correct = (nearest == stack.cls).double()
+    # no clean sample: 0 / 0, NaN as in the solo run
+    clean_accuracy = torch.where(stack.clean, correct, 0.0).sum(-1) / stack.clean.sum(-1)
+    distances = torch.cdist(y, y)
+    distances.diagonal(dim1=-2, dim2=-1).fill_(float("inf"))
+    spread = torch.linalg.vector_norm(y - y.mean(-2, keepdim=True), dim=(-2, -1))
+    return torch.stack([stack.objective(kind), correct.mean(-1), clean_accuracy,
+                        distances.amin(dim=(-2, -1)), spread], dim=-1)
+
+
 # ---------------------------------------------------------------------------------------------
 # resource estimate (pure arithmetic on the config; every tensor of the run is float64)
 
@@ -245,38 +452,22 @@ class CollapseTrainer(TrainerBase):
     divergence_metric: ClassVar[str] = "loss"
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
         "train_accuracy": (0.0, 1.0), "train_accuracy_clean": (0.0, 1.0)}
+    # A run is small (N x d float64 embeddings, a few hundred kB) and its time goes to per-step
+    # Python and operator overhead, which a batched task pays once for all its seeds: 8 seeds
+    # per task by default, and up to 64 (still a few tens of MB at the default sizes).
+    seeds_per_task_default: ClassVar[int] = 8
+    max_seeds_per_task: ClassVar[int] = 64
+    batched: ClassVar[bool] = True
 
     def estimate(self, config: CollapseConfig) -> ResourceEstimate:
         return collapse_estimate(config)
 
     def train(self, config: CollapseConfig, run: RunContext) -> TrainOutput:
-        rs = run.sources
-        dtype = torch.float64
-        n, k, d = config.n_samples, config.n_classes, config.dim
         lr, steps, log_every = config.resolved_lr, config.resolved_steps, config.resolved_log_every
-
-        p_np, cls_np, frustrated_np = frustration_matrix(
-            n, k, config.r, config.frustration_spread, rs.data_np
-        )
-        p = torch.tensor(p_np, dtype=dtype)
-        cls = torch.tensor(cls_np)
-        clean = torch.tensor(~frustrated_np)
-
-        y = config.init_y_scale * torch.randn(k, d, generator=rs.init, dtype=dtype)
-        if config.model == "embedding":
-            inputs = None
-            x = config.init_x_scale * torch.randn(n, d, generator=rs.init, dtype=dtype)
-            # Per-sample rate 1: the free embeddings step along N * dL/dx_i.
-            sample_scale = float(n)
-        else:
-            teacher_means = torch.randn(k, config.input_dim, generator=rs.data, dtype=dtype)
-            noise = torch.randn(n, config.input_dim, generator=rs.data, dtype=dtype)
-            inputs = (teacher_means[cls] + config.input_noise * noise) / math.sqrt(config.input_dim)
-            x = config.init_x_scale * torch.randn(
-                d, config.input_dim, generator=rs.init, dtype=dtype
-            )
-            sample_scale = 1.0
-        w = torch.eye(d, dtype=dtype) if config.stop_gradient else None
+        problem = draw_problem(config, run.sources)
+        p, cls, clean, inputs = problem.p, problem.cls, problem.clean, problem.inputs
+        x, y, w = problem.x, problem.y, problem.w
+        sample_scale = sample_step_scale(config)
 
         params = [t for t in (x, y, w) if t is not None]
         run.track(*params)
@@ -326,56 +517,71 @@ class CollapseTrainer(TrainerBase):
                 if w is not None:
                     w -= lr * grads[2]
 
-        t = np.array(times)
-        min_l2_arr = np.array(min_l2s)
-        at_10 = int(np.searchsorted(t, 0.1 * lr * steps))
-        at_10 = min(at_10, len(t) - 1)
-        eig_m = label_averaging_eigenvalues(p_np)
-        lambda_r = float(eig_m[1]) if k > 1 else 1.0
-        peak = float(np.nanmax(min_l2_arr)) if np.isfinite(min_l2_arr).any() else float("nan")
-        final = float(min_l2_arr[-1])
-        ref_10 = float(min_l2_arr[at_10])
-        slow = fit_decay_rate(t[at_10:], np.array(spreads)[at_10:])
-        diagnostics: dict[str, Any] = {
-            "min_l2": final,
-            "min_l2_peak": peak,
-            "min_l2_at_10pct": ref_10,
-            "min_l2_ratio": final / peak if peak > 0 else None,
-            "min_l2_ratio_10pct": final / ref_10 if ref_10 > 0 else None,
-            "slow_rate": slow,
-            "predicted_slow_rate": predicted_slow_rate(lambda_r, k),
-            "realised_r": float(frustrated_np.mean()),
-            "eig_m": [float(v) for v in eig_m],
-            "eig_w_class": (
-                class_subspace_eigenvalues(w.detach(), y.detach()) if w is not None else None
-            ),
-            "total_time": lr * steps,
-        }
-        metrics = dict(last)
-        for key in (
-            "min_l2_peak",
-            "min_l2_at_10pct",
-            "min_l2_ratio",
-            "min_l2_ratio_10pct",
-            "slow_rate",
-            "realised_r",
-        ):
-            value = diagnostics[key]
-            if value is not None:
-                metrics[key] = float(value)
-        warnings = []
-        ratio = diagnostics["min_l2_ratio_10pct"]
-        if ratio is not None and ratio < 0.01:
-            warnings.append(
-                RunWarning(
-                    diagnostic="min_l2_ratio_10pct",
-                    value=float(ratio),
-                    threshold=0.01,
-                    message="label embeddings collapsed: MinL2 fell below 1% of its value "
-                    "at 10% of training",
-                )
-            )
-        return TrainOutput(metrics=metrics, diagnostics=diagnostics, warnings=warnings)
+        history = History(times, min_l2s, spreads, last)
+        return collapse_output(config, problem, history, y, w)
+
+    def train_seeds(self, config: CollapseConfig, runs: list[RunContext]) -> list[TrainOutput]:
+        """The seeds of a task as one float64 computation on a leading seed axis (`SeedStack`),
+        each seed's problem drawn from its own generators as its solo run draws it.
+
+        The loop is `train`'s, per seed: a seed logs at the same steps, and a seed whose run
+        stops (its log answers True, or should_stop() before a step) leaves the stack at that
+        step with the values it had then, while the others go on; the loop ends when every
+        seed has stopped or the steps are done. The logged values of all seeds are read to the
+        host once per logged step. On a CPU each seed's curve and result equal its solo run's
+        bit for bit when every per-seed matrix product has at least 400 multiply-adds (ATen's
+        batched product then calls the same GEMM for each seed); below that, ATen's own loop
+        sums in another order and they agree to a few ulp per step."""
+        lr, steps, log_every = config.resolved_lr, config.resolved_steps, config.resolved_log_every
+        sample_scale = sample_step_scale(config)
+        problems = [draw_problem(config, run.sources) for run in runs]
+        stack = SeedStack.of(problems, autograd=config.loss == "cosine")
+        live = list(range(len(runs)))  # the seeds still training, in the stack's order
+        histories = [History([], [], [], {}) for _ in runs]
+        finals: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = [
+            (problem.x, problem.y, problem.w) for problem in problems]
+        for step in range(steps + 1):
+            stopping: set[int] = set()
+            if step % log_every == 0 or step == steps:
+                rows = observe_seeds(stack, config.loss).tolist()
+                for index, row in zip(live, rows, strict=True):
+                    point = dict(zip(OBSERVED_METRICS, row, strict=True))
+                    point["time"] = lr * step
+                    history = histories[index]
+                    history.times.append(lr * step)
+                    history.min_l2s.append(point["min_l2"])
+                    history.spreads.append(point["label_spread"])
+                    history.last.clear()
+                    history.last.update(point)
+                    if runs[index].log(step, point):
+                        stopping.add(index)
+            if step == steps:
+                break
+            stopping.update(i for i in live if i not in stopping and runs[i].should_stop())
+            if stopping:
+                for position, index in enumerate(live):
+                    if index in stopping:
+                        finals[index] = stack.seed(position)
+                keep = [position for position, index in enumerate(live) if index not in stopping]
+                live = [live[position] for position in keep]
+                if not live:
+                    break
+                stack = stack.select(keep)
+            grads = stack.gradients(config.loss)
+            with torch.no_grad():
+                stack.x.sub_(lr * sample_scale * grads[0])
+                stack.y.sub_(lr * grads[1])
+                if stack.w is not None:
+                    stack.w.sub_(lr * grads[2])
+        for position, index in enumerate(live):
+            finals[index] = stack.seed(position)
+
+        outputs = []
+        for run, problem, history, (x, y, w) in zip(runs, problems, histories, finals,
+                                                    strict=True):
+            run.track(*(t for t in (x, y, w) if t is not None))
+            outputs.append(collapse_output(config, problem, history, y, w))
+        return outputs
 
     @staticmethod
     @torch.no_grad()

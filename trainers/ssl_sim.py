@@ -20,7 +20,7 @@ metric with image SSL training, and a separate name keeps both configs strict an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
@@ -33,8 +33,14 @@ from torch import nn
 from trainers.base import ResourceEstimate, TrainerConfig
 from trainers.estimates import FLOAT32, FLOAT64, INT64, Term, peak
 from trainers.init import init_linear
-from trainers.losses.latent_class import attract_pairs_infonce
+from trainers.losses.latent_class import (
+    attract_pairs_infonce,
+    attract_pairs_terms,
+    pick_positives,
+    same_class_pairs,
+)
 from trainers.losses.negative_cosine import negative_cosine
+from trainers.random_sources import RandomSources
 from trainers.runtime import RunContext, TrainerBase, TrainOutput
 from trainers.ssl.model import grad_scale
 
@@ -100,6 +106,45 @@ def cosine_convergence_steps(
     raise AssertionError("unreachable")
 
 
+def seeds_cosine_convergence(
+    z1: torch.Tensor, z2: torch.Tensor, lr: float, tolerance: float, max_steps: int,
+    power: float, should_stop: Sequence[Callable[[], bool]],
+) -> list[Convergence]:
+    """`cosine_convergence_steps` for the seeds of a batched task: z1 and z2 stacked on a
+    leading seed axis (S x n x d), one `should_stop` per seed. Each seed ends at the step its
+    own run ends at (converged, max_steps, or its should_stop) with the values it had then,
+    and leaves the stack; the others go on. The mean cosines of all seeds are read to the host
+    once per step (the solo run reads its own every step too)."""
+    z1 = z1.clone().requires_grad_()
+    z2 = z2.clone().requires_grad_()
+    live = list(range(len(should_stop)))  # the seeds still running, in the stack's order
+    outcomes: dict[int, Convergence] = {}
+    for step in range(max_steps + 1):
+        loss = negative_cosine(grad_scale(z1, power), grad_scale(z2, power))
+        mean_cos = [-value for value in loss.detach().tolist()]
+        ended = [position for position, index in enumerate(live)
+                 if mean_cos[position] >= 1 - tolerance or step == max_steps
+                 or should_stop[index]()]
+        for position in ended:
+            outcomes[live[position]] = Convergence(step, mean_cos[position],
+                                                   z1.detach()[position].clone(),
+                                                   z2.detach()[position].clone())
+        if len(ended) == len(live):
+            break
+        # each seed's gradient of its own loss: the seeds do not interact
+        g1, g2 = torch.autograd.grad(loss.sum(), (z1, z2))
+        with torch.no_grad():
+            z1 -= lr * g1
+            z2 -= lr * g2
+        if ended:
+            keep = [position for position in range(len(live)) if position not in ended]
+            live = [live[position] for position in keep]
+            rows = torch.tensor(keep)
+            z1 = z1.detach().index_select(0, rows).requires_grad_()
+            z2 = z2.detach().index_select(0, rows).requires_grad_()
+    return [outcomes[index] for index in range(len(should_stop))]
+
+
 def spherical_latent_data(
     weights: list[float], n: int, spread: float, generator: torch.Generator,
     input_scale: float = 10.0,
@@ -115,6 +160,92 @@ def spherical_latent_data(
     u = F.normalize(u, dim=1)
     a = input_scale * torch.randn(64, 10, generator=generator, dtype=torch.float64)
     return (u @ a.T).float(), labels
+
+
+def latent_mlp(params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The latent-class MLP of S seeds at once: stacked weights and biases (S x out x in,
+    S x out, in `nn.Sequential.parameters()` order) on S x B x 64 inputs; per seed, the same
+    products as nn.Linear's addmm."""
+    w1, b1, w2, b2 = params
+    hidden = torch.relu(torch.baddbmm(b1[:, None, :], x, w1.mT))
+    return torch.baddbmm(b2[:, None, :], hidden, w2.mT)
+
+
+def convergence_start(config: SSLSimConfig,
+                      sources: RandomSources) -> tuple[torch.Tensor, torch.Tensor]:
+    """The convergence simulation's z1 and z2: n_pairs random directions at norm rho each,
+    drawn from the run's init generator."""
+    shape = (config.n_pairs, config.dim)
+    z1 = config.initial_norm * F.normalize(
+        torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+    z2 = config.initial_norm * F.normalize(
+        torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+    return z1, z2
+
+
+def convergence_lr(config: SSLSimConfig) -> float:
+    return config.lr if config.lr is not None else 10.0
+
+
+def convergence_output(config: SSLSimConfig, run: RunContext,
+                       outcome: Convergence) -> TrainOutput:
+    """A convergence run's result: its step count and mean cosine, logged once at the end
+    unless the run was stopped."""
+    run.track(outcome.z1, outcome.z2)
+    metrics = {"steps_to_converge": float(outcome.steps),
+               "final_mean_cos": outcome.final_mean_cos}
+    if not run.stopped:  # a cancelled run's step count is not a convergence time
+        run.log(outcome.steps, metrics)
+    return TrainOutput(
+        metrics=metrics,
+        diagnostics={"converged": outcome.final_mean_cos >= 1 - config.tolerance,
+                     "lr": convergence_lr(config),
+                     "expected_steps_96_rho_squared": 96 * config.initial_norm**2},
+    )
+
+
+def latent_class_model(sources: RandomSources) -> nn.Sequential:
+    """The latent-class MLP 64 -> 64 -> ReLU -> 10, initialised from the run's init generator."""
+    hidden = nn.Linear(LATENT_INPUT, LATENT_HIDDEN)
+    embedding = nn.Linear(LATENT_HIDDEN, LATENT_EMBEDDING)
+    for layer in (hidden, embedding):
+        init_linear(layer, sources.init)
+    return nn.Sequential(hidden, nn.ReLU(), embedding)
+
+
+def latent_class_lr(config: SSLSimConfig) -> float:
+    return config.lr if config.lr is not None else 0.01
+
+
+def class_norm_means(norms: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    """The mean of one run's embedding norms, then each class's mean (1 + K values; NaN for a
+    class without samples)."""
+    return torch.stack([norms.mean(), *(norms[labels == c].mean() for c in range(k))])
+
+
+def named_norms(values: list[float]) -> dict[str, float]:
+    """`class_norm_means` as logged: norm_mean, norm_class0, norm_class1, ..."""
+    return {"norm_mean": values[0], **{f"norm_class{c}": v for c, v in enumerate(values[1:])}}
+
+
+def latent_class_output(config: SSLSimConfig, point: dict[str, float],
+                        labels: torch.Tensor) -> TrainOutput:
+    """A latent-class run's result from its last logged norms: whether the class norms are
+    ordered by class frequency (Spearman's rho, strict order, largest over smallest)."""
+    k = len(config.class_weights)
+    counts = torch.bincount(labels, minlength=k).tolist()
+    class_norms = [point[f"norm_class{c}"] for c in range(k)]
+    finite = [(n, w) for n, w in zip(class_norms, config.class_weights, strict=True)
+              if math.isfinite(n)]
+    rho = scipy_stats.spearmanr([w for _, w in finite], [n for n, _ in finite]).statistic
+    by_frequency = [n for _, n in sorted(zip(counts, class_norms, strict=True))]
+    ordered = all(a < b for a, b in zip(by_frequency, by_frequency[1:], strict=False))
+    metrics = {**point, "norm_ordered_by_frequency": float(ordered),
+               "norm_most_over_least_frequent": by_frequency[-1] / by_frequency[0]}
+    if np.isfinite(rho):
+        metrics["norm_frequency_spearman"] = float(rho)
+    return TrainOutput(metrics=metrics,
+                       diagnostics={"class_counts": counts, "class_norms": class_norms})
 
 
 class SSLSimTrainer(TrainerBase):
@@ -136,6 +267,12 @@ class SSLSimTrainer(TrainerBase):
     # once at the end: a run whose embeddings blow up ends with final_mean_cos NaN and
     # `converged` false, which is its answer rather than a divergence to stop early on.
     divergence_metric: ClassVar[str] = "loss"
+    # Both simulations are small (a few hundred kB of embeddings, a 4,810-parameter MLP) and
+    # spend their time in per-step Python and operator overhead, which a batched task pays
+    # once for all its seeds: 8 seeds per task by default, up to 64.
+    seeds_per_task_default: ClassVar[int] = 8
+    max_seeds_per_task: ClassVar[int] = 64
+    batched: ClassVar[bool] = True
 
     def estimate(self, config: SSLSimConfig) -> ResourceEstimate:
         return ssl_sim_estimate(config)
@@ -145,35 +282,45 @@ class SSLSimTrainer(TrainerBase):
             return self._convergence(config, run)
         return self._latent_class(config, run)
 
+    def train_seeds(self, config: SSLSimConfig, runs: list[RunContext]) -> list[TrainOutput]:
+        """The seeds of a task as one computation on a leading seed axis, each seed drawn from
+        its own generators as its solo run draws it. A seed whose run ends (converged, or
+        stopped) leaves the stack with the values it had then; the others go on.
+
+        convergence (float64): each seed's result equals its solo run's bit for bit on a CPU
+        (the steps are elementwise and per-row sums). latent_class (float32): the MLP's
+        batched products call the same GEMM for each seed when each has at least 400
+        multiply-adds (ATen's rule), so the curves equal the solo run's bit for bit at the
+        paper's sizes; a batch of a few samples (a short last batch) goes through ATen's own
+        loop, which sums in another order: float32 rounding there, which training can grow."""
+        if config.simulation == "convergence":
+            return self._convergence_seeds(config, runs)
+        return self._latent_class_seeds(config, runs)
+
     def _convergence(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
-        shape = (config.n_pairs, config.dim)
-        z1 = config.initial_norm * F.normalize(
-            torch.randn(shape, generator=run.sources.init, dtype=torch.float64), dim=1)
-        z2 = config.initial_norm * F.normalize(
-            torch.randn(shape, generator=run.sources.init, dtype=torch.float64), dim=1)
-        lr = config.lr if config.lr is not None else 10.0
+        z1, z2 = convergence_start(config, run.sources)
+        lr = convergence_lr(config)
         outcome = cosine_convergence_steps(z1, z2, lr, config.tolerance, config.max_steps,
                                            config.grad_scale_power, run.should_stop)
-        run.track(outcome.z1, outcome.z2)
-        metrics = {"steps_to_converge": float(outcome.steps),
-                   "final_mean_cos": outcome.final_mean_cos}
-        if not run.stopped:  # a cancelled run's step count is not a convergence time
-            run.log(outcome.steps, metrics)
-        return TrainOutput(
-            metrics=metrics,
-            diagnostics={"converged": outcome.final_mean_cos >= 1 - config.tolerance, "lr": lr,
-                         "expected_steps_96_rho_squared": 96 * config.initial_norm**2},
-        )
+        return convergence_output(config, run, outcome)
+
+    def _convergence_seeds(self, config: SSLSimConfig,
+                           runs: list[RunContext]) -> list[TrainOutput]:
+        starts = [convergence_start(config, run.sources) for run in runs]
+        outcomes = seeds_cosine_convergence(
+            torch.stack([z1 for z1, _ in starts]), torch.stack([z2 for _, z2 in starts]),
+            convergence_lr(config), config.tolerance, config.max_steps,
+            config.grad_scale_power, [run.should_stop for run in runs])
+        return [convergence_output(config, run, outcome)
+                for run, outcome in zip(runs, outcomes, strict=True)]
 
     def _latent_class(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
         sources = run.sources
         x, labels = spherical_latent_data(config.class_weights, config.n_samples,
                                           config.class_spread, sources.data, config.input_scale)
-        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-        for layer in (model[0], model[2]):
-            init_linear(layer, sources.init)
+        model = latent_class_model(sources)
         run.track(model)
-        lr = config.lr if config.lr is not None else 0.01
+        lr = latent_class_lr(config)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         k = len(config.class_weights)
         step = 0
@@ -182,9 +329,7 @@ class SSLSimTrainer(TrainerBase):
             """norm_mean and norm_class{c} over the training set (quirk 8, fixed)."""
             with torch.no_grad():
                 norms = model(x).norm(dim=1)
-            return {"norm_mean": float(norms.mean()),
-                    **{f"norm_class{c}": float(norms[labels == c].mean())
-                       if (labels == c).any() else float("nan") for c in range(k)}}
+            return named_norms(class_norm_means(norms, labels, k).tolist())
 
         # epoch 0 is the untrained network, as index 0 of the notebook's norm curves; epoch
         # e + 1 follows training epoch e
@@ -210,19 +355,113 @@ class SSLSimTrainer(TrainerBase):
             point = {"loss": total / len(x), **norm_point()}
             if run.log(step, point, epoch=epoch + 1):
                 break
-        counts = torch.bincount(labels, minlength=k).tolist()
-        class_norms = [point[f"norm_class{c}"] for c in range(k)]
-        finite = [(n, w) for n, w in zip(class_norms, config.class_weights, strict=True)
-                  if math.isfinite(n)]
-        rho = scipy_stats.spearmanr([w for _, w in finite], [n for n, _ in finite]).statistic
-        by_frequency = [n for _, n in sorted(zip(counts, class_norms, strict=True))]
-        ordered = all(a < b for a, b in zip(by_frequency, by_frequency[1:], strict=False))
-        metrics = {**point, "norm_ordered_by_frequency": float(ordered),
-                   "norm_most_over_least_frequent": by_frequency[-1] / by_frequency[0]}
-        if np.isfinite(rho):
-            metrics["norm_frequency_spearman"] = float(rho)
-        return TrainOutput(metrics=metrics,
-                           diagnostics={"class_counts": counts, "class_norms": class_norms})
+        return latent_class_output(config, point, labels)
+
+    def _latent_class_seeds(self, config: SSLSimConfig,
+                            runs: list[RunContext]) -> list[TrainOutput]:
+        """`_latent_class` for every seed at once: data, MLP and per-epoch order of each seed
+        from its own generators, the MLP's parameters stacked (S x ...) and trained by one
+        SGD step per batch on the sum of the seeds' losses (each seed's gradient is its own
+        loss's). The positive picks are drawn per seed from its augment generator, in its solo
+        order; the loss's per-seed means and the norm point's class means are taken seed by
+        seed, as the solo run takes them."""
+        k = len(config.class_weights)
+        lr = latent_class_lr(config)
+        data = [spherical_latent_data(config.class_weights, config.n_samples,
+                                      config.class_spread, run.sources.data, config.input_scale)
+                for run in runs]
+        models = [latent_class_model(run.sources) for run in runs]
+        n = config.n_samples
+        x = torch.stack([inputs for inputs, _ in data])
+        labels = torch.stack([seed_labels for _, seed_labels in data])
+        params = [torch.stack(list(group)).requires_grad_()
+                  for group in zip(*(model.parameters() for model in models), strict=True)]
+        # (weights, biases) of each seed as it leaves the stack, in `model.parameters()` order
+        finals: list[list[torch.Tensor]] = [[] for _ in runs]
+        live = list(range(len(runs)))  # the seeds still training, in the stack's order
+        # the live seeds' sample order of this epoch and their summed batch losses
+        order = torch.empty(len(runs), 0, dtype=torch.long)
+        totals: list[float] = []
+
+        def norm_points() -> list[dict[str, float]]:
+            with torch.no_grad():
+                norms = latent_mlp(params, x).norm(dim=-1)
+            means = torch.stack([class_norm_means(norms[position], labels[position], k)
+                                 for position in range(len(live))])
+            return [named_norms(values) for values in means.tolist()]
+
+        def leave(positions: list[int]) -> None:
+            """The seeds at `positions` stop: their parameters stay as they are now."""
+            nonlocal live, x, labels, params, order, totals
+            for position in positions:
+                finals[live[position]] = [p.detach()[position] for p in params]
+            keep = [position for position in range(len(live)) if position not in positions]
+            rows = torch.tensor(keep, dtype=torch.long)
+            live = [live[position] for position in keep]
+            x, labels, order = (t.index_select(0, rows) for t in (x, labels, order))
+            params = [p.detach().index_select(0, rows).requires_grad_() for p in params]
+            totals = [totals[position] for position in keep]
+
+        points = norm_points()
+        for run, point in zip(runs, points, strict=True):
+            run.log(0, point, epoch=0)
+        step = 0
+        for epoch in range(config.epochs):
+            order = torch.stack([torch.randperm(n, generator=runs[index].sources.data)
+                                 for index in live])
+            totals = [0.0] * len(live)
+            for start in range(0, n, config.batch_size):
+                index = order[:, start : start + config.batch_size]
+                size = index.shape[1]
+                if size < 2:
+                    continue
+                batch_labels = labels.gather(1, index)
+                same = same_class_pairs(batch_labels)
+                valid = same.any(dim=-1)
+                has_positive = valid.any(dim=-1).tolist()
+                # a seed without an anchor to pick for draws nothing, as its solo run
+                scores = torch.stack([
+                    torch.rand(size, size, generator=runs[seed].sources.augment) if picks
+                    else torch.zeros(size, size)
+                    for seed, picks in zip(live, has_positive, strict=True)])
+                z = latent_mlp(params, torch.take_along_dim(x, index[..., None], dim=1))
+                terms = attract_pairs_terms(z, pick_positives(same, scores))
+                losses = torch.stack([
+                    terms[position][valid[position]].mean() if picks
+                    else z[position].sum() * 0.0
+                    for position, picks in enumerate(has_positive)])
+                grads = torch.autograd.grad(losses.sum(), params)
+                with torch.no_grad():
+                    for p, g in zip(params, grads, strict=True):
+                        p.add_(g, alpha=-lr)
+                for position, value in enumerate(losses.detach().tolist()):
+                    totals[position] += value * size
+                step += 1
+                stopped = [position for position, seed in enumerate(live)
+                           if runs[seed].should_stop()]
+                if stopped:
+                    leave(stopped)
+                    if not live:
+                        break
+            if not live:
+                break
+            stopping = []
+            for position, (seed, norms) in enumerate(zip(live, norm_points(), strict=True)):
+                points[seed] = {"loss": totals[position] / n, **norms}
+                if runs[seed].log(step, points[seed], epoch=epoch + 1):
+                    stopping.append(position)
+            if stopping:
+                leave(stopping)
+                if not live:
+                    break
+        for position, seed in enumerate(live):
+            finals[seed] = [p.detach()[position] for p in params]
+        outputs = []
+        for run, point, trained, (_, seed_labels) in zip(runs, points, finals, data,
+                                                         strict=True):
+            run.track(*trained)
+            outputs.append(latent_class_output(config, point, seed_labels))
+        return outputs
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,20 +24,40 @@ def attract_pairs_infonce(
     averaged over the anchors with a positive (the denominator keeps the unpicked same-class
     samples as negatives)."""
     n = len(z)
-    zn = F.normalize(z, dim=1)
-    s = zn @ zn.T / temperature
-    eye = torch.eye(n, dtype=torch.bool, device=z.device)
-    same = (labels[:, None] == labels[None, :]) & ~eye
-    valid = same.any(dim=1)
+    same = same_class_pairs(labels)
+    valid = same.any(dim=-1)
     if not bool(valid.any()):
         return z.sum() * 0.0
-    # a uniform pick among each row's same-class samples: the argmax of uniform scores
-    scores = torch.rand(n, n, generator=generator).to(z.device).masked_fill(~same, -1.0)
-    rows = torch.arange(n, device=z.device)[valid]
-    picked = torch.zeros(n, n, dtype=torch.bool, device=z.device)
-    picked[rows, scores.argmax(dim=1)[valid]] = True
-    positive = picked | picked.T
+    scores = torch.rand(n, n, generator=generator).to(z.device)
+    return attract_pairs_terms(z, pick_positives(same, scores), temperature)[valid].mean()
+
+
+def same_class_pairs(labels: torch.Tensor) -> torch.Tensor:
+    """same_ij: samples i != j share a class (n x n, or ... x n x n for ... x n labels). An
+    anchor i has a positive to pick when its row has one."""
+    n = labels.shape[-1]
+    eye = torch.eye(n, dtype=torch.bool, device=labels.device)
+    return (labels[..., :, None] == labels[..., None, :]) & ~eye
+
+
+def pick_positives(same: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """The symmetric positive mask P from each row's pick: the same-class sample with the
+    highest score (uniform scores: a uniform pick); a row without one picks nothing."""
+    valid = same.any(dim=-1, keepdim=True)
+    choice = scores.masked_fill(~same, -1.0).argmax(dim=-1, keepdim=True)
+    picked = torch.zeros_like(same).scatter_(-1, choice, valid)
+    return picked | picked.mT
+
+
+def attract_pairs_terms(z: torch.Tensor, positive: torch.Tensor,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """l_i of every anchor (n, or ... x n for ... x n x d embeddings) given the positive mask
+    (the mean over the anchors with a positive is the loss)."""
+    n = z.shape[-2]
+    zn = F.normalize(z, dim=-1)
+    s = zn @ zn.mT / temperature
+    eye = torch.eye(n, dtype=torch.bool, device=z.device)
     e = torch.exp(s)
-    numerator = (e * positive).sum(dim=1)
-    denominator = e.masked_fill(eye, 0.0).sum(dim=1)
-    return -torch.log(numerator / denominator + 1e-8)[valid].mean()
+    numerator = (e * positive).sum(dim=-1)
+    denominator = e.masked_fill(eye, 0.0).sum(dim=-1)
+    return -torch.log(numerator / denominator + 1e-8)

@@ -13,5 +13,6 @@ import torch.nn.functional as F
 
 
 def negative_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """L = -(1/B) sum_i cos(a_i, b_i) over the rows of a and b (B x d)."""
-    return -F.cosine_similarity(a, b, dim=-1).mean()
+    """L = -(1/B) sum_i cos(a_i, b_i) over the rows of a and b (B x d). With leading
+    dimensions (S x B x d): one loss per slice (S), as a seed-batched task stacks its seeds."""
+    return -F.cosine_similarity(a, b, dim=-1).mean(dim=-1)
