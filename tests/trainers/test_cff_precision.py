@@ -1,6 +1,6 @@
 """`cff`'s cheap GPU fixes on a CPU: patchify by reshape is F.unfold's, fp32 is today's path bit
 for bit, tf32 touches only a GPU (and restores the process's setting), bf16 runs and stays
-close."""
+close, and the dataset keeps one copy per device."""
 
 from __future__ import annotations
 
@@ -137,3 +137,12 @@ def test_an_unknown_precision_is_refused_naming_the_field() -> None:
             pass
     assert CFFConfig(**TINY).precision == "fp32"
 
+
+def test_the_dataset_keeps_one_copy_per_device_and_none_on_the_cpu() -> None:
+    data = load_for(CFFConfig(**TINY))
+    assert all(a is b for a, b in zip(data.on(CPU), data.on("cpu"), strict=True))
+    # "meta" stands in for a GPU here: a copy made once, then reused
+    copies = data.on("meta")
+    assert [t.device.type for t in copies] == ["meta"] * 4
+    assert [t.shape for t in copies] == [t.shape for t in data.on("cpu")]
+    assert all(a is b for a, b in zip(data.on("meta"), copies, strict=True))
