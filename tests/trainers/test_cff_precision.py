@@ -13,6 +13,7 @@ import trainers.cff.model
 import trainers.cff.trainer
 from trainers import MemoryReporter, RunResult, get_trainer
 from trainers.cff import CFFConfig, patchify
+from trainers.cff.model import Attention, explicit_attention
 from trainers.data import load_for
 from trainers.precision import precision_scope
 from trainers.runtime import warm_up
@@ -127,6 +128,24 @@ def test_bf16_runs_and_stays_close_to_fp32() -> None:
         # the loss is computed in float32 from bf16 features: a few bf16 ulps (2^-8) at most
         assert b == pytest.approx(a, rel=0.02, abs=0.01), name
     assert abs(bf16.metrics["test_accuracy"] - fp32.metrics["test_accuracy"]) <= 0.1
+
+
+def test_explicit_attention_matches_the_fused_kernel_and_its_gradient() -> None:
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=generator, requires_grad=True)
+               for _ in range(3))
+    fused = F.scaled_dot_product_attention(q, k, v)
+    explicit = explicit_attention(q, k, v)
+    torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-6)
+    fused_grads = torch.autograd.grad(fused.square().sum(), (q, k, v))
+    explicit_grads = torch.autograd.grad(explicit.square().sum(), (q, k, v))
+    for a, b in zip(explicit_grads, fused_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    attention = Attention(8, 2)
+    x = torch.randn(2, 5, 8, generator=generator)
+    expected = attention(x)
+    attention.fused = False
+    torch.testing.assert_close(attention(x), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_an_unknown_precision_is_refused_naming_the_field() -> None:

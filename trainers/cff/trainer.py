@@ -75,6 +75,8 @@ class CFFTrainer(TrainerBase):
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
         name: (0.0, 1.0) for name in ("test_accuracy", "test_top5_accuracy",
                                       "head_val_accuracy", "car_layer0_early")}
+    # The seeds of a task train as one stacked computation (trainers.cff.batched).
+    batched: ClassVar[bool] = True
 
     def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
         """Both test accuracies average the un-augmented test split (`n_test` of the run)."""
@@ -98,6 +100,13 @@ class CFFTrainer(TrainerBase):
             evaluation = evaluate(layers, head, splits, config.patch, run.device,
                                   run.should_stop, precision=precision)
         return run_output(config, splits, stage1.record, head_stats, evaluation, dataset_cached)
+
+    def train_seeds(self, config: CFFConfig, runs: list[RunContext]) -> list[TrainOutput]:
+        """The seeds of a task as one computation: stacked models under torch.func.vmap
+        (trainers.cff.batched)."""
+        from trainers.cff.batched import train_seeds  # it builds on this module
+
+        return train_seeds(self, config, runs)
 
 
 def set_up_run(config: CFFConfig, run: RunContext
