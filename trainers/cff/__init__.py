@@ -8,8 +8,9 @@ log-probability (gradient-neutral), or left out. After stage 1 a LayerNorm + Lin
 trained on the frozen last layer; test accuracy is the head's.
 
 `config`: the run's settings and the margin schedule; `model`: the ViT as layer-local units and
-the head; `trainer`: stages 1 and 2 and the test evaluation; `estimate`: the resource estimate.
-The loss is trainers.losses.supcon_margin.
+the head; `trainer`: stages 1 and 2 and the test evaluation; `batched`: the seeds of a task as
+one computation, on `stacked` copies of the model under vmap; `estimate`: the resource
+estimate. The loss is trainers.losses.supcon_margin.
 """
 
 from trainers.cff.config import CFFConfig, margin_schedule

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from trainers.data import DEVICE, DataConfig
 from trainers.data.sources import NATIVE_SIZE
 from trainers.losses.supcon_margin import MarginMode, Stability
+from trainers.precision import PRECISION, Precision
 
 MAX_DEPTH = 16
 
@@ -48,6 +49,7 @@ class CFFConfig(DataConfig):
         "Model input side; the paper's 32 (digits are upsampled to it). None: the dataset's "
         "own"))
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description=DEVICE)
+    precision: Precision = Field("fp32", description=PRECISION)
 
     @model_validator(mode="after")
     def _check(self) -> CFFConfig:

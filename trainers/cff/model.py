@@ -11,8 +11,20 @@ from trainers.init import init_linear
 
 
 def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
-    """B x C x H x W -> B x T x (C p p), patches row-major, channel-major inside a patch."""
-    return F.unfold(x, kernel_size=patch, stride=patch).transpose(1, 2)
+    """B x C x H x W -> B x T x (C p p), patches row-major, channel-major inside a patch.
+
+    The same values as F.unfold(x, patch, stride=patch).transpose(1, 2) (non-overlapping
+    patches), as one copy instead of im2col."""
+    b, c, h, w = x.shape
+    grid = x.reshape(b, c, h // patch, patch, w // patch, patch).permute(0, 2, 4, 1, 3, 5)
+    return grid.reshape(b, (h // patch) * (w // patch), c * patch * patch)
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with plain matmuls: the math of scaled_dot_product_attention,
+    for code under torch.func.vmap (whose fused attention fails in backward on CUDA)."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return scores.softmax(dim=-1) @ v
 
 
 class Attention(nn.Module):
@@ -21,13 +33,15 @@ class Attention(nn.Module):
     def __init__(self, width: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
+        # False: explicit_attention instead of the fused kernel (the seed-batched path)
+        self.fused = True
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, e = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, e // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v)
+        y = F.scaled_dot_product_attention(q, k, v) if self.fused else explicit_attention(q, k, v)
         return self.out(y.transpose(1, 2).reshape(b, t, e))
 
 

@@ -183,14 +183,16 @@ class ImageSplits:
         index = getattr(self, split)
         if positions is not None:
             index = index[positions]
-        source_x = self.data.test_x if split == "test" else self.data.train_x
-        source_y = self.data.test_y if split == "test" else self.data.train_y
-        x = source_x[index].to(device=device, dtype=dtype).div_(255.0)
+        # gathered from the dataset's copy on `device`, so only the indices travel each batch
+        train_x, train_y, test_x, test_y = self.data.on(device)
+        source_x, source_y = (test_x, test_y) if split == "test" else (train_x, train_y)
+        index = index.to(source_x.device, non_blocking=True)
+        x = source_x[index].to(dtype=dtype).div_(255.0)
         if augment_generator is not None:
             x = augment(x, self.plan, augment_generator)
         if normalized:
             x = normalize(x, self.data.mean, self.data.std)
-        return x, source_y[index].to(device)
+        return x, source_y[index]
 
 
 def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:

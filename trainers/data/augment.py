@@ -79,15 +79,21 @@ def augment(x: torch.Tensor, plan: AugmentPlan, generator: torch.Generator) -> t
 
 
 def _rand(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.rand(n, generator=generator).to(device)
+    return _to(torch.rand(n, generator=generator), device)
+
+
+def _to(draws: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Random draws made on the CPU, on `device`. Without waiting for the device's queue: a
+    pageable CPU tensor is staged at once, so the copy cannot see it change."""
+    return draws.to(device, non_blocking=True)
 
 
 def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """torchvision's RandomCrop(side, padding) with zero fill, one offset per image."""
     b, c, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))
-    dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(x.device)
-    dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(x.device)
+    dy = _to(torch.randint(0, 2 * padding + 1, (b,), generator=generator), x.device)
+    dx = _to(torch.randint(0, 2 * padding + 1, (b,), generator=generator), x.device)
     rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
     cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
     batch = torch.arange(b, device=x.device)[:, None, None, None]
@@ -108,8 +114,8 @@ def _randaugment_step(
         members = (choice == index).nonzero().flatten()
         if len(members) == 0 or op == "identity":
             continue
-        s = sign[members].to(x.device)
-        out[members.to(x.device)] = _apply(op, x[members.to(x.device)], m, s).clamp(0.0, 1.0)
+        s, rows = _to(sign[members], x.device), _to(members, x.device)
+        out[rows] = _apply(op, x[rows], m, s).clamp(0.0, 1.0)
     return out
 
 
@@ -184,7 +190,7 @@ def simclr_augment(
     device = x.device
 
     def uniform(lo: float, hi: float) -> torch.Tensor:
-        return (lo + (hi - lo) * torch.rand(b, generator=generator)).to(device)
+        return _to(lo + (hi - lo) * torch.rand(b, generator=generator), device)
 
     area = uniform(min_scale, 1.0)
     log_ratio = uniform(math.log(3 / 4), math.log(4 / 3))

@@ -11,7 +11,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +46,31 @@ class ImageData:
     hflip: bool
     # The reference crop padding as a fraction of the image side (CFF: 12/32 on CIFAR-10).
     crop_padding_fraction: float
+    # Copies of the four tensors on other devices, made by `on`, kept as long as this object.
+    _copies: dict[str, tuple[torch.Tensor, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _copies_lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
+
+    def on(self, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+        """(train_x, train_y, test_x, test_y) on `device`: the tensors themselves on the CPU,
+        elsewhere a copy made once per device and process, so that batches are gathered where
+        the model runs instead of copied there each step. The copy lives as long as the dataset
+        stays in the process's cache (it does not count towards the cache's byte bound)."""
+        device = torch.device(device)
+        tensors = (self.train_x, self.train_y, self.test_x, self.test_y)
+        if device.type == "cpu":
+            return tensors
+        if device.index is None and device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        with self._copies_lock:
+            if str(device) not in self._copies:
+                self._copies[str(device)] = tuple(t.to(device) for t in tensors)
+            return self._copies[str(device)]
 
 
 @dataclass(frozen=True)
