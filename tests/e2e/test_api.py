@@ -325,7 +325,9 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
 
 def test_queue_runs_higher_priority_first(start_service) -> None:
     service = start_service("priority.db", max_in_flight=1)
-    low = service.submit(spec(name="low", grid={}, seeds=4, config={**FAST, "steps": 3000}))
+    # one seed per task: a seed-batched task would claim all four low runs at once
+    low = service.submit(spec(name="low", grid={}, seeds=4, config={**FAST, "steps": 3000},
+                              resources={"seeds_per_task": 1}))
     high = service.submit(spec(name="high", grid={}, seeds=1, priority=10))
     service.wait(low["id"])
     service.wait(high["id"])
