@@ -266,6 +266,8 @@ class _BatchedStage1:
         """Each seed's per-layer loss on its augmented validation split, for the seeds that
         went through it; a seed that stops on the way is dropped."""
         config, cohort = self.config, self.cohort
+        if not cohort.seeds:  # every seed stopped in the epoch (a cancel ends them all)
+            return {}
         device = cohort.seeds[0].run.device
         # float64 sums, as the solo run's
         totals = torch.zeros(len(cohort.seeds), config.depth, dtype=torch.float64, device=device)
