@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from trainers.data import AUGMENT_STRENGTH, DEVICE, IMAGE_SIZE, VAL_FRACTION, DataConfig
+from trainers.precision import PRECISION, Precision
 
 Method = Literal["simclr", "simsiam", "byol"]
 
@@ -63,6 +64,8 @@ class SSLConfig(DataConfig):
     augment_strength: float = Field(0.0, ge=0.0, le=1.0, description=AUGMENT_STRENGTH)
     image_size: int | None = Field(32, ge=4, le=512, description=IMAGE_SIZE)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description=DEVICE)
+    precision: Precision = Field("fp32", description=(
+        PRECISION + ". bf16 also keeps the ResNet's activations channels-last on a GPU"))
 
     def resolved(self, name: str) -> Any:
         value = getattr(self, name)

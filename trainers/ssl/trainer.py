@@ -13,10 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainers.base import ResourceEstimate
-from trainers.data import prepare_splits
+from trainers.data import ImageSplits, prepare_splits
 from trainers.losses.byol import byol_loss
 from trainers.losses.nt_xent import decoupled_nt_xent
 from trainers.losses.simsiam import symmetric_attractive_loss
+from trainers.precision import PrecisionScope, precision_scope
 from trainers.runtime import RunContext, TrainerBase, TrainOutput
 from trainers.ssl.config import METHOD_DEFAULTS, SSLConfig
 from trainers.ssl.data import in_distribution, raw_images, view
@@ -36,24 +37,34 @@ def ssl_loss(
     v1: torch.Tensor,
     v2: torch.Tensor,
     temperature: float,
+    precision: PrecisionScope | None = None,
 ) -> torch.Tensor:
     """The method's loss on two views, with GradScale on the un-normalised embeddings (SimCLR:
-    both projector outputs; SimSiam/BYOL: the predictor outputs)."""
-    _, z1 = model.embed(v1)
-    _, z2 = model.embed(v2)
+    both projector outputs; SimSiam/BYOL: the predictor outputs). Under a `precision` scope the
+    networks run under its autocast, GradScale, the normalisation and the loss in float32."""
+    forward = precision.autocast if precision is not None else contextlib.nullcontext
+    exact = precision.float32 if precision is not None else contextlib.nullcontext
+    with forward():
+        _, z1 = model.embed(v1)
+        _, z2 = model.embed(v2)
     if model.method == "simclr":
-        a = F.normalize(grad_scale(z1, model.power), dim=1)
-        b = F.normalize(grad_scale(z2, model.power), dim=1)
-        return decoupled_nt_xent(a, b, temperature)
+        with exact():
+            a = F.normalize(grad_scale(z1.float(), model.power), dim=1)
+            b = F.normalize(grad_scale(z2.float(), model.power), dim=1)
+            return decoupled_nt_xent(a, b, temperature)
     assert model.predictor is not None
-    p1 = grad_scale(model.predictor(z1), model.power)
-    p2 = grad_scale(model.predictor(z2), model.power)
-    if target is None:
-        return symmetric_attractive_loss(p1, p2, z1, z2, temperature)
-    with torch.no_grad():  # BYOL: the targets come from the EMA network
+    with forward():
+        q1, q2 = model.predictor(z1), model.predictor(z2)
+    with exact():
+        p1 = grad_scale(q1.float(), model.power)
+        p2 = grad_scale(q2.float(), model.power)
+        if target is None:
+            return symmetric_attractive_loss(p1, p2, z1.float(), z2.float(), temperature)
+    with torch.no_grad(), forward():  # BYOL: the targets come from the EMA network
         _, target_z1 = target.embed(v1)
         _, target_z2 = target.embed(v2)
-    return byol_loss(p1, p2, target_z1, target_z2, temperature)
+    with exact():
+        return byol_loss(p1, p2, target_z1.float(), target_z2.float(), temperature)
 
 
 def learning_rate(config: SSLConfig, step: int, total_steps: int, steps_per_epoch: int) -> float:
@@ -129,12 +140,24 @@ class SSLTrainer(TrainerBase):
         splits = prepare_splits(config, sources)
         kept = in_distribution(splits, config.held_out_classes)
         model = SSLModel(config, splits.data.image_shape[0], sources.init).to(device)
+        # bf16 on a GPU: the convolutions' fast kernels want channels-last activations
+        channels_last = config.precision == "bf16" and device.type == "cuda"
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
         cut_init(model, config.cut)
         run.track(model)
         target = copy.deepcopy(model) if config.method == "byol" else None
         if target is not None:
             target.requires_grad_(False)
             run.track(target)
+        with precision_scope(config.precision, device) as precision:
+            return self._train(config, run, splits, kept, model, target, precision,
+                               channels_last)
+
+    def _train(self, config: SSLConfig, run: RunContext, splits: ImageSplits,
+               kept: dict[str, torch.Tensor], model: SSLModel, target: SSLModel | None,
+               precision: PrecisionScope, channels_last: bool) -> TrainOutput:
+        sources, device = run.sources, run.device
         optimizer = build_optimizer(config, model)
         temperature = config.resolved("temperature")
         train_positions = kept["train"]
@@ -145,7 +168,10 @@ class SSLTrainer(TrainerBase):
         last: dict[str, float] = {}
         for epoch in range(config.epochs):
             model.train()
-            total, count = 0.0, 0
+            # the epoch's loss sum stays on the device (float64, as a Python float would add
+            # the float32 losses): read once per epoch, not once per step
+            total = torch.zeros((), dtype=torch.float64, device=device)
+            count = 0
             order = train_positions[torch.randperm(len(train_positions),
                                                    generator=sources.data)]
             for start in range(0, len(order), config.batch_size):
@@ -155,23 +181,26 @@ class SSLTrainer(TrainerBase):
                 x, _ = raw_images(splits, "train", positions, device)
                 v1 = view(x, sources.augment, config, splits)
                 v2 = view(x, sources.augment, config, splits)
+                if channels_last:
+                    v1 = v1.contiguous(memory_format=torch.channels_last)
+                    v2 = v2.contiguous(memory_format=torch.channels_last)
                 lr = learning_rate(config, step, total_steps, steps_per_epoch)
                 for group in optimizer.param_groups:
                     group["lr"] = group.get("fixed_lr") or lr
-                loss = ssl_loss(model, target, v1, v2, temperature)
+                loss = ssl_loss(model, target, v1, v2, temperature, precision)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
                 if target is not None:
                     ema_update(target, model, config.byol_tau)
-                total += float(loss.detach()) * len(positions)
+                total += loss.detach().double() * len(positions)
                 count += len(positions)
                 step += 1
                 if run.should_stop():
                     break
             if run.stopped:
                 break
-            point = {"loss": total / max(count, 1), "lr": lr}
+            point = {"loss": float(total) / max(count, 1), "lr": lr}
             evaluated = (epoch + 1) % config.eval_every == 0 or epoch == config.epochs - 1
             # A diverged epoch is logged without evaluation: its embeddings are not finite.
             if evaluated and math.isfinite(point["loss"]):
