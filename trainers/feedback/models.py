@@ -270,7 +270,7 @@ class StackedNet:
     def _attention(self, name: str, heads: int, x: torch.Tensor) -> torch.Tensor:
         """cff's Attention of every seed on K x B x T x E tokens: the projections per seed, the
         parameter-free attention core with the seed axis folded into the batch axis (no vmap,
-        whose backward of scaled_dot_product_attention fails on CUDA, docs GPU.md)."""
+        whose backward of scaled_dot_product_attention fails on CUDA)."""
         k, b, t, e = x.shape
         qkv = self._linear(f"{name}.qkv", x).view(k * b, t, 3, heads, e // heads)
         q, key, v = qkv.permute(2, 0, 3, 1, 4)
