@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainers.feedback.models import ResidualNet
+from trainers.feedback.models import ResidualNet, StackedNet
 
 # The B initialisation is not published: TinyDFA's U[-1, 1) with the projection divided by
 # sqrt(feedback_dim) (normalization=True), feedback_dim = d.
@@ -103,8 +103,9 @@ def output_error(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def bp_credits(states: list[torch.Tensor], logits: torch.Tensor,
                labels: torch.Tensor) -> list[torch.Tensor]:
     """BP: a_l = g_l = dCE_i/dh_l for every state of one autograd graph (per sample, so the
-    gradient of the summed CE; per token for ViT)."""
-    loss = F.cross_entropy(logits, labels, reduction="sum")
+    gradient of the summed CE; per token for ViT). Leading axes before the classes (a seed
+    axis) are flattened: each seed's credits are then those of its own CE."""
+    loss = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="sum")
     return [g.detach() for g in torch.autograd.grad(loss, states, retain_graph=True)]
 
 
@@ -115,15 +116,16 @@ def dfa_credits(error: torch.Tensor, matrices: FeedbackMatrices) -> list[torch.T
 
 def fa_credits(top: torch.Tensor, matrices: FeedbackMatrices, *, skip: bool
                ) -> list[torch.Tensor]:
-    """FA: a_L = top, a_l = B_l a_{l+1} (+ a_{l+1} with the skip path) for l = L-1..0."""
+    """FA: a_L = top, a_l = B_l a_{l+1} (+ a_{l+1} with the skip path) for l = L-1..0
+    (B_l may carry a leading seed axis)."""
     credits = [top]
     for b in reversed(matrices.layers):
-        a = credits[0] @ b.T
+        a = credits[0] @ b.mT
         credits.insert(0, a + credits[0] if skip else a)
     return credits
 
 
-def fa_top_credit(model: ResidualNet, last: torch.Tensor, normed: torch.Tensor,
+def fa_top_credit(model: ResidualNet | StackedNet, last: torch.Tensor, normed: torch.Tensor,
                   error: torch.Tensor, b_top: torch.Tensor, mode: str) -> torch.Tensor:
     """e_T B_top (direct) or J_norm(h_L)^T e_T B_top (through_norm: the true Jacobian of the
     terminal norm, the head's weight replaced by B_top); `normed` = model.normed(last)."""
@@ -136,11 +138,12 @@ def fa_top_credit(model: ResidualNet, last: torch.Tensor, normed: torch.Tensor,
 
 def spread(credit: torch.Tensor, like: torch.Tensor, tokens: str) -> torch.Tensor:
     """A credit shaped like the state: per-sample B x d credits go to every token ("all") or to
-    the CLS token only ("cls") of B x T x d states; per-token credits pass unchanged."""
+    the CLS token only ("cls") of B x T x d states; per-token credits pass unchanged. A leading
+    seed axis (K x B x d credits of K x B x T x d states) passes through."""
     if credit.shape == like.shape:
         return credit
     if tokens == "all":
-        return credit[:, None, :].expand_as(like)
+        return credit.unsqueeze(-2).expand_as(like)
     out = torch.zeros_like(like)
-    out[:, 0] = credit
+    out[..., 0, :] = credit
     return out

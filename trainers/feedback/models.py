@@ -3,8 +3,10 @@ read out by head(out_norm(h_L)) (spec section 2.1); and the StudentNet teacher-s
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -179,3 +181,156 @@ class Teacher:
             u = z @ a
             z = (1 - self.alpha) * u + self.alpha * torch.tanh(self.gain * u)
         return (z @ self.readout).argmax(dim=1)
+
+
+class StackedNet:
+    """K ResidualNets of one configuration as one network with a leading seed axis, for
+    seed-batched training: each parameter holds the K networks' values stacked (K x ...), and
+    the forward pass is ResidualNet's written on stacked tensors (a batched GEMM per Linear,
+    every norm and bias with each seed's own values), so that each seed's network sees only its
+    own parameters and inputs. It offers ResidualNet's interface (embed, branches, normed,
+    head, states, vector), so that step_losses, the credits and the audit run on it as on one
+    network: states are K x B x d (K x B x T x d for ViT-Mini).
+
+    An input is K x B x ... (each seed its own batch) or B x ... (one batch for every seed:
+    the evaluation batch and the test set, which do not depend on the seed); `sample_dims` is
+    the number of dimensions of one sample (1 for StudentNet's vectors, 3 for images).
+    ResidualNet keeps no buffers (LayerNorm has none), so the parameters are the whole state.
+    `template` is a ResidualNet of the configuration without values (on the meta device): the
+    structure (branch kind, activation, heads, patch, norms) and the parameters' names."""
+
+    def __init__(self, template: ResidualNet, params: dict[str, torch.Tensor],
+                 sample_dims: int) -> None:
+        self.template = template
+        self.params = params
+        self.sample_dims = sample_dims
+        self.cls_token = template.cls_token
+        self.branches = [partial(self._branch, i) for i in range(len(template.branches))]
+
+    @classmethod
+    def stack(cls, models: Sequence[ResidualNet], sample_dims: int) -> StackedNet:
+        """The networks' parameters stacked in order (new leaves; a frozen parameter stays
+        frozen)."""
+        template = copy.deepcopy(models[0]).to("meta")
+        params = {name: _stacked_leaf(torch.stack([m.get_parameter(name).detach()
+                                                   for m in models]),
+                                      p.requires_grad, _is_linear_weight(template, name))
+                  for name, p in models[0].named_parameters()}
+        return cls(template, params, sample_dims)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.params.values())))
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.params.values())
+
+    def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """nn.Linear `name` of every seed on its own input (K x ... x in): one batched GEMM."""
+        weight, bias = self.params[f"{name}.weight"], self.params[f"{name}.bias"]
+        flat = x.reshape(len(x), -1, x.shape[-1])
+        return torch.baddbmm(bias.unsqueeze(1), flat, weight.mT).view(*x.shape[:-1], -1)
+
+    def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """nn.LayerNorm `name` of every seed on its own K x ... x d input."""
+        norm = self.template.get_submodule(name)
+        assert isinstance(norm, nn.LayerNorm)
+        seedwise = (len(x),) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        weight = self.params[f"{name}.weight"].view(seedwise)
+        bias = self.params[f"{name}.bias"].view(seedwise)
+        return F.layer_norm(x, norm.normalized_shape, eps=norm.eps) * weight + bias
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """h_0 of every seed, from its own batch (K x B x ...) or from one batch (B x ...)."""
+        shared = x.dim() == self.sample_dims + 1
+        embed = self.template.embed
+        if isinstance(embed, FlatEmbedding):
+            flat = x.flatten(1).expand(len(self), -1, -1) if shared else x.flatten(2)
+            return self._linear("embed.proj", flat)
+        assert isinstance(embed, PatchEmbedding)
+        patches = (patchify(x, embed.patch).expand(len(self), -1, -1, -1) if shared
+                   else patchify(x.flatten(0, 1), embed.patch).unflatten(0, x.shape[:2]))
+        tokens = self._linear("embed.proj", patches)
+        k, b = tokens.shape[:2]
+        cls = self.params["embed.cls"].expand(k, b, 1, -1)
+        return torch.cat([cls, tokens], dim=2) + self.params["embed.position"]
+
+    def _branch(self, index: int, h: torch.Tensor) -> torch.Tensor:
+        """Branch f_index of every seed (MLPBranch.forward, ViTBranch.forward)."""
+        name = f"branches.{index}"
+        branch = self.template.branches[index]
+        if isinstance(branch, MLPBranch):
+            hidden = ACTIVATIONS[branch.activation](
+                self._linear(f"{name}.fc1", self._norm(f"{name}.norm", h)))
+            return self._linear(f"{name}.fc2", hidden)
+        assert isinstance(branch, ViTBranch)
+        a = self._attention(f"{name}.attn", branch.attn.heads, self._norm(f"{name}.ln1", h))
+        hidden = F.gelu(self._linear(f"{name}.fc1", self._norm(f"{name}.ln2", h + a)))
+        return a + self._linear(f"{name}.fc2", hidden)
+
+    def _attention(self, name: str, heads: int, x: torch.Tensor) -> torch.Tensor:
+        """cff's Attention of every seed on K x B x T x E tokens: the projections per seed, the
+        parameter-free attention core with the seed axis folded into the batch axis (no vmap,
+        whose backward of scaled_dot_product_attention fails on CUDA)."""
+        k, b, t, e = x.shape
+        qkv = self._linear(f"{name}.qkv", x).view(k * b, t, 3, heads, e // heads)
+        q, key, v = qkv.permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, key, v)
+        return self._linear(f"{name}.out", y.transpose(1, 2).reshape(k, b, t, e))
+
+    def vector(self, h: torch.Tensor) -> torch.Tensor:
+        return h[:, :, 0] if self.cls_token else h
+
+    def states(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """ResidualNet.states of every seed: h_0..h_L, each K x B x ...; one autograd graph."""
+        h = [self.embed(x)]
+        if not h[0].requires_grad:
+            h[0].requires_grad_(True)
+        for branch in self.branches:
+            h.append(h[-1] + branch(h[-1]))
+        return h
+
+    def normed(self, h_last: torch.Tensor) -> torch.Tensor:
+        vector = self.vector(h_last)
+        if isinstance(self.template.out_norm, nn.LayerNorm):
+            return self._norm("out_norm", vector)
+        return vector
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        return self._linear("head", normed)
+
+    def readout(self, h_last: torch.Tensor) -> torch.Tensor:
+        return self.head(self.normed(h_last))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.readout(self.states(x)[-1])
+
+    def select(self, keep: Sequence[int]) -> StackedNet:
+        """The networks at positions `keep` (their current values, as new leaves)."""
+        index = torch.tensor(list(keep), device=next(iter(self.params.values())).device)
+        params = {name: _stacked_leaf(p.detach().index_select(0, index), p.requires_grad,
+                                      _is_linear_weight(self.template, name))
+                  for name, p in self.params.items()}
+        return StackedNet(self.template, params, self.sample_dims)
+
+    def network_tensors(self, k: int) -> list[torch.Tensor]:
+        """A copy of network k's tensors in its state_dict's order (what RunContext.track
+        hashes)."""
+        return [self.params[name][k].detach().clone() for name in self.template.state_dict()]
+
+
+def _is_linear_weight(template: ResidualNet, name: str) -> bool:
+    module, _, kind = name.rpartition(".")
+    return kind == "weight" and isinstance(template.get_submodule(module), nn.Linear)
+
+
+def _stacked_leaf(values: torch.Tensor, requires_grad: bool, linear_weight: bool
+                  ) -> torch.Tensor:
+    """A stacked parameter as a new leaf. A Linear's K x out x in weight is laid out in
+    memory as K x in x out (the batched GEMM's operand), so that its gradient arrives in the
+    parameter's own layout and is taken as it is, not copied (autograd's layout contract)."""
+    if linear_weight:
+        k, out, inp = values.shape
+        leaf = torch.empty_strided(values.shape, (out * inp, 1, out), dtype=values.dtype,
+                                   device=values.device)
+        values = leaf.copy_(values)
+    return values.requires_grad_(requires_grad)

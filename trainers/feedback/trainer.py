@@ -6,10 +6,12 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.func import vmap
 
 from trainers.base import (
     Reporter,
@@ -33,7 +35,7 @@ from trainers.feedback.credit import (
     spread,
 )
 from trainers.feedback.estimate import TEST_BATCH, feedback_estimate
-from trainers.feedback.models import ResidualNet, Teacher, build_model
+from trainers.feedback.models import ResidualNet, StackedNet, Teacher, build_model
 from trainers.feedback.report import PROTOCOL_REPORT
 from trainers.losses.local_credit import local_credit_loss, scale_penalty
 from trainers.random_sources import RandomSources
@@ -125,8 +127,16 @@ def load_task(config: FeedbackConfig, sources: RandomSources, device: torch.devi
 # ---------------------------------------------------------------------------------------------
 # one training step in the shared local-loss form
 
+Network = ResidualNet | StackedNet
 
-def method_credits(method: str, *, model: ResidualNet, states: list[torch.Tensor],
+
+def per_seed(model: Network, loss: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`loss` of one network's batch; for a StackedNet, vmapped over the seed axis, so that each
+    seed's loss is reduced over its own batch alone (a vector of K)."""
+    return vmap(loss) if isinstance(model, StackedNet) else loss
+
+
+def method_credits(method: str, *, model: Network, states: list[torch.Tensor],
                    normed: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
                    matrices: FeedbackMatrices | None, config: FeedbackConfig
                    ) -> list[torch.Tensor]:
@@ -152,10 +162,12 @@ class StepLosses:
     logits: torch.Tensor
 
 
-def step_losses(model: ResidualNet, x: torch.Tensor, y: torch.Tensor, method: str,
+def step_losses(model: Network, x: torch.Tensor, y: torch.Tensor, method: str,
                 matrices: FeedbackMatrices | None, config: FeedbackConfig) -> StepLosses:
     """CE(head(norm(h_L.detach()))) + <embed(x), a_0> + sum_l <f_l(h_l.detach()), a_{l+1}>
-    + lambda sum_l ||f_l(h_l.detach())||^2 (spec section 2.3)."""
+    + lambda sum_l ||f_l(h_l.detach())||^2 (spec section 2.3). On a StackedNet (a batch and
+    feedback matrices per seed, with a leading seed axis) each loss is a vector of K, each
+    seed's own."""
     bp_reference = None
     if method == "bp":  # the credits need the full graph; the update below is still local
         states = model.states(x)
@@ -173,13 +185,14 @@ def step_losses(model: ResidualNet, x: torch.Tensor, y: torch.Tensor, method: st
     credits = bp_reference if bp_reference is not None else method_credits(
         method, model=model, states=[last], normed=normed, logits=logits, labels=y,
         matrices=matrices, config=config)
-    ce = F.cross_entropy(logits, y)
-    local = sum((local_credit_loss(o, spread(a, o, config.vit_credit_tokens))
+    ce = per_seed(model, F.cross_entropy)(logits, y)
+    credit_loss, penalty_of = per_seed(model, local_credit_loss), per_seed(model, scale_penalty)
+    local = sum((credit_loss(o, spread(a, o, config.vit_credit_tokens))
                  for o, a in zip(outs, credits[1:], strict=True)), torch.zeros(()))
     if config.embed_credit != "none":
         a0 = credits[0] if config.embed_credit == "own" else credits[1]
-        local = local + local_credit_loss(h0, spread(a0, h0, config.vit_credit_tokens))
-    penalty = (sum((scale_penalty(o) for o in outs), torch.zeros(())) if config.penalty > 0
+        local = local + credit_loss(h0, spread(a0, h0, config.vit_credit_tokens))
+    penalty = (sum((penalty_of(o) for o in outs), torch.zeros(())) if config.penalty > 0
                else torch.zeros(()))
     total = ce + local + config.penalty * penalty
     return StepLosses(total=total, ce=ce.detach(), local=local.detach(),
@@ -220,14 +233,30 @@ def protocol_snapshot(model: ResidualNet, x: torch.Tensor, y: torch.Tensor, meth
                       matrices: FeedbackMatrices | None, config: FeedbackConfig) -> Snapshot:
     """Norms, rho, the BP reference gradients (CE reduced by config.ce_reduction) and the
     per-layer cosines between the method's credit and BP's, on one batch."""
+    states, grads, credits = audit_tensors(model, x, y, method, matrices, config)
+    return snapshot_of(states, grads, credits, model.vector, config)
+
+
+def audit_tensors(model: Network, x: torch.Tensor, y: torch.Tensor, method: str,
+                  matrices: FeedbackMatrices | None, config: FeedbackConfig
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The states h_0..h_L of one batch, the BP reference gradients g_l = dCE/dh_l (CE reduced
+    by config.ce_reduction, over each seed's batch on a StackedNet) and the method's credits."""
     states = model.states(x)
     normed = model.normed(states[-1])
     logits = model.head(normed)
-    loss = F.cross_entropy(logits, y, reduction=config.ce_reduction)
-    grads = torch.autograd.grad(loss, states, retain_graph=True)
+    loss = per_seed(model, partial(F.cross_entropy, reduction=config.ce_reduction))(logits, y)
+    grads = torch.autograd.grad(loss, states, grad_outputs=torch.ones_like(loss),
+                                retain_graph=True)
     credits = method_credits(method, model=model, states=states, normed=normed, logits=logits,
                              labels=y, matrices=matrices, config=config)
-    vec = model.vector
+    return states, list(grads), credits
+
+
+def snapshot_of(states: list[torch.Tensor], grads: list[torch.Tensor],
+                credits: list[torch.Tensor], vec: Callable[[torch.Tensor], torch.Tensor],
+                config: FeedbackConfig) -> Snapshot:
+    """One network's Snapshot from its audit tensors; `vec` is ResidualNet.vector."""
     h_norms = [protocol.median_norm(vec(h.detach())) for h in states]
     g_norms = [protocol.median_norm(vec(g)) for g in grads]
     rho = protocol.scale_growth(h_norms)
@@ -321,6 +350,16 @@ class FeedbackTrainer(TrainerBase):
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = (PROTOCOL_REPORT,)
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
         "test_accuracy": (0.0, 1.0), "train_accuracy": (0.0, 1.0)}
+    # Seed-batched tasks: train_seeds stacks the seeds' networks (a StackedNet). Eight seeds
+    # of a StudentNet- or ResMLP-sized network (d = 128..256) pay one step's Python and
+    # dispatch overhead instead of eight while their stacked tensors stay small (measured:
+    # 1.6x the seeds per second of eight solo runs of examples/feedback_studentnet_cpu.yaml on
+    # one CPU thread). A GPU, which one such network leaves mostly idle, gains more from more
+    # seeds (docs/architecture.md: 8-33x per model-step), hence the maximum of 64. Memory grows
+    # with K (the service checks K x the estimate).
+    batched: ClassVar[bool] = True
+    seeds_per_task_default: ClassVar[int] = 8
+    max_seeds_per_task: ClassVar[int] = 64
 
     def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
         """test_accuracy averages the task's test set (`n_test` of the run: the image split,
@@ -330,6 +369,13 @@ class FeedbackTrainer(TrainerBase):
 
     def train(self, config: FeedbackConfig, run: RunContext) -> TrainOutput:
         return train_network(config, run).output
+
+    def train_seeds(self, config: FeedbackConfig, runs: list[RunContext]) -> list[TrainOutput]:
+        """The seeds as one stacked computation (trainers/feedback/batched.py), each seed's
+        result its solo run's to float32 rounding."""
+        from trainers.feedback.batched import train_networks  # it builds on this module
+
+        return train_networks(config, runs)
 
     def estimate(self, config: FeedbackConfig) -> ResourceEstimate:
         return feedback_estimate(config)
@@ -364,7 +410,7 @@ def freeze_untrained(model: ResidualNet, config: FeedbackConfig) -> None:
             p.requires_grad_(False)
 
 
-def build_optimizer(model: ResidualNet, config: FeedbackConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: Network, config: FeedbackConfig) -> torch.optim.Optimizer:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
         return torch.optim.Adam(trainable, lr=config.lr, weight_decay=config.weight_decay)
@@ -403,8 +449,7 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     last: dict[str, float] = {}
     step, started = 0, time.perf_counter()
     for epoch in range(1, config.epochs + 1):
-        sums = {"loss": 0.0, "local_loss": 0.0, "penalty_loss": 0.0, "correct": 0.0}
-        seen = 0
+        sums = EpochSums()
         model.train()
         for x, y in task.train_batches(config.batch_size):
             if run.should_stop():
@@ -414,12 +459,8 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
             losses.total.backward()
             optimizer.step()
             step += 1
-            n = len(y)
-            seen += n
-            sums["loss"] += float(losses.ce) * n
-            sums["local_loss"] += float(losses.local) * n
-            sums["penalty_loss"] += float(losses.penalty) * n
-            sums["correct"] += float((losses.logits.argmax(1) == y).sum())
+            sums.add(float(losses.ce), float(losses.local), float(losses.penalty),
+                     float((losses.logits.argmax(1) == y).sum()), len(y))
         if run.stopped:
             break
         model.eval()
@@ -429,19 +470,53 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
             break
         snapshots.append(snapshot)
         accuracy = epoch_accuracy
-        last = {
-            "loss": sums["loss"] / seen,
-            "local_loss": sums["local_loss"] / seen,
-            "penalty_loss": sums["penalty_loss"] / seen,
-            "train_accuracy": sums["correct"] / seen,
-            "test_accuracy": accuracy,
-            **snapshot.metrics(),
-        }
+        last = sums.metrics(accuracy, snapshot)
         if run.log(step, last, epoch=epoch):
             break
         if report_fired_checks(run, snapshot, config, step=step, epoch=epoch):
             break
-    train_time_s = time.perf_counter() - started
+    output = run_output(config, method, task, matrices, snapshots=snapshots, last=last,
+                        accuracy=accuracy, steps=step,
+                        train_time_s=time.perf_counter() - started)
+    return TrainedNetwork(model=model, matrices=matrices, output=output)
+
+
+@dataclass
+class EpochSums:
+    """One epoch's training losses and correct predictions, each loss weighted by its batch's
+    size, over the steps so far."""
+
+    loss: float = 0.0
+    local_loss: float = 0.0
+    penalty_loss: float = 0.0
+    correct: float = 0.0
+    seen: int = 0
+
+    def add(self, ce: float, local: float, penalty: float, correct: float, n: int) -> None:
+        self.seen += n
+        self.loss += ce * n
+        self.local_loss += local * n
+        self.penalty_loss += penalty * n
+        self.correct += correct
+
+    def metrics(self, accuracy: float, snapshot: Snapshot) -> dict[str, float]:
+        """What an epoch logs: its mean losses, accuracies and the audit's metrics."""
+        return {
+            "loss": self.loss / self.seen,
+            "local_loss": self.local_loss / self.seen,
+            "penalty_loss": self.penalty_loss / self.seen,
+            "train_accuracy": self.correct / self.seen,
+            "test_accuracy": accuracy,
+            **snapshot.metrics(),
+        }
+
+
+def run_output(config: FeedbackConfig, method: str, task: Task,
+               matrices: FeedbackMatrices | None, *, snapshots: list[Snapshot],
+               last: dict[str, float], accuracy: float | None, steps: int,
+               train_time_s: float) -> TrainOutput:
+    """A run's result from its audits (epoch 0 first), its last logged epoch's metrics and its
+    last whole test accuracy."""
     final = snapshots[-1]
     metrics = {**last, **final.metrics()}
     if accuracy is not None:
@@ -453,14 +528,13 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
             encode_feedback(matrices, include_data=config.store_feedback_matrices)
             if matrices is not None else None),
         "epochs_run": len(snapshots) - 1,
-        "optimizer_steps": step,
+        "optimizer_steps": steps,
         "n_train": task.n_train,
         "n_test": task.n_test,
         "train_time_s": train_time_s,
     }
-    output = TrainOutput(metrics=metrics, diagnostics=diagnostics,
-                         warnings=protocol_warnings(final, config))
-    return TrainedNetwork(model=model, matrices=matrices, output=output)
+    return TrainOutput(metrics=metrics, diagnostics=diagnostics,
+                       warnings=protocol_warnings(final, config))
 
 
 def report_fired_checks(run: RunContext, snapshot: Snapshot, config: FeedbackConfig, *,
