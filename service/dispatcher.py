@@ -480,23 +480,19 @@ class Dispatcher:
             raise trouble
 
     def _fail_unstorable(self, flight: InFlight, reason: str) -> None:
-        """The run's rows cannot be stored: stop its task and end it `failed` with `reason`
-        (not retried: the same config would send the same rows again). The other seeds of a
-        seed-batched task go back to the queue: their task is stopped, not their fault."""
-        siblings: list[InFlight] = []
+        """The run's rows cannot be stored: end it `failed` with `reason` (not retried: the
+        same config would send the same rows again) and stop its task. In a seed-batched task
+        the other seeds go on: only the failed seed's messages are ignored from now on, and
+        the task is stopped once none of its seeds is left."""
         if self.in_flight.pop(flight.run_id, None) is not None:
-            siblings = [f for f in flight.task.runs.values() if f is not flight
-                        and self.in_flight.pop(f.run_id, None) is not None]
-            flight.task.runs.clear()
-            ray.cancel(flight.generator, force=True)
+            flight.task.runs.pop(flight.index, None)
+            if not flight.task.runs:
+                ray.cancel(flight.generator, force=True)
         try:
             with self._session() as session:
                 store = RunStore(session)
                 store.lock_experiments([flight.experiment_id])
                 store.fail(flight.key, reason)
-                for sibling in siblings:
-                    store.lose(sibling.key, f"run {flight.run_id}, which shared its task, could "
-                                            "not be stored and its task was stopped")
                 store.commit()
         except Exception:  # the next dispatcher to take the lock re-queues it as an orphan
             log.exception("run %s: could not store its failure either", flight.run_id)
@@ -523,7 +519,9 @@ class Dispatcher:
             first = group[0]
             template = templates[first.experiment_id]
             config = {**template.config, **config_condition(first.condition)}
-            name = f"seedgrid-run-{first.id}" + (f"-{group[-1].id}" if len(group) > 1 else "")
+            # Ray titles the worker process after its task: "seedgrid-run-7" or, for a
+            # seed-batched task, "seedgrid-run-7,8,9,10"
+            name = "seedgrid-run-" + ",".join(str(run.id) for run in group)
             generator = run_task.options(
                 num_cpus=first.num_cpus, num_gpus=first.num_gpus, name=name
             ).remote(first.trainer, config, [run.seed for run in group],
@@ -624,8 +622,9 @@ class Dispatcher:
             if isinstance(message, Started):
                 task.started = message
                 task.started_at = time.monotonic()
-                self.metrics.dispatch_latency.observe(task.started_at - task.claimed_at)
-                harvest.started += [(flight, message) for flight in task.runs.values()]
+                for flight in task.runs.values():  # one dispatch per run attempt
+                    self.metrics.dispatch_latency.observe(task.started_at - task.claimed_at)
+                    harvest.started.append((flight, message))
             elif isinstance(message, MetricBatch):
                 flight = task.runs.get(message.index)
                 if flight is not None:

@@ -73,11 +73,12 @@ def processes() -> list[Proc]:
     return found
 
 
-def run_id_of(proc: Proc) -> int | None:
-    """The seedgrid run a Ray worker process is executing now, if any."""
+def run_ids_of(proc: Proc) -> list[int]:
+    """The seedgrid runs a Ray worker process is executing now: one, the seeds of a
+    seed-batched task ("seedgrid-run-7,8,9"), or none."""
     if proc.state == "Z" or not proc.title.startswith(RUN_TITLE_PREFIX):
-        return None
-    return int(proc.title.removeprefix(RUN_TITLE_PREFIX).split()[0])
+        return []
+    return [int(i) for i in proc.title.removeprefix(RUN_TITLE_PREFIX).split()[0].split(",")]
 
 
 def alive_in_sessions(sessions: Iterable[int]) -> list[Proc]:
@@ -148,7 +149,7 @@ class RayNode:
 
     def running_runs(self) -> set[int]:
         """The seedgrid runs this node's workers are executing now."""
-        return {r for p in self.alive_processes() if (r := run_id_of(p)) is not None}
+        return {r for p in self.alive_processes() for r in run_ids_of(p)}
 
 
 class LocalRayCluster:
@@ -361,11 +362,11 @@ class RunWatcher(threading.Thread):
             sample: dict[str, set[int]] = defaultdict(set)
             for proc in processes():
                 node = self.node_by_session.get(proc.session)
-                run_id = run_id_of(proc)
-                if node is None or run_id is None:
+                if node is None:
                     continue
-                sample[node].add(run_id)
-                self.activity.placements[run_id].add((node, proc.pid))
+                for run_id in run_ids_of(proc):
+                    sample[node].add(run_id)
+                    self.activity.placements[run_id].add((node, proc.pid))
             self.activity.samples.append({k: frozenset(v) for k, v in sample.items()})
             self._halt.wait(self.interval_s)
 

@@ -167,6 +167,10 @@ def execute_seeds(
                 yield MetricBatch(points, index=index)
         while done:
             index, outcome, seconds = done.pop(0)
+            # the seed's last points, logged after its drain above: they go before its result
+            points = reporters[index].drain()
+            if points:
+                yield MetricBatch(points, index=index)
             sent.add(index)
             yield _result(outcome, reporters[index], index, seconds)
 

@@ -25,13 +25,15 @@ from tests.cluster import (
     ServiceProcess,
     alive_in_sessions,
     processes,
-    run_id_of,
+    run_ids_of,
 )
 
 HEAD_CPUS, NODE_CPUS, NODE_GPUS = 1, 2, 1
 # Per run: half a GPU, so two runs share a node's GPU; the CPUs would allow four per node
 # (and one on the head), so only honouring num_gpus keeps a node at two.
-RESOURCES = {"num_cpus": 0.5, "num_gpus": 0.5}
+# One seed per task: these tests place, kill and move single runs (tests/e2e/test_seed_batching.py
+# covers seed-batched tasks).
+RESOURCES = {"num_cpus": 0.5, "num_gpus": 0.5, "seeds_per_task": 1}
 GPU_RUNS_PER_NODE = int(NODE_GPUS / RESOURCES["num_gpus"])
 # The dispatcher's bound on runs submitted to Ray at once (its default is at least 32).
 MAX_IN_FLIGHT = 8
@@ -178,7 +180,7 @@ def test_a_worker_killed_mid_run_is_retried_and_nothing_is_lost_or_doubled(
     victim = running[-1]
     pid = victim["provenance"]["worker_pid"]
     # the worker is still on that run (not idle after finishing it) when it is killed
-    assert run_id_of(next(p for p in processes() if p.pid == pid)) == victim["id"]
+    assert run_ids_of(next(p for p in processes() if p.pid == pid)) == [victim["id"]]
     os.kill(pid, signal.SIGKILL)
     service.wait(created["id"], timeout_s=90)
 

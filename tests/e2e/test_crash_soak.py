@@ -40,7 +40,7 @@ import pytest
 import torch
 
 from service.server import free_port
-from tests.cluster import alive_in_sessions, kill_sessions, processes, run_id_of
+from tests.cluster import alive_in_sessions, kill_sessions, processes, run_ids_of
 from tests.seedgrid_process import SeedgridProcess
 from trainers import MemoryReporter, get_trainer
 
@@ -129,7 +129,7 @@ def snapshot(database: Path, experiment_id: int) -> Snapshot:
 def executing_runs(session: int) -> set[int]:
     """Runs a Ray worker of this session executes now (Ray titles a worker after its task)."""
     return {run_id for proc in processes() if proc.session == session
-            if (run_id := run_id_of(proc)) is not None}
+            for run_id in run_ids_of(proc)}
 
 
 def reference_curves(seeds: range) -> dict[tuple[bool, int], list[tuple[Any, ...]]]:

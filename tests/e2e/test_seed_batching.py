@@ -164,16 +164,21 @@ def test_a_cancel_ends_every_seed_of_a_task(service: Service) -> None:
 
 
 def test_seeds_per_task_is_checked_against_the_trainer(service: Service) -> None:
-    trainer = get_trainer("collapse")
     listed = {t["name"]: t for t in service.client.get("/trainers").json()}
-    assert listed["collapse"]["max_seeds_per_task"] == trainer.max_seeds_per_task
-    assert listed["collapse"]["seeds_per_task_default"] == trainer.seeds_per_task_default
-    too_many = trainer.max_seeds_per_task + 1
-    response = service.client.post("/experiments", json=collapse_spec(
-        resources={"seeds_per_task": too_many}))
+    for name, info in listed.items():
+        trainer = get_trainer(name)
+        assert info["max_seeds_per_task"] == trainer.max_seeds_per_task
+        assert info["seeds_per_task_default"] == trainer.seeds_per_task_default
+        assert info["batched"] == trainer.batched
+    assert listed["collapse"]["batched"] and not listed["ssl"]["batched"]
+    ssl = get_trainer("ssl")
+    too_many = ssl.max_seeds_per_task + 1
+    response = service.client.post("/experiments", json={
+        "name": "too-many", "trainer": "ssl", "config": {"dataset": "digits"}, "seeds": 2,
+        "resources": {"seeds_per_task": too_many}})
     assert response.status_code == 422
     (error,) = response.json()["detail"]
     assert error["loc"][-2:] == ["resources", "seeds_per_task"]
-    assert f"at most {trainer.max_seeds_per_task} seeds per task" in error["msg"]
+    assert f"trainer 'ssl' runs at most {ssl.max_seeds_per_task} seeds per task" in error["msg"]
     zero = service.client.post("/experiments", json=collapse_spec(resources={"seeds_per_task": 0}))
     assert zero.status_code == 422 and "seeds_per_task" in zero.text

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
+import pytest
+
 from api_schemas import RunStatus
+from tests.e2e.toy_trainer import ToyTrainer
+from trainers import REGISTRY
+from trainers.runtime import RunContext, TrainOutput
 from workers.messages import MetricBatch, Result, Started
-from workers.task import StreamingReporter, execute
+from workers.task import StreamingReporter, execute, execute_seeds
 
 
 def test_execute_streams_started_metric_batches_then_result() -> None:
@@ -99,3 +107,41 @@ def test_source_seeds_reach_the_trainer_and_bad_ones_fail_the_run() -> None:
     assert bad.status == RunStatus.failed
     assert bad.error == ("ValueError: the seed of random source 'data' must be an int in "
                          "[0, 2147483647], not -1")
+
+
+class _GatedTrainer(ToyTrainer):
+    """A batched trainer whose seeds log their last point only when the test opens the gate:
+    the point then lands after the worker has drained those seeds once."""
+
+    name = "gated"
+    batched = True
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def train_seeds(self, config: Any, runs: list[RunContext]) -> list[TrainOutput]:
+        for run in runs:
+            run.log(0, {"loss": 1.0})
+        assert self.gate.wait(30)
+        for run in runs:
+            run.log(1, {"loss": 0.5})
+        return [TrainOutput(metrics={"loss": 0.5}) for _ in runs]
+
+
+def test_a_seeds_last_points_go_before_its_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = _GatedTrainer()
+    monkeypatch.setitem(REGISTRY, trainer.name, trainer)
+    messages = execute_seeds("gated", {}, [0, 1], batch_interval_s=0.01)
+    assert isinstance(next(messages), Started)
+    first = next(messages)  # seed 0's first point, drained while the gate is shut
+    assert isinstance(first, MetricBatch) and first.index == 0
+    trainer.gate.set()  # both seeds log their last point and end while the worker waits
+    (thread,) = [t for t in threading.enumerate() if t.name == "trainer-gated-0"]
+    thread.join(30)
+    assert not thread.is_alive()
+    rest = [first, *messages]
+    for index in (0, 1):
+        mine = [m for m in rest if getattr(m, "index", None) == index]
+        assert isinstance(mine[-1], Result) and mine[-1].status == RunStatus.completed
+        steps = [p[0] for m in mine if isinstance(m, MetricBatch) for p in m.points]
+        assert steps == [0, 1], (index, mine)
