@@ -14,18 +14,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import Service
+from tests.e2e.test_toy_trainer import wait_for
 from tests.e2e.toy_trainer import ToyTrainer
 from trainers import REGISTRY, get_trainer
-
-
-def wait_for(predicate, timeout_s: float = 120.0, interval_s: float = 0.05):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s")
 
 
 def collapse_spec(**overrides: Any) -> dict[str, Any]:
