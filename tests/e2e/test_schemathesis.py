@@ -61,6 +61,10 @@ def live(request: pytest.FixtureRequest, ray_cluster: None,
                               "grid": {"stop_gradient": [False, True]}, "seeds": 2})
     assert created["id"] == 1
     service.wait(created["id"])
+    # The first /stats of an experiment computes and caches it (bootstrap, permutations, power:
+    # seconds on a busy 2-core machine); pay that here, where no request timeout applies, not
+    # inside a generated case, whose client gives up after 10 s.
+    assert service.client.get("/experiments/1/stats", timeout=120).status_code == 200
     yield service
     service.client.close()
     service.server.stop()
