@@ -78,11 +78,11 @@ def test_the_live_schema_is_the_one_tested(live: Service) -> None:
 
 @schema.exclude(method="DELETE").parametrize()
 def test_no_input_gets_a_server_error(case: schemathesis.Case, live: Service) -> None:
-    case.call_and_validate(base_url=live.server.url, checks=[not_a_server_error])
+    case.call_and_validate(base_url=live.server.url, checks=[not_a_server_error], timeout=60)
 
 
 # Last (pytest runs a module's tests in order): a DELETE of experiment 1 would leave the other
 # operations nothing but 404s to reach.
 @schema.include(method="DELETE").parametrize()
 def test_no_deletion_gets_a_server_error(case: schemathesis.Case, live: Service) -> None:
-    case.call_and_validate(base_url=live.server.url, checks=[not_a_server_error])
+    case.call_and_validate(base_url=live.server.url, checks=[not_a_server_error], timeout=60)
