@@ -289,10 +289,10 @@ class SSLSimTrainer(TrainerBase):
 
         convergence (float64): each seed's result equals its solo run's bit for bit on a CPU
         (the steps are elementwise and per-row sums). latent_class (float32): the MLP's
-        batched products call the same GEMM for each seed when each has at least 400
-        multiply-adds (ATen's rule), so the curves equal the solo run's bit for bit at the
-        paper's sizes; a batch of a few samples (a short last batch) goes through ATen's own
-        loop, which sums in another order: float32 rounding there, which training can grow."""
+        batched products sum in another order than the solo run's wherever ATen takes another
+        kernel for them: its own loop below 400 multiply-adds per seed (a short last batch),
+        and on some CPUs a batched GEMM that is not the solo one (an AVX-512 AMD EPYC: 2.2e-7
+        relative after 3 epochs). Float32 rounding, which training can grow."""
         if config.simulation == "convergence":
             return self._convergence_seeds(config, runs)
         return self._latent_class_seeds(config, runs)

@@ -56,8 +56,13 @@ def test_each_seed_of_a_batched_task_equals_its_solo_run(model: str, loss: str,
                                                          stop_gradient: bool) -> None:
     config = TRAINER.Config(model=model, loss=loss, stop_gradient=stop_gradient, **SMALL)
     batched, solo = run_both(TRAINER, config, SEEDS)
+    # Bit for bit where a step is the mse closed form or the embedding model's; the cosine
+    # loss through the teacher-student's per-seed products runs autograd through a batched
+    # GEMM, which on some CPUs is another kernel than the solo run's (an AVX-512 AMD EPYC:
+    # 2.8e-13 relative after 150 steps): float64 rounding then.
+    same_bits = not (model == "teacher_student" and loss == "cosine")
     for got, want in zip(batched, solo, strict=True):
-        assert_same_as_solo(got, want)
+        assert_same_as_solo(got, want, same_bits=same_bits)
         assert got[0].finished and not got[0].diverged
         assert got[1].curve("loss")[-1][0] == 150
     # the seeds differ: equal results would not show that each seed kept its own draws

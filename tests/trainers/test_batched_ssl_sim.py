@@ -22,16 +22,22 @@ SEEDS = [0, 1, 2, 3]
 # Solo runs of seeds 0-3 converge after 164, 160, 158 and 159 steps.
 CONVERGENCE = {"simulation": "convergence", "n_pairs": 50, "dim": 8, "initial_norm": 4.0}
 # Batches of 64 and a last one of 44: every per-seed product of the MLP and the loss has at
-# least 400 multiply-adds, so the batched products call the solo run's GEMM (bit for bit).
+# least 400 multiply-adds, so ATen's batched product calls a GEMM for each seed.
 LATENT = {"simulation": "latent_class", "n_samples": 300, "epochs": 3, "batch_size": 64}
 # Batches of 7 from 16 equally frequent classes: about one batch in five has no two samples
 # of a class (no anchor to pick a positive for, and no draw), and most rows have none.
 LATENT_SPARSE = {"simulation": "latent_class", "n_samples": 70, "epochs": 2, "batch_size": 7,
                  "class_weights": [1.0] * 16}
 # A last batch of 4 samples: its 4 x 4 similarities (160 multiply-adds) go through ATen's
-# own batched loop, which sums in another order than the solo run's GEMM; float32 rounding
-# that training carries on. The documented tolerance of such a run:
-REL_FLOAT32_SMALL_BATCH = 1e-5
+# own batched loop instead.
+LATENT_SHORT_LAST_BATCH = {"simulation": "latent_class", "n_samples": 100, "epochs": 2,
+                           "batch_size": 8, "class_weights": [1.0] * 12}
+# latent_class is float32. A seed of a batched task sums its products in another order than its
+# solo run wherever the batched product takes another kernel than the solo one: ATen's own loop
+# for small products, and on some CPUs the batched GEMM itself (an AVX-512 AMD EPYC: 2.2e-7
+# relative after 3 epochs at LATENT; the machine these tests were first written on gave the
+# same bits). Float32 rounding that training carries on; the documented tolerance:
+REL_FLOAT32 = 1e-5
 
 
 class CancelAfterChecks(MemoryReporter):
@@ -106,22 +112,15 @@ def test_a_cancelled_convergence_seed_stops_where_alone_and_the_others_converge(
     assert all(r.finished for r in results if r is not cancelled and not isinstance(r, Exception))
 
 
-@pytest.mark.parametrize("config", [LATENT, LATENT_SPARSE], ids=["batches_of_64", "sparse"])
-def test_latent_class_seeds_equal_their_solo_runs(config: dict) -> None:
+@pytest.mark.parametrize("config", [LATENT, LATENT_SPARSE, LATENT_SHORT_LAST_BATCH],
+                         ids=["batches_of_64", "sparse", "short_last_batch"])
+def test_latent_class_seeds_equal_their_solo_runs_to_float32_rounding(config: dict) -> None:
     batched, solo = run_both(TRAINER, TRAINER.Config(**config), SEEDS)
     for got, want in zip(batched, solo, strict=True):
-        assert_same_as_solo(got, want)
+        assert_same_as_solo(got, want, rel=REL_FLOAT32, same_bits=False)
         assert [epoch for _, epoch, name, _ in got[1].points if name == "norm_mean"] == list(
             range(config["epochs"] + 1))
     assert len({result.metrics["norm_mean"] for result, _ in batched}) == len(SEEDS)
-
-
-def test_latent_class_seeds_with_a_short_last_batch_agree_to_float32_rounding() -> None:
-    config = TRAINER.Config(simulation="latent_class", n_samples=100, epochs=2, batch_size=8,
-                            class_weights=[1.0] * 12)
-    batched, solo = run_both(TRAINER, config, SEEDS)
-    for got, want in zip(batched, solo, strict=True):
-        assert_same_as_solo(got, want, rel=REL_FLOAT32_SMALL_BATCH, same_bits=False)
 
 
 def test_a_cancelled_latent_class_seed_stops_and_the_others_finish_as_alone() -> None:
@@ -137,7 +136,8 @@ def test_a_cancelled_latent_class_seed_stops_and_the_others_finish_as_alone() ->
         solo_reporter = reporter(index)
         solo = TRAINER.run(config, seed, solo_reporter, threads=1)
         assert not isinstance(result, Exception)
-        assert_same_as_solo((result, seed_reporter), (solo, solo_reporter))
+        assert_same_as_solo((result, seed_reporter), (solo, solo_reporter), rel=REL_FLOAT32,
+                            same_bits=False)
     assert [r.finished for r in results if not isinstance(r, Exception)] == [
         True, False, True, True]
     # it stopped at its second logged point, epoch 1
@@ -149,7 +149,7 @@ def test_source_seeds_reach_each_seed_of_a_batched_latent_class_task() -> None:
     pins = [{"data": 5}, None, {"data": 5, "augment": 8}, {"init": 6}]
     batched, solo = run_both(TRAINER, config, SEEDS, source_seeds=pins)
     for got, want in zip(batched, solo, strict=True):
-        assert_same_as_solo(got, want)
+        assert_same_as_solo(got, want, rel=REL_FLOAT32, same_bits=False)
     results = [result for result, _ in batched]
     # seeds 0 and 2 share their data (class counts), not their init or picks
     assert results[0].diagnostics["class_counts"] == results[2].diagnostics["class_counts"]

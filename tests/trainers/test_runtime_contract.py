@@ -97,8 +97,9 @@ CASES: dict[str, Case] = {
 # relative, in every logged point, final metric and diagnostic: a trainer that runs the seeds
 # one after another must be exact; a batched one reorders the sums of its stacked GEMMs (each
 # trainer's own batching test states the tolerance and why).
+# ssl_sim's case is its float32 latent_class simulation (its float64 convergence one is exact).
 BATCH_TOLERANCE: dict[str, float] = {"collapse": 1e-9, "feedback": 1e-4, "cff": 1e-4,
-                                     "ssl": 0.0, "ssl_sim": 1e-9}
+                                     "ssl": 0.0, "ssl_sim": 1e-5}
 
 
 class CancelAfter(MemoryReporter):
