@@ -507,10 +507,10 @@ class Comparison(ResponseModel):
     within_cell_var_a: float | None = None
     within_cell_var_b: float | None = None
     within_cell_var_ratio: float | None = None
-    # Holm-adjusted p-values (statsmodels multipletests, method "holm") over the comparison's
-    # family: every comparison of its factor (_holm_factor) or of the experiment (_holm_all),
-    # whichever page this is; null when the raw p-value is, or the family is too large to
-    # adjust (the reason is in Stats.multiplicity).
+    # Holm-adjusted p-values (Holm's step-down, as statsmodels' multipletests "holm") over the
+    # comparison's family: every comparison of its factor (_holm_factor) or of the experiment
+    # (_holm_all), whichever page this is; null when the raw p-value is, or the family is too
+    # large to adjust (the reason is in Stats.multiplicity).
     f_test_p_holm_factor: float | None = None
     f_test_p_holm_all: float | None = None
     brown_forsythe_p_holm_factor: float | None = None
