@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing_extensions import TypeAliasType
 
 from api_schemas.adaptive import (
     AdaptiveLook,
@@ -46,6 +47,8 @@ __all__ = [
     "ExportWhat",
     "Health",
     "HealthStatus",
+    "JsonObject",
+    "JsonValue",
     "MetricPoint",
     "NamedComparison",
     "MultiplicityFamily",
@@ -74,6 +77,16 @@ __all__ = [
 ]
 
 GridValue = bool | int | float | str | None
+
+JsonScalar = str | int | float | bool | None
+# A JSON object at any depth (a run's diagnostics, provenance, config). Named, so that its
+# schema refers to itself: an OpenAPI generator types every nested object as one model. Arrays
+# are typed two deep and hold any JSON below that: a generator cannot type an array that
+# contains itself (openapi-python-client refuses a recursive union, and `list[Any]` in a union
+# makes its code fail mypy --strict).
+JsonObject = TypeAliasType("JsonObject", "dict[str, JsonValue]")
+JsonValue = (JsonObject | list[JsonObject | list[JsonObject | JsonScalar | Any] | JsonScalar]
+             | JsonScalar)
 
 # Bounds on a spec, so that a hostile one is a 422 naming the field rather than a load.
 MAX_GRID_AXES = 32
@@ -230,6 +243,16 @@ def json_problems(value: Any, path: str) -> list[str]:
     return sorted(problems)
 
 
+def key_pattern_as_property_names(schema: dict[str, Any]) -> None:
+    """A dict's JSON schema with its key pattern under propertyNames and its value schema under
+    additionalProperties. pydantic writes a dict whose keys have a pattern as patternProperties,
+    which says nothing of the keys that do not match it and which OpenAPI generators ignore (a
+    generated client then types the values as Any)."""
+    ((pattern, values),) = schema.pop("patternProperties").items()
+    schema["additionalProperties"] = values
+    schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
+
+
 class ExperimentSpec(BaseModel):
     """What a user submits: a trainer, a base config, a grid of conditions and seeds."""
 
@@ -245,7 +268,8 @@ class ExperimentSpec(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     # Config field -> levels; the cartesian product of the levels gives the conditions.
     grid: dict[GridKey, Annotated[list[GridLevel], Field(max_length=MAX_GRID_LEVELS)]] = Field(
-        default_factory=dict, max_length=MAX_GRID_AXES
+        default_factory=dict, max_length=MAX_GRID_AXES,
+        json_schema_extra=key_pattern_as_property_names,
     )
     # n means seeds 0..n-1; a list gives the seeds explicitly.
     seeds: int | list[int] = 3
@@ -411,8 +435,11 @@ class RunOut(ResponseModel):
     seed: int
     status: RunStatus
     attempts: int
-    metrics: dict[str, Any]
-    diagnostics: dict[str, Any]
+    # The final metrics: null for one that was not finite (JSON has no NaN or Infinity) or not
+    # a number.
+    metrics: dict[str, float | None]
+    # The trainer's summary of the run (GET /trainers lists each trainer's), as nested JSON.
+    diagnostics: dict[str, JsonValue]
     warnings: list[DiagnosticWarning]
     error: str | None
     started_at: datetime | None
@@ -422,9 +449,9 @@ class RunOut(ResponseModel):
 
 
 class RunDetail(RunOut):
-    config: dict[str, Any]
+    config: dict[str, JsonValue]
     # seedgrid and torch versions, device, Ray node, worker pid, run time.
-    provenance: dict[str, Any]
+    provenance: dict[str, JsonValue]
     attempt_history: list[dict[str, Any]]
 
 
@@ -618,7 +645,8 @@ class TrainerInfo(ResponseModel):
     name: str
     description: str
     paper: str
-    config_schema: dict[str, Any]
+    # The JSON schema of the trainer's config model.
+    config_schema: dict[str, JsonValue]
     metrics: list[str]
     diagnostics: list[str]
     primary_metric: str

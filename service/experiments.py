@@ -34,6 +34,7 @@ from service.db import Experiment, Run, RunAttempt
 from service.run_store import RunStore, experiment_counts
 from service.settings import Settings
 from service.sources import config_condition, experiment_grid
+from service.stats import metric_value
 from trainers import REGISTRY, Trainer
 
 # Any fixed 64-bit number: the PostgreSQL advisory lock submissions take to count the queue.
@@ -556,7 +557,8 @@ def run_out(run: Run) -> RunOut:
         seed=run.seed,
         status=run.status,
         attempts=run.attempts,
-        metrics=run.metrics,
+        # as the statistics read them: what is stored and is not a number is null
+        metrics={name: metric_value(run.metrics, name) for name in run.metrics},
         diagnostics=run.diagnostics,
         warnings=run.warnings,
         error=run.error,

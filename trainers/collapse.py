@@ -43,10 +43,17 @@ class CollapseConfig(TrainerConfig):
     frustration_spread: Literal["all", "others"] = Field("all", description=(
         "all: frustrated samples are uniform over all K labels (lambda_r = 1 - r); others: "
         "uniform over the K - 1 other labels (lambda_r = 1 - rK/(K-1))"))
-    loss: Literal["mse", "cosine"] = "mse"
-    n_samples: int = Field(400, ge=2, le=1_000_000)
-    n_classes: int = Field(4, ge=2, le=10_000)
-    dim: int = Field(8, ge=1, le=100_000)
+    loss: Literal["mse", "cosine"] = Field("mse", description=(
+        "mse: L = (1/2N) sum_i sum_c p_ic ||x_i - y_c||^2, trained by its closed-form "
+        "gradients; cosine: L = (1/N) sum_i sum_c p_ic (1 - cos(x_i, y_c)), by autograd (it "
+        "ignores norms, so accuracy takes the nearest label by angle)"))
+    n_samples: int = Field(400, ge=2, le=1_000_000, description=(
+        "N: samples, sample i of nominal class i mod n_classes (balanced classes); at least "
+        "n_classes"))
+    n_classes: int = Field(4, ge=2, le=10_000, description=(
+        "K: classes, each with a learned label embedding y_c"))
+    dim: int = Field(8, ge=1, le=100_000, description=(
+        "d: dimension of the sample and label embeddings (the head W is d x d)"))
     input_dim: int = Field(32, ge=1, le=100_000, description=(
         "Teacher-student model: inputs u_i = mu_c(i) + input_noise * xi_i in input_dim "
         "dimensions, teacher class means mu_c ~ N(0, I/input_dim) (unit norm on average) and "
@@ -62,8 +69,11 @@ class CollapseConfig(TrainerConfig):
         "times (K+1)/r)"))
     log_every: int | None = Field(None, ge=1, description=(
         "Steps between logged points; None: about 200 logged points per run"))
-    init_x_scale: float = Field(1.0, ge=0.0)
-    init_y_scale: float = Field(3.0, ge=0.0)
+    init_x_scale: float = Field(1.0, ge=0.0, description=(
+        "Standard deviation of the initial sample embeddings x_i ~ N(0, s^2 I) (teacher_student: "
+        "of the entries of the initial map A); the head W starts at the identity"))
+    init_y_scale: float = Field(3.0, ge=0.0, description=(
+        "Standard deviation of the initial label embeddings y_c ~ N(0, s^2 I)"))
 
     @model_validator(mode="after")
     def _sizes(self) -> CollapseConfig:

@@ -48,7 +48,10 @@ MAX_SIM_CLASSES = 16
 
 
 class SSLSimConfig(TrainerConfig):
-    simulation: Literal["convergence", "latent_class"] = "convergence"
+    simulation: Literal["convergence", "latent_class"] = Field("convergence", description=(
+        "convergence: SGD steps until n_pairs pairs of free embeddings at norm initial_norm "
+        "align under a cosine loss; latent_class: per-class embedding norms of an MLP trained "
+        "by supervised InfoNCE on latent classes of frequencies class_weights"))
     initial_norm: float = Field(1.0, gt=0.0, le=1000.0, description=(
         "convergence: initial norm rho of every embedding"))
     n_pairs: int = Field(500, ge=1, le=1_000_000, description="convergence: pairs")
@@ -56,14 +59,20 @@ class SSLSimConfig(TrainerConfig):
     lr: float | None = Field(None, gt=0.0, le=1000.0, description=(
         "SGD learning rate; None: 10 (convergence), 0.01 (latent_class)"))
     tolerance: float = Field(1e-3, gt=0.0, lt=1.0, description="convergence: tolerance")
-    max_steps: int = Field(200_000, ge=1, le=10_000_000)
-    grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0)
+    max_steps: int = Field(200_000, ge=1, le=10_000_000, description=(
+        "convergence: the most steps; a run that has not reached the tolerance by then ends "
+        "with steps_to_converge = max_steps and the diagnostic converged false"))
+    grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0, description=(
+        "convergence: GradScale power p, the embeddings' gradient multiplied by ||z||^p (0 = "
+        "off; 2 makes the angular step independent of the norm)"))
     class_weights: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0],
                                        description="latent_class: relative class frequencies")
     n_samples: int = Field(2000, ge=10, le=1_000_000, description="latent_class: samples")
     class_spread: float = Field(1.0, ge=0.0, le=100.0, description=(
         "latent_class: latent spread"))
-    input_scale: float = Field(10.0, gt=0.0, le=1000.0)
+    input_scale: float = Field(10.0, gt=0.0, le=1000.0, description=(
+        "latent_class: standard deviation of the entries of the 64 x 10 map A that observes "
+        "the latent points as x = A u"))
     epochs: int = Field(100, ge=1, le=100_000, description="latent_class: epochs")
     batch_size: int = Field(128, ge=2, le=65_536, description="latent_class: batch size")
 

@@ -5,11 +5,13 @@ Every test here runs twice: on a SQLite file and on a fresh database of the loca
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,6 +43,11 @@ def spec(**overrides):
     }
     base.update(overrides)
     return base
+
+
+def stored_json(value: Any) -> Any:
+    """A JSON column as read: PostgreSQL's driver parses it, SQLite's returns the text."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def table_counts(service: Service) -> tuple[int, ...]:
@@ -116,6 +123,21 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
     listed = service.client.get("/experiments", params={"limit": 1}).json()
     assert [e["id"] for e in listed] == [again["id"]]
     assert service.client.get("/experiments", params={"status": "completed"}).json()
+
+    # The final metrics and diagnostics are served as stored, each number of its JSON type (the
+    # schema types them: numbers or null, nested JSON); a stored metric that is not a number
+    # is served as null, as the statistics read it.
+    stored = {run_id: (stored_json(metrics), stored_json(diagnostics)) for run_id, metrics,
+              diagnostics in service.sql("SELECT id, metrics, diagnostics FROM run WHERE "
+                                         "experiment_id = :e", e=created["id"])}
+    served = {r["id"]: (r["metrics"], r["diagnostics"]) for r in runs}
+    assert json.dumps(served, sort_keys=True) == json.dumps(
+        {run_id: stored[run_id] for run_id in served}, sort_keys=True)
+    service.sql("UPDATE run SET metrics = '{\"min_l2\": 0.5, \"count\": 3, \"note\": \"x\", "
+                "\"flag\": true}' WHERE id = :id", id=run_id)
+    response = service.client.get(f"/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    assert response.json()["metrics"] == {"min_l2": 0.5, "count": 3.0, "note": None, "flag": None}
 
 
 @pytest.mark.parametrize(

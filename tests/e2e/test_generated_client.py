@@ -5,7 +5,9 @@ it, and the script submits a collapse experiment, waits for it and reads its sta
 What this holds the schema to: operation ids that name the action (the generated functions are
 `submit_experiment`, `get_stats`), error responses declared with their models (a 404 comes back
 as a typed ErrorDetail, not None), response fields typed as what they are (no `Unset` in a
-response model: the script reads `stats.conditions[0].runs[0].seed` as an int under --strict).
+response model: the script reads `stats.conditions[0].runs[0].seed` as an int under --strict),
+and no field typed as a dict of Any where the API knows more (a run's metrics are `float | None`,
+a grid's levels JSON scalars, its diagnostics nested JSON).
 
 On SQLite only: the schema and the client do not depend on the database, and generating and
 type-checking take most of this test's time.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +36,15 @@ USE_CLIENT = '''
 from __future__ import annotations
 
 import time
+from typing import assert_type
 
 from seedgrid_generated import Client
-from seedgrid_generated.api.experiments import get_experiment, get_stats, submit_experiment
+from seedgrid_generated.api.experiments import (
+    get_experiment,
+    get_stats,
+    list_runs,
+    submit_experiment,
+)
 from seedgrid_generated.api.system import get_health
 from seedgrid_generated.models import (
     ErrorDetail,
@@ -51,8 +60,10 @@ from seedgrid_generated.models import (
 )
 
 
-def submit_wait_stats(base_url: str) -> tuple[int, list[tuple[str, int, int, float]]]:
-    """The experiment's id and, per condition key, each run id, seed and value /stats serves."""
+def submit_wait_stats(base_url: str) -> tuple[int, list[tuple[str, int, int, float]],
+                                              dict[int, float | None]]:
+    """The experiment's id; per condition key, each run id, seed and value /stats serves; and
+    per run id, the final min_l2 its run serves."""
     client = Client(base_url=base_url, timeout=None)
     health = get_health.sync(client=client)
     assert isinstance(health, Health) and health.status is HealthStatus.OK, health
@@ -80,8 +91,13 @@ def submit_wait_stats(base_url: str) -> tuple[int, list[tuple[str, int, int, flo
 
     stats = get_stats.sync(client=client, experiment_id=experiment_id)
     assert isinstance(stats, Stats), stats
+
+    runs = list_runs.sync(client=client, experiment_id=experiment_id)
+    assert isinstance(runs, list), runs
+    final = {run.id: run.metrics["min_l2"] for run in runs}
+    assert_type(final, dict[int, float | None])  # mypy --strict fails it if a metric is Any
     return experiment_id, [(condition.condition_key, run.run_id, run.seed, run.value)
-                           for condition in stats.conditions for run in condition.runs]
+                           for condition in stats.conditions for run in condition.runs], final
 '''
 
 
@@ -105,6 +121,21 @@ def test_a_generated_client_type_checks_and_reads_stats(
     assert functions == operation_ids
     assert {"submit_experiment", "get_stats", "list_runs", "get_health"} <= functions
 
+    def value_type(model: str) -> str:
+        """The value type of a generated dict model (its additional_properties)."""
+        source = (tmp_path / PACKAGE / "models" / f"{model}.py").read_text()
+        found = re.search(r"additional_properties: dict\[str, (.+)\] = ", source)
+        assert found, source
+        return found.group(1)
+
+    assert value_type("run_out_metrics") == "float | None"
+    assert value_type("experiment_spec_grid") == "list[bool | float | int | None | str]"
+    # nested JSON: an object is the recursive JsonObject model, a list of lists still typed
+    diagnostics = value_type("run_out_diagnostics")
+    assert diagnostics == value_type("json_object") == value_type("run_detail_provenance")
+    assert diagnostics.startswith("bool | float | int | JsonObject | list[bool | float | int | "
+                                  "JsonObject | list["), diagnostics
+
     (tmp_path / "use_client.py").write_text(USE_CLIENT)
     checked = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
@@ -114,7 +145,7 @@ def test_a_generated_client_type_checks_and_reads_stats(
 
     monkeypatch.syspath_prepend(str(tmp_path))
     use_client = importlib.import_module("use_client")
-    experiment_id, runs = use_client.submit_wait_stats(service.server.url)
+    experiment_id, runs, final = use_client.submit_wait_stats(service.server.url)
 
     # The values /stats serves, each beside the run and seed the database holds for it.
     stored = {(key, run_id, seed, metrics["min_l2"]) for run_id, key, seed, metrics in (
@@ -122,6 +153,7 @@ def test_a_generated_client_type_checks_and_reads_stats(
         for row in service.sql("SELECT id, condition_key, seed, metrics FROM run "
                                "WHERE experiment_id = :e", e=experiment_id))}
     assert len(runs) == 4 and set(runs) == stored
+    assert final == {run_id: value for _, run_id, _, value in stored}
     served = service.client.get(f"/experiments/{experiment_id}/stats").json()
     for condition in served["conditions"]:
         assert condition["values"] == [run["value"] for run in condition["runs"]]

@@ -15,9 +15,9 @@ from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 
 class ToyConfig(TrainerConfig):
-    steps: int = Field(100, ge=1, le=10**10)  # gradient steps
-    lr: float = Field(0.1, gt=0)  # step size; above 1 the run diverges
-    log_every: int = Field(10, ge=1)  # steps between logged points
+    steps: int = Field(100, ge=1, le=10**10, description="Gradient steps")
+    lr: float = Field(0.1, gt=0, description="Step size; above 1 the run diverges")
+    log_every: int = Field(10, ge=1, description="Steps between logged points")
 
 
 class ToyTrainer(TrainerBase):

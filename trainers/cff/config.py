@@ -27,7 +27,9 @@ class CFFConfig(DataConfig):
     margin_start: float = Field(0.4, ge=0.0, le=2.0, description="The margin of layer 0")
     margin_end: float | None = Field(None, ge=0.0, le=2.0, description=(
         "The margin of the last layer; None means margin_start / 4"))
-    temperature: float = Field(0.15, gt=0.0, le=10.0)
+    temperature: float = Field(0.15, gt=0.0, le=10.0, description=(
+        "tau of every layer's contrastive loss: the logits are the (margined) cosine "
+        "similarities divided by tau"))
     width: int = Field(128, ge=4, le=4096, description="ViT: embedding width E")
     depth: int = Field(5, ge=1, le=MAX_DEPTH, description="ViT: layers L")
     heads: int = Field(4, ge=1, le=64, description="ViT: attention heads")
@@ -39,9 +41,12 @@ class CFFConfig(DataConfig):
         "Stage 2 (head) epochs; 0 leaves the head untrained (for throughput benchmarks only)"))
     batch_size: int = Field(512, ge=2, le=65_536, description=(
         "Images per batch; each gives two views, so 2 * batch_size anchors"))
-    lr: float = Field(4e-3, gt=0.0, le=10.0)
-    head_lr: float = Field(5e-4, gt=0.0, le=10.0)
-    weight_decay: float = Field(0.01, ge=0.0, le=10.0)
+    lr: float = Field(4e-3, gt=0.0, le=10.0, description=(
+        "Stage 1: learning rate of each layer's own AdamW, constant (no schedule)"))
+    head_lr: float = Field(5e-4, gt=0.0, le=10.0, description=(
+        "Stage 2: learning rate of the head's AdamW, constant"))
+    weight_decay: float = Field(0.01, ge=0.0, le=10.0, description=(
+        "AdamW's decoupled weight decay, for the layers (stage 1) and the head (stage 2)"))
     select_by_validation: bool = Field(True, description=(
         "Keep the encoder with the best last-layer validation loss and the head with the best "
         "validation cross-entropy (CFF); false keeps the last (needs no validation split)"))

@@ -45,12 +45,18 @@ class FeedbackConfig(DataConfig):
     frozen_blocks: bool = Field(False, description=(
         "Frozen-block baseline: residual blocks (all but their LayerNorms) stay at random init; "
         "embedding, LayerNorms and head are trained by BP for the same epochs"))
-    epochs: int = Field(100, ge=1, le=100_000)
-    batch_size: int = Field(128, ge=2, le=65_536)
+    epochs: int = Field(100, ge=1, le=100_000, description=(
+        "Training epochs, each audited and logged after it ends (epoch 0 is the "
+        "initialisation); paper: 100, 30 in the penalty sweep"))
+    batch_size: int = Field(128, ge=2, le=65_536, description=(
+        "Training samples per optimisation step (not published; seedgrid default 128)"))
     optimizer: Literal["adam", "sgd"] = Field("adam", description=(
         "Optimizer (not published; seedgrid default Adam lr 1e-3, no weight decay)"))
-    lr: float = Field(1e-3, gt=0.0, le=10.0)
-    weight_decay: float = Field(0.0, ge=0.0, le=10.0)
+    lr: float = Field(1e-3, gt=0.0, le=10.0, description=(
+        "Learning rate of the optimizer, constant (not published; seedgrid default 1e-3)"))
+    weight_decay: float = Field(0.0, ge=0.0, le=10.0, description=(
+        "The optimizer's L2 weight decay on every trained parameter (not published; seedgrid "
+        "default 0)"))
     fa_top_credit: Literal["through_norm", "direct"] = Field("through_norm", description=(
         "FA: the top credit a_L is e_T B_top passed back through the terminal LayerNorm's "
         "Jacobian (through_norm: the head's weight replaced by B_top, Lillicrap style) or "
@@ -62,9 +68,12 @@ class FeedbackConfig(DataConfig):
         "is stored either way (they are redrawn from the seed's init generator)"))
     vit_credit_tokens: Literal["all", "cls"] = Field("all", description=(
         "ViT-Mini: which tokens receive the per-sample FA/DFA credit (BP's is per token)"))
-    heads: int = Field(4, ge=1, le=64)
-    patch: int = Field(4, ge=1, le=64)
-    mlp_ratio: int = Field(2, ge=1, le=16)
+    heads: int = Field(4, ge=1, le=64, description=(
+        "vit_mini: attention heads of each block (must divide width)"))
+    patch: int = Field(4, ge=1, le=64, description=(
+        "vit_mini: patch side in pixels (must divide the image side)"))
+    mlp_ratio: int = Field(2, ge=1, le=16, description=(
+        "vit_mini: the blocks' MLP hidden width is mlp_ratio * width"))
     eval_batch_size: int = Field(256, ge=2, le=65_536, description=(
         "Protocol diagnostics: a fixed evaluation batch (the first eval_batch_size test "
         "samples, the same for every seed and epoch)"))

@@ -20,7 +20,11 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 class SSLConfig(DataConfig):
-    method: Method = "simclr"
+    method: Method = Field("simclr", description=(
+        "simclr: decoupled NT-Xent between the two views' projections; simsiam: symmetric "
+        "negative cosine of each view's prediction against the other's stop-gradient "
+        "projection; byol: the same against an EMA target network's projection (byol_tau). "
+        "Sets the defaults of lr, weight_decay, temperature and proj_dim"))
     cut: float = Field(1.0, ge=1.0, le=1000.0, description=(
         "Cut-initialisation: every parameter divided by cut at the start (1 = off; paper: 3)"))
     grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0, description=(
@@ -28,24 +32,31 @@ class SSLConfig(DataConfig):
         "paper: 1)"))
     weight_decay: float | None = Field(None, ge=0.0, le=1.0, description=(
         "None: the method's default (SimCLR 1e-6, SimSiam/BYOL 5e-4)"))
-    optimizer: Literal["sgd", "adam"] = "sgd"
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description=(
+        "sgd: momentum 0.9, Nesterov for SimSiam and BYOL (the official configs); adam: torch's "
+        "Adam with the same lr and weight_decay"))
     lr: float | None = Field(None, gt=0.0, le=100.0, description=(
         "Peak learning rate; None: the method's default (SimCLR 0.6, SimSiam/BYOL 0.2)"))
     lr_schedule: Literal["nominal", "squared"] = Field("nominal", description=(
         "nominal: warm-up to lr, cosine to lr * 1e-3 (the intended schedule); squared: peak "
         "lr^2 and floor lr * 1e-3, the schedule the official code runs by accident (quirk 1)"))
-    warmup_epochs: int = Field(10, ge=0, le=100_000)
+    warmup_epochs: int = Field(10, ge=0, le=100_000, description=(
+        "Epochs of linear warm-up to the peak lr before the cosine decay (0: none)"))
     temperature: float | None = Field(None, gt=0.0, le=100.0, description=(
         "None: SimCLR 0.5, SimSiam/BYOL 1.0"))
-    epochs: int = Field(512, ge=1, le=100_000)
-    batch_size: int = Field(512, ge=2, le=65_536)
+    epochs: int = Field(512, ge=1, le=100_000, description=(
+        "Training epochs; the lr schedule spans them all"))
+    batch_size: int = Field(512, ge=2, le=65_536, description=(
+        "Images per step, two views of each"))
     backbone: Literal["resnet_small", "resnet18"] = Field("resnet18", description=(
         "resnet18: the paper's CIFAR ResNet-18 (3x3 stem, no max-pool, zero-init residuals); "
         "resnet_small: the same design with widths 16/32/64, one block per stage, for CPUs"))
     proj_dim: int | None = Field(None, ge=2, le=16_384, description=(
         "Projector width (None: SimCLR 128, SimSiam/BYOL 2048)"))
     pred_hidden: int = Field(512, ge=2, le=16_384, description="SimSiam/BYOL predictor hidden")
-    byol_tau: float = Field(0.99, ge=0.0, lt=1.0)
+    byol_tau: float = Field(0.99, ge=0.0, lt=1.0, description=(
+        "BYOL: after every step the target network becomes tau * target + (1 - tau) * online "
+        "(ignored by SimCLR and SimSiam)"))
     view_strength: float = Field(0.5, ge=0.0, le=1.0, description=(
         "SimCLR view augmentation strength (0.5: the paper's jitter 0.4/0.4/0.4/0.1), for the "
         "training views and the per-epoch kNN bank alike"))
