@@ -466,7 +466,8 @@ def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
 
 
 def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
-    """Queued runs become cancelled now; running ones are flagged for the dispatcher to cancel.
+    """Queued runs become cancelled now; pending and running ones are flagged for the
+    dispatcher to cancel.
 
     One rule: only an experiment that is queued or running can be cancelled. One that ended
     (completed, partial, failed) or was cancelled already is a Conflict (409), so a client can tell
@@ -487,17 +488,17 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
 
 def delete_experiment(*, session: Session, experiment_id: int) -> None:
     """Delete an ended experiment with its runs, attempts, metric points and statistics. One
-    with a run queued or running is a Conflict (409): its dispatcher would write rows for runs
-    that no longer exist; cancel it first."""
+    with a run queued, pending or running is a Conflict (409): its dispatcher would write rows
+    for runs that no longer exist; cancel it first."""
     experiment = get_experiment(session=session, experiment_id=experiment_id)
     store = RunStore(session)
     store.lock_experiments([experiment_id])
     session.refresh(experiment)
-    active = experiment.runs_queued + experiment.runs_running
+    active = experiment.runs_queued + experiment.runs_pending + experiment.runs_running
     if active or experiment.status in {ExperimentStatus.queued, ExperimentStatus.running}:
-        raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued "
-                       f"or running): cancel it (POST /experiments/{experiment_id}/cancel) and "
-                       "delete it once its runs have ended")
+        raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued, "
+                       f"pending or running): cancel it (POST /experiments/{experiment_id}/cancel) "
+                       "and delete it once its runs have ended")
     store.delete_experiment(experiment_id)
     store.commit()
 

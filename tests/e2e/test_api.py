@@ -171,16 +171,31 @@ def test_trainers_and_health(service: Service) -> None:
 
 def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(service: Service) -> None:
     created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={}, seeds=6))
+    # All six are handed to Ray at once; its 2 CPUs run two, and the other four wait there as
+    # pending: `running` never counts more runs than the cluster runs.
     deadline = time.monotonic() + 60
-    while service.client.get(f"/experiments/{created['id']}").json()["counts"]["running"] == 0:
-        assert time.monotonic() < deadline
+    while (counts := service.client.get(f"/experiments/{created['id']}").json()["counts"]
+           )["running"] < 2:
+        assert counts["running"] + counts["pending"] + counts["queued"] == 6, counts
+        assert time.monotonic() < deadline, counts
         time.sleep(0.1)
+    assert (counts["running"], counts["pending"]) == (2, 4), counts
+    runs = service.runs(created["id"])
+    assert sorted(r["status"] for r in runs) == ["pending"] * 4 + ["running"] * 2
+    assert all((r["started_at"] is not None) == (r["status"] == "running") for r in runs)
+    time.sleep(1.0)
+    counts = service.client.get(f"/experiments/{created['id']}").json()["counts"]
+    assert (counts["running"], counts["pending"]) == (2, 4), counts
     response = service.client.post(f"/experiments/{created['id']}/cancel")
     assert response.status_code == 202
     detail = service.wait(created["id"], timeout_s=60)
     assert detail["status"] == "cancelled"
     assert detail["counts"]["cancelled"] == 6
-    assert detail["counts"]["queued"] == detail["counts"]["running"] == 0
+    assert detail["counts"]["queued"] == detail["counts"]["pending"] == 0
+    assert detail["counts"]["running"] == 0
+    # a pending run's task left Ray's queue before a worker started it
+    errors = sorted(r["error"] for r in service.runs(created["id"]))
+    assert errors == ["cancelled before start"] * 4 + ["cancelled while running"] * 2
     # one rule: cancelling what is cancelled already changes nothing and says so
     again = service.client.post(f"/experiments/{created['id']}/cancel")
     assert again.status_code == 409 and "cancelled already" in again.json()["detail"]
@@ -287,7 +302,7 @@ def test_trainer_exception_makes_the_run_failed_with_its_message(service: Servic
 
 def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> None:
     """What a dispatcher that died leaves: of three runs, one completed, one a worker was
-    running (its attempt has the worker's pid and half a curve) and one still waiting in Ray's
+    running (its attempt has the worker's pid and half a curve) and one still pending in Ray's
     queue (no worker reported it). The next one re-queues the last two, charging only the
     attempt a worker had started, drops the half curve, and leaves the completed run alone.
     (tests/e2e/test_crash_soak.py kills real `seedgrid serve` processes.)"""
@@ -297,15 +312,15 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
     done, started, waiting = sorted(r["id"] for r in first.runs(created["id"]))
     first.server.stop()
     (finished_at,) = first.sql("SELECT finished_at FROM run WHERE id = :id", id=done)[0]
-    for run_id, pid in ((started, 4242), (waiting, None)):
-        first.sql("UPDATE run SET status = 'running', metrics = '{}', finished_at = NULL, "
-                  "worker_pid = :pid WHERE id = :id", id=run_id, pid=pid)
+    for run_id, status, pid in ((started, "running", 4242), (waiting, "pending", None)):
+        first.sql("UPDATE run SET status = :status, metrics = '{}', finished_at = NULL, "
+                  "worker_pid = :pid WHERE id = :id", id=run_id, status=status, pid=pid)
         first.sql("DELETE FROM metricpoint WHERE run_id = :id AND step > 100", id=run_id)
         first.sql("UPDATE runattempt SET outcome = NULL, finished_at = NULL, worker_pid = :pid "
                   "WHERE run_id = :id", id=run_id, pid=pid)
-    # as the runs store keeps them: one run completed, two running
+    # as the runs store keeps them: one run completed, one running, one pending
     first.sql("UPDATE experiment SET status = 'running', finished_at = NULL, "
-              "runs_completed = 1, runs_running = 2")
+              "runs_completed = 1, runs_running = 1, runs_pending = 1")
 
     second = start_service("restart.db")
     assert second.wait(created["id"])["status"] == "completed"
