@@ -591,18 +591,22 @@ def list_runs(
     return [run_out(r) for r in runs]
 
 
-def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any]
-               ) -> dict[str, Any]:
-    """A run's full config: the experiment's base config with the run's condition, defaults
-    filled in; as stored when the trainer no longer accepts it (a retired field, say)."""
-    merged = {**base, **config_condition(condition)}
+def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any],
+               ran: Any = None) -> dict[str, Any]:
+    """A run's full config, every field with the value a run of it uses (defaults filled in,
+    and the null ones resolved by the trainer's `resolve_config`, the function its training
+    runs with): the config its worker recorded running with (`ran`, from the provenance),
+    else the experiment's base config with the run's condition; as stored when the trainer no
+    longer accepts it (a retired field, say)."""
+    merged = ran if isinstance(ran, dict) and ran else {**base, **config_condition(condition)}
     trainer = REGISTRY.get(trainer_name)
     if trainer is None:
         return merged
     try:
-        return trainer.Config.model_validate(merged).model_dump(mode="json")
+        config = trainer.Config.model_validate(merged)
     except pydantic.ValidationError:
         return merged
+    return trainer.resolve_config(config).model_dump(mode="json")
 
 
 def run_detail(*, session: Session, run_id: int) -> RunDetail:
@@ -621,7 +625,8 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
     }
     return RunDetail(
         **run_out(run).model_dump(),
-        config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition),
+        config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition,
+                          run.provenance.get("config")),
         provenance=provenance,
         attempt_history=[
             a.model_dump(mode="json", exclude={"id", "run_id"}) for a in attempts

@@ -105,6 +105,11 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
     assert one["provenance"]["torch_version"] and one["provenance"]["device"] == "cpu"
     assert one["provenance"]["ray_node_id"] and one["provenance"]["worker_pid"] > 0
     assert one["config"]["n_samples"] == 200 and one["attempt_history"][0]["outcome"] == "completed"
+    # the null defaults show the values the run used (lr for stop_gradient false; a logged
+    # point every 2 steps, as the curve above has), as the worker recorded them
+    assert (one["condition"], one["config"]["lr"], one["config"]["log_every"]) == (
+        {"stop_gradient": False}, 0.5, 2)
+    assert one["config"] == one["provenance"]["config"]
 
     # The same config and seed, run again through the whole system, give identical metrics.
     again = service.submit(spec(name="again"))
@@ -225,10 +230,14 @@ def running_attempt(service: Service, run_id: int) -> tuple[int, int] | None:
 
 def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> None:
     # ~2 s in a Ray worker: its pid is reported within ~0.3 s, so the kill lands mid-run.
+    # (20,000 steps: the trainer's default with stop_gradient, left null in the spec)
     created = service.submit(
-        spec(config={"steps": 20_000, "stop_gradient": True}, grid={}, seeds=1, max_retries=2)
+        spec(config={"stop_gradient": True}, grid={}, seeds=1, max_retries=2)
     )
     (run,) = service.runs(created["id"])
+    # before a worker ran it, the config shows what it will run with
+    before = service.client.get(f"/runs/{run['id']}").json()
+    assert before["config"]["steps"] == 20_000 and before["config"]["lr"] == 0.2
     deadline = time.monotonic() + 60
     while (current := running_attempt(service, run["id"])) is None:
         assert time.monotonic() < deadline, "the run never reported its worker"
@@ -259,6 +268,8 @@ def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> Non
         for p in service.client.get(f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()
     ]
     assert steps == sorted(set(steps))
+    # its config shows the steps it ran, which the spec left to the trainer
+    assert steps[-1] == final["config"]["steps"] == final["provenance"]["config"]["steps"] == 20_000
 
 
 def test_non_finite_loss_makes_the_run_diverged_with_last_finite_metrics(service: Service) -> None:
