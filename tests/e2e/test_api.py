@@ -175,7 +175,9 @@ def test_trainers_and_health(service: Service) -> None:
 
 
 def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(service: Service) -> None:
-    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={}, seeds=6))
+    # One seed per task (collapse batches 8 by default): six tasks for Ray's 2 CPUs.
+    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={}, seeds=6,
+                                  resources={"seeds_per_task": 1}))
     # All six are handed to Ray at once; its 2 CPUs run two, and the other four wait there as
     # pending: `running` never counts more runs than the cluster runs.
     deadline = time.monotonic() + 60
