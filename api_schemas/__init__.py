@@ -120,7 +120,10 @@ SOURCE_LEVELS = ("init", "data", "augment", "all", "none")
 
 class RunStatus(StrEnum):
     queued = "queued"
-    running = "running"
+    # Handed to Ray, waiting for a worker: its attempt is claimed (and charged), but no worker
+    # has started it yet (Ray queues tasks beyond the cluster's free CPUs and GPUs).
+    pending = "pending"
+    running = "running"  # a worker reported starting it
     completed = "completed"
     failed = "failed"
     diverged = "diverged"
@@ -379,6 +382,7 @@ class ExperimentCreated(ResponseModel):
 
 class ExperimentCounts(ResponseModel):
     queued: int = 0
+    pending: int = 0
     running: int = 0
     completed: int = 0
     failed: int = 0

@@ -46,6 +46,8 @@ console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ e
 err = Console(stderr=True)
 
 ENDED = {"completed", "partial", "failed", "cancelled"}
+# Run statuses of a run not ended yet: waiting in the queue, handed to Ray, started by a worker.
+ACTIVE = ("queued", "pending", "running")
 # Run statuses that mean something went wrong: `submit --wait`, `run` and `watch` exit 1.
 TROUBLE = ("failed", "diverged")
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
@@ -223,7 +225,7 @@ def _pages(client: httpx.Client, path: str, params: dict[str, Any] | None = None
 
 def _ended(detail: dict[str, Any]) -> bool:
     c = detail["counts"]
-    return detail["status"] in ENDED and c["queued"] == 0 and c["running"] == 0
+    return detail["status"] in ENDED and not any(c[s] for s in ACTIVE)
 
 
 # Per-condition progress is shown up to this many conditions (and runs, read each poll).
@@ -269,7 +271,7 @@ def _follow(client: httpx.Client, experiment_id: int, poll_s: float) -> dict[str
         conditions: dict[str, Any] = {}
         while True:
             c = detail["counts"]
-            done = sum(v for k, v in c.items() if k not in ("queued", "running"))
+            done = sum(v for k, v in c.items() if k not in ACTIVE)
             # an adaptive experiment's total grows with each round
             progress.update(overall, total=detail["n_runs"], completed=done,
                             counts=escape(_counts(c)))
@@ -280,7 +282,7 @@ def _follow(client: httpx.Client, experiment_id: int, poll_s: float) -> dict[str
                 for key, statuses in by_condition.items():
                     if key not in conditions:
                         conditions[key] = progress.add_task(f"  {escape(_spaced(key))}", counts="")
-                    ended = sum(n for s, n in statuses.items() if s not in ("queued", "running"))
+                    ended = sum(n for s, n in statuses.items() if s not in ACTIVE)
                     progress.update(conditions[key], total=sum(statuses.values()),
                                     completed=ended, counts=escape(_counts(statuses)))
             if _ended(detail):
@@ -848,7 +850,7 @@ def list_experiments(
         return
     columns = ("id", "name", "trainer", "status", "done", "created", "finished")
     rows = [[str(e["id"]), e["name"], e["trainer"], e["status"],
-             f"{sum(v for k, v in e['counts'].items() if k not in ('queued', 'running'))}"
+             f"{sum(v for k, v in e['counts'].items() if k not in ACTIVE)}"
              f"/{e['n_runs']}", _when(e["created_at"]), _when(e["finished_at"])]
             for e in experiments]
     if mode == "csv":
@@ -869,8 +871,8 @@ def runs(
     experiment_id: int,
     url: UrlOpt = None,
     status: Annotated[str | None, typer.Option(
-        help="only runs in this status (queued, running, completed, failed, diverged, "
-             "cancelled, stopped)")] = None,
+        help="only runs in this status (queued, pending, running, completed, failed, "
+             "diverged, cancelled, stopped)")] = None,
     metric: Annotated[str | None, typer.Option(
         help="the final metric shown [default: the experiment's]")] = None,
     as_json: JsonOpt = False,
@@ -940,20 +942,21 @@ def watch_command(
 
 @app.command()
 def cancel(experiment_id: int, url: UrlOpt = None) -> None:
-    """Cancel an experiment: its queued runs at once, its running ones as soon as Ray stops
-    them."""
+    """Cancel an experiment: its queued runs at once, its pending and running ones as soon as
+    Ray drops or stops them."""
     with _client(url, 60) as client:
         d = _request(client, "POST", f"/experiments/{experiment_id}/cancel")
-    running = d["counts"]["running"]
+    stopping = d["counts"]["pending"] + d["counts"]["running"]
     console.print(f"experiment {experiment_id} {d['name']}: cancelled; {d['counts']['cancelled']} "
-                  f"runs cancelled" + (f", {running} running runs stopping" if running else ""),
+                  f"runs cancelled" + (f", {stopping} pending or running runs stopping"
+                                       if stopping else ""),
                   markup=False, soft_wrap=True)
 
 
 @app.command()
 def delete(experiment_id: int, url: UrlOpt = None) -> None:
     """Delete an ended experiment with its runs, metric points and statistics (refused while a
-    run is queued or running: `seedgrid cancel` it first)."""
+    run is queued, pending or running: `seedgrid cancel` it first)."""
     with _client(url, 60) as client:
         _request(client, "DELETE", f"/experiments/{experiment_id}")
     console.print(f"experiment {experiment_id} deleted", markup=False)

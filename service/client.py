@@ -57,7 +57,10 @@ POINTS_PAGE = 10_000
 COMPARISONS_PAGE = 2000
 EXPERIMENTS_PAGE = 1000
 COMPARE_PAGE = 500
-ENDED = {ExperimentStatus.completed, ExperimentStatus.partial, ExperimentStatus.cancelled}
+ENDED = {ExperimentStatus.completed, ExperimentStatus.partial, ExperimentStatus.failed,
+         ExperimentStatus.cancelled}
+# A run not ended yet: waiting in the queue, handed to Ray, started by a worker.
+ACTIVE = (RunStatus.queued, RunStatus.pending, RunStatus.running)
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 POINT_COLUMNS = ["step", "epoch", "name", "value"]
 
@@ -165,8 +168,7 @@ class Client:
             task = bar.add_task(detail.name, total=detail.n_runs, counts="")
             while True:
                 counts = detail.counts.model_dump()
-                ended = sum(n for status, n in counts.items()
-                            if status not in (RunStatus.queued, RunStatus.running))
+                ended = sum(n for status, n in counts.items() if status not in ACTIVE)
                 # an adaptive experiment's total grows with each round
                 bar.update(task, total=detail.n_runs, completed=ended,
                            counts=", ".join(f"{s} {n}" for s, n in counts.items() if n))
@@ -335,8 +337,7 @@ def load_spec(path: Path) -> dict[str, Any]:
 
 
 def _ended(detail: ExperimentDetail) -> bool:
-    return (detail.status in ENDED and detail.counts.queued == 0
-            and detail.counts.running == 0)
+    return detail.status in ENDED and not any(getattr(detail.counts, s) for s in ACTIVE)
 
 
 def _sleep_or_time_out(poll_s: float, deadline: float | None, detail: ExperimentDetail) -> None:

@@ -107,10 +107,12 @@ class Experiment(SQLModel, table=True):
     runs_cancelled: int = run_count_column()
     runs_stopped: int = run_count_column()
     # An adaptive experiment's record (api_schemas.AdaptiveState: its looks, why it stopped);
-    # null for a plain one. `deciding` holds while it has not stopped: with no run queued or
-    # running it is then `running` (its next look is due), not ended.
+    # null for a plain one. `deciding` holds while it has not stopped: with no run queued,
+    # pending or running it is then `running` (its next look is due), not ended.
     adaptive: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     deciding: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    # Its runs handed to Ray that no worker has started; last, where migration 0007 added it.
+    runs_pending: int = run_count_column()
 
 
 class Run(SQLModel, table=True):

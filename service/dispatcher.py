@@ -2,10 +2,10 @@
 
 One dispatcher acts per database; it is the Ray driver. It acts only while it holds the dispatch
 lock (service.lease); a dispatcher that cannot take it stands by and polls, and takes over when
-the holder is gone. Taking over, it re-queues the runs a previous holder left `running`. Then
+the holder is gone. Taking over, it re-queues the runs a previous holder left in Ray. Then
 each loop it
 1. claims queued runs in priority order (higher first, then oldest) up to `max_in_flight` tasks,
-   marks them running, counts the attempt and submits one `workers.run_task` per task with the
+   marks them pending, counts the attempt and submits one `workers.run_task` per task with the
    run's resources: a task runs one seed, or up to the experiment's seeds_per_task seeds of one
    condition claimed together (a seed-batched task; each seed stays its own run);
 2. forwards cancellations requested through the API to Ray;
@@ -325,7 +325,7 @@ class Dispatcher:
 
     # -- taking over and stopping --------------------------------------------------------------
     def requeue_orphans(self) -> int:
-        """Runs `running` that this process is not running go back to the queue.
+        """Runs pending or running that this process is not running go back to the queue.
 
         Only a holder of the lock claims runs, and its claims commit only while it holds it,
         so every such run was left by an earlier holder: a process that died, or this one
@@ -348,7 +348,7 @@ class Dispatcher:
         if self._unsaved is not None:
             self._unsaved = self._unsaved.only(kept)
         if orphans:
-            log.info("re-queued %d runs left running by an earlier dispatcher", len(orphans))
+            log.info("re-queued %d runs left in Ray by an earlier dispatcher", len(orphans))
         return len(orphans)
 
     def _shut_down(self) -> None:

@@ -467,7 +467,8 @@ def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
 
 
 def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
-    """Queued runs become cancelled now; running ones are flagged for the dispatcher to cancel.
+    """Queued runs become cancelled now; pending and running ones are flagged for the
+    dispatcher to cancel.
 
     One rule: only an experiment that is queued or running can be cancelled. One that ended
     (completed, partial, failed) or was cancelled already is a Conflict (409), so a client can tell
@@ -488,17 +489,17 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
 
 def delete_experiment(*, session: Session, experiment_id: int) -> None:
     """Delete an ended experiment with its runs, attempts, metric points and statistics. One
-    with a run queued or running is a Conflict (409): its dispatcher would write rows for runs
-    that no longer exist; cancel it first."""
+    with a run queued, pending or running is a Conflict (409): its dispatcher would write rows
+    for runs that no longer exist; cancel it first."""
     experiment = get_experiment(session=session, experiment_id=experiment_id)
     store = RunStore(session)
     store.lock_experiments([experiment_id])
     session.refresh(experiment)
-    active = experiment.runs_queued + experiment.runs_running
+    active = experiment.runs_queued + experiment.runs_pending + experiment.runs_running
     if active or experiment.status in {ExperimentStatus.queued, ExperimentStatus.running}:
-        raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued "
-                       f"or running): cancel it (POST /experiments/{experiment_id}/cancel) and "
-                       "delete it once its runs have ended")
+        raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued, "
+                       f"pending or running): cancel it (POST /experiments/{experiment_id}/cancel) "
+                       "and delete it once its runs have ended")
     store.delete_experiment(experiment_id)
     store.commit()
 
@@ -592,18 +593,22 @@ def list_runs(
     return [run_out(r) for r in runs]
 
 
-def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any]
-               ) -> dict[str, Any]:
-    """A run's full config: the experiment's base config with the run's condition, defaults
-    filled in; as stored when the trainer no longer accepts it (a retired field, say)."""
-    merged = {**base, **config_condition(condition)}
+def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any],
+               ran: Any = None) -> dict[str, Any]:
+    """A run's full config, every field with the value a run of it uses (defaults filled in,
+    and the null ones resolved by the trainer's `resolve_config`, the function its training
+    runs with): the config its worker recorded running with (`ran`, from the provenance),
+    else the experiment's base config with the run's condition; as stored when the trainer no
+    longer accepts it (a retired field, say)."""
+    merged = ran if isinstance(ran, dict) and ran else {**base, **config_condition(condition)}
     trainer = REGISTRY.get(trainer_name)
     if trainer is None:
         return merged
     try:
-        return trainer.Config.model_validate(merged).model_dump(mode="json")
+        config = trainer.Config.model_validate(merged)
     except pydantic.ValidationError:
         return merged
+    return trainer.resolve_config(config).model_dump(mode="json")
 
 
 def run_detail(*, session: Session, run_id: int) -> RunDetail:
@@ -622,7 +627,8 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
     }
     return RunDetail(
         **run_out(run).model_dump(),
-        config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition),
+        config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition,
+                          run.provenance.get("config")),
         provenance=provenance,
         attempt_history=[
             a.model_dump(mode="json", exclude={"id", "run_id"}) for a in attempts

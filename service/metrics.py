@@ -71,7 +71,7 @@ def database_families(session: Session) -> list[Metric]:
                              labels=["status"])
     for status, count in by_status.items():
         runs.add_metric([status.value], count)
-    queue = GaugeMetricFamily("seedgrid_queue_depth", "Runs queued, waiting for a worker",
+    queue = GaugeMetricFamily("seedgrid_queue_depth", "Runs queued, not yet handed to Ray",
                               value=by_status[RunStatus.queued])
     return [runs, queue]
 

@@ -3,12 +3,19 @@
 The only module that assigns a run's status (MLflow's tracking store is the model: callers say
 `claim`, `finish`, `lose` and never write SQL for a run). The state machine:
 
-    queued --claim--> running --finish--> completed | stopped | failed | diverged
-       |                 |  --end_cancelled / cancel flag--> cancelled
-       |                 |  --lose--> queued (retry) | failed (out of retries) | cancelled
-       |                 |  --interrupt--> queued (not charged) | cancelled
+    queued --claim--> pending --start--> running
+       |                 |                   |
+       |                 +-------------------+--finish--> completed | stopped | failed | diverged
+       |                 |  (a result can come before its Started is stored: from pending too)
+       |                 +--end_cancelled / cancel flag--> cancelled
+       |                 +--lose--> queued (retry) | failed (out of retries) | cancelled
+       |                 +--interrupt--> queued (not charged) | cancelled
        |                 `--fail--> failed (its rows cannot be stored)
        `--cancel_experiment / unschedulable--> cancelled | failed
+
+`pending` is a run handed to Ray (its attempt claimed and charged) that no worker has reported
+starting: Ray queues tasks beyond the cluster's free CPUs and GPUs, so a dispatcher keeps more
+runs pending than the cluster runs. `running` is a run whose worker sent its Started message.
 
 Each operation costs O(the runs it touches): the experiment keeps its run counts per status
 (`Experiment.runs_<status>`), moved by the same transaction that moves a run, so the
@@ -28,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, update
+from sqlalchemy import bindparam, delete, func, insert, or_, update
 from sqlmodel import Session, select
 
 from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus
@@ -45,9 +52,16 @@ from service.db import (
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
 ENDED = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
                    RunStatus.diverged, RunStatus.cancelled})
+# A run a dispatcher holds: handed to Ray (pending) or started by a worker (running).
+HELD = (RunStatus.pending, RunStatus.running)
 # What a worker's result can end a run as.
 RESULT_STATUSES = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
                              RunStatus.diverged})
+
+
+def cancelled_error(held: RunStatus) -> str:
+    """The error of a pending or running run that ends cancelled."""
+    return "cancelled before start" if held == RunStatus.pending else "cancelled while running"
 
 
 def count_column(status: RunStatus) -> Any:
@@ -77,13 +91,14 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
     when each run completed or was stopped by a check its spec asked to stop on (the outcomes
     the spec asked for), failed when none did and some failed or diverged (calling that partial
     would hide that there is nothing to compare), partial otherwise. An adaptive
-    experiment whose next look is due (`deciding`, no run queued or running) is still
-    running: its next round may follow."""
+    experiment whose next look is due (`deciding`, no run queued, pending or running) is still
+    running: its next round may follow. One with runs pending (handed to Ray) is running."""
     if cancel_requested:
         return ExperimentStatus.cancelled
-    if counts.queued == 0 and counts.running == 0 and deciding:
+    active = counts.queued + counts.pending + counts.running
+    if active == 0 and deciding:
         return ExperimentStatus.running
-    if counts.queued == 0 and counts.running == 0:
+    if active == 0:
         succeeded = counts.completed + counts.stopped
         if succeeded == n_runs:
             return ExperimentStatus.completed
@@ -97,7 +112,7 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
 
 @dataclass(frozen=True)
 class ClaimedRun:
-    """A queued run the store just made `running`, with what its task needs."""
+    """A queued run the store just made `pending`, with what its task needs."""
 
     id: int
     experiment_id: int
@@ -155,7 +170,8 @@ _ATTEMPT_ROW = (ATTEMPT.c.run_id == bindparam("b_run"),
                 ATTEMPT.c.attempt == bindparam("b_attempt"))
 _START_ATTEMPT = update(ATTEMPT).where(*_ATTEMPT_ROW).values(
     node_id=bindparam("v_node_id"), worker_pid=bindparam("v_worker_pid"))
-_FINISH_RUN = update(RUN).where(*_THIS_ATTEMPT, RUN.c.status == RunStatus.running).values(
+# (no IN: an expanding parameter cannot run once per batch)
+_FINISH_RUN = update(RUN).where(*_THIS_ATTEMPT, or_(*(RUN.c.status == s for s in HELD))).values(
     status=bindparam("v_status"), metrics=bindparam("v_metrics"),
     diagnostics=bindparam("v_diagnostics"), warnings=bindparam("v_warnings"),
     provenance=bindparam("v_provenance"), error=bindparam("v_error"),
@@ -209,7 +225,8 @@ class RunStore:
                                    counts=counts, deciding=row.deciding)
         values: dict[str, Any] = {"status": status}
         ended = status not in (ExperimentStatus.queued, ExperimentStatus.running)
-        if ended and counts.queued == 0 and counts.running == 0 and row.finished_at is None:
+        active = counts.queued + counts.pending + counts.running
+        if ended and active == 0 and row.finished_at is None:
             values["finished_at"] = utcnow()
         elif not ended and row.finished_at is not None:
             values["finished_at"] = None  # seeds were added to an ended experiment
@@ -251,12 +268,13 @@ class RunStore:
         self._touched.add(experiment.id)
 
     def due_decisions(self) -> list[int]:
-        """Adaptive experiments whose next look is due: deciding, with no run queued or
-        running (their cancel included: the look then records the stop)."""
+        """Adaptive experiments whose next look is due: deciding, with no run queued, pending
+        or running (their cancel included: the look then records the stop)."""
         return list(self.session.exec(
             select(Experiment.id).where(
                 Experiment.deciding == True,  # noqa: E712
-                count_column(RunStatus.queued) == 0, count_column(RunStatus.running) == 0)
+                count_column(RunStatus.queued) == 0, count_column(RunStatus.pending) == 0,
+                count_column(RunStatus.running) == 0)
             .order_by(Experiment.id)
         ).all())
 
@@ -292,8 +310,9 @@ class RunStore:
     # -- claiming ------------------------------------------------------------------------------
     def claim(self, limit: int, *, unschedulable: Any = None) -> list[ClaimedRun]:
         """Up to `limit` queued runs in claim order (priority first, then oldest) become
-        running, each with a new attempt. `unschedulable(num_cpus, num_gpus)` says why no node
-        can ever hold a run (it then fails now) or None."""
+        pending (handed to Ray; `start` makes them running), each with a new attempt.
+        `unschedulable(num_cpus, num_gpus)` says why no node can ever hold a run (it then fails
+        now) or None."""
         candidates = self.session.exec(
             select(Run.id, Run.experiment_id, Run.trainer, Run.condition, Run.seed,
                    Run.num_cpus, Run.num_gpus)
@@ -314,7 +333,7 @@ class RunStore:
         attempts = dict(self.session.execute(
             update(RUN).where(RUN.c.id.in_([row.id for row in schedulable]),
                               RUN.c.status == RunStatus.queued)
-            .values(status=RunStatus.running, attempts=RUN.c.attempts + 1,
+            .values(status=RunStatus.pending, attempts=RUN.c.attempts + 1,
                     cancel_requested=False)
             .returning(RUN.c.id, RUN.c.attempts)
         ).all())
@@ -328,7 +347,7 @@ class RunStore:
                 {"run_id": run.id, "attempt": run.attempt, "started_at": utcnow()}
                 for run in claimed])
         for run in claimed:
-            self._moved(run.experiment_id, RunStatus.queued, RunStatus.running)
+            self._moved(run.experiment_id, RunStatus.queued, RunStatus.pending)
         return claimed
 
     def _fail_unschedulable(self, run_id: int, experiment_id: int, problem: str) -> None:
@@ -347,13 +366,27 @@ class RunStore:
 
     # -- running attempts ----------------------------------------------------------------------
     def start(self, started: Sequence[StartedAttempt]) -> None:
-        """Workers began these attempts: where each runs."""
+        """Workers began these attempts: each pending run becomes running, and where it runs
+        is recorded. A message of an attempt that is not the run's current one (lost and
+        re-queued meanwhile) moves nothing."""
         if not started:
             return
         now = utcnow()
         rows = [{"b_run": s.key.run_id, "b_attempt": s.key.attempt, "v_node_id": s.node_id,
                  "v_worker_id": s.worker_id, "v_worker_pid": s.pid, "v_started_at": now}
                 for s in started]
+        held = self._held_attempts([s.key.run_id for s in started])
+        starting = [s.key for s in started
+                    if held.get(s.key.run_id) == (s.key.attempt, RunStatus.pending)]
+        if starting:
+            # The dispatcher holds these runs (its lock) and their experiments' rows: no other
+            # writer moves them between the read above and this update.
+            self.session.execute(
+                update(RUN).where(RUN.c.id.in_([key.run_id for key in starting]),
+                                  RUN.c.status == RunStatus.pending)
+                .values(status=RunStatus.running))
+        for key in starting:
+            self._moved(key.experiment_id, RunStatus.pending, RunStatus.running)
         self.session.execute(_START_RUN, rows)
         self.session.execute(_START_ATTEMPT, rows)
 
@@ -364,13 +397,15 @@ class RunStore:
 
     def finish(self, finished: Sequence[FinishedAttempt]) -> None:
         """These attempts returned results: each run ends completed, stopped, failed or
-        diverged. A result of an attempt that is not the run's running one (lost and re-queued
+        diverged, from running or from pending (a result read before its Started was stored).
+        A result of an attempt that is not the run's current one (lost and re-queued
         meanwhile) changes nothing."""
         for f in finished:
             if f.status not in RESULT_STATUSES:
                 raise ValueError(f"a result cannot end a run as {f.status}")
-        current = self._running_attempts([f.key.run_id for f in finished])
-        ending = [f for f in finished if current.get(f.key.run_id) == f.key.attempt]
+        held = self._held_attempts([f.key.run_id for f in finished])
+        ending = [f for f in finished
+                  if f.key.run_id in held and held[f.key.run_id][0] == f.key.attempt]
         if not ending:
             return
         now = utcnow()
@@ -385,44 +420,49 @@ class RunStore:
              "v_finished_at": now}
             for f in ending])
         for f in ending:
-            self._moved(f.key.experiment_id, RunStatus.running, f.status)
+            self._moved(f.key.experiment_id, held[f.key.run_id][1], f.status)
 
-    def _running_attempts(self, run_ids: list[int]) -> dict[int, int]:
-        """Of these runs, the running ones and the attempt each runs."""
+    def _held_attempts(self, run_ids: list[int]) -> dict[int, tuple[int, RunStatus]]:
+        """Of these runs, the pending or running ones: the attempt each holds, and its status."""
         if not run_ids:
             return {}
-        return dict(self.session.execute(
-            select(RUN.c.id, RUN.c.attempts)
-            .where(RUN.c.id.in_(run_ids), RUN.c.status == RunStatus.running)
-        ).all())
+        rows = self.session.execute(
+            select(RUN.c.id, RUN.c.attempts, RUN.c.status)
+            .where(RUN.c.id.in_(run_ids), RUN.c.status.in_(HELD))
+        ).all()
+        return {run_id: (attempt, RunStatus(status)) for run_id, attempt, status in rows}
 
     def end_cancelled(self, attempt: AttemptKey) -> None:
         """Ray reports the attempt's task cancelled (a cancel the dispatcher forwarded)."""
-        self._end_running(attempt, RunStatus.cancelled, AttemptOutcome.cancelled, None,
-                          error="cancelled while running")
+        self._end_held(attempt, RunStatus.cancelled, AttemptOutcome.cancelled, None,
+                       cancelled=True)
 
     def fail(self, attempt: AttemptKey, reason: str) -> None:
         """The attempt's rows cannot be stored: the run fails, not retried (the same config
         would send the same rows again)."""
-        self._end_running(attempt, RunStatus.failed, AttemptOutcome.failed, reason,
-                          error=reason)
+        self._end_held(attempt, RunStatus.failed, AttemptOutcome.failed, reason)
 
-    def _end_running(self, attempt: AttemptKey, status: RunStatus, outcome: AttemptOutcome,
-                     attempt_error: str | None, **values: Any) -> None:
-        moved = self.session.execute(
-            update(Run).where(Run.id == attempt.run_id, Run.status == RunStatus.running,
-                              Run.attempts == attempt.attempt)
-            .values(status=status, finished_at=utcnow(), **values)
-        ).rowcount
-        if moved:
-            self._moved(attempt.experiment_id, RunStatus.running, status)
-            self._end_attempt(attempt, outcome, attempt_error)
+    def _end_held(self, attempt: AttemptKey, status: RunStatus, outcome: AttemptOutcome,
+                  reason: str | None, *, cancelled: bool = False) -> None:
+        """End the attempt's run, pending or running, as `status`; the run's error is `reason`,
+        or for a cancel, whether the run had started."""
+        for held in HELD:
+            error = cancelled_error(held) if cancelled else reason
+            moved = self.session.execute(
+                update(Run).where(Run.id == attempt.run_id, Run.status == held,
+                                  Run.attempts == attempt.attempt)
+                .values(status=status, finished_at=utcnow(), error=error)
+            ).rowcount
+            if moved:
+                self._moved(attempt.experiment_id, held, status)
+                self._end_attempt(attempt, outcome, reason)
 
     def lose(self, attempt: AttemptKey, reason: str) -> RunStatus | None:
-        """The attempt's worker or node died: retry or fail by `retry_decision`. Returns the
-        run's new status, None when the run had moved on (an older attempt)."""
+        """The attempt's worker or node died (or its task, pending in Ray's queue, failed):
+        retry or fail by `retry_decision`. Returns the run's new status, None when the run had
+        moved on (an older attempt)."""
         run = self.session.get(Run, attempt.run_id)
-        if run is None or run.status != RunStatus.running or run.attempts != attempt.attempt:
+        if run is None or run.status not in HELD or run.attempts != attempt.attempt:
             return None
         self._end_attempt(attempt, AttemptOutcome.lost, reason)
         charged = run.attempts - self._interrupted_attempts([run.id]).get(run.id, 0)
@@ -447,31 +487,33 @@ class RunStore:
         """The dispatcher stops with these attempts in flight: each run goes back to the queue
         (or ends cancelled when a cancel was asked), not charged an attempt."""
         for attempt in attempts:
-            this_attempt = (Run.id == attempt.run_id, Run.status == RunStatus.running,
-                            Run.attempts == attempt.attempt)
-            cancelled = self.session.execute(
-                update(Run).where(*this_attempt, Run.cancel_requested == True)  # noqa: E712
-                .values(status=RunStatus.cancelled, finished_at=utcnow(),
-                        error="cancelled while running")
-            ).rowcount
-            requeued = self.session.execute(
-                update(Run).where(*this_attempt, Run.cancel_requested == False)  # noqa: E712
-                .values(status=RunStatus.queued)
-            ).rowcount
-            self._moved(attempt.experiment_id, RunStatus.running, RunStatus.cancelled, cancelled)
-            self._moved(attempt.experiment_id, RunStatus.running, RunStatus.queued, requeued)
+            for held in HELD:
+                this_attempt = (Run.id == attempt.run_id, Run.status == held,
+                                Run.attempts == attempt.attempt)
+                cancelled = self.session.execute(
+                    update(Run).where(*this_attempt, Run.cancel_requested == True)  # noqa: E712
+                    .values(status=RunStatus.cancelled, finished_at=utcnow(),
+                            error=cancelled_error(held))
+                ).rowcount
+                requeued = self.session.execute(
+                    update(Run).where(*this_attempt, Run.cancel_requested == False)  # noqa: E712
+                    .values(status=RunStatus.queued)
+                ).rowcount
+                self._moved(attempt.experiment_id, held, RunStatus.cancelled, cancelled)
+                self._moved(attempt.experiment_id, held, RunStatus.queued, requeued)
             self.session.execute(delete(RunMetric).where(RunMetric.run_id == attempt.run_id))
             self._end_attempt(attempt, AttemptOutcome.interrupted, reason)
 
     def requeue_orphans(self, kept: dict[int, int]) -> list[int]:
-        """Runs `running` that no live attempt of this dispatcher holds (`kept`: run id ->
-        attempt it holds) were left by an earlier dispatcher: each is lost (retry or fail by
+        """Runs pending or running that no live attempt of this dispatcher holds (`kept`: run id
+        -> attempt it holds) were left by an earlier dispatcher: each is lost (retry or fail by
         `retry_decision`). An attempt no worker reported starting (it waited in Ray's queue
         when its dispatcher died) is recorded interrupted, not charged: a service that crashes
         a few times in a row must not fail runs that never ran. Returns the orphans' ids."""
+        held = Run.status.in_(HELD)  # type: ignore[attr-defined]
         self.lock_experiments(self.session.exec(
-            select(Run.experiment_id).where(Run.status == RunStatus.running).distinct()).all())
-        running = self.session.exec(select(Run).where(Run.status == RunStatus.running)).all()
+            select(Run.experiment_id).where(held).distinct()).all())
+        running = self.session.exec(select(Run).where(held)).all()
         orphans = [run for run in running if kept.get(run.id or -1) != run.attempts]
         now = utcnow()
         for run in orphans:
@@ -510,8 +552,9 @@ class RunStore:
 
     # -- cancelling an experiment --------------------------------------------------------------
     def cancel_experiment(self, experiment: Experiment, now: datetime | None = None) -> None:
-        """Its queued runs end cancelled now; its running ones are flagged for the dispatcher,
-        which forwards the cancel to Ray (`end_cancelled` when Ray confirms)."""
+        """Its queued runs end cancelled now; its pending and running ones are flagged for the
+        dispatcher, which forwards the cancel to Ray (`end_cancelled` when Ray confirms: a
+        pending run's task is dropped from Ray's queue, a running one's stops)."""
         assert experiment.id is not None
         self.lock_experiments([experiment.id])
         cancelled = self.session.execute(
@@ -520,7 +563,8 @@ class RunStore:
                     error="cancelled before start")
         ).rowcount
         self.session.execute(
-            update(Run).where(Run.experiment_id == experiment.id, Run.status == RunStatus.running)
+            update(Run).where(Run.experiment_id == experiment.id,
+                              Run.status.in_(HELD))  # type: ignore[attr-defined]
             .values(cancel_requested=True)
         )
         self.session.execute(update(Experiment).where(Experiment.id == experiment.id)
@@ -532,7 +576,7 @@ class RunStore:
     def delete_experiment(self, experiment_id: int) -> None:
         """The experiment and everything stored for it: metric points, attempts, runs and
         stored statistics, children first (the foreign keys). The caller has locked the
-        experiment and checked that no run of it is queued or running."""
+        experiment and checked that no run of it is queued, pending or running."""
         runs = select(Run.id).where(Run.experiment_id == experiment_id)
         self.session.execute(delete(RunMetric).where(RunMetric.run_id.in_(runs)))  # type: ignore[attr-defined]
         self.session.execute(delete(RunAttempt).where(RunAttempt.run_id.in_(runs)))  # type: ignore[attr-defined]

@@ -33,9 +33,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_runs_per_experiment: int = Field(10_000, ge=1)
-    # Tasks submitted to Ray and not yet finished (their runs `running`, possibly still waiting
-    # in Ray's queue for resources; a seed-batched task holds several runs); None: 4 x the
-    # cluster's CPUs, at least 32.
+    # Tasks submitted to Ray and not yet finished (their runs `pending` while they wait in Ray's
+    # queue for resources, then `running`; a seed-batched task holds several runs); None: 4 x
+    # the cluster's CPUs, at least 32.
     max_in_flight: int | None = Field(None, ge=1)
     # How often a worker sends its buffered metric points.
     metrics_batch_interval_s: float = Field(0.5, gt=0, le=60)

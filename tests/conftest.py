@@ -96,7 +96,7 @@ class Service:
         while time.monotonic() < deadline:
             detail = self.client.get(f"/experiments/{experiment_id}").json()
             c = detail["counts"]
-            if c["queued"] == 0 and c["running"] == 0:
+            if c["queued"] == c["pending"] == c["running"] == 0:
                 return detail
             time.sleep(0.1)
         raise AssertionError(f"experiment {experiment_id} did not end in {timeout_s} s: {detail}")

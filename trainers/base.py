@@ -189,11 +189,25 @@ class Trainer(Protocol):
         model, no data, no allocation): cheap enough to call for every grid condition."""
         ...
 
+    def resolve_config(self, config: Any) -> Any:
+        """`config` with every field whose default is null set to the value a run of it uses
+        (collapse's `steps`: 4000 or 20000): the config `run` and `run_seeds` train with, and
+        the one the service shows as the run's. trainers.runtime.TrainerBase implements it
+        from the config's `resolved_fields`."""
+        ...
+
 
 class TrainerConfig(pydantic.BaseModel):
     """Base of every trainer config: unknown fields and coercions (say "1" for 1) are errors."""
 
     model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def resolved_fields(self) -> dict[str, Any]:
+        """The fields whose default is null, each with the value a run of this config uses,
+        worked out from the other fields by the same accessors the training code reads (one
+        home for each default). None here; a config with such fields extends it. A field whose
+        null is itself the value (`train_size`: the whole split) is not one of them."""
+        return {}
 
 
 def finite_or_none(value: Any) -> Any:

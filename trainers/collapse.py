@@ -95,6 +95,10 @@ class CollapseConfig(TrainerConfig):
     def resolved_log_every(self) -> int:
         return self.log_every or max(1, self.resolved_steps // 200)
 
+    def resolved_fields(self) -> dict[str, Any]:
+        return {**super().resolved_fields(), "lr": self.resolved_lr,
+                "steps": self.resolved_steps, "log_every": self.resolved_log_every}
+
 
 def frustration_matrix(
     n: int, k: int, r: float, spread: str, rng: np.random.Generator

@@ -153,7 +153,7 @@ def dataset_shape(config: DataConfig) -> DatasetShape:
         (n_train, n_test), classes = DATASET_SPLITS[name], DATASET_CLASSES[name]
     native_channels = DATASET_CHANNELS[name]
     channels = 3 if config.rgb and native_channels == 1 else native_channels
-    side = config.image_size or NATIVE_SIZE[name]
+    side = config.resolved_image_size
     return DatasetShape(n_train, n_test, channels, side, native_channels, NATIVE_SIZE[name],
                         classes)
 

@@ -52,7 +52,14 @@ from typing import Any, ClassVar
 import pydantic
 import torch
 
-from trainers.base import CheckStop, Reporter, ResourceEstimate, RunResult, RunWarning
+from trainers.base import (
+    CheckStop,
+    Reporter,
+    ResourceEstimate,
+    RunResult,
+    RunWarning,
+    TrainerConfig,
+)
 from trainers.random_sources import RandomSources, random_sources
 from trainers.reports import CrossRunReport
 
@@ -279,6 +286,13 @@ class TrainerBase(ABC):
         the run loaded (its test split, then `test_size`). Empty: no metric has a test set."""
         return {}
 
+    def resolve_config(self, config: Any) -> Any:
+        """`config` with its null defaults set to the values a run uses (see the Trainer
+        protocol): what `run` and `run_seeds` train with and record in the provenance."""
+        if isinstance(config, TrainerConfig):
+            return config.model_copy(update=config.resolved_fields())
+        return config
+
     def device(self, config: Any) -> torch.device:
         """Where a run of `config` trains: the config's `device` field, else the CPU."""
         return pick_device(getattr(config, "device", "cpu"))
@@ -293,7 +307,8 @@ class TrainerBase(ABC):
         to another seed than `seed` (a spec's seed_sources, a source decomposition's level).
         `stop_on_checks`: the checks (of `stop_checks`) on which the run ends early; the
         service refuses others in the spec, and a name this trainer does not declare is a
-        ValueError here too."""
+        ValueError here too. The run trains with `resolve_config(config)`."""
+        config = self.resolve_config(config)
         device = self._set_up(config, threads, stop_on_checks)
         context = RunContext(config=config, seed=seed, reporter=reporter, device=device,
                              sources=random_sources(seed, source_seeds),
@@ -318,6 +333,7 @@ class TrainerBase(ABC):
         if len(reporters) != len(seeds) or (source_seeds is not None
                                             and len(source_seeds) != len(seeds)):
             raise ValueError("run_seeds needs one reporter (and one source_seeds) per seed")
+        config = self.resolve_config(config)
         device = self._set_up(config, threads, stop_on_checks)
         pinned = list(source_seeds) if source_seeds is not None else [None] * len(seeds)
         contexts = [RunContext(config=config, seed=seed, reporter=reporter, device=device,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -75,6 +75,15 @@ class SSLSimConfig(TrainerConfig):
         "the latent points as x = A u"))
     epochs: int = Field(100, ge=1, le=100_000, description="latent_class: epochs")
     batch_size: int = Field(128, ge=2, le=65_536, description="latent_class: batch size")
+
+    @property
+    def resolved_lr(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return 10.0 if self.simulation == "convergence" else 0.01
+
+    def resolved_fields(self) -> dict[str, Any]:
+        return {**super().resolved_fields(), "lr": self.resolved_lr}
 
     @model_validator(mode="after")
     def _check(self) -> SSLSimConfig:
@@ -192,10 +201,6 @@ def convergence_start(config: SSLSimConfig,
     return z1, z2
 
 
-def convergence_lr(config: SSLSimConfig) -> float:
-    return config.lr if config.lr is not None else 10.0
-
-
 def convergence_output(config: SSLSimConfig, run: RunContext,
                        outcome: Convergence) -> TrainOutput:
     """A convergence run's result: its step count and mean cosine, logged once at the end
@@ -208,7 +213,7 @@ def convergence_output(config: SSLSimConfig, run: RunContext,
     return TrainOutput(
         metrics=metrics,
         diagnostics={"converged": outcome.final_mean_cos >= 1 - config.tolerance,
-                     "lr": convergence_lr(config),
+                     "lr": config.resolved_lr,
                      "expected_steps_96_rho_squared": 96 * config.initial_norm**2},
     )
 
@@ -220,10 +225,6 @@ def latent_class_model(sources: RandomSources) -> nn.Sequential:
     for layer in (hidden, embedding):
         init_linear(layer, sources.init)
     return nn.Sequential(hidden, nn.ReLU(), embedding)
-
-
-def latent_class_lr(config: SSLSimConfig) -> float:
-    return config.lr if config.lr is not None else 0.01
 
 
 def class_norm_means(norms: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
@@ -308,7 +309,7 @@ class SSLSimTrainer(TrainerBase):
 
     def _convergence(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
         z1, z2 = convergence_start(config, run.sources)
-        lr = convergence_lr(config)
+        lr = config.resolved_lr
         outcome = cosine_convergence_steps(z1, z2, lr, config.tolerance, config.max_steps,
                                            config.grad_scale_power, run.should_stop)
         return convergence_output(config, run, outcome)
@@ -318,7 +319,7 @@ class SSLSimTrainer(TrainerBase):
         starts = [convergence_start(config, run.sources) for run in runs]
         outcomes = seeds_cosine_convergence(
             torch.stack([z1 for z1, _ in starts]), torch.stack([z2 for _, z2 in starts]),
-            convergence_lr(config), config.tolerance, config.max_steps,
+            config.resolved_lr, config.tolerance, config.max_steps,
             config.grad_scale_power, [run.should_stop for run in runs])
         return [convergence_output(config, run, outcome)
                 for run, outcome in zip(runs, outcomes, strict=True)]
@@ -329,7 +330,7 @@ class SSLSimTrainer(TrainerBase):
                                           config.class_spread, sources.data, config.input_scale)
         model = latent_class_model(sources)
         run.track(model)
-        lr = latent_class_lr(config)
+        lr = config.resolved_lr
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         k = len(config.class_weights)
         step = 0
@@ -375,7 +376,7 @@ class SSLSimTrainer(TrainerBase):
         order; the loss's per-seed means and the norm point's class means are taken seed by
         seed, as the solo run takes them."""
         k = len(config.class_weights)
-        lr = latent_class_lr(config)
+        lr = config.resolved_lr
         data = [spherical_latent_data(config.class_weights, config.n_samples,
                                       config.class_spread, run.sources.data, config.input_scale)
                 for run in runs]

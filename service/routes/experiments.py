@@ -95,8 +95,9 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> Experime
 @router.delete("/{experiment_id}", status_code=204, response_class=Response,
                operation_id="delete_experiment",
                summary="Delete an ended experiment and everything it stored",
-               responses=errors({404: NO_EXPERIMENT, 409: "A run of the experiment is queued "
-                                                          "or running: cancel it first"}))
+               responses=errors({404: NO_EXPERIMENT, 409: "A run of the experiment is queued, "
+                                                          "pending or running: cancel it "
+                                                          "first"}))
 def delete(experiment_id: ExperimentId, session: SessionDep) -> Response:
     """Delete an ended experiment with its runs, attempts, metric points and statistics."""
     logic.delete_experiment(session=session, experiment_id=experiment_id)
@@ -105,8 +106,8 @@ def delete(experiment_id: ExperimentId, session: SessionDep) -> Response:
 
 @router.post("/{experiment_id}/cancel", status_code=202, response_model=ExperimentDetail,
              operation_id="cancel_experiment", summary="Cancel a queued or running experiment",
-             description="Queued runs become `cancelled` at once; running ones are cancelled in "
-                         "Ray and end `cancelled` within about a second.",
+             description="Queued runs become `cancelled` at once; pending and running ones are "
+                         "cancelled in Ray and end `cancelled` within about a second.",
              responses=errors({404: NO_EXPERIMENT,
                                409: "The experiment ended or was cancelled already"}))
 def cancel_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:

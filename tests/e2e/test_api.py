@@ -112,6 +112,11 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
     assert one["provenance"]["torch_version"] and one["provenance"]["device"] == "cpu"
     assert one["provenance"]["ray_node_id"] and one["provenance"]["worker_pid"] > 0
     assert one["config"]["n_samples"] == 200 and one["attempt_history"][0]["outcome"] == "completed"
+    # the null defaults show the values the run used (lr for stop_gradient false; a logged
+    # point every 2 steps, as the curve above has), as the worker recorded them
+    assert (one["condition"], one["config"]["lr"], one["config"]["log_every"]) == (
+        {"stop_gradient": False}, 0.5, 2)
+    assert one["config"] == one["provenance"]["config"]
 
     # The same config and seed, run again through the whole system, give identical metrics.
     again = service.submit(spec(name="again"))
@@ -192,17 +197,34 @@ def test_trainers_and_health(service: Service) -> None:
 
 
 def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(service: Service) -> None:
-    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={}, seeds=6))
+    # One seed per task (collapse batches 8 by default): six tasks for Ray's 2 CPUs.
+    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={}, seeds=6,
+                                  resources={"seeds_per_task": 1}))
+    # All six are handed to Ray at once; its 2 CPUs run two, and the other four wait there as
+    # pending: `running` never counts more runs than the cluster runs.
     deadline = time.monotonic() + 60
-    while service.client.get(f"/experiments/{created['id']}").json()["counts"]["running"] == 0:
-        assert time.monotonic() < deadline
+    while (counts := service.client.get(f"/experiments/{created['id']}").json()["counts"]
+           )["running"] < 2:
+        assert counts["running"] + counts["pending"] + counts["queued"] == 6, counts
+        assert time.monotonic() < deadline, counts
         time.sleep(0.1)
+    assert (counts["running"], counts["pending"]) == (2, 4), counts
+    runs = service.runs(created["id"])
+    assert sorted(r["status"] for r in runs) == ["pending"] * 4 + ["running"] * 2
+    assert all((r["started_at"] is not None) == (r["status"] == "running") for r in runs)
+    time.sleep(1.0)
+    counts = service.client.get(f"/experiments/{created['id']}").json()["counts"]
+    assert (counts["running"], counts["pending"]) == (2, 4), counts
     response = service.client.post(f"/experiments/{created['id']}/cancel")
     assert response.status_code == 202
     detail = service.wait(created["id"], timeout_s=60)
     assert detail["status"] == "cancelled"
     assert detail["counts"]["cancelled"] == 6
-    assert detail["counts"]["queued"] == detail["counts"]["running"] == 0
+    assert detail["counts"]["queued"] == detail["counts"]["pending"] == 0
+    assert detail["counts"]["running"] == 0
+    # a pending run's task left Ray's queue before a worker started it
+    errors = sorted(r["error"] for r in service.runs(created["id"]))
+    assert errors == ["cancelled before start"] * 4 + ["cancelled while running"] * 2
     # one rule: cancelling what is cancelled already changes nothing and says so
     again = service.client.post(f"/experiments/{created['id']}/cancel")
     assert again.status_code == 409 and "cancelled already" in again.json()["detail"]
@@ -232,10 +254,14 @@ def running_attempt(service: Service, run_id: int) -> tuple[int, int] | None:
 
 def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> None:
     # ~2 s in a Ray worker: its pid is reported within ~0.3 s, so the kill lands mid-run.
+    # (20,000 steps: the trainer's default with stop_gradient, left null in the spec)
     created = service.submit(
-        spec(config={"steps": 20_000, "stop_gradient": True}, grid={}, seeds=1, max_retries=2)
+        spec(config={"stop_gradient": True}, grid={}, seeds=1, max_retries=2)
     )
     (run,) = service.runs(created["id"])
+    # before a worker ran it, the config shows what it will run with
+    before = service.client.get(f"/runs/{run['id']}").json()
+    assert before["config"]["steps"] == 20_000 and before["config"]["lr"] == 0.2
     deadline = time.monotonic() + 60
     while (current := running_attempt(service, run["id"])) is None:
         assert time.monotonic() < deadline, "the run never reported its worker"
@@ -266,6 +292,8 @@ def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> Non
         for p in service.client.get(f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()
     ]
     assert steps == sorted(set(steps))
+    # its config shows the steps it ran, which the spec left to the trainer
+    assert steps[-1] == final["config"]["steps"] == final["provenance"]["config"]["steps"] == 20_000
 
 
 def test_non_finite_loss_makes_the_run_diverged_with_last_finite_metrics(service: Service) -> None:
@@ -309,7 +337,7 @@ def test_trainer_exception_makes_the_run_failed_with_its_message(service: Servic
 
 def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> None:
     """What a dispatcher that died leaves: of three runs, one completed, one a worker was
-    running (its attempt has the worker's pid and half a curve) and one still waiting in Ray's
+    running (its attempt has the worker's pid and half a curve) and one still pending in Ray's
     queue (no worker reported it). The next one re-queues the last two, charging only the
     attempt a worker had started, drops the half curve, and leaves the completed run alone.
     (tests/e2e/test_crash_soak.py kills real `seedgrid serve` processes.)"""
@@ -319,15 +347,15 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
     done, started, waiting = sorted(r["id"] for r in first.runs(created["id"]))
     first.server.stop()
     (finished_at,) = first.sql("SELECT finished_at FROM run WHERE id = :id", id=done)[0]
-    for run_id, pid in ((started, 4242), (waiting, None)):
-        first.sql("UPDATE run SET status = 'running', metrics = '{}', finished_at = NULL, "
-                  "worker_pid = :pid WHERE id = :id", id=run_id, pid=pid)
+    for run_id, status, pid in ((started, "running", 4242), (waiting, "pending", None)):
+        first.sql("UPDATE run SET status = :status, metrics = '{}', finished_at = NULL, "
+                  "worker_pid = :pid WHERE id = :id", id=run_id, status=status, pid=pid)
         first.sql("DELETE FROM metricpoint WHERE run_id = :id AND step > 100", id=run_id)
         first.sql("UPDATE runattempt SET outcome = NULL, finished_at = NULL, worker_pid = :pid "
                   "WHERE run_id = :id", id=run_id, pid=pid)
-    # as the runs store keeps them: one run completed, two running
+    # as the runs store keeps them: one run completed, one running, one pending
     first.sql("UPDATE experiment SET status = 'running', finished_at = NULL, "
-              "runs_completed = 1, runs_running = 2")
+              "runs_completed = 1, runs_running = 1, runs_pending = 1")
 
     second = start_service("restart.db")
     assert second.wait(created["id"])["status"] == "completed"

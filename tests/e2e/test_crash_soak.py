@@ -82,14 +82,16 @@ class Kill:
     active: bool
     executing: set[int]  # runs a worker of this serve was executing at the kill
     left_running: dict[int, int]  # runs `running` in the database after it, with their attempt
+    left_pending: dict[int, int]  # runs `pending` (handed to Ray, not started), likewise
     completed: int
     leftovers: list[str]  # processes of its session alive after it exited
 
     def describe(self) -> str:
         state = "dispatcher active" if self.active else ("Ray up" if self.ray_up else "before Ray")
         return (f"aimed at {self.phase}, {self.at_s:.1f} s after start ({state}); executing "
-                f"{sorted(self.executing)}; left running {sorted(self.left_running)}; "
-                f"{self.completed} completed; leftovers killed: {self.leftovers}")
+                f"{sorted(self.executing)}; left running {sorted(self.left_running)}, pending "
+                f"{sorted(self.left_pending)}; {self.completed} completed; leftovers killed: "
+                f"{self.leftovers}")
 
 
 def serve_env(database: Path) -> dict[str, str]:
@@ -172,7 +174,7 @@ def counts(process: SeedgridProcess, experiment_id: int) -> dict[str, int] | Non
 
 def ended(process: SeedgridProcess, experiment_id: int) -> bool:
     now = counts(process, experiment_id)
-    return now is not None and now["queued"] == 0 and now["running"] == 0
+    return now is not None and now["queued"] == now["pending"] == now["running"] == 0
 
 
 def reach(phase: str, process: SeedgridProcess, *, rng: random.Random, since: float,
@@ -261,7 +263,8 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
             state = snapshot(database, experiment_id)
             completed_before = len(state.with_status("completed"))
             kills.append(Kill(phase, at_s, OWN_RAY in log, bool(ACTIVE.search(log)), executing,
-                              state.with_status("running"), completed_before, leftovers))
+                              state.with_status("running"), state.with_status("pending"),
+                              completed_before, leftovers))
             snapshots.append(state)
             print(f"kill {number}/{len(schedule)}: {kills[-1].describe()}")
             assert completed_before < n_runs, (
@@ -289,13 +292,17 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
         assert outcomes.count("completed") == 1 and outcomes[-1] == "completed", (run_id, history)
         assert set(outcomes[:-1]) <= {"lost", "interrupted"}, (run_id, history)
         assert [a for a, *_ in history] == list(range(1, final.runs[run_id][1] + 1)), history
-    # the next serve re-queues what a kill left running, charging the attempt it cut short if a
-    # worker had started it, not if it still waited in Ray's queue (a kill before the take-over
-    # leaves the same attempts running: counted once)
-    cut_short = {cut for kill in kills for cut in kill.left_running.items()}
-    for run_id, attempt in cut_short:
+    # the next serve re-queues what a kill left running or pending, charging the attempt it cut
+    # short if a worker had started it (running), not if it still waited in Ray's queue
+    # (pending: no worker reported it); a kill before the take-over leaves the same attempts:
+    # counted once
+    cut_short = {(cut, "running") for kill in kills for cut in kill.left_running.items()} | {
+        (cut, "pending") for kill in kills for cut in kill.left_pending.items()}
+    for (run_id, attempt), status in cut_short:
         outcome, error, pid = {a: (o, e, p) for a, o, e, p in final.attempts[run_id]}[attempt]
-        assert outcome == ("lost" if pid is not None else "interrupted"), (run_id, attempt)
+        assert (outcome, pid is None) == (
+            ("lost", False) if status == "running" else ("interrupted", True)), (
+            run_id, attempt, status)
         assert "dispatcher stopped" in (error or ""), (run_id, attempt, error)
     # a run completed before a kill never runs again: same attempts, end time and points
     rerun = sum(
@@ -332,7 +339,7 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
         "  with runs executing": sum(bool(k.executing) for k in kills),
         "runs": n_runs,
         "attempts cut short and re-queued": len(cut_short),
-        "  distinct runs": len({run_id for run_id, _ in cut_short}),
+        "  distinct runs": len({run_id for (run_id, _), _ in cut_short}),
         "runs cut short mid-run, completed later": len(retried),
         "attempts": sum(r["attempts"] for r in runs),
         "points lost": lost,

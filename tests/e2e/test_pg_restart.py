@@ -86,7 +86,7 @@ def test_postgresql_restart_mid_experiment_loses_and_duplicates_nothing(
         while True:
             detail = _poll(service.client, f"/experiments/{experiment}")
             counts = detail["counts"]
-            if counts["queued"] == 0 and counts["running"] == 0:
+            if counts["queued"] == counts["pending"] == counts["running"] == 0:
                 break
             assert time.monotonic() < deadline, f"experiment did not end: {detail}"
             time.sleep(0.3)

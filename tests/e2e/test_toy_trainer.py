@@ -46,8 +46,8 @@ def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(service: Servi
     experiment_id = created.json()["id"]
     detail = wait_for(lambda: (d := client.get(f"/experiments/{experiment_id}").json())
                       ["status"] in {"completed", "partial"} and d)
-    assert detail["counts"] == {"queued": 0, "running": 0, "completed": 6, "failed": 0,
-                                "diverged": 3, "cancelled": 0, "stopped": 0}
+    assert detail["counts"] == {"queued": 0, "pending": 0, "running": 0, "completed": 6,
+                                "failed": 0, "diverged": 3, "cancelled": 0, "stopped": 0}
     runs = client.get(f"/experiments/{experiment_id}/runs").json()
     diverged = [r for r in runs if r["status"] == "diverged"]
     assert {r["condition"]["lr"] for r in diverged} == {2.0}

@@ -511,3 +511,51 @@ def test_0006_makes_all_failed_experiments_failed_and_its_downgrade_partial(
     assert statuses()["all-failed"] == "partial"
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(
+        database_url: str) -> None:
+    """0007 adds the experiment's runs_pending (0 for a database 0006 kept: its running runs
+    stay running, for the next dispatcher to re-queue); going back to 0006, which knows no
+    `pending`, a pending run is running again (handed to Ray) and its count moves with it."""
+    _migrate(database_url, "0006")
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at, runs_queued, runs_running) "
+            "VALUES ('e', 'collapse', '{}', 'min_l2', 'running', 0, 1, 3, false, "
+            "'2026-01-01 00:00:00', 1, 2)")
+        for seed, status in ((0, "running"), (1, "running"), (2, "queued")):
+            connection.exec_driver_sql(
+                "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
+                "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
+                "metrics, diagnostics, warnings, provenance, created_at) SELECT id, '', '{}', "
+                f"{seed}, 'collapse', '{status}', 0, 1, 2, 1, 0, false, '{{}}', '{{}}', '[]', "
+                "'{}', '2026-01-01 00:00:00' FROM experiment")
+    engine.dispose()
+    assert upgrade_database(database_url) == SchemaUpgrade(before="0006", after=head_revision(),
+                                                           stamped=False)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        assert connection.exec_driver_sql(
+            "SELECT runs_queued, runs_pending, runs_running FROM experiment").all() == [(1, 0, 2)]
+        assert connection.exec_driver_sql(
+            "SELECT seed, status FROM run ORDER BY seed").all() == [
+            (0, "running"), (1, "running"), (2, "queued")]
+        # what 0007's service writes when it hands seed 2 to Ray
+        connection.exec_driver_sql("UPDATE run SET status = 'pending' WHERE seed = 2")
+        connection.exec_driver_sql("UPDATE experiment SET runs_queued = 0, runs_pending = 1")
+    engine.dispose()
+    _migrate(database_url, "0006", down=True)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        assert connection.exec_driver_sql(
+            "SELECT status, runs_queued, runs_running FROM experiment").all() == [
+            ("running", 0, 3)]
+        assert connection.exec_driver_sql(
+            "SELECT seed, status FROM run ORDER BY seed").all() == [
+            (0, "running"), (1, "running"), (2, "running")]
+    engine.dispose()
+    upgrade_database(database_url)
+    assert metadata_diffs(database_url, SQLModel.metadata) == []

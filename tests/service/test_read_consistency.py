@@ -78,7 +78,7 @@ def _commit_after_first_experiment_read(engine: Any, url: str, experiment_id: in
 
 
 def _consistent(status: ExperimentStatus, counts: Any) -> bool:
-    ended = counts.queued == 0 and counts.running == 0
+    ended = counts.queued == counts.pending == counts.running == 0
     return (status == ExperimentStatus.completed) == ended
 
 

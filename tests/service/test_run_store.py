@@ -14,7 +14,12 @@ from sqlmodel import Session, select
 
 from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunStatus
 from service.db import AttemptOutcome, Experiment, Run, RunAttempt, make_engine, upgrade_database
-from service.experiments import Conflict, cancel_experiment, create_experiment
+from service.experiments import (
+    Conflict,
+    cancel_experiment,
+    create_experiment,
+    delete_experiment,
+)
 from service.run_store import (
     AttemptKey,
     FinishedAttempt,
@@ -83,7 +88,7 @@ def test_every_state_change_keeps_the_experiment_counts(session: Session) -> Non
     store.commit()
     assert [c.id for c in claimed] == [1, 2, 3, 4] and all(c.attempt == 1 for c in claimed)
     experiment = assert_counts_kept(session, experiment_id)
-    assert experiment.status == ExperimentStatus.running and experiment.runs_running == 4
+    assert experiment.status == ExperimentStatus.running and experiment.runs_pending == 4
     keys = [AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
             for c in claimed]
     store.finish([finished(keys[0], RunStatus.completed, {"min_l2": 1.0}),
@@ -119,15 +124,15 @@ def test_every_state_change_keeps_the_experiment_counts(session: Session) -> Non
     store.commit()
     experiment = assert_counts_kept(session, experiment_id)
     assert experiment.status == ExperimentStatus.cancelled
-    assert experiment.runs_cancelled == 1 and experiment.runs_running == 1  # run 6 is flagged
+    assert experiment.runs_cancelled == 1 and experiment.runs_pending == 1  # run 6 is flagged
     assert store.cancel_requested([6]) == [6]
     store.end_cancelled(AttemptKey(run_id=6, experiment_id=experiment_id, attempt=1))
     store.commit()
     experiment = assert_counts_kept(session, experiment_id)
     assert experiment.finished_at is not None
     assert experiment_counts(experiment).model_dump() == {
-        "queued": 0, "running": 0, "completed": 1, "failed": 2, "diverged": 1, "cancelled": 2,
-        "stopped": 0}
+        "queued": 0, "pending": 0, "running": 0, "completed": 1, "failed": 2, "diverged": 1,
+        "cancelled": 2, "stopped": 0}
 
 
 def test_orphans_are_lost_and_unstarted_attempts_are_not_charged(session: Session) -> None:
@@ -144,6 +149,116 @@ def test_orphans_are_lost_and_unstarted_attempts_are_not_charged(session: Sessio
     assert session.get(Run, 1).status == RunStatus.failed  # type: ignore[union-attr]
     assert session.get(Run, 2).status == RunStatus.queued  # type: ignore[union-attr]
     assert_counts_kept(session, experiment_id)
+
+
+def run_of(session: Session, run_id: int) -> Run:
+    session.expire_all()
+    run = session.get(Run, run_id)
+    assert run is not None
+    return run
+
+
+def test_a_claimed_run_is_pending_until_its_worker_starts_it(session: Session) -> None:
+    """claim -> pending (handed to Ray; the attempt is charged), the worker's Started ->
+    running; a result can end a run from either, and a Started of an older attempt, or one for
+    a run that ended, moves nothing."""
+    experiment_id = new_experiment(session, seeds=3)
+    store = RunStore(session)
+    keys = [AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
+            for c in store.claim(3)]
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_pending, experiment.runs_running) == (3, 0)
+    # handed to Ray is enough for the experiment to be running
+    assert experiment.status == ExperimentStatus.running
+    assert [run_of(session, k.run_id).attempts for k in keys] == [1, 1, 1]
+    assert run_of(session, keys[0].run_id).started_at is None
+
+    store.start([StartedAttempt(key=keys[0], node_id="n", worker_id="w", pid=42),
+                 StartedAttempt(key=replace(keys[1], attempt=0), node_id="n", worker_id="w",
+                                pid=43)])
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_pending, experiment.runs_running) == (2, 1)
+    started = run_of(session, keys[0].run_id)
+    assert (started.status, started.worker_pid) == (RunStatus.running, 42)
+    assert started.started_at is not None
+    assert run_of(session, keys[1].run_id).status == RunStatus.pending  # an older attempt's
+
+    # a result read before its Started was stored ends a pending run
+    store.finish([finished(keys[0], RunStatus.completed, {"min_l2": 1.0}),
+                  finished(keys[1], RunStatus.completed, {"min_l2": 2.0})])
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_pending, experiment.runs_running, experiment.runs_completed) == (
+        1, 0, 2)
+    assert run_of(session, keys[1].run_id).metrics == {"min_l2": 2.0}
+    store.start([StartedAttempt(key=keys[1], node_id="n", worker_id="w", pid=43)])
+    store.commit()
+    assert run_of(session, keys[1].run_id).status == RunStatus.completed
+    assert_counts_kept(session, experiment_id)
+
+
+def test_a_pending_run_is_lost_interrupted_failed_or_orphaned_like_a_running_one(
+        session: Session) -> None:
+    experiment_id = new_experiment(session, seeds=4, max_retries=0)
+    store = RunStore(session)
+    lost, interrupted, failed, orphan = (
+        AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
+        for c in store.claim(4))
+    store.commit()
+    # its task failed in Ray's queue: charged (max_retries 0), so it fails
+    assert store.lose(lost, "the task ended without a result") == RunStatus.failed
+    store.interrupt([interrupted], "the dispatcher stopped")  # not charged: back in the queue
+    store.fail(failed, "its results could not be stored")
+    store.commit()
+    assert_counts_kept(session, experiment_id)
+    assert [run_of(session, k.run_id).status for k in (lost, interrupted, failed, orphan)] == [
+        RunStatus.failed, RunStatus.queued, RunStatus.failed, RunStatus.pending]
+    assert run_of(session, failed.run_id).error == "its results could not be stored"
+    # a pending run no live attempt holds was left by an earlier dispatcher: re-queued, and
+    # its attempt (no worker had started it) recorded interrupted, not charged
+    assert store.requeue_orphans({}) == [orphan.run_id]
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert run_of(session, orphan.run_id).status == RunStatus.queued
+    assert experiment.runs_queued == 2 and experiment.runs_pending == 0
+    outcomes = dict(session.exec(select(RunAttempt.run_id, RunAttempt.outcome)).all())
+    assert outcomes == {lost.run_id: AttemptOutcome.lost,
+                        interrupted.run_id: AttemptOutcome.interrupted,
+                        failed.run_id: AttemptOutcome.failed,
+                        orphan.run_id: AttemptOutcome.interrupted}
+
+
+def test_a_cancel_reaches_pending_runs_and_delete_waits_for_them(session: Session) -> None:
+    """A pending run is flagged for the dispatcher (its task is cancelled in Ray) and ends
+    cancelled before start; the experiment cannot be deleted while a run is pending."""
+    experiment_id = new_experiment(session, seeds=3)
+    store = RunStore(session)
+    pending, running = (AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
+                        for c in store.claim(2))
+    store.start([StartedAttempt(key=running, node_id="n", worker_id="w", pid=42)])
+    store.commit()
+    cancel_experiment(session=session, experiment_id=experiment_id)
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_cancelled, experiment.runs_pending, experiment.runs_running) == (
+        1, 1, 1)
+    assert sorted(store.cancel_requested([pending.run_id, running.run_id])) == [
+        pending.run_id, running.run_id]
+    with pytest.raises(Conflict, match="2 runs queued, pending or running"):
+        delete_experiment(session=session, experiment_id=experiment_id)
+    store.end_cancelled(running)
+    store.commit()
+    with pytest.raises(Conflict, match="1 runs queued, pending or running"):
+        delete_experiment(session=session, experiment_id=experiment_id)
+    store.end_cancelled(pending)
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert experiment.runs_cancelled == 3 and experiment.finished_at is not None
+    assert run_of(session, pending.run_id).error == "cancelled before start"
+    assert run_of(session, running.run_id).error == "cancelled while running"
+    delete_experiment(session=session, experiment_id=experiment_id)
+    assert session.get(Experiment, experiment_id) is None
 
 
 @pytest.fixture
@@ -193,15 +308,15 @@ def test_a_stopped_run_is_counted_ended_and_its_experiment_completes(
     store.finish([stopped, finished(keys[1], RunStatus.completed, {"test_accuracy": 0.9})])
     store.commit()
     experiment = assert_counts_kept(session, experiment_id)
-    assert (experiment.runs_stopped, experiment.runs_completed, experiment.runs_running) == (
+    assert (experiment.runs_stopped, experiment.runs_completed, experiment.runs_pending) == (
         1, 1, 1)
     assert experiment.status == ExperimentStatus.running and experiment.finished_at is None
     store.finish([replace(stopped, key=keys[2])])
     store.commit()
     experiment = assert_counts_kept(session, experiment_id)
     assert experiment_counts(experiment).model_dump() == {
-        "queued": 0, "running": 0, "completed": 1, "failed": 0, "diverged": 0, "cancelled": 0,
-        "stopped": 2}
+        "queued": 0, "pending": 0, "running": 0, "completed": 1, "failed": 0, "diverged": 0,
+        "cancelled": 0, "stopped": 2}
     # the runs ended as the spec asked: completed, not partial
     assert experiment.status == ExperimentStatus.completed and experiment.finished_at is not None
     run = session.get(Run, keys[0].run_id)
@@ -241,6 +356,8 @@ def test_stopped_beside_a_failed_run_is_partial(backend_session: Session) -> Non
     ({"failed": 2, "cancelled": 2}, ExperimentStatus.failed),
     ({"cancelled": 4}, ExperimentStatus.partial),
     ({"stopped": 1, "queued": 3}, ExperimentStatus.running),
+    ({"pending": 1, "queued": 3}, ExperimentStatus.running),
+    ({"completed": 3, "pending": 1}, ExperimentStatus.running),
     ({"queued": 4}, ExperimentStatus.queued),
 ])
 def test_experiment_status_counts_stopped_runs_as_ended_as_asked(

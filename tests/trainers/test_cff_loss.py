@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.cff import margin_schedule
+from trainers.cff import CFFConfig, margin_schedule
 from trainers.losses.supcon_margin import (
     clamp_activation_rate,
     expected_positives_per_anchor,
@@ -156,11 +156,13 @@ def test_expected_positive_density_matches_label_draws() -> None:
 
 
 def test_margin_schedules() -> None:
-    assert margin_schedule("linear", 0.4, None, 5) == pytest.approx([0.4, 0.325, 0.25, 0.175,
-                                                                     0.1])
+    # a null margin_end is margin_start / 4: CFF's linspace(0.4, 0.1, L)
+    assert CFFConfig(depth=5).margins() == pytest.approx([0.4, 0.325, 0.25, 0.175, 0.1])
+    assert margin_schedule("linear", 0.4, 0.1, 5) == pytest.approx([0.4, 0.325, 0.25, 0.175,
+                                                                    0.1])
     for kind in ("parabolic", "cosine", "exponential"):
         m = margin_schedule(kind, 0.4, 0.1, 5)
         assert m[0] == pytest.approx(0.4) and m[-1] == pytest.approx(0.1)
         assert all(a >= b for a, b in itertools.pairwise(m))
-    assert margin_schedule("linear", 0.0, None, 4) == [0.0] * 4
-    assert margin_schedule("linear", 0.2, None, 1) == [0.2]
+    assert CFFConfig(margin_start=0.0, depth=4).margins() == [0.0] * 4
+    assert CFFConfig(margin_start=0.2, depth=1).margins() == [0.2]

@@ -10,8 +10,9 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
+import pydantic
 import pytest
 
 from trainers import REGISTRY, get_trainer
@@ -183,6 +184,68 @@ def assert_close(actual: Any, expected: Any, rel: float, where: str = "") -> Non
         assert actual == expected, (where, actual, expected)
 
 
+# Config fields whose null is itself the value a run uses (DataConfig: the operator's default
+# data root, the whole training split, the whole test set), not one resolve_config works out.
+NULL_IS_THE_VALUE = {"data_root", "train_size", "test_size"}
+
+
+def configs_to_resolve(trainer: Any) -> list[Any]:
+    """The trainer's default config, its contract cases, and the default with each value of
+    every Literal or bool field (the branches a null default is worked out on: collapse's
+    stop_gradient, ssl's method, ssl_sim's simulation, the dataset)."""
+    case = CASES[trainer.name]
+    given = [{}, *(c for c in (case.long, case.frequent, case.rare, case.short) if c)]
+    for name, field in trainer.Config.model_fields.items():
+        values = (False, True) if field.annotation is bool else get_args(field.annotation)
+        if get_origin(field.annotation) is Literal or field.annotation is bool:
+            given += [{name: value} for value in values]
+    configs = []
+    for values in given:
+        try:
+            configs.append(trainer.Config(**values))
+        except pydantic.ValidationError:  # a value the default's other fields refuse
+            continue
+    return configs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_resolve_config_leaves_no_null_where_a_run_uses_a_value(name: str) -> None:
+    """What a run's stored config shows for a null default is the value the run uses: filled
+    in, valid for its field, left alone where the spec gave one, and stable."""
+    trainer = get_trainer(name)
+    configs = configs_to_resolve(trainer)
+    assert len(configs) > 1
+    for config in configs:
+        resolved = trainer.resolve_config(config)
+        assert type(resolved) is type(config)
+        shown = resolved.model_dump()
+        assert [f for f, v in shown.items() if v is None and f not in NULL_IS_THE_VALUE] == [], (
+            config)
+        given = {f: v for f, v in config.model_dump().items() if v is not None}
+        assert {f: shown[f] for f in given} == given
+        assert trainer.Config.model_validate(resolved.model_dump()) == resolved
+        assert trainer.resolve_config(resolved) == resolved
+
+
+def test_resolve_config_fills_the_defaults_the_trainers_document() -> None:
+    collapse, ssl, ssl_sim, cff = (get_trainer(n) for n in ("collapse", "ssl", "ssl_sim", "cff"))
+    schedule = {"lr", "steps", "log_every"}
+    assert collapse.resolve_config(collapse.Config()).model_dump(include=schedule) == {
+        "lr": 0.5, "steps": 4000, "log_every": 20}
+    assert collapse.resolve_config(collapse.Config(stop_gradient=True)).model_dump(
+        include=schedule) == {"lr": 0.2, "steps": 20_000, "log_every": 100}
+    assert ssl.resolve_config(ssl.Config(method="simsiam")).model_dump(
+        include={"lr", "weight_decay", "temperature", "proj_dim"}) == {
+        "lr": 0.2, "weight_decay": 5e-4, "temperature": 1.0, "proj_dim": 2048}
+    assert ssl_sim.resolve_config(ssl_sim.Config(simulation="latent_class")).lr == 0.01
+    assert cff.resolve_config(cff.Config(margin_start=0.2)).margin_end == 0.05
+    # the dataset's own side, and its reference padding at that side (CIFAR-10: 12/32)
+    digits = get_trainer("feedback").resolve_config(get_trainer("feedback").Config())
+    assert (digits.image_size, digits.crop_padding) == (8, 1)
+    cifar = cff.resolve_config(cff.Config(dataset="cifar10", image_size=None))
+    assert (cifar.image_size, cifar.crop_padding) == (32, 12)
+
+
 def test_every_registered_trainer_has_a_batch_tolerance() -> None:
     assert set(BATCH_TOLERANCE) == set(REGISTRY)
     for name, tolerance in BATCH_TOLERANCE.items():
@@ -205,6 +268,10 @@ def test_a_seed_batched_task_gives_each_seed_its_solo_run(name: str) -> None:
         alone = MemoryReporter()
         solo = trainer.run(config, seed, alone, threads=1)
         assert outcome.provenance["seed"] == seed and outcome.finished == solo.finished
+        # each run records the config it trained with: resolve_config's, the one the service
+        # shows as the run's
+        assert (outcome.provenance["config"] == solo.provenance["config"]
+                == trainer.resolve_config(config).model_dump(mode="json"))
         assert (outcome.diverged, outcome.diverged_at_step) == (solo.diverged,
                                                                 solo.diverged_at_step)
         assert [p[:3] for p in reporter.points] == [p[:3] for p in alone.points], seed

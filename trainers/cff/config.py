@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from trainers.data import DEVICE, DataConfig
-from trainers.data.sources import NATIVE_SIZE
 from trainers.losses.supcon_margin import MarginMode, Stability
 from trainers.precision import PRECISION, Precision
 
@@ -60,26 +59,33 @@ class CFFConfig(DataConfig):
     def _check(self) -> CFFConfig:
         if self.width % self.heads:
             raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
-        side = self.image_size or NATIVE_SIZE[self.dataset]
+        side = self.resolved_image_size
         if side % self.patch:
             raise ValueError(f"image side {side} must be divisible by patch ({self.patch})")
         if self.select_by_validation and self.val_fraction == 0.0:
             raise ValueError("select_by_validation needs val_fraction > 0")
         return self
 
+    @property
+    def resolved_margin_end(self) -> float:
+        """The last layer's margin: `margin_end`, else margin_start / 4 (CFF's 0.4 -> 0.1)."""
+        return self.margin_start / 4 if self.margin_end is None else self.margin_end
+
+    def resolved_fields(self) -> dict[str, Any]:
+        return {**super().resolved_fields(), "margin_end": self.resolved_margin_end}
+
     def margins(self) -> list[float]:
-        return margin_schedule(self.margin_schedule, self.margin_start, self.margin_end,
-                               self.depth)
+        return margin_schedule(self.margin_schedule, self.margin_start,
+                               self.resolved_margin_end, self.depth)
 
 
-def margin_schedule(kind: str, start: float, end: float | None, depth: int) -> list[float]:
-    """Per-layer margins m_0..m_{L-1} from `start` to `end` (default start / 4).
+def margin_schedule(kind: str, start: float, end: float, depth: int) -> list[float]:
+    """Per-layer margins m_0..m_{L-1} from `start` to `end`.
 
     linear is CFF's linspace(0.4, 0.1, L). The other shapes are seedgrid's: parabolic
     m0 + (mL - m0) t^2, cosine mL + (m0 - mL)(1 + cos(pi t)) / 2, exponential m0 (mL/m0)^t,
     with t = l / (L - 1).
     """
-    end = start / 4 if end is None else end
     if depth == 1:
         return [start]
     t = np.linspace(0.0, 1.0, depth)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -24,7 +24,9 @@ from api_schemas.data_roots import ROOT_NAME
 from trainers.base import TrainerConfig
 from trainers.data.augment import AugmentPlan, augment, normalize
 from trainers.data.sources import (
+    CROP_PADDING_FRACTION,
     DATASETS,
+    NATIVE_SIZE,
     TORCHVISION_DATASETS,
     DatasetUnavailable,
     ImageData,
@@ -101,6 +103,25 @@ class DataConfig(TrainerConfig):
                 "a pickle, and unpickling runs code)")
         return value
 
+    @property
+    def resolved_image_size(self) -> int:
+        """The model's input side: `image_size`, else the dataset's own."""
+        return self.image_size or NATIVE_SIZE[self.dataset]
+
+    @property
+    def resolved_crop_padding(self) -> int:
+        """The reference crop padding (at strength 0.5): `crop_padding`, else the dataset's
+        fraction of the image side."""
+        if self.crop_padding is not None:
+            return self.crop_padding
+        return round(CROP_PADDING_FRACTION[self.dataset] * self.resolved_image_size)
+
+    def resolved_fields(self) -> dict[str, Any]:
+        # data_root, train_size and test_size stay null: null is their value (the operator's
+        # default root, the whole split), not a number worked out from the config
+        return {**super().resolved_fields(), "image_size": self.resolved_image_size,
+                "crop_padding": self.resolved_crop_padding}
+
 
 def load_for(config: DataConfig) -> ImageData:
     """The dataset a config names, at its resolution (cached per process), from the
@@ -113,7 +134,7 @@ def load_for(config: DataConfig) -> ImageData:
     needs_files = config.dataset in TORCHVISION_DATASETS
     return load_images(
         config.dataset,
-        image_size=config.image_size,
+        image_size=config.resolved_image_size,
         rgb=config.rgb,
         root=data_root(config.data_root) if needs_files else None,
         download=config.download,
@@ -217,7 +238,7 @@ def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:
         image_side=data.image_shape[-1],
         padding_fraction=data.crop_padding_fraction,
         hflip=data.hflip,
-        crop_padding=config.crop_padding,
+        crop_padding=config.resolved_crop_padding,
     )
     return ImageSplits(
         data=data,

@@ -145,6 +145,10 @@ _SPECS: dict[str, _Spec] = {
 
 NATIVE_SIZE = {"digits": 8, "synthetic": 16, "cifar10": 32, "cifar100": 32, "svhn": 32,
                "fashion_mnist": 28, "mnist": 28}
+# Each dataset's reference crop padding as a fraction of the image side (DataConfig's
+# `crop_padding` when it is left null).
+CROP_PADDING_FRACTION = {"digits": 1 / 8, "synthetic": 1 / 8,
+                         **{name: spec.crop_padding_fraction for name, spec in _SPECS.items()}}
 
 
 def data_root(name: str | None = None) -> Path:
@@ -441,14 +445,14 @@ def _build(
     if name in loaders:
         train_x, train_y, test_x, test_y = loaders[name]()
         num_classes = synthetic[0] if name == "synthetic" else 10
-        hflip, pad_fraction = False, 1 / 8
+        hflip = False
     else:
         assert root is not None
         train_x, train_y, test_x, test_y = _load_torchvision(name, root, download)
         _check_arrays(name, root, train_x, train_y, "train")
         _check_arrays(name, root, test_x, test_y, "test")
         spec = _SPECS[name]
-        num_classes, hflip, pad_fraction = spec.num_classes, spec.hflip, spec.crop_padding_fraction
+        num_classes, hflip = spec.num_classes, spec.hflip
     tx, sx = _to_size(train_x, size, name), _to_size(test_x, size, name)
     if rgb and tx.shape[1] == 1:
         tx, sx = tx.expand(-1, 3, -1, -1).contiguous(), sx.expand(-1, 3, -1, -1).contiguous()
@@ -467,5 +471,5 @@ def _build(
         mean=mean,
         std=std,
         hflip=hflip,
-        crop_padding_fraction=pad_fraction,
+        crop_padding_fraction=CROP_PADDING_FRACTION[name],
     )

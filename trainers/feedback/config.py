@@ -7,7 +7,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trainers.data import AUGMENT_STRENGTH, DEVICE, VAL_FRACTION, DataConfig
-from trainers.data.sources import NATIVE_SIZE
 
 # Residual blocks at most; per-layer metric names go up to h_MAX_DEPTH (MAX_DEPTH + 1 states).
 MAX_DEPTH = 16
@@ -122,7 +121,7 @@ class FeedbackConfig(DataConfig):
             if self.width % self.heads:
                 raise ValueError(f"width ({self.width}) must be divisible by heads "
                                  f"({self.heads})")
-            side = self.image_size or NATIVE_SIZE[self.dataset]
+            side = self.resolved_image_size
             if side % self.patch:
                 raise ValueError(f"image side {side} must be divisible by patch ({self.patch})")
         return self

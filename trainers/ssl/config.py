@@ -79,5 +79,11 @@ class SSLConfig(DataConfig):
         PRECISION + ". bf16 also keeps the ResNet's activations channels-last on a GPU"))
 
     def resolved(self, name: str) -> Any:
+        """The value of `name` (one of METHOD_DEFAULTS' fields) a run uses: the field, else the
+        method's default."""
         value = getattr(self, name)
         return METHOD_DEFAULTS[self.method][name] if value is None else value
+
+    def resolved_fields(self) -> dict[str, Any]:
+        return {**super().resolved_fields(),
+                **{name: self.resolved(name) for name in METHOD_DEFAULTS[self.method]}}

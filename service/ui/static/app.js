@@ -13,7 +13,8 @@ const RUNS_PAGE = 1000;
 const MAX_RUN_PAGES = 10;
 const POINTS_PAGE = 10000;
 const MAX_RUN_POINT_PAGES = 5;
-const ACTIVE = new Set(["queued", "running"]);
+// Statuses of a run (or an experiment) not ended yet; `pending`: handed to Ray, no worker yet.
+const ACTIVE = new Set(["queued", "pending", "running"]);
 const COLORS = ["#2456a6", "#d1495b", "#2a9d8f", "#e9a23b", "#7b4fb5", "#5b8c2a", "#c2417f",
   "#3d7ea6", "#8c6d31", "#555555"];
 
@@ -83,7 +84,7 @@ function statusBadge(status) {
 }
 
 function progress(counts, total) {
-  const done = total - (counts.queued || 0) - (counts.running || 0);
+  const done = total - (counts.queued || 0) - (counts.pending || 0) - (counts.running || 0);
   const share = total ? (100 * done) / total : 0;
   return el("span", {}, el("span", { class: "bar" }, el("span", { style: `width:${share}%` })),
     `${done}/${total}`);
