@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 from sqlalchemy import func, text
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from api_schemas import (
     MAX_SEED,
@@ -546,7 +546,7 @@ def stop_message(session: Session, experiment: Experiment) -> str | None:
         return None
     error = session.exec(
         select(Run.error).where(Run.experiment_id == experiment.id,
-                                Run.error.startswith(STOPPED_RUN_PREFIX, autoescape=True))  # type: ignore[union-attr]
+                                col(Run.error).startswith(STOPPED_RUN_PREFIX, autoescape=True))
         .limit(1)
     ).first()
     return error.removeprefix(STOPPED_RUN_PREFIX) if error else None

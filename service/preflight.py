@@ -139,13 +139,16 @@ class ClusterPreflight:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._said: set[str] = set()
+        # set once a join started by join_cluster has ended (None: none was started)
+        self._joined: threading.Event | None = None
 
     def join_cluster(self) -> None:
         """Join SEEDGRID_RAY_ADDRESS's cluster in the background (an API without a dispatcher
         has no Ray connection of its own): start-up never waits on it, and a failure is
-        logged once; submissions skip the pre-flight until it has joined."""
+        logged once; a submission meanwhile waits for it within its bounded wait."""
         if not self.settings.ray_address or ray.is_initialized():
             return
+        joined = self._joined = threading.Event()
 
         def join() -> None:
             try:
@@ -155,6 +158,8 @@ class ClusterPreflight:
             except Exception as exc:  # noqa: BLE001 - logged; the runs store covers it
                 log.warning("pre-flight checks are off in this process: cannot join Ray at %s "
                             "(%s: %s)", self.settings.ray_address, type(exc).__name__, exc)
+            finally:
+                joined.set()
 
         threading.Thread(target=join, name="seedgrid-preflight-join", daemon=True).start()
 
@@ -167,6 +172,8 @@ class ClusterPreflight:
         checks = distinct_checks(trainer, spec, conditions)
         if not checks:
             return []
+        if self._joined is not None:
+            self._joined.wait(self.settings.preflight_timeout_s)
         if not ray.is_initialized():
             self._skipped("this process is not connected to Ray", once=True)
             return []

@@ -325,6 +325,24 @@ def test_the_first_failures_stop_their_experiment_alone(backend_session: Session
     assert experiment_detail(session=session, experiment_id=experiment_id).message == reason
 
 
+def test_the_first_failures_stop_also_ends_an_adaptive_experiments_rounds(
+        session: Session) -> None:
+    experiment_id = new_experiment(
+        session, seeds=4, grid={"stop_gradient": [False, True]},
+        adaptive={"comparison": {"factor": "stop_gradient", "a": False, "b": True}})
+    store = RunStore(session)
+    for claimed in store.claim(3):
+        store.fail(AttemptKey(run_id=claimed.id, experiment_id=experiment_id,
+                              attempt=claimed.attempt), "RuntimeError: boom")
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_cancelled, experiment.deciding) == (5, False)
+    assert experiment.status == ExperimentStatus.failed  # no next round is due
+    reason = "stopped after its first 3 runs failed: RuntimeError: boom"
+    assert experiment.adaptive is not None and experiment.adaptive["stop_reason"] == reason
+    assert experiment_detail(session=session, experiment_id=experiment_id).message == reason
+
+
 def test_stop_after_failures_zero_runs_every_run(session: Session) -> None:
     experiment_id = new_experiment(session, seeds=5, stop_after_failures=0)
     store = RunStore(session)

@@ -258,6 +258,7 @@ def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:
 
 __all__ = [
     "DATASETS",
+    "TORCHVISION_DATASETS",
     "AugmentPlan",
     "DataConfig",
     "DatasetName",
