@@ -280,6 +280,12 @@ class ExperimentSpec(BaseModel):
     metric: str | None = Field(None, max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)
     resources: Resources = Field(default_factory=Resources)
     max_retries: int = Field(2, ge=0, le=20)
+    # When this many runs of the experiment have ended and every one of them failed (none
+    # completed, stopped, diverged or was cancelled), its queued runs are cancelled and it ends
+    # `failed` with a message: a spec that cannot run does not fail its whole grid. 0: never.
+    stop_after_failures: int = Field(3, ge=0, le=MAX_SEEDS, description=(
+        "Stop the experiment once its first this many ended runs all failed (its queued runs "
+        "are cancelled, those not yet started too); 0: never"))
     # Higher runs first.
     priority: int = Field(0, ge=-1000, le=1000)
     # Seeds in rounds until a named comparison is settled (api_schemas.adaptive); the first
@@ -407,6 +413,9 @@ class ExperimentDetail(ExperimentSummary):
     n_conditions: int
     # An adaptive experiment's looks and why it stopped (null for a plain experiment).
     adaptive: AdaptiveState | None = None
+    # Why the experiment ended before all its runs had run (its first runs all failed: spec's
+    # stop_after_failures), with the error; null otherwise.
+    message: str | None = None
 
 
 class RunStop(ResponseModel):

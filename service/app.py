@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from service.db import make_engine, upgrade_database
 from service.dispatcher import Dispatcher
 from service.experiments import Conflict, NotFound, QueueFull, SpecError
+from service.preflight import ClusterPreflight
 from service.routes import compare, experiments, planning, runs, system
 from service.routes.reports import reports_router
 from service.routes.ui import public_paths, ui_router
@@ -32,8 +33,11 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         app.state.engine = engine
         app.state.settings = settings
         app.state.dispatcher = Dispatcher(settings, engine) if dispatch else None
+        app.state.preflight = ClusterPreflight(settings)
         if app.state.dispatcher is not None:
-            app.state.dispatcher.start()
+            app.state.dispatcher.start()  # the dispatcher's Ray connection serves the pre-flight
+        else:
+            app.state.preflight.join_cluster()
         try:
             yield
         finally:

@@ -591,6 +591,7 @@ def report(client: httpx.Client, experiment_id: int, metric: str | None = None,
         return trouble
     console.print(f"experiment {experiment_id} {detail['name']}: {detail['status']} "
                   f"({_counts(detail['counts'])})", markup=False, soft_wrap=True)
+    print_message(detail)
     if detail["status"] == "failed":
         console.print("no run completed: there is nothing to compare", markup=False)
     else:
@@ -606,6 +607,12 @@ def report(client: httpx.Client, experiment_id: int, metric: str | None = None,
             console.print(f"{n} run{'s' if n != 1 else ''} stopped: {reason}", style="yellow",
                           markup=False, soft_wrap=True)
     return trouble_summary(client, experiment_id) if trouble else 0
+
+
+def print_message(detail: dict[str, Any]) -> None:
+    """Why the experiment stopped before all its runs had run (its first runs all failed)."""
+    if detail.get("message"):
+        console.print(detail["message"], style="red", markup=False, soft_wrap=True)
 
 
 def exit_on_trouble(trouble: int) -> None:
@@ -731,6 +738,7 @@ def status(experiment_id: int, url: UrlOpt = None, as_json: JsonOpt = False) -> 
         f"experiment {d['id']} {d['name']} ({d['trainer']}): {d['status']}; "
         f"{d['n_runs']} runs: {counts}", markup=False
     )
+    print_message(d)
     adaptive = d.get("adaptive")
     if adaptive:
         console.print(f"adaptive: {adaptive['rule']}", markup=False)
@@ -936,6 +944,7 @@ def watch_command(
         detail = watch(client, experiment_id, poll)
         console.print(f"experiment {experiment_id} {detail['status']}: "
                       f"{_counts(detail['counts'])}", markup=False, soft_wrap=True)
+        print_message(detail)
         trouble = trouble_summary(client, experiment_id)
     exit_on_trouble(trouble)
 

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from sqlmodel import Session
 
+from service.preflight import ClusterPreflight
 from service.settings import Settings
 
 
@@ -20,8 +21,13 @@ def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def _preflight(request: Request) -> ClusterPreflight:
+    return request.app.state.preflight
+
+
 SessionDep = Annotated[Session, Depends(_session)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
+PreflightDep = Annotated[ClusterPreflight, Depends(_preflight)]
 
 # The largest integer SQLite stores and PostgreSQL's OFFSET takes; a larger offset is invalid
 # input, not a driver overflow.

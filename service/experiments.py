@@ -6,11 +6,11 @@ import difflib
 import itertools
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 from sqlalchemy import func, text
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from api_schemas import (
     MAX_SEED,
@@ -31,11 +31,14 @@ from api_schemas import (
 )
 from api_schemas.adaptive import NamedComparison
 from service.db import Experiment, Run, RunAttempt
-from service.run_store import RunStore, experiment_counts
+from service.run_store import STOPPED_RUN_PREFIX, RunStore, experiment_counts
 from service.settings import Settings
 from service.sources import config_condition, experiment_grid
 from service.stats import metric_value
 from trainers import REGISTRY, Trainer
+
+if TYPE_CHECKING:
+    from service.preflight import ClusterPreflight
 
 # Any fixed 64-bit number: the PostgreSQL advisory lock submissions take to count the queue.
 SUBMIT_LOCK_KEY = 0x5EED_6121_D000_0003
@@ -206,7 +209,7 @@ def validate_spec(
                                 f"{n_runs} runs, over the limit of {max_runs} "
                                 "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)")])
     conditions = grid_conditions(spec.grid)
-    refusals = _Refusals(spec)
+    refusals = Refusals(spec)
     for condition in conditions:
         try:
             config = trainer.Config.model_validate({**spec.config, **condition})
@@ -275,7 +278,7 @@ def _stop_check_errors(trainer: Trainer, names: list[str]) -> list[dict[str, Any
             for i, name in enumerate(names) if name not in trainer.stop_checks]
 
 
-class _Refusals:
+class Refusals:
     """Per kind of refusal, the field it names and the conditions it hit (the first few are
     listed in the message, the rest counted), so that a 10,000-condition grid gives one error
     per kind, not 10,000."""
@@ -308,7 +311,7 @@ class _Refusals:
 
 
 def _check_operator_limits(trainer: Trainer, config: Any, condition: dict[str, Any],
-                           settings: Settings, refusals: _Refusals, per_task: int = 1) -> None:
+                           settings: Settings, refusals: Refusals, per_task: int = 1) -> None:
     """What the operator allows a run: which data roots, downloads, memory, logged points.
     `per_task`: the seeds one task runs; they share its process, so its memory is theirs
     together (an upper bound: the data is loaded once)."""
@@ -353,10 +356,14 @@ class QueueFull(Exception):
             f"{cap:,} queued runs (SEEDGRID_MAX_QUEUED_RUNS); retry when runs have ended")
 
 
-def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Settings) -> Experiment:
-    """Validate, expand into condition x seed runs and store everything in one transaction.
+def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Settings,
+                      preflight: ClusterPreflight | None = None) -> Experiment:
+    """Validate, check on the cluster (`preflight`: what would fail every run before it
+    trains), expand into condition x seed runs and store everything in one transaction.
     The spec's config is stored once, with the experiment; a run stores its condition."""
     trainer, conditions = validate_spec(spec, settings=settings)
+    if preflight is not None and (errors := preflight.check(trainer, spec, conditions)):
+        raise SpecError(errors)
     seeds = spec.seed_list()
     n_runs = len(conditions) * len(seeds)
     store = RunStore(session)
@@ -528,7 +535,23 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         spec=ExperimentSpec.model_validate(experiment.spec),
         n_conditions=experiment.n_conditions,
         adaptive=experiment.adaptive,
+        message=stop_message(session, experiment),
     )
+
+
+def stop_message(session: Session, experiment: Experiment) -> str | None:
+    """Why the experiment stopped before all its runs had run (its first runs all failed:
+    service.run_store.failure_stop), or None. The stop stores it as the error of each run it
+    cancels, so it is read back from one of them; only an experiment with a failed run can
+    have one."""
+    if not experiment.runs_failed:
+        return None
+    error = session.exec(
+        select(Run.error).where(Run.experiment_id == experiment.id,
+                                col(Run.error).startswith(STOPPED_RUN_PREFIX, autoescape=True))
+        .limit(1)
+    ).first()
+    return error.removeprefix(STOPPED_RUN_PREFIX) if error else None
 
 
 def list_experiments(

@@ -12,6 +12,7 @@ The only module that assigns a run's status (MLflow's tracking store is the mode
        |                 +--interrupt--> queued (not charged) | cancelled
        |                 `--fail--> failed (its rows cannot be stored)
        `--cancel_experiment / unschedulable--> cancelled | failed
+       `--the experiment's first runs all failed (failure_stop)--> cancelled
 
 `pending` is a run handed to Ray (its attempt claimed and charged) that no worker has reported
 starting: Ray queues tasks beyond the cluster's free CPUs and GPUs, so a dispatcher keeps more
@@ -22,6 +23,12 @@ Each operation costs O(the runs it touches): the experiment keeps its run counts
 experiment's status is derived from one row. `RunStore.commit` applies the counts and statuses
 of the experiments touched, then commits.
 
+An experiment whose first `stop_after_failures` ended runs all failed (its spec's; a missing
+dataset the pre-flight could not see, say) stops there: `commit` cancels its queued runs and asks
+the dispatcher to cancel those a worker has not started, each with the reason as its error (the
+experiment's `message`), in the transaction that stored the last of those failures. Decided per
+experiment, from its own counts: no other experiment's runs are touched.
+
 Concurrency: the dispatcher and the API's cancel both lock an experiment's row before its runs'
 (`lock_experiments`), in id order, so the two never deadlock on PostgreSQL; SQLite locks the
 whole database.
@@ -29,6 +36,7 @@ whole database.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -38,7 +46,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, insert, or_, update
 from sqlmodel import Session, select
 
-from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus
+from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunStatus, storable_text
 from service.db import (
     AttemptOutcome,
     Experiment,
@@ -48,6 +56,8 @@ from service.db import (
     StatsCache,
     utcnow,
 )
+
+log = logging.getLogger("seedgrid.runs")
 
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
 ENDED = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
@@ -108,6 +118,40 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
     if any(getattr(counts, s.value) for s in RunStatus if s != RunStatus.queued):
         return ExperimentStatus.running
     return ExperimentStatus.queued
+
+
+# A spec stored before stop_after_failures existed stops at the default.
+STOP_AFTER_FAILURES_DEFAULT: int = ExperimentSpec.model_fields["stop_after_failures"].default
+# The error of a run the first-failures stop cancelled starts with this; the rest is the
+# experiment's message (service.experiments.stop_message reads it back).
+STOPPED_RUN_PREFIX = "cancelled: the experiment "
+
+
+def failure_stop(*, counts: ExperimentCounts, stop_after: int) -> bool:
+    """Whether an experiment stops now because its first runs all failed: at least
+    `stop_after` (> 0) of its runs have ended and every one of them `failed` (none completed,
+    stopped or diverged, and none was cancelled: a cancel, or this stop, came first), while
+    some are still queued, pending or running. A lost worker's retry is not an end; a run lost
+    on every attempt is a failure."""
+    ended = (counts.completed + counts.stopped + counts.diverged + counts.cancelled
+             + counts.failed)
+    return (stop_after > 0 and counts.failed >= stop_after and ended == counts.failed
+            and counts.queued + counts.pending + counts.running > 0)
+
+
+def failure_stop_message(n_failed: int, errors: Sequence[str | None]) -> str:
+    """The experiment's message when its first runs all failed: the first failure's error
+    (its first line), and how many other errors there were."""
+    lines = [first_line(e) for e in errors] or ["(no error message)"]
+    others = len(set(lines)) - 1
+    runs = "run" if n_failed == 1 else f"{n_failed} runs"
+    return (f"stopped after its first {runs} failed: {lines[0][:1000]}"
+            + (f" (and {others} other errors: see its failed runs)" if others else ""))
+
+
+def first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else "(no error message)"
 
 
 @dataclass(frozen=True)
@@ -188,12 +232,16 @@ class RunStore:
         self.session = session
         self._moves: defaultdict[int, Counter[RunStatus]] = defaultdict(Counter)
         self._touched: set[int] = set()
+        # experiments a run of which failed in this transaction: their first-failures stop
+        self._failed: set[int] = set()
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _moved(self, experiment_id: int, old: RunStatus, new: RunStatus, n: int = 1) -> None:
         if n and old != new:
             self._moves[experiment_id][old] -= n
             self._moves[experiment_id][new] += n
+            if new == RunStatus.failed:
+                self._failed.add(experiment_id)
         self._touched.add(experiment_id)
 
     def commit(self) -> None:
@@ -208,9 +256,64 @@ class RunStore:
             if moves:
                 self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
                                      .values(**moves).execution_options(synchronize_session=False))
+            if experiment_id in self._failed:
+                self._stop_after_failures(experiment_id)
             self._refresh_status(experiment_id)
         self._moves.clear()
         self._touched.clear()
+        self._failed.clear()
+
+    def _stop_after_failures(self, experiment_id: int) -> None:
+        """The first-failures stop (`failure_stop`), the one place it is decided: a run of the
+        experiment just failed; when its first runs all failed, its queued runs end cancelled
+        and the dispatcher is asked to cancel those no worker has started (runs a worker is
+        running may finish), each with the reason as its error. An adaptive experiment's
+        rounds end with it."""
+        this = Experiment.id == experiment_id
+        row = self.session.execute(
+            select(Experiment.cancel_requested, *(count_column(s) for s in RunStatus))
+            .where(this)
+        ).first()
+        if row is None or row.cancel_requested:
+            return
+        counts = ExperimentCounts(**{s.value: row[1 + i] for i, s in enumerate(RunStatus)})
+        if not failure_stop(counts=counts, stop_after=1):
+            return  # a run ended otherwise (the usual case): the spec is not read
+        spec, adaptive = self.session.execute(
+            select(Experiment.spec, Experiment.adaptive).where(this)).one()
+        stop_after = spec.get("stop_after_failures", STOP_AFTER_FAILURES_DEFAULT)
+        if not isinstance(stop_after, int) or not failure_stop(counts=counts,
+                                                               stop_after=stop_after):
+            return
+        errors = self.session.exec(
+            select(Run.error).where(Run.experiment_id == experiment_id,
+                                    Run.status == RunStatus.failed)
+            .order_by(Run.finished_at, Run.id).limit(counts.failed)  # type: ignore[arg-type]
+        ).all()
+        message = failure_stop_message(counts.failed, errors)
+        error = storable_text(STOPPED_RUN_PREFIX + message)
+        mine = Run.experiment_id == experiment_id
+        cancelled = self.session.execute(
+            update(Run).where(mine, Run.status == RunStatus.queued)
+            .values(status=RunStatus.cancelled, finished_at=utcnow(), error=error)
+        ).rowcount
+        flagged = self.session.execute(
+            update(Run).where(mine, Run.status == RunStatus.pending,
+                              Run.cancel_requested == False)  # noqa: E712
+            .values(cancel_requested=True, error=error)
+        ).rowcount
+        if not cancelled and not flagged:
+            return
+        values: dict[str, Any] = {
+            "runs_queued": Experiment.runs_queued - cancelled,
+            "runs_cancelled": Experiment.runs_cancelled + cancelled}
+        if adaptive is not None:
+            values |= {"deciding": False, "adaptive": {**adaptive, "stop_reason": message,
+                                                       "significant": False}}
+        self.session.execute(update(Experiment).where(this)
+                             .values(**values).execution_options(synchronize_session=False))
+        log.warning("experiment %s %s; %d queued runs cancelled, %d not yet started being "
+                    "cancelled", experiment_id, message, cancelled, flagged)
 
     def _refresh_status(self, experiment_id: int) -> None:
         row = self.session.execute(
@@ -447,7 +550,8 @@ class RunStore:
         """End the attempt's run, pending or running, as `status`; the run's error is `reason`,
         or for a cancel, whether the run had started."""
         for held in HELD:
-            error = cancelled_error(held) if cancelled else reason
+            # a cancel keeps an error already set (the first-failures stop's reason)
+            error = func.coalesce(Run.error, cancelled_error(held)) if cancelled else reason
             moved = self.session.execute(
                 update(Run).where(Run.id == attempt.run_id, Run.status == held,
                                   Run.attempts == attempt.attempt)
@@ -478,7 +582,9 @@ class RunStore:
             # the next attempt logs its own curves
             self.session.execute(delete(RunMetric).where(RunMetric.run_id == run.id))
         else:
-            run.finished_at, run.error = utcnow(), error
+            # a cancel keeps the reason a first-failures stop gave the run
+            keep = status == RunStatus.cancelled and run.error is not None
+            run.finished_at, run.error = utcnow(), run.error if keep else error
         self._moved(run.experiment_id, run.status, status)
         run.status = status
         self.session.add(run)
@@ -493,7 +599,7 @@ class RunStore:
                 cancelled = self.session.execute(
                     update(Run).where(*this_attempt, Run.cancel_requested == True)  # noqa: E712
                     .values(status=RunStatus.cancelled, finished_at=utcnow(),
-                            error=cancelled_error(held))
+                            error=func.coalesce(Run.error, cancelled_error(held)))
                 ).rowcount
                 requeued = self.session.execute(
                     update(Run).where(*this_attempt, Run.cancel_requested == False)  # noqa: E712

@@ -90,6 +90,16 @@ class ResourceEstimate:
 
 
 @dataclass(frozen=True)
+class PreflightProblem:
+    """Something that would make every run of a config fail before it trains (its dataset's
+    files missing, a device the machine lacks), found without loading or training anything:
+    the config field it comes from, and what is missing where."""
+
+    field: str
+    message: str
+
+
+@dataclass(frozen=True)
 class CheckStop:
     """A run ended early because checks it was asked to stop on fired (RunContext.checks_fired)."""
 
@@ -194,6 +204,18 @@ class Trainer(Protocol):
         (collapse's `steps`: 4000 or 20000): the config `run` and `run_seeds` train with, and
         the one the service shows as the run's. trainers.runtime.TrainerBase implements it
         from the config's `resolved_fields`."""
+        ...
+
+    def preflight_inputs(self, config: Any) -> dict[str, Any]:
+        """The config values `preflight` reads where a machine could refuse them (a device, a
+        dataset's files): configs with equal inputs are checked once, and a config with none
+        needs no check on the cluster."""
+        ...
+
+    def preflight(self, config: Any) -> list[PreflightProblem]:
+        """What would make every run of `config` on this machine fail before it trains: cheap
+        looks (does the file exist, is there a GPU), nothing loaded, trained or unpickled. The
+        service runs it on a node of the cluster before it queues an experiment's runs."""
         ...
 
 

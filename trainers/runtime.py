@@ -54,12 +54,14 @@ import torch
 
 from trainers.base import (
     CheckStop,
+    PreflightProblem,
     Reporter,
     ResourceEstimate,
     RunResult,
     RunWarning,
     TrainerConfig,
 )
+from trainers.data import TORCHVISION_DATASETS, DataConfig, dataset_problems
 from trainers.random_sources import RandomSources, random_sources
 from trainers.reports import CrossRunReport
 
@@ -150,12 +152,23 @@ def _use_deterministic_setting() -> None:
     torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())
 
 
+def cuda_missing() -> str | None:
+    """Why device 'cuda' is not usable in this process (None: it is). Counts the GPUs through
+    NVML where it can, so that asking does not initialise CUDA here: a Ray worker whose CUDA
+    is initialised keeps the GPUs it saw then, whatever Ray assigns its later tasks."""
+    if not torch.backends.cuda.is_built():
+        return f"torch {torch.__version__} here is built without CUDA"
+    if torch.cuda.device_count() == 0:
+        return "no GPU is visible to this process"
+    return None
+
+
 def pick_device(name: str) -> torch.device:
     """auto: the GPU Ray assigned to this process if there is one, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but no GPU is visible to this process")
+    if name == "cuda" and (missing := cuda_missing()) is not None:
+        raise RuntimeError(f"device 'cuda' requested but {missing}")
     return torch.device(name)
 
 
@@ -296,6 +309,34 @@ class TrainerBase(ABC):
     def device(self, config: Any) -> torch.device:
         """Where a run of `config` trains: the config's `device` field, else the CPU."""
         return pick_device(getattr(config, "device", "cpu"))
+
+    def reads_dataset(self, config: Any) -> bool:
+        """Whether a run of `config` loads the image dataset its DataConfig fields name."""
+        return isinstance(config, DataConfig)
+
+    def preflight_inputs(self, config: Any) -> dict[str, Any]:
+        """The config values `preflight` reads where a machine could refuse them: a `cuda`
+        device, and the fields of a dataset read from files (or downloaded). Configs with
+        equal inputs are checked once; digits, synthetic data and `auto` need no check."""
+        inputs: dict[str, Any] = {}
+        if getattr(config, "device", None) == "cuda":
+            inputs["device"] = "cuda"
+        if self.reads_dataset(config) and (config.dataset in TORCHVISION_DATASETS
+                                           or config.download):
+            inputs |= {"dataset": config.dataset, "data_root": config.data_root,
+                       "download": config.download}
+        return inputs
+
+    def preflight(self, config: Any) -> list[PreflightProblem]:
+        """What would make every run of `config` on this machine fail before it trains: a
+        `cuda` device with no GPU here, the dataset's files missing under the operator's data
+        root (trainers.data.dataset_problems). Looks only: nothing is loaded or trained."""
+        problems = []
+        if getattr(config, "device", None) == "cuda" and (missing := cuda_missing()) is not None:
+            problems.append(PreflightProblem("device", f"device 'cuda' requested but {missing}"))
+        if self.reads_dataset(config):
+            problems += dataset_problems(config)
+        return problems
 
     def run(self, config: Any, seed: int, reporter: Reporter, *,
             threads: int | None = None, source_seeds: dict[str, int] | None = None,

@@ -1,7 +1,8 @@
 """The messages a run's Ray task streams to the dispatcher, in order: one `Started`, zero or
 more `MetricBatch`es while the trainer runs, one `Result` per seed of the task. `MetricBatch`
 and `Result` name their seed by its index in the task's seeds (0 in a task of one). Both sides
-import this module: it is the whole contract between them."""
+import this module: it is the whole contract between them. A pre-flight task
+(workers.preflight) returns one `PreflightReport` to the service."""
 
 from __future__ import annotations
 
@@ -60,3 +61,13 @@ class Result:
 
 
 WorkerMessage = Started | MetricBatch | Result
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightReport:
+    """What a pre-flight task found on its node: for each config it was given, in order, the
+    (config field, message) of every problem that would fail its runs there."""
+
+    node_id: str | None
+    hostname: str
+    problems: list[list[tuple[str, str]]]

@@ -27,7 +27,7 @@ from api_schemas import (
 )
 from service import experiments as logic
 from service import export
-from service.deps import ExperimentId, SessionDep, SettingsDep
+from service.deps import ExperimentId, PreflightDep, SessionDep, SettingsDep
 from service.routes.errors import BODY_TOO_LARGE, NO_EXPERIMENT, QUEUE_FULL, errors
 from service.routes.paging import Offset, link_next
 from service.stats import MAX_COMPARISONS_PER_PAGE
@@ -42,13 +42,16 @@ router = APIRouter(prefix="/experiments", tags=["experiments"])
 @router.post("", status_code=201, response_model=ExperimentCreated,
              operation_id="submit_experiment", summary="Submit an experiment",
              description="Validates the spec (the trainer's config model checks `config` and "
-                         "every `grid` level), expands the grid into conditions x seeds and "
-                         "queues one run per (condition, seed). Nothing is stored for a "
-                         "rejected spec; the 422 names the field.",
+                         "every `grid` level), checks on a node of the cluster what would fail "
+                         "every run before it trains (the dataset's files, the device), "
+                         "expands the grid into conditions x seeds and queues one run per "
+                         "(condition, seed). Nothing is stored for a rejected spec; the 422 "
+                         "names the field.",
              responses=errors({413: BODY_TOO_LARGE, 429: QUEUE_FULL}))
-def submit_experiment(spec: ExperimentSpec, session: SessionDep,
-                      settings: SettingsDep) -> ExperimentCreated:
-    experiment = logic.create_experiment(session=session, spec=spec, settings=settings)
+def submit_experiment(spec: ExperimentSpec, session: SessionDep, settings: SettingsDep,
+                      preflight: PreflightDep) -> ExperimentCreated:
+    experiment = logic.create_experiment(session=session, spec=spec, settings=settings,
+                                         preflight=preflight)
     assert experiment.id is not None
     return ExperimentCreated(
         id=experiment.id,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 
 from tests.conftest import Service
 from tests.scipy_reference import assert_matches, reference_comparison
@@ -76,25 +78,38 @@ def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: 
     assert len(car["conditions"]) == 4
 
 
-def test_missing_dataset_stores_a_failed_run_with_the_message(
-        service: Service, data_roots: dict[str, Path]) -> None:
-    created = service.submit({
-        "name": "cff-missing",
-        "trainer": "cff",
+def test_a_missing_dataset_or_a_gpu_the_cluster_lacks_is_one_422_and_stores_nothing(
+        start_backend_service: Callable[..., Service], data_roots: dict[str, Path]) -> None:
+    """The pre-flight: what would fail every run before it trains is found on a node of the
+    cluster before any run is queued. (A run whose files vanish after it was queued fails
+    with the loader's same message: tests/trainers/test_data.py.)"""
+    # a generous wait: the check's worker may import torch first on this busy machine
+    service = start_backend_service(preflight_timeout_s=120)
+    missing = service.client.post("/experiments", json={
+        "name": "cff-missing", "trainer": "cff",
         "config": {**TINY, "dataset": "cifar10", "image_size": None},
-        "grid": {"margin_mode": ["clamp"]},
-        "seeds": 1,
-    })
-    detail = service.wait(created["id"], timeout_s=120)
-    assert detail["counts"]["failed"] == 1
-    (run,) = service.runs(created["id"])
-    error = run["error"]
-    # the operator's default root, named with what the operator must put there
-    assert error.startswith("DatasetUnavailable: dataset 'cifar10' not found under")
-    assert str(data_roots["default"] / "cifar-10-batches-py" / "data_batch_1") in error
-    assert "SEEDGRID_DATA_ROOT" in error and "Traceback" not in error
-    points = service.client.get(f"/runs/{run['id']}/metrics").json()
-    assert points == []  # it failed before any training
+        "grid": {"margin_mode": ["clamp", "subtract"]}, "seeds": 2})
+    assert missing.status_code == 422, missing.text
+    (error,) = missing.json()["detail"]  # two conditions, one check, one error
+    assert error["loc"] == ["body", "config", "dataset"]
+    message = error["msg"]
+    # the loader's message: the operator's default root, what to put there, where it was seen
+    assert message.startswith("dataset 'cifar10' not found under"), message
+    assert str(data_roots["default"] / "cifar-10-batches-py" / "data_batch_1") in message
+    assert "SEEDGRID_DATA_ROOT" in message and "checked on Ray node " in message
+    assert "(conditions: margin_mode=clamp; margin_mode=subtract)" in message
+
+    if not ray.cluster_resources().get("GPU"):  # known from the resources of a CPU cluster
+        cuda = service.client.post("/experiments", json={
+            "name": "cff-cuda", "trainer": "cff", "config": TINY,
+            "grid": {"device": ["auto", "cuda"]}, "seeds": 2})
+        assert cuda.status_code == 422, cuda.text
+        (error,) = cuda.json()["detail"]
+        assert error["loc"] == ["body", "grid", "device"]
+        assert "no node of the Ray cluster has a GPU" in error["msg"]
+        assert "(conditions: device=cuda)" in error["msg"]
+    assert service.sql("SELECT count(*) FROM experiment") == [(0,)]
+    assert service.sql("SELECT count(*) FROM run") == [(0,)]
 
 
 def test_a_named_data_root_of_the_operator_serves_its_dataset(service: Service) -> None:

@@ -52,11 +52,11 @@ def launch(ray_cluster: None, tmp_path: Path) -> Iterator[Callable[..., Seedgrid
     ray_address = ray.get_runtime_context().gcs_address
     started: list[SeedgridProcess] = []
 
-    def start(name: str, database_url: str, *args: str) -> SeedgridProcess:
+    def start(name: str, database_url: str, *args: str, **settings: str) -> SeedgridProcess:
         env = {**os.environ, "SEEDGRID_DATABASE_URL": database_url,
                "SEEDGRID_RAY_ADDRESS": ray_address, "SEEDGRID_METRICS_BATCH_INTERVAL_S": "0.2",
                "SEEDGRID_LOG_LEVEL": "info", "SEEDGRID_HOST": "127.0.0.1",
-               "SEEDGRID_PORT": str(free_port())}
+               "SEEDGRID_PORT": str(free_port()), **settings}
         process = SeedgridProcess(name, list(args), env, tmp_path)
         started.append(process)
         return process
@@ -115,7 +115,9 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     once; (c) after kill -9 of the active one the standby takes over and re-queues what the
     dead one left running. One test, so that the processes start once (seconds each here)."""
     url = pg_databases.url()
-    api_process = launch("api", url, "serve", "--no-dispatch", "--workers", "2")
+    # a pre-flight's worker may import torch first on this busy machine: a generous wait
+    api_process = launch("api", url, "serve", "--no-dispatch", "--workers", "2",
+                         SEEDGRID_PREFLIGHT_TIMEOUT_S="50")
     first = launch("dispatcher-1", url, "dispatcher")
     second = launch("dispatcher-2", url, "dispatcher")
     health = api_process.wait_healthy()
@@ -126,6 +128,13 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     api = api_of(api_process, url)
     bad = api.client.post("/experiments", json={**spec(QUICK, 1), "seeds": 0})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "seeds"]
+    # the API, with no dispatcher, joined Ray for the pre-flight: files missing on the node
+    missing = api.client.post("/experiments", json={
+        "name": "no-files", "trainer": "cff", "seeds": 1,
+        "config": {"dataset": "cifar10", "width": 16, "depth": 1, "epochs": 1,
+                   "head_epochs": 1}})
+    assert missing.status_code == 422, missing.text
+    assert missing.json()["detail"][0]["loc"] == ["body", "config", "dataset"]
 
     # Exactly one acts; the other says it is standby and which session holds the lock.
     deadline = time.monotonic() + 60

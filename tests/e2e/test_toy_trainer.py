@@ -1,14 +1,18 @@
 """A fifth trainer, added at runtime with no change to seedgrid, gets everything the four
 shipped ones get through HTTP and a real Ray: /trainers, cancellation, divergence handling,
-provenance and /stats."""
+provenance and /stats; and an experiment whose first runs all fail stops there."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import Service
+from tests.conftest import ROOT, Service
 from tests.e2e.toy_trainer import ToyTrainer
 from trainers import REGISTRY
 
@@ -32,22 +36,31 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> ToyTrainer:
     return trainer
 
 
-def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(service: Service,
-                                                                   toy: ToyTrainer) -> None:
+def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(
+        start_service: Callable[..., Service], toy: ToyTrainer) -> None:
+    """...and an experiment of it whose first runs all fail stops there, alone: two task slots,
+    so that its runs (of a higher priority) go first while the other one's wait in the queue."""
+    service = start_service(max_in_flight=2)
     client = service.client
     listed = {t["name"]: t for t in client.get("/trainers").json()}
     assert listed["toy"]["primary_metric"] == "loss"
-    assert set(listed["toy"]["config_schema"]["properties"]) == {"steps", "lr", "log_every"}
+    assert set(listed["toy"]["config_schema"]["properties"]) == {"steps", "lr", "log_every",
+                                                                 "fail_at_step"}
 
     spec = {"name": "toy", "trainer": "toy", "config": {"steps": 2000, "log_every": 5},
             "grid": {"lr": [0.1, 0.2, 2.0]}, "seeds": 3}
     created = client.post("/experiments", json=spec)
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
+    failing_id = service.submit({"name": "toy-fails", "trainer": "toy", "priority": 1,
+                                 "config": {"fail_at_step": 0}, "seeds": 8})["id"]
+    assert_stopped_after_its_first_failures(service, failing_id, n_runs=8)
     detail = wait_for(lambda: (d := client.get(f"/experiments/{experiment_id}").json())
                       ["status"] in {"completed", "partial"} and d)
+    # none of its runs was touched by the other experiment's stop
     assert detail["counts"] == {"queued": 0, "pending": 0, "running": 0, "completed": 6,
                                 "failed": 0, "diverged": 3, "cancelled": 0, "stopped": 0}
+    assert detail["message"] is None
     runs = client.get(f"/experiments/{experiment_id}/runs").json()
     diverged = [r for r in runs if r["status"] == "diverged"]
     assert {r["condition"]["lr"] for r in diverged} == {2.0}
@@ -70,6 +83,25 @@ def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(service: Servi
     pooled = [c for c in stats["comparisons"] if c["a"] == 0.1 and c["b"] == 0.2
               and c["within"] is None]
     assert len(pooled) == 1 and pooled[0]["n_a"] == 3, stats["comparisons"]
+
+
+def assert_stopped_after_its_first_failures(service: Service, experiment_id: int,
+                                            n_runs: int) -> None:
+    """The first runs all failed (three, or four stored in one pass): the rest were never run,
+    each cancelled with the reason, which the experiment, and `seedgrid status`, show."""
+    detail = service.wait(experiment_id)
+    counts = detail["counts"]
+    assert detail["status"] == "failed" and counts["completed"] == 0, detail
+    assert counts["failed"] in (3, 4) and counts["cancelled"] == n_runs - counts["failed"]
+    assert re.fullmatch(r"stopped after its first [34] runs failed: RuntimeError: toy asked to "
+                        r"fail at step 0", detail["message"]), detail["message"]
+    cancelled = [r for r in service.runs(experiment_id) if r["status"] == "cancelled"]
+    assert cancelled and all(r["started_at"] is None for r in cancelled)
+    assert {r["error"] for r in cancelled} == {f"cancelled: the experiment {detail['message']}"}
+    status = subprocess.run([sys.executable, "-m", "service.cli", "status", str(experiment_id),
+                             "--url", service.server.url], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert status.returncode == 0 and detail["message"] in status.stdout, status.stdout
 
 
 def test_a_long_toy_run_ends_within_two_seconds_of_a_cancel(service: Service,

@@ -1,7 +1,8 @@
 """A fifth trainer written the way a user would add one: gradient descent on ||w||^2 from a
 random start. With lr > 1 each step multiplies w by |1 - 2 lr| > 1, so the loss overflows to
-inf: a run that diverges on demand. Registered on the workers through SEEDGRID_TRAINER_MODULES
-(see tests/conftest.py) and in the test's own process by the test."""
+inf: a run that diverges on demand; `fail_at_step` makes one that fails on demand (the trainer
+raises, as a bug would: nothing a pre-flight can see). Registered on the workers through
+SEEDGRID_TRAINER_MODULES (see tests/conftest.py) and in the test's own process by the test."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class ToyConfig(TrainerConfig):
     steps: int = Field(100, ge=1, le=10**10, description="Gradient steps")
     lr: float = Field(0.1, gt=0, description="Step size; above 1 the run diverges")
     log_every: int = Field(10, ge=1, description="Steps between logged points")
+    fail_at_step: int | None = Field(None, ge=0, description="Raise RuntimeError at this step")
 
 
 class ToyTrainer(TrainerBase):
@@ -38,6 +40,8 @@ class ToyTrainer(TrainerBase):
         run.track(w)
         loss = float(w @ w)
         for step in range(config.steps):
+            if step == config.fail_at_step:
+                raise RuntimeError(f"toy asked to fail at step {step}")
             w -= config.lr * 2 * w
             loss = float(w @ w)
             if step % config.log_every == 0 and run.log(step, {"loss": loss}):

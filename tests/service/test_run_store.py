@@ -19,6 +19,7 @@ from service.experiments import (
     cancel_experiment,
     create_experiment,
     delete_experiment,
+    experiment_detail,
 )
 from service.run_store import (
     AttemptKey,
@@ -27,6 +28,7 @@ from service.run_store import (
     StartedAttempt,
     experiment_counts,
     experiment_status,
+    failure_stop,
     recount,
     retry_decision,
 )
@@ -45,10 +47,10 @@ def session(tmp_path: Path) -> Iterator[Session]:
     engine.dispose()
 
 
-def new_experiment(session: Session, seeds: int, max_retries: int = 1) -> int:
+def new_experiment(session: Session, seeds: int, max_retries: int = 1, **spec: object) -> int:
     spec = ExperimentSpec.model_validate({"name": "store", "trainer": "collapse",
                                           "config": {"steps": 5}, "grid": {}, "seeds": seeds,
-                                          "max_retries": max_retries})
+                                          "max_retries": max_retries, **spec})
     experiment = create_experiment(session=session, spec=spec,
                                    settings=Settings(database_url="sqlite://"))
     assert experiment.id is not None
@@ -364,6 +366,106 @@ def test_experiment_status_counts_stopped_runs_as_ended_as_asked(
         counts: dict[str, int], expected: ExperimentStatus) -> None:
     assert experiment_status(cancel_requested=False, n_runs=4,
                              counts=ExperimentCounts(**counts)) == expected
+
+
+@pytest.mark.parametrize(("counts", "stop_after", "expected"), [
+    ({"failed": 3, "queued": 5}, 3, True),
+    ({"failed": 3, "running": 1}, 3, True),
+    ({"failed": 4, "queued": 5}, 3, True),  # four failures stored in one pass
+    ({"failed": 2, "queued": 5}, 3, False),
+    ({"failed": 3}, 3, False),  # nothing left to stop
+    ({"failed": 3, "completed": 1, "queued": 5}, 3, False),
+    ({"failed": 3, "stopped": 1, "queued": 5}, 3, False),
+    ({"failed": 3, "diverged": 1, "queued": 5}, 3, False),  # diverged is not failed
+    ({"failed": 3, "cancelled": 2, "queued": 5}, 3, False),  # stopped (or cancelled) already
+    ({"failed": 1, "queued": 5}, 1, True),
+    ({"failed": 50, "queued": 5}, 0, False),  # 0: never
+])
+def test_failure_stop_when_the_first_ended_runs_all_failed(
+        counts: dict[str, int], stop_after: int, expected: bool) -> None:
+    assert failure_stop(counts=ExperimentCounts(**counts), stop_after=stop_after) is expected
+
+
+def test_the_first_failures_stop_their_experiment_alone(backend_session: Session) -> None:
+    """Three failures of three ended runs: the queued runs end cancelled and the running one no
+    worker has started is flagged for the dispatcher to cancel, each with the reason; the run a
+    worker is running goes on; another experiment is untouched; a lost attempt is no failure."""
+    session = backend_session
+    experiment_id = new_experiment(session, seeds=8, max_retries=1)
+    other_id = new_experiment(session, seeds=2)
+    store = RunStore(session)
+    claimed = store.claim(5)
+    store.commit()
+    keys = [AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
+            for c in claimed]
+    store.start([StartedAttempt(key=keys[3], node_id="n", worker_id="w", pid=42)])
+    assert store.lose(keys[0], "node died") == RunStatus.queued  # a retry, not a failure
+    boom = "DatasetUnavailable: dataset 'cifar10' not found under /data\nmore lines"
+    store.finish([finished(k, RunStatus.failed, error=boom) for k in keys[1:3]])
+    store.commit()
+    assert assert_counts_kept(session, experiment_id).runs_queued == 4  # two failures: goes on
+    (retried,) = [c for c in store.claim(1)]
+    store.commit()
+    store.finish([finished(AttemptKey(run_id=retried.id, experiment_id=experiment_id,
+                                      attempt=retried.attempt), RunStatus.failed, error=boom)])
+    store.commit()
+
+    experiment = assert_counts_kept(session, experiment_id)
+    assert experiment_counts(experiment).model_dump() == {
+        "queued": 0, "running": 2, "completed": 0, "failed": 3, "diverged": 0,
+        "cancelled": 3, "stopped": 0}
+    reason = ("stopped after its first 3 runs failed: DatasetUnavailable: dataset 'cifar10' "
+              "not found under /data")
+    runs = {run.id: run for run in session.exec(select(Run).where(
+        Run.experiment_id == experiment_id)).all()}
+    assert {i for i, r in runs.items() if r.status == RunStatus.cancelled} == {6, 7, 8}
+    assert all(runs[i].error == f"cancelled: the experiment {reason}" for i in (5, 6, 7, 8))
+    assert runs[5].cancel_requested and runs[5].status == RunStatus.running  # not started
+    assert not runs[4].cancel_requested and runs[4].error is None  # a worker runs it
+    assert experiment_detail(session=session, experiment_id=experiment_id).message == reason
+    other = assert_counts_kept(session, other_id)
+    assert other.runs_queued == 2 and experiment_detail(
+        session=session, experiment_id=other_id).message is None
+
+    # Ray confirms the cancel: the run keeps the reason; the started run fails too
+    store.end_cancelled(keys[4])
+    store.finish([finished(keys[3], RunStatus.failed, error="RuntimeError: boom")])
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_cancelled, experiment.runs_failed) == (4, 4)
+    assert experiment.status == ExperimentStatus.failed
+    assert session.get(Run, 5).error == f"cancelled: the experiment {reason}"  # type: ignore[union-attr]
+    assert experiment_detail(session=session, experiment_id=experiment_id).message == reason
+
+
+def test_the_first_failures_stop_also_ends_an_adaptive_experiments_rounds(
+        session: Session) -> None:
+    experiment_id = new_experiment(
+        session, seeds=4, grid={"stop_gradient": [False, True]},
+        adaptive={"comparison": {"factor": "stop_gradient", "a": False, "b": True}})
+    store = RunStore(session)
+    for claimed in store.claim(3):
+        store.fail(AttemptKey(run_id=claimed.id, experiment_id=experiment_id,
+                              attempt=claimed.attempt), "RuntimeError: boom")
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_cancelled, experiment.deciding) == (5, False)
+    assert experiment.status == ExperimentStatus.failed  # no next round is due
+    reason = "stopped after its first 3 runs failed: RuntimeError: boom"
+    assert experiment.adaptive is not None and experiment.adaptive["stop_reason"] == reason
+    assert experiment_detail(session=session, experiment_id=experiment_id).message == reason
+
+
+def test_stop_after_failures_zero_runs_every_run(session: Session) -> None:
+    experiment_id = new_experiment(session, seeds=5, stop_after_failures=0)
+    store = RunStore(session)
+    for claimed in store.claim(4):
+        store.fail(AttemptKey(run_id=claimed.id, experiment_id=experiment_id,
+                              attempt=claimed.attempt), "RuntimeError: boom")
+    store.commit()
+    experiment = assert_counts_kept(session, experiment_id)
+    assert (experiment.runs_failed, experiment.runs_queued) == (4, 1)
+    assert experiment_detail(session=session, experiment_id=experiment_id).message is None
 
 
 def test_only_the_runs_store_assigns_a_run_status() -> None:

@@ -303,3 +303,64 @@ def test_the_dataset_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEEDGRID_DATASET_CACHE_GB", "lots")
     with pytest.raises(DatasetUnavailable, match="SEEDGRID_DATASET_CACHE_GB='lots'"):
         load_images("synthetic", synthetic=(2, 2, 1, 0.5, 999))
+
+
+# ---------------------------------------------------------------------------------------------
+# the pre-flight: what would fail every run, found by looking before anything is queued
+
+
+@pytest.mark.parametrize("trainer_name", ["cff", "ssl", "feedback"])
+def test_each_trainers_preflight_names_what_its_runs_would_fail_on(
+        trainer_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainers import REGISTRY
+
+    trainer = REGISTRY[trainer_name]
+    monkeypatch.setenv("SEEDGRID_DATA_ROOT", str(tmp_path / "default"))
+    monkeypatch.setenv("SEEDGRID_DATA_ROOTS", f"here={tmp_path / 'here'}")
+    monkeypatch.delenv("SEEDGRID_ALLOW_DOWNLOAD", raising=False)
+    write_cifar(tmp_path / "here")
+
+    def problems(**config: object) -> list[tuple[str, str]]:
+        return [(p.field, p.message) for p in trainer.preflight(trainer.Config(**config))]
+
+    assert problems(dataset="digits") == [] and problems(dataset="cifar10", data_root="here") == []
+    ((field, message),) = problems(dataset="cifar10")
+    # the loader's own message: the dataset, the missing file under the default root, the remedy
+    assert field == "dataset" and message.startswith("dataset 'cifar10' not found under")
+    assert str(tmp_path / "default" / EXPECTED_FILE["cifar10"]) in message
+    assert "SEEDGRID_DATA_ROOT" in message
+    ((field, message),) = problems(dataset="svhn", data_root="elsewhere")
+    assert field == "data_root" and "'elsewhere' is not configured on this worker" in message
+    ((field, message),) = problems(dataset="cifar10", download=True)
+    assert field == "download" and "SEEDGRID_ALLOW_DOWNLOAD" in message
+    # `cuda` on this CPU machine; `auto` falls back to the CPU and is never refused
+    assert [f for f, _ in problems(dataset="digits", device="cuda")] == ["device"]
+    assert problems(dataset="digits", device="auto") == []
+    # configs are checked once per distinct inputs; digits on auto needs no check at all
+    assert trainer.preflight_inputs(trainer.Config(dataset="digits")) == {}
+    assert (trainer.preflight_inputs(trainer.Config(dataset="cifar10", augment_strength=0.0))
+            == trainer.preflight_inputs(trainer.Config(dataset="cifar10"))
+            == {"dataset": "cifar10", "data_root": None, "download": False})
+
+
+def test_the_preflight_looks_at_files_and_never_opens_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CIFAR's files are pickles: the pre-flight checks that each exists, the run decodes it."""
+    from trainers import REGISTRY
+
+    write_cifar(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"not a pickle")
+    monkeypatch.setenv("SEEDGRID_DATA_ROOT", str(tmp_path))
+    assert REGISTRY["cff"].preflight(REGISTRY["cff"].Config(dataset="cifar10")) == []
+
+
+def test_studentnet_and_trainers_without_data_have_nothing_to_check() -> None:
+    from trainers import REGISTRY
+
+    feedback = REGISTRY["feedback"]
+    studentnet = feedback.Config(arch="studentnet", dataset="cifar10")
+    assert feedback.preflight_inputs(studentnet) == {} and feedback.preflight(studentnet) == []
+    for name in ("collapse", "ssl_sim"):
+        trainer = REGISTRY[name]
+        assert trainer.preflight_inputs(trainer.Config()) == {}
+        assert trainer.preflight(trainer.Config()) == []

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field, field_validator
 
 from api_schemas.data_roots import ROOT_NAME
-from trainers.base import TrainerConfig
+from trainers.base import PreflightProblem, TrainerConfig
 from trainers.data.augment import AugmentPlan, augment, normalize
 from trainers.data.sources import (
     CROP_PADDING_FRACTION,
@@ -31,9 +31,11 @@ from trainers.data.sources import (
     DatasetUnavailable,
     ImageData,
     data_root,
+    dataset_not_found,
     downloads_allowed,
     load_count,
     load_images,
+    missing_files,
 )
 from trainers.random_sources import RandomSources
 
@@ -123,14 +125,40 @@ class DataConfig(TrainerConfig):
                 "crop_padding": self.resolved_crop_padding}
 
 
+def download_refused(config: DataConfig) -> str | None:
+    """Why this worker refuses the config's `download: true` (None: it asks for no download,
+    or the operator allows them here)."""
+    if not config.download or downloads_allowed():
+        return None
+    return (f"dataset {config.dataset!r}: the config asks for 'download: true', but downloads "
+            "are off on this worker (the operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true)"
+            "; without them the operator puts the files under the data root")
+
+
+def dataset_problems(config: DataConfig) -> list[PreflightProblem]:
+    """What would make `load_for(config)` fail for want of files on this machine, found by
+    looking, not reading: a refused download, a data root this machine does not name, files
+    missing under the root. The same checks and messages as the load itself; nothing is
+    opened (the CIFAR format is a pickle) and the root is only ever the operator's."""
+    if (refused := download_refused(config)) is not None:
+        return [PreflightProblem("download", refused)]
+    if config.dataset not in TORCHVISION_DATASETS:
+        return []
+    try:
+        root = data_root(config.data_root)
+    except DatasetUnavailable as exc:
+        return [PreflightProblem("data_root", str(exc))]
+    missing = [] if config.download else missing_files(config.dataset, root)
+    if missing:
+        return [PreflightProblem("dataset", str(dataset_not_found(config.dataset, root, missing)))]
+    return []
+
+
 def load_for(config: DataConfig) -> ImageData:
     """The dataset a config names, at its resolution (cached per process), from the
     operator's root the config selects; a download only where the operator allows it."""
-    if config.download and not downloads_allowed():
-        raise DatasetUnavailable(
-            f"dataset {config.dataset!r}: the config asks for 'download: true', but downloads "
-            "are off on this worker (the operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true)"
-            "; without them the operator puts the files under the data root")
+    if (refused := download_refused(config)) is not None:
+        raise DatasetUnavailable(refused)
     needs_files = config.dataset in TORCHVISION_DATASETS
     return load_images(
         config.dataset,
@@ -251,6 +279,7 @@ def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:
 
 __all__ = [
     "DATASETS",
+    "TORCHVISION_DATASETS",
     "AugmentPlan",
     "DataConfig",
     "DatasetName",
@@ -259,6 +288,7 @@ __all__ = [
     "ImageSplits",
     "Split",
     "augment",
+    "dataset_problems",
     "imbalanced_subset",
     "load_count",
     "load_for",

@@ -207,7 +207,15 @@ def _torchvision_class(name: str) -> type:
     return datasets.FashionMNIST if name == "fashion_mnist" else datasets.MNIST
 
 
-def _not_found(name: str, root: Path, missing: list[str], spec: _Spec) -> DatasetUnavailable:
+def missing_files(name: str, root: Path) -> list[str]:
+    """The files of torchvision dataset `name` that are not under `root` (paths relative to
+    it), found by looking, not reading: what a run of it would fail on before training."""
+    return [f for f in _SPECS[name].files if not (root / f).is_file()]
+
+
+def dataset_not_found(name: str, root: Path, missing: list[str]) -> DatasetUnavailable:
+    """The error naming what is missing under `root`, where it goes and how to get it."""
+    spec = _SPECS[name]
     shown = ", ".join(str(root / m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
     return DatasetUnavailable(
         f"dataset {name!r} not found under {root} (missing {shown}). Put torchvision's layout "
@@ -221,9 +229,9 @@ def _not_found(name: str, root: Path, missing: list[str], spec: _Spec) -> Datase
 
 def _load_torchvision(name: str, root: Path, download: bool) -> tuple[np.ndarray, ...]:
     spec = _SPECS[name]
-    missing = [f for f in spec.files if not (root / f).is_file()]
+    missing = missing_files(name, root)
     if missing and not download:
-        raise _not_found(name, root, missing, spec)
+        raise dataset_not_found(name, root, missing)
     cls = _torchvision_class(name)
     arrays = []
     for train in (True, False):

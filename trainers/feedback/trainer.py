@@ -361,6 +361,10 @@ class FeedbackTrainer(TrainerBase):
     seeds_per_task_default: ClassVar[int] = 8
     max_seeds_per_task: ClassVar[int] = 64
 
+    def reads_dataset(self, config: FeedbackConfig) -> bool:
+        """StudentNet draws its inputs from a teacher (load_task): no dataset is read."""
+        return config.arch != "studentnet"
+
     def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
         """test_accuracy averages the task's test set (`n_test` of the run: the image split,
         or the StudentNet teacher's `student_test_size` inputs)."""

@@ -599,6 +599,7 @@ async function showExperiment(id) {
       ["conditions × seeds", `${detail.n_conditions} conditions, ${detail.n_runs} runs`],
       ["created", fmtTime(detail.created_at)], ["finished", fmtTime(detail.finished_at)],
       ["counts", Object.entries(detail.counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`).join(", ")]]),
+    detail.message ? el("p", { class: "error", "data-role": "experiment-message", text: detail.message }) : null,
     el("div", { class: "controls" }, el("label", {}, "metric ", select("metric-select", metric,
       metrics, (v) => { experimentState.metric = v; })), toggle("log-scale", "log scale", "log"),
     ACTIVE.has(detail.status) ? el("span", { class: "muted", text: "refreshing while it runs" }) : null),

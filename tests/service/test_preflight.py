@@ -1,0 +1,77 @@
+"""The pre-flight's logic without Ray: which conditions share a check, which node a check goes
+to, and how what a node found becomes one 422 naming the field (the whole path, through HTTP
+and a real Ray, is in tests/e2e/test_cff_api.py)."""
+
+from __future__ import annotations
+
+from api_schemas import ExperimentSpec
+from service.experiments import condition_key, validate_spec
+from service.preflight import (
+    ClusterPreflight,
+    Node,
+    distinct_checks,
+    no_gpu_errors,
+    pick_node,
+    report_errors,
+)
+from service.settings import Settings
+
+SETTINGS = Settings(database_url="sqlite://")
+CFF = {"width": 16, "depth": 1, "epochs": 1, "head_epochs": 1}
+
+
+def cff_spec(config: dict[str, object], grid: dict[str, list[object]]) -> ExperimentSpec:
+    return ExperimentSpec.model_validate({"name": "p", "trainer": "cff", "seeds": 2,
+                                          "config": {**CFF, **config}, "grid": grid})
+
+
+def test_conditions_share_a_check_by_what_it_reads_and_need_none_without_files() -> None:
+    spec = cff_spec({}, {"dataset": ["cifar10", "svhn", "digits"], "lr": [0.01, 0.02],
+                         "device": ["auto", "cuda"]})
+    trainer, conditions = validate_spec(spec, settings=SETTINGS)
+    checks = {tuple(sorted(c.inputs.items())): c for c in distinct_checks(trainer, spec,
+                                                                        conditions)}
+    # 12 conditions, 5 distinct checks: lr changes nothing checked, digits on auto needs none
+    assert len(conditions) == 12 and len(checks) == 5
+    cifar_auto = checks[(("data_root", None), ("dataset", "cifar10"), ("download", False))]
+    assert [condition_key(c) for c in cifar_auto.conditions] == [
+        "dataset=cifar10,device=auto,lr=0.01", "dataset=cifar10,device=auto,lr=0.02"]
+    assert cifar_auto.config["dataset"] == "cifar10" and cifar_auto.config["width"] == 16
+    assert checks[(("device", "cuda"),)].conditions[0]["dataset"] == "digits"
+    digits = cff_spec({"dataset": "digits"}, {"lr": [0.01, 0.02]})
+    trainer, conditions = validate_spec(digits, settings=SETTINGS)
+    assert distinct_checks(trainer, digits, conditions) == []
+
+
+def test_a_check_goes_to_a_node_that_can_hold_the_runs() -> None:
+    cpu = Node("a", "10.0.0.1", "cpu-node", cpus=8, gpus=0)
+    small_gpu = Node("b", "10.0.0.2", "gpu-node", cpus=2, gpus=1)
+    big_gpu = Node("c", "10.0.0.3", "big-gpu-node", cpus=16, gpus=8)
+    nodes = [cpu, small_gpu, big_gpu]
+    assert pick_node(nodes, 1, 0, wants_gpu=False) is cpu
+    assert pick_node(nodes, 1, 0, wants_gpu=True) is small_gpu  # cuda: a node with a GPU
+    assert pick_node(nodes, 4, 0.5, wants_gpu=False) is big_gpu
+    assert pick_node(nodes, 4, 16, wants_gpu=True) is None
+
+
+def test_what_a_node_found_is_one_error_per_field_naming_the_conditions() -> None:
+    spec = cff_spec({"dataset": "cifar10"}, {"lr": [0.01, 0.02], "device": ["cuda"]})
+    trainer, conditions = validate_spec(spec, settings=SETTINGS)
+    (check,) = distinct_checks(trainer, spec, conditions)
+    node = Node("a", "10.0.0.1", "worker-1", cpus=8, gpus=0)
+    missing = "dataset 'cifar10' not found under /data (missing /data/cifar-10-batches-py/...)"
+    errors = report_errors(spec, [check], [[("dataset", missing), ("device", "no GPU")]], node)
+    assert [e["loc"] for e in errors] == [["body", "config", "dataset"],
+                                          ["body", "grid", "device"]]
+    assert errors[0]["msg"] == (f"{missing} (checked on Ray node 10.0.0.1 (worker-1)) "
+                                "(conditions: device=cuda,lr=0.01; device=cuda,lr=0.02)")
+    (no_gpu,) = no_gpu_errors(spec, [check], [node])
+    assert no_gpu["loc"] == ["body", "grid", "device"]
+    assert "no node of the Ray cluster has a GPU (1 alive nodes)" in no_gpu["msg"]
+
+
+def test_with_the_check_off_submissions_go_on_unchecked() -> None:
+    spec = cff_spec({"dataset": "cifar10", "device": "cuda"}, {})
+    trainer, conditions = validate_spec(spec, settings=SETTINGS)
+    off = ClusterPreflight(Settings(database_url="sqlite://", preflight_timeout_s=0))
+    assert off.check(trainer, spec, conditions) == []
