@@ -387,8 +387,8 @@ def test_failure_stop_when_the_first_ended_runs_all_failed(
 
 
 def test_the_first_failures_stop_their_experiment_alone(backend_session: Session) -> None:
-    """Three failures of three ended runs: the queued runs end cancelled and the running one no
-    worker has started is flagged for the dispatcher to cancel, each with the reason; the run a
+    """Three failures of three ended runs: the queued runs end cancelled and the pending one (no
+    worker has started it) is flagged for the dispatcher to cancel, each with the reason; the run a
     worker is running goes on; another experiment is untouched; a lost attempt is no failure."""
     session = backend_session
     experiment_id = new_experiment(session, seeds=8, max_retries=1)
@@ -412,7 +412,7 @@ def test_the_first_failures_stop_their_experiment_alone(backend_session: Session
 
     experiment = assert_counts_kept(session, experiment_id)
     assert experiment_counts(experiment).model_dump() == {
-        "queued": 0, "running": 2, "completed": 0, "failed": 3, "diverged": 0,
+        "queued": 0, "pending": 1, "running": 1, "completed": 0, "failed": 3, "diverged": 0,
         "cancelled": 3, "stopped": 0}
     reason = ("stopped after its first 3 runs failed: DatasetUnavailable: dataset 'cifar10' "
               "not found under /data")
@@ -420,7 +420,7 @@ def test_the_first_failures_stop_their_experiment_alone(backend_session: Session
         Run.experiment_id == experiment_id)).all()}
     assert {i for i, r in runs.items() if r.status == RunStatus.cancelled} == {6, 7, 8}
     assert all(runs[i].error == f"cancelled: the experiment {reason}" for i in (5, 6, 7, 8))
-    assert runs[5].cancel_requested and runs[5].status == RunStatus.running  # not started
+    assert runs[5].cancel_requested and runs[5].status == RunStatus.pending  # not started
     assert not runs[4].cancel_requested and runs[4].error is None  # a worker runs it
     assert experiment_detail(session=session, experiment_id=experiment_id).message == reason
     other = assert_counts_kept(session, other_id)
