@@ -72,6 +72,8 @@ def test_latent_class_frequency_effect_holds_across_seeds(service: Service) -> N
         "config": {"simulation": "latent_class"},
         "seeds": 24,
         "metric": "norm_frequency_spearman",
+        # two seed-batched tasks of 12, one per CPU of the test cluster (8 a task by default)
+        "resources": {"seeds_per_task": 12},
     })
     detail = service.wait(created["id"], timeout_s=400)
     assert detail["counts"]["completed"] == 24, detail
