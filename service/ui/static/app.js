@@ -391,7 +391,7 @@ async function showList() {
   const nameFilter = el("input", { type: "search", placeholder: "filter by name",
     "data-role": "name-filter", value: listState.name });
   const statusFilter = el("select", { "data-role": "status-filter" },
-    ["", "queued", "running", "completed", "partial", "cancelled"].map((s) =>
+    ["", "queued", "running", "completed", "partial", "failed", "cancelled"].map((s) =>
       el("option", { value: s, selected: s === listState.status, text: s || "any status" })));
   const note = el("span", { class: "muted" });
   const body = el("tbody");
