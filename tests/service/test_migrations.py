@@ -337,6 +337,16 @@ def _migrate(database_url: str, revision: str, *, down: bool = False) -> None:
     engine.dispose()
 
 
+def _insert_run_of_0003(connection: Any, seed: int, trainer: str, status: str) -> None:
+    """A run row as revisions 0003-0006 store it (no config column), of the one experiment."""
+    connection.exec_driver_sql(
+        "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
+        "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
+        "metrics, diagnostics, warnings, provenance, created_at) SELECT id, '', '{}', "
+        f"{seed}, '{trainer}', '{status}', 0, 1, 2, 1, 0, false, '{{}}', '{{}}', '[]', "
+        "'{}', '2026-01-01 00:00:00' FROM experiment")
+
+
 def test_0004_counts_stopped_runs_and_its_downgrade_makes_them_failed(
         database_url: str) -> None:
     """0004 adds the experiment's runs_stopped (0 for a database 0003 kept); going back to
@@ -351,12 +361,7 @@ def test_0004_counts_stopped_runs_and_its_downgrade_makes_them_failed(
             "'feedback', '{}', 'test_accuracy', 'completed', 0, 1, 2, false, "
             "'2026-01-01 00:00:00', 2)")
         for seed in (0, 1):
-            connection.exec_driver_sql(
-                "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
-                "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
-                "metrics, diagnostics, warnings, provenance, created_at) SELECT id, '', '{}', "
-                f"{seed}, 'feedback', 'completed', 0, 1, 2, 1, 0, false, '{{}}', '{{}}', '[]', "
-                "'{}', '2026-01-01 00:00:00' FROM experiment")
+            _insert_run_of_0003(connection, seed, "feedback", "completed")
     engine.dispose()
     assert upgrade_database(database_url) == SchemaUpgrade(before="0003", after=head_revision(),
                                                            stamped=False)
@@ -527,12 +532,7 @@ def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(
             "VALUES ('e', 'collapse', '{}', 'min_l2', 'running', 0, 1, 3, false, "
             "'2026-01-01 00:00:00', 1, 2)")
         for seed, status in ((0, "running"), (1, "running"), (2, "queued")):
-            connection.exec_driver_sql(
-                "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
-                "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
-                "metrics, diagnostics, warnings, provenance, created_at) SELECT id, '', '{}', "
-                f"{seed}, 'collapse', '{status}', 0, 1, 2, 1, 0, false, '{{}}', '{{}}', '[]', "
-                "'{}', '2026-01-01 00:00:00' FROM experiment")
+            _insert_run_of_0003(connection, seed, "collapse", status)
     engine.dispose()
     assert upgrade_database(database_url) == SchemaUpgrade(before="0006", after=head_revision(),
                                                            stamped=False)
