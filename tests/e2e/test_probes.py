@@ -138,6 +138,9 @@ def test_stats_of_a_thousand_level_factor_are_refused_or_paged(service: Service)
     levels = [round(i / 1000, 4) for i in range(1000)]
     created = service.submit(spec(grid={"r": levels}, seeds=1, priority=-10))
     assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 202
+    # the runs a worker had started end when the dispatcher's cancel reaches them; until then
+    # they may still log points
+    assert service.wait(created["id"])["status"] == "cancelled"
     url = f"/experiments/{created['id']}/stats"
     before = stored_rows(service)
     whole = service.client.get(url)
