@@ -30,6 +30,8 @@ __all__ = [
     "AdaptiveSpec",
     "AdaptiveState",
     "AddSeeds",
+    "AttemptOut",
+    "AttemptOutcome",
     "Comparison",
     "ConditionStats",
     "DatabaseState",
@@ -131,6 +133,18 @@ class RunStatus(StrEnum):
     # Ended early, as its spec's stop_on_checks asked, by a trainer check that fired: its
     # verdict, diagnostics and last metrics are stored; see RunOut.stop.
     stopped = "stopped"
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt of a run ended."""
+
+    completed = "completed"
+    failed = "failed"
+    diverged = "diverged"
+    cancelled = "cancelled"
+    stopped = "stopped"  # a check the spec asked to stop on fired: the run's result is stored
+    lost = "lost"  # its worker or node died: charged to the run's max_retries
+    interrupted = "interrupted"  # its dispatcher stopped first: not charged
 
 
 class ExperimentStatus(StrEnum):
@@ -461,11 +475,23 @@ class RunOut(ResponseModel):
     stop: RunStop | None = None
 
 
+class AttemptOut(ResponseModel):
+    """One try of a run on a worker: where it ran and how it ended (null while it runs)."""
+
+    attempt: int
+    node_id: str | None
+    worker_pid: int | None
+    outcome: AttemptOutcome | None
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
 class RunDetail(RunOut):
     config: dict[str, JsonValue]
     # seedgrid and torch versions, device, Ray node, worker pid, run time.
     provenance: dict[str, JsonValue]
-    attempt_history: list[dict[str, Any]]
+    attempt_history: list[AttemptOut]
 
 
 class MetricPoint(ResponseModel):

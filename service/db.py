@@ -35,23 +35,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import AutoString, Field, SQLModel, create_engine
 
-from api_schemas import ExperimentStatus, RunStatus
+from api_schemas import AttemptOutcome, ExperimentStatus, RunStatus
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-class AttemptOutcome(StrEnum):
-    """How one attempt of a run ended."""
-
-    completed = "completed"
-    failed = "failed"
-    diverged = "diverged"
-    cancelled = "cancelled"
-    stopped = "stopped"  # a check the spec asked to stop on fired: the run's result is stored
-    lost = "lost"  # its worker or node died: charged to the run's max_retries
-    interrupted = "interrupted"  # its dispatcher stopped first: not charged
 
 
 class StatusColumn(TypeDecorator[StrEnum]):

@@ -18,6 +18,7 @@ from api_schemas import (
     SOURCE_LEVELS,
     AdaptiveState,
     AddSeeds,
+    AttemptOut,
     ExperimentDetail,
     ExperimentSpec,
     ExperimentStatus,
@@ -653,7 +654,5 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
         config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition,
                           run.provenance.get("config")),
         provenance=provenance,
-        attempt_history=[
-            a.model_dump(mode="json", exclude={"id", "run_id"}) for a in attempts
-        ],
+        attempt_history=[AttemptOut.model_validate(a, from_attributes=True) for a in attempts],
     )

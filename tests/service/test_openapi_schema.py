@@ -23,8 +23,6 @@ UNTYPED = {
     ("ExperimentSpec", "config"),
     # FastAPI's own model of a 422's detail
     ("ValidationError", "ctx"),
-    # one dict per attempt of the run (its table's columns); not yet a model of its own
-    ("RunDetail", "attempt_history"),
 }
 
 
