@@ -109,12 +109,11 @@ class TaskFlight:
 
     generator: Any
     trainer: str
-    # time.monotonic() at the claim and at the Started message: the dispatch latency and the
-    # runs' durations (/metrics)
+    # time.monotonic() at the claim: the dispatch latency (/metrics)
     claimed_at: float
     runs: dict[int, InFlight] = field(default_factory=dict)
-    started_at: float | None = None
     cancel_sent_at: float | None = None
+    # the task's first Started (where it runs)
     started: Started | None = None
 
 
@@ -127,6 +126,8 @@ class InFlight:
     attempt: int
     task: TaskFlight
     index: int = 0
+    # time.monotonic() at its seed's Started: the run's duration (/metrics)
+    started_at: float | None = None
 
     @property
     def key(self) -> AttemptKey:
@@ -620,10 +621,15 @@ class Dispatcher:
                                storable_text(f"{type(exc).__name__}: {_first_line(exc)}"))
                 return
             if isinstance(message, Started):
-                task.started = message
-                task.started_at = time.monotonic()
-                for flight in task.runs.values():  # one dispatch per run attempt
-                    self.metrics.dispatch_latency.observe(task.started_at - task.claimed_at)
+                now = time.monotonic()
+                if task.started is None:
+                    task.started = message
+                # the seeds that began now: all of them, or (a task running its seeds one
+                # after another) each in turn; one dispatch per run attempt
+                indices = task.runs.keys() if message.indices is None else message.indices
+                for flight in [task.runs[i] for i in indices if i in task.runs]:
+                    flight.started_at = now
+                    self.metrics.dispatch_latency.observe(now - task.claimed_at)
                     harvest.started.append((flight, message))
             elif isinstance(message, MetricBatch):
                 flight = task.runs.get(message.index)
@@ -637,7 +643,8 @@ class Dispatcher:
                 if flight is not None:
                     harvest.results.append((flight, message.storable()))
                     del self.in_flight[flight.run_id]
-                    began = task.started_at if task.started_at is not None else task.claimed_at
+                    began = (flight.started_at if flight.started_at is not None
+                             else task.claimed_at)
                     self.metrics.run_duration.labels(task.trainer).observe(
                         time.monotonic() - began)
                 if not task.runs:

@@ -189,9 +189,11 @@ class Trainer(Protocol):
                   source_seeds: Sequence[dict[str, int] | None] | None = None,
                   stop_on_checks: Collection[str] = (),
                   on_done: Callable[[int, RunResult | Exception], None] | None = None,
+                  on_start: Callable[[int], None] | None = None,
                   ) -> list[RunResult | Exception]:
         """K seeds of `config` in one task, one reporter each: a result (or the exception that
-        ended that seed alone) per seed, in order; `on_done` hears of each as it ends."""
+        ended that seed alone) per seed, in order; `on_start` hears of each seed's index as it
+        begins training, `on_done` as it ends."""
         ...
 
     def estimate(self, config: Any) -> ResourceEstimate:

@@ -363,11 +363,13 @@ class TrainerBase(ABC):
                   source_seeds: Sequence[dict[str, int] | None] | None = None,
                   stop_on_checks: Collection[str] = (),
                   on_done: Callable[[int, RunResult | Exception], None] | None = None,
+                  on_start: Callable[[int], None] | None = None,
                   ) -> list[RunResult | Exception]:
         """K seeds of one config in one task (a seed-batched task): one reporter and, when
         given, one `source_seeds` per seed. Each seed is set up as `run` sets up a run of its
-        own; `on_done(index, outcome)` hears of each seed as soon as its outcome is known (one
-        after another for a trainer that is not `batched`). The outcomes come in the order of
+        own; `on_start(index)` hears of each seed as it begins training (every seed at once for
+        a `batched` trainer, one after another otherwise), and `on_done(index, outcome)` as
+        soon as its outcome is known. The outcomes come in the order of
         `seeds`: a result, or the exception that ended that seed alone (a trainer that is not
         batched goes on with the next seed). An exception of a batched computation ends every
         seed: it propagates."""
@@ -390,11 +392,18 @@ class TrainerBase(ABC):
             if on_done is not None:
                 on_done(run.index, outcome)
 
+        def start(run: RunContext) -> None:
+            if on_start is not None:
+                on_start(run.index)
+
         if self.batched:
+            for run in contexts:
+                start(run)
             for run, output in zip(contexts, self.train_seeds(config, contexts), strict=True):
                 done(run, self._result(run, output))
             return outcomes
         for run in contexts:
+            start(run)
             try:
                 outcome: RunResult | Exception = self._result(run, self.train(config, run))
             except Exception as exc:  # noqa: BLE001 - this seed fails; the next one runs

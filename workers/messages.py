@@ -1,6 +1,9 @@
-"""The messages a run's Ray task streams to the dispatcher, in order: one `Started`, zero or
-more `MetricBatch`es while the trainer runs, one `Result` per seed of the task. `MetricBatch`
-and `Result` name their seed by its index in the task's seeds (0 in a task of one). Both sides
+"""The messages a run's Ray task streams to the dispatcher: `Started` when seeds of the task
+begin training (all of them at once for a task of one and for a batched trainer's task; each
+in turn for a trainer that runs its seeds one after another), `MetricBatch`es while the trainer
+runs, one `Result` per seed. A seed's `Started` comes before its points and its `Result`.
+`Started`, `MetricBatch` and `Result` name their seed by its index in the task's seeds (0 in a
+task of one). Both sides
 import this module: it is the whole contract between them. A pre-flight task
 (workers.preflight) returns one `PreflightReport` to the service."""
 
@@ -17,12 +20,14 @@ Point = tuple[int, int | None, str, float | None]
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """The worker began the run: where it runs."""
+    """The worker began training these seeds of its task: where they run."""
 
     pid: int
     node_id: str | None
     worker_id: str | None
     hostname: str
+    # the seeds' places in the task's seeds; None: every seed of the task
+    indices: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

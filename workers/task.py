@@ -125,20 +125,32 @@ def execute_seeds(
     if not seeds or len(pins) != len(seeds):
         raise ValueError("a task needs at least one seed, and one source_seeds entry per seed")
     context = ray.get_runtime_context() if ray.is_initialized() else None
+
+    def began(indices: tuple[int, ...] | None) -> Started:
+        return Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
+                       worker_id=context.get_worker_id() if context else None,
+                       hostname=socket.gethostname(), indices=indices)
+
     warm_up()  # before Started: a run counts as started when it can train at once
-    yield Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
-                  worker_id=context.get_worker_id() if context else None,
-                  hostname=socket.gethostname())
+    announced: set[int] = set()  # the seeds whose Started was sent
+    if len(seeds) == 1:
+        announced.add(0)
+        yield began(None)
     stop = threading.Event()
     reporters = [StreamingReporter(stop) for _ in seeds]
-    news = threading.Event()  # a seed ended, or the trainer thread did
+    news = threading.Event()  # a seed began or ended, or the trainer thread ended
     ended = threading.Event()
-    done: list[tuple[int, RunResult | BaseException, float]] = []
+    # in the order they happened: ("start", index) and ("done", (index, outcome, seconds))
+    events: list[tuple[str, Any]] = []
     box: dict[str, Any] = {}
     started = time.perf_counter()
 
+    def on_start(index: int) -> None:
+        events.append(("start", index))
+        news.set()
+
     def on_done(index: int, outcome: RunResult | BaseException) -> None:
-        done.append((index, outcome, time.perf_counter() - started))
+        events.append(("done", (index, outcome, time.perf_counter() - started)))
         news.set()
 
     def target() -> None:
@@ -151,7 +163,7 @@ def execute_seeds(
             else:
                 trainer.run_seeds(parsed, seeds, reporters, threads=assigned_cpus(),
                                   source_seeds=pins, stop_on_checks=stop_on_checks,
-                                  on_done=on_done)
+                                  on_done=on_done, on_start=on_start)
         except BaseException as exc:  # noqa: BLE001 - every trainer failure fails its seeds
             box["error"] = exc
         finally:
@@ -161,18 +173,26 @@ def execute_seeds(
     sent: set[int] = set()
 
     def flush() -> Iterator[WorkerMessage]:
-        for index, reporter in enumerate(reporters):
-            points = reporter.drain()
-            if points:
-                yield MetricBatch(points, index=index)
-        while done:
-            index, outcome, seconds = done.pop(0)
-            # the seed's last points, logged after its drain above: they go before its result
+        # in order: the seeds that began (before any of their points), the seeds that ended
+        # (each with its last points before its result), then the points of those training
+        while events:
+            if events[0][0] == "start":
+                starting = []
+                while events and events[0][0] == "start":
+                    starting.append(events.pop(0)[1])
+                announced.update(starting)
+                yield began(tuple(starting))
+                continue
+            index, outcome, seconds = events.pop(0)[1]
             points = reporters[index].drain()
             if points:
                 yield MetricBatch(points, index=index)
             sent.add(index)
             yield _result(outcome, reporters[index], index, seconds)
+        for index in sorted(announced - sent):  # a seed that began since waits for its Started
+            points = reporters[index].drain()
+            if points:
+                yield MetricBatch(points, index=index)
 
     def _result(outcome: RunResult | BaseException, reporter: StreamingReporter, index: int,
                 seconds: float) -> Result:

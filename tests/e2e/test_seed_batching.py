@@ -127,6 +127,11 @@ def test_a_killed_task_keeps_the_seeds_it_finished_and_re_runs_the_others(
     finished = {r["id"]: r for r in (service.client.get(f"/runs/{run['id']}").json()
                                      for run in runs) if r["status"] == "completed"}
     assert len(finished) < 4, "every seed finished before the kill"
+    # the seeds waiting for their turn in the task are pending, not running: at most the one
+    # training is running
+    waiting = [service.client.get(f"/runs/{run['id']}").json()["status"] for run in runs[1:]]
+    assert set(waiting) <= {"pending", "running", "completed"}, waiting
+    assert waiting.count("running") <= 1, waiting
     os.kill(pid, signal.SIGKILL)
     detail = service.wait(created["id"], timeout_s=180)
     assert detail["status"] == "completed", detail

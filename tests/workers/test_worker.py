@@ -145,3 +145,40 @@ def test_a_seeds_last_points_go_before_its_result(monkeypatch: pytest.MonkeyPatc
         assert isinstance(mine[-1], Result) and mine[-1].status == RunStatus.completed
         steps = [p[0] for m in mine if isinstance(m, MetricBatch) for p in m.points]
         assert steps == [0, 1], (index, mine)
+
+
+def seed_order(messages: list[Any]) -> list[tuple[str, int]]:
+    """The messages as (kind, seed index), one Started per index it names."""
+    order = []
+    for m in messages:
+        if isinstance(m, Started):
+            assert m.indices is not None and m.pid > 0
+            order += [("started", i) for i in m.indices]
+        else:
+            order.append(("points" if isinstance(m, MetricBatch) else "result", m.index))
+    return order
+
+
+def test_seeds_run_one_after_another_each_start_when_their_turn_comes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = ToyTrainer()
+    assert not trainer.batched
+    monkeypatch.setitem(REGISTRY, trainer.name, trainer)
+    order = seed_order(list(execute_seeds("toy", {"steps": 2000, "log_every": 500}, [0, 1, 2],
+                                          batch_interval_s=0.01)))
+    for index in (0, 1, 2):
+        mine = [kind for kind, i in order if i == index]
+        assert mine[0] == "started" and mine[-1] == "result" and "points" in mine, order
+        assert mine.count("started") == 1
+    # seed 1 starts only after seed 0's result, seed 2 after seed 1's
+    assert order.index(("started", 1)) > order.index(("result", 0))
+    assert order.index(("started", 2)) > order.index(("result", 1))
+
+
+def test_a_batched_task_starts_every_seed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = _GatedTrainer()
+    trainer.gate.set()
+    monkeypatch.setitem(REGISTRY, trainer.name, trainer)
+    messages = list(execute_seeds("gated", {}, [0, 1, 2], batch_interval_s=0.01))
+    assert isinstance(messages[0], Started) and messages[0].indices == (0, 1, 2)
+    assert sum(isinstance(m, Started) for m in messages) == 1
