@@ -21,6 +21,8 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from scipy import stats as scipy_stats
 
 from tests.conftest import ROOT, Service
+from tests.e2e.toy_trainer import ToyTrainer
+from trainers import REGISTRY
 
 SCREENSHOTS = ROOT / "tests-output" / "browser"
 README_SCREENSHOT = ROOT / "docs" / "images" / "dashboard-experiment.png"
@@ -235,3 +237,36 @@ def test_pages_are_open_without_the_token_and_load_nothing_from_outside(
     # HTML and files, not operations: the schema (and the clients generated from it) omit them.
     paths = anon.get("/openapi.json").json()["paths"]
     assert not [p for p in paths if p.startswith(("/ui", "/docs", "/redoc"))]
+
+
+def test_without_a_token_the_dashboard_opens_and_shows_why_an_experiment_stopped(
+    browser: Browser, start_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service with no token: the pages ask for none. An experiment whose first runs all
+    failed is found with the `failed` filter, and its page says why it stopped."""
+    toy = ToyTrainer()
+    monkeypatch.setitem(REGISTRY, toy.name, toy)
+    service = start_service()
+    experiment_id = service.submit({"name": "browser-fails", "trainer": "toy",
+                                    "config": {"fail_at_step": 0}, "seeds": 6})["id"]
+    detail = service.wait(experiment_id)
+    assert detail["status"] == "failed" and detail["message"], detail
+    origin = service.server.url.rstrip("/")
+    watched = Watched(browser, origin)
+    page = watched.page
+
+    page.goto(f"{origin}/ui")
+    row = page.locator(f"[data-role=experiment-row][data-experiment-id='{experiment_id}']")
+    row.wait_for(timeout=15_000)
+    assert page.locator("[data-role=token-needed]").count() == 0
+    page.select_option("[data-role=status-filter]", "failed")  # lists through ?status=failed
+    row.wait_for()
+    assert "failed" in row.inner_text()
+    row.locator("a").click()
+    message = page.locator("[data-role=experiment-message]")
+    message.wait_for(timeout=15_000)
+    assert message.inner_text() == detail["message"]
+    watched.shot("failed-experiment")
+    assert watched.blocked == []
+    assert watched.errors == []
+    watched.context.close()
