@@ -246,7 +246,9 @@ def test_without_a_token_the_dashboard_opens_and_shows_why_an_experiment_stopped
     failed is found with the `failed` filter, and its page says why it stopped."""
     toy = ToyTrainer()
     monkeypatch.setitem(REGISTRY, toy.name, toy)
-    service = start_service()
+    # one task in Ray at a time: the runs after the first three are still queued when the
+    # stop comes (with every run in flight at once, all could fail before it)
+    service = start_service(max_in_flight=1)
     experiment_id = service.submit({"name": "browser-fails", "trainer": "toy",
                                     "config": {"fail_at_step": 0}, "seeds": 6})["id"]
     detail = service.wait(experiment_id)
