@@ -410,6 +410,11 @@ class ExperimentCounts(ResponseModel):
     cancelled: int = 0
     stopped: int = 0
 
+    @property
+    def active(self) -> int:
+        """The runs not ended: queued, pending or running."""
+        return self.queued + self.pending + self.running
+
 
 class ExperimentSummary(ResponseModel):
     id: int

@@ -503,7 +503,7 @@ def delete_experiment(*, session: Session, experiment_id: int) -> None:
     store = RunStore(session)
     store.lock_experiments([experiment_id])
     session.refresh(experiment)
-    active = experiment.runs_queued + experiment.runs_pending + experiment.runs_running
+    active = experiment_counts(experiment).active
     if active or experiment.status in {ExperimentStatus.queued, ExperimentStatus.running}:
         raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued, "
                        f"pending or running): cancel it (POST /experiments/{experiment_id}/cancel) "

@@ -105,10 +105,9 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
     running: its next round may follow. One with runs pending (handed to Ray) is running."""
     if cancel_requested:
         return ExperimentStatus.cancelled
-    active = counts.queued + counts.pending + counts.running
-    if active == 0 and deciding:
+    if counts.active == 0 and deciding:
         return ExperimentStatus.running
-    if active == 0:
+    if counts.active == 0:
         succeeded = counts.completed + counts.stopped
         if succeeded == n_runs:
             return ExperimentStatus.completed
@@ -136,7 +135,7 @@ def failure_stop(*, counts: ExperimentCounts, stop_after: int) -> bool:
     ended = (counts.completed + counts.stopped + counts.diverged + counts.cancelled
              + counts.failed)
     return (stop_after > 0 and counts.failed >= stop_after and ended == counts.failed
-            and counts.queued + counts.pending + counts.running > 0)
+            and counts.active > 0)
 
 
 def failure_stop_message(n_failed: int, errors: Sequence[str | None]) -> str:
@@ -270,13 +269,10 @@ class RunStore:
         running may finish), each with the reason as its error. An adaptive experiment's
         rounds end with it."""
         this = Experiment.id == experiment_id
-        row = self.session.execute(
-            select(Experiment.cancel_requested, *(count_column(s) for s in RunStatus))
-            .where(this)
-        ).first()
-        if row is None or row.cancel_requested:
+        read = self._read_counts(experiment_id, Experiment.cancel_requested)
+        if read is None or read[0].cancel_requested:
             return
-        counts = ExperimentCounts(**{s.value: row[1 + i] for i, s in enumerate(RunStatus)})
+        counts = read[1]
         if not failure_stop(counts=counts, stop_after=1):
             return  # a run ended otherwise (the usual case): the spec is not read
         spec, adaptive = self.session.execute(
@@ -315,21 +311,30 @@ class RunStore:
         log.warning("experiment %s %s; %d queued runs cancelled, %d not yet started being "
                     "cancelled", experiment_id, message, cancelled, flagged)
 
-    def _refresh_status(self, experiment_id: int) -> None:
+    def _read_counts(self, experiment_id: int,
+                     *columns: Any) -> tuple[Any, ExperimentCounts] | None:
+        """The experiment's `columns` (a row) and its run counts, in one read; None when it is
+        gone."""
         row = self.session.execute(
-            select(Experiment.n_runs, Experiment.cancel_requested, Experiment.finished_at,
-                   Experiment.deciding, *(count_column(s) for s in RunStatus))
+            select(*columns, *(count_column(s) for s in RunStatus))
             .where(Experiment.id == experiment_id)
         ).first()
         if row is None:
+            return None
+        return row, ExperimentCounts(**{s.value: row[len(columns) + i]
+                                        for i, s in enumerate(RunStatus)})
+
+    def _refresh_status(self, experiment_id: int) -> None:
+        read = self._read_counts(experiment_id, Experiment.n_runs, Experiment.cancel_requested,
+                                 Experiment.finished_at, Experiment.deciding)
+        if read is None:
             return
-        counts = ExperimentCounts(**{s.value: row[4 + i] for i, s in enumerate(RunStatus)})
+        row, counts = read
         status = experiment_status(cancel_requested=row.cancel_requested, n_runs=row.n_runs,
                                    counts=counts, deciding=row.deciding)
         values: dict[str, Any] = {"status": status}
         ended = status not in (ExperimentStatus.queued, ExperimentStatus.running)
-        active = counts.queued + counts.pending + counts.running
-        if ended and active == 0 and row.finished_at is None:
+        if ended and counts.active == 0 and row.finished_at is None:
             values["finished_at"] = utcnow()
         elif not ended and row.finished_at is not None:
             values["finished_at"] = None  # seeds were added to an ended experiment
