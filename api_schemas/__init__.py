@@ -71,6 +71,7 @@ __all__ = [
     "RunStop",
     "Stats",
     "TrainerInfo",
+    "first_line",
     "json_problems",
     "level_key",
     "storable_json",
@@ -211,6 +212,12 @@ def text_problem(text: str, max_length: int = MAX_TEXT_LENGTH) -> str | None:
     except UnicodeEncodeError as exc:
         return f"contains a lone surrogate (U+{ord(text[exc.start]):04X})"
     return None
+
+
+def first_line(text: str | None) -> str:
+    """The first line of a stored error (a traceback's first line names the exception)."""
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else "(no error message)"
 
 
 def storable_text(text: str, max_length: int | None = MAX_STORED_TEXT_LENGTH) -> str:

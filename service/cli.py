@@ -32,6 +32,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from api_schemas import first_line
 from service.settings import Settings
 
 app = typer.Typer(
@@ -307,16 +308,11 @@ def trouble_summary(client: httpx.Client, experiment_id: int) -> int:
     errors: Counter[tuple[str, str]] = Counter()
     for status in TROUBLE:
         for run in _pages(client, f"/experiments/{experiment_id}/runs", {"status": status}):
-            errors[(status, _first_line_of(run["error"]))] += 1
+            errors[(status, first_line(run["error"]))] += 1
     for (status, error), n in errors.most_common():
         runs = f"{n} run{'s' if n != 1 else ''} {status}"
         console.print(f"{runs}: {error}", style="yellow", markup=False, soft_wrap=True)
     return sum(errors.values())
-
-
-def _first_line_of(text: str | None) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else "(no error message)"
 
 
 def _mode(as_json: bool, as_csv: bool) -> str:
@@ -927,7 +923,7 @@ def _why(run: dict[str, Any]) -> str:
     if run["status"] == "stopped" and run.get("stop"):
         return str(run["stop"]["reason"])
     if run["error"]:
-        return _first_line_of(run["error"])
+        return first_line(run["error"])
     n = len(run["warnings"])
     return f"{n} warning{'s' if n != 1 else ''}" if n else ""
 

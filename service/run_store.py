@@ -46,7 +46,14 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, insert, or_, update
 from sqlmodel import Session, select
 
-from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunStatus, storable_text
+from api_schemas import (
+    ExperimentCounts,
+    ExperimentSpec,
+    ExperimentStatus,
+    RunStatus,
+    first_line,
+    storable_text,
+)
 from service.db import (
     AttemptOutcome,
     Experiment,
@@ -146,11 +153,6 @@ def failure_stop_message(n_failed: int, errors: Sequence[str | None]) -> str:
     runs = "run" if n_failed == 1 else f"{n_failed} runs"
     return (f"stopped after its first {runs} failed: {lines[0][:1000]}"
             + (f" (and {others} other errors: see its failed runs)" if others else ""))
-
-
-def first_line(text: str | None) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else "(no error message)"
 
 
 @dataclass(frozen=True)
