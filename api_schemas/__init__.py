@@ -27,6 +27,7 @@ from api_schemas.base import ResponseModel
 
 __all__ = [
     "AdaptiveLook",
+    "AnalysisSpec",
     "AdaptiveSpec",
     "AdaptiveState",
     "AddSeeds",
@@ -277,6 +278,24 @@ def key_pattern_as_property_names(schema: dict[str, Any]) -> None:
     schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
 
 
+class AnalysisSpec(BaseModel):
+    """How /stats reads the experiment by default (a query can override the scale)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    # raw: variances of the values; log: of their logarithms (spreads relative to the mean,
+    # about the squared coefficient of variation), for positive metrics whose levels' means
+    # differ by orders of magnitude.
+    scale: Literal["raw", "log"] = Field("raw", description=(
+        "raw: compare variances of the metric; log: of its logarithm (relative spreads, for "
+        "positive metrics whose means differ by orders of magnitude)"))
+    # The variance ratio worth detecting: each comparison says how many seeds per level the
+    # primary test needs to detect it (power 0.8 at alpha 0.05).
+    target_ratio: float = Field(2.0, gt=1, le=1e6, description=(
+        "The variance ratio worth detecting; each comparison reports the seeds per level the "
+        "primary test needs for it"))
+
+
 class ExperimentSpec(BaseModel):
     """What a user submits: a trainer, a base config, a grid of conditions and seeds."""
 
@@ -325,6 +344,8 @@ class ExperimentSpec(BaseModel):
     stop_on_checks: list[Annotated[str, Field(max_length=MAX_KEY_LENGTH,
                                               pattern=STORABLE_TEXT)]] = Field(
         default_factory=list, max_length=MAX_GRID_AXES)
+    # How /stats reads the results: the scale and the ratio worth detecting.
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
     @field_validator("config")
     @classmethod
@@ -550,6 +571,11 @@ class ConditionStats(ResponseModel):
 
 
 class Comparison(ResponseModel):
+    """Two levels of one factor compared, within one cell of the other factors or pooled over
+    them (docs/api.md "Variance comparisons"). Every spread below is a within-cell spread:
+    each value minus its cell's mean (or median, for the primary test), so differences between
+    the cells' means never count as seed variance."""
+
     factor: str
     a: GridValue
     b: GridValue
@@ -557,46 +583,82 @@ class Comparison(ResponseModel):
     within: dict[str, GridValue] | None
     n_a: int
     n_b: int
+    # Within-cell variances sum_k (n_k - 1) s_k^2 / sum_k (n_k - 1) over the cells of each
+    # level (one cell within a cell: the sample variance), their degrees of freedom
+    # sum_k (n_k - 1), and var_a / var_b.
     var_a: float | None
     var_b: float | None
+    dof_a: int | None = None
+    dof_b: int | None = None
     var_ratio: float | None
-    # The ratio's 95% interval by bootstrap (percentile method); null at small n when a
-    # resample has zero variance, with the reason in var_ratio_ci95_null_reason.
-    var_ratio_ci95: list[float | None] | None
-    var_ratio_ci95_null_reason: str | None = None
-    # The ratio's exact 95% interval under normality, from the F distribution: finite whenever
-    # both variances are positive.
-    var_ratio_ci95_f: list[float | None] | None = None
+    # "raw", or "log": the values were log-transformed first (?scale=log), so the variances
+    # are of log values, about the squared coefficients of variation.
+    scale: str = "raw"
+    # The primary test of var_a / var_b = 1, the one the CLI, the dashboard, the adaptive rule
+    # and the planner use: a randomisation test that keeps its size on heavy-tailed, bounded and
+    # failed-seed data (measured: docs/api.md). primary_test names it (paired sign-flip or
+    # stratified permutation of squared deviations from the cell medians). primary_p is raw;
+    # the _holm_ ones are adjusted over the families of Stats.multiplicity.
+    primary_test: str | None = None
+    primary_p: float | None = None
+    primary_p_holm_factor: float | None = None
+    primary_p_holm_all: float | None = None
+    # The 95% interval of var_a / var_b that inverts the primary test (the ratios it does not
+    # reject at 0.05); [0, null] when too few re-assignments exist to reject any ratio.
+    primary_ci95: list[float | None] | None = None
+    # Re-assignments behind primary_p (the observed one included) and whether they were all
+    # enumerated (exact) or drawn at random.
+    primary_resamples: int | None = None
+    primary_exact: bool | None = None
+    # "paired" when both levels ran the same seeds in every cell (seed s of a and of b draw the
+    # same random streams, common random numbers): the variance test swaps values within a seed
+    # and the mean test is a paired t-test. Else "unpaired", with pairing_note saying why.
+    pairing: str = "unpaired"
+    paired_seeds: int | None = None
+    # Pearson correlation of the two levels' values seed by seed (within cells): how much the
+    # shared seeds tie them.
+    seed_correlation: float | None = None
+    pairing_note: str | None = None
+    # Secondary tests on the same within-cell residuals. The F-test assumes normal values (it
+    # rejects 2-8 times too often on lognormal or failed-seed data); Brown-Forsythe (one-way
+    # ANOVA of the absolute deviations from each cell's median) has little power below 5
+    # seeds per level.
     f_test_p: float | None
+    var_ratio_ci95_f: list[float | None] | None = None
     brown_forsythe_p: float | None
-    permutation_p: float | None
+    # Pooled comparisons only: the variance of all runs of each level, cell means included, and
+    # its ratio (descriptive: an interaction in the means inflates it; see warnings).
+    marginal_var_a: float | None = None
+    marginal_var_b: float | None = None
+    marginal_var_ratio: float | None = None
+    # mean_a - mean_b over all runs of each level, and its test: "paired t" (on each seed's
+    # difference, averaged over the cells, when the comparison is paired) or "Welch t".
     mean_diff: float | None
-    # Welch's 95% interval of mean_a - mean_b.
+    mean_test: str | None = None
+    mean_p: float | None = None
+    mean_p_holm_factor: float | None = None
+    mean_p_holm_all: float | None = None
     mean_diff_ci95: list[float | None] | None = None
+    # Welch's unpaired t-test, whatever the pairing; null with welch_p_null_reason when both
+    # levels have zero variance.
     welch_p: float | None
-    # Power (two-sided F-test, alpha 0.05, power 0.8): the smallest var_a / var_b > 1 these
-    # n_a, n_b seeds detect, and the seeds per level that would detect the observed ratio
-    # (null when it is 1 or would need more than 100,000).
+    welch_p_null_reason: str | None = None
+    # Power of the primary test (normal seeds, alpha 0.05, power 0.8): the smallest
+    # var_a / var_b > 1 these seeds detect, and the seeds per level that would detect
+    # target_ratio (the spec's analysis.target_ratio, default 2). Not from the observed ratio:
+    # power computed from an observed effect says nothing the p-value does not.
     detectable_ratio: float | None = None
-    seeds_needed: int | None = None
-    # Pooled comparisons only: the within-cell pooled variance sum (n_k - 1) s_k^2 / sum (n_k - 1)
-    # over the cells of the other factors, and its ratio (the var_ratio above is the plain
-    # variance of all runs of a level); null within a cell or with no other factor.
-    within_cell_var_a: float | None = None
-    within_cell_var_b: float | None = None
-    within_cell_var_ratio: float | None = None
-    # Holm-adjusted p-values (Holm's step-down, as statsmodels' multipletests "holm") over the
-    # comparison's family: every comparison of its factor (_holm_factor) or of the experiment
-    # (_holm_all), whichever page this is; null when the raw p-value is, or the family is too
-    # large to adjust (the reason is in Stats.multiplicity).
+    target_ratio: float | None = None
+    seeds_for_target_ratio: int | None = None
+    # Holm-adjusted secondary p-values (as primary_p_holm_*).
     f_test_p_holm_factor: float | None = None
     f_test_p_holm_all: float | None = None
     brown_forsythe_p_holm_factor: float | None = None
     brown_forsythe_p_holm_all: float | None = None
     welch_p_holm_factor: float | None = None
     welch_p_holm_all: float | None = None
-    # Every interval or test here computed from fewer seeds than it needs, each naming what
-    # and why (the seed minimums are documented in service/stats.py).
+    # Every interval or test here computed from fewer seeds than it needs, and every reading
+    # the numbers invite that they do not support, each naming what and why.
     warnings: list[str] = []
 
 
@@ -606,21 +668,26 @@ class MultiplicityFamily(ResponseModel):
     # The factor whose comparisons form the family; None: every comparison of the experiment.
     factor: str | None
     comparisons: int
-    # Per adjusted p-value (f_test_p, brown_forsythe_p, welch_p): how many of the family's
-    # comparisons have one, Holm's m.
+    # Per adjusted p-value (primary_p, f_test_p, brown_forsythe_p, welch_p, mean_p): how many
+    # of the family's comparisons have one, Holm's m.
     tested: dict[str, int]
     # Why the family's adjusted p-values are null (too many comparisons to adjust).
     null_reason: str | None = None
 
 
 class Omnibus(ResponseModel):
-    """One test over every level of a factor with more than two levels (pooled over the other
-    factors): do the levels' variances differ at all? Brown-Forsythe, scipy.stats.levene with
-    center="median"; null with fewer than two values in some level or none varying."""
+    """One test over every level of a factor with more than two levels, on within-cell
+    residuals (pooled over the other factors' cells): do the levels' variances differ at all?
+    primary_p: a permutation test within the cells of the other factors of the spread of the
+    levels' log mean squared deviations from their cell medians; brown_forsythe_p: the one-way
+    ANOVA of the absolute deviations from each cell's median, level by level. Null with fewer
+    than two values in some level or none varying."""
 
     factor: str
     levels: list[GridValue]
     n: list[int]
+    primary_test: str | None = None
+    primary_p: float | None = None
     brown_forsythe_p: float | None
     warnings: list[str] = []
 
@@ -676,6 +743,13 @@ class Stats(ResponseModel):
     # Experiments with decompose_sources: per condition of the other factors, each source's
     # variance with its interval; null for other experiments.
     source_decomposition: list[SourceDecomposition] | None = None
+    # "raw", or "log" (the values' logarithms: spreads relative to the mean; ?scale=).
+    scale: str = "raw"
+    # An adaptive experiment still adding seeds: every p-value and interval here is an interim
+    # look, not adjusted for the looks its rule takes (interim_note says so); the rule's own
+    # decision is in the experiment's adaptive state.
+    interim: bool = False
+    interim_note: str | None = None
 
 
 class SeedPlan(ResponseModel):
