@@ -101,3 +101,17 @@ def seed_plan(*, ratio: float | None, seeds: int | None, alpha: float = DEFAULT_
     return SeedPlan(method=METHOD, alpha=alpha, power=power,
                     ratio=detectable if finite else None, seeds_per_level=seeds,
                     note=None if finite else "no ratio below 1e12 reaches that power")
+
+
+
+# Stand-ins until the primary test's simulated power lands (branch helper-planning): the
+# F-test's answers.
+def primary_detectable_ratio(n_a: int, n_b: int, *, paired: bool = False,
+                             correlation: float = 0.0, alpha: float = DEFAULT_ALPHA,
+                             power: float = DEFAULT_POWER) -> float:
+    return detectable_ratio(n_a, n_b, alpha, power)
+
+
+def primary_seeds_needed(ratio: float, *, paired: bool = False, correlation: float = 0.0,
+                         alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER) -> int | None:
+    return seeds_needed(ratio, alpha, power)

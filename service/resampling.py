@@ -60,8 +60,8 @@ MIN_DISTINCT_ASSIGNMENTS = 40
 # s_j within this relative distance of the hypothesised scale ratio count as ties (rounding).
 TIE_TOLERANCE = 1e-9
 
-PAIRED_TEST = "paired sign-flip test of deviations from the cell median"
-UNPAIRED_TEST = "stratified permutation test of deviations from the cell median"
+PAIRED_TEST = "paired sign-flip test of squared deviations from the cell median"
+UNPAIRED_TEST = "stratified permutation test of squared deviations from the cell median"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ then serves the same stored result, and it survives restarts."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,13 +14,14 @@ from sqlalchemy import Row, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
 
-from api_schemas import SOURCE_FACTOR, RunStatus, RunValue, Stats
+from api_schemas import SOURCE_FACTOR, AnalysisSpec, RunStatus, RunValue, Stats
 from service.db import Experiment, Run, StatsCache, utcnow
 from service.experiments import SpecError, unknown_metric
 from service.sources import experiment_grid, source_decomposition
 from service.stats import (
     MAX_COMPARISONS_PER_PAGE,
     ComparisonPlan,
+    ScaleError,
     experiment_stats,
     metric_value,
 )
@@ -34,12 +36,25 @@ MAX_STORED_PAGES = 64
 
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-STATS_FORMAT = "v5"
+STATS_FORMAT = "v6"
+
+# One lock per page being computed in this process: two viewers of a page that is not stored
+# yet wait for one computation instead of both computing it.
+_computing: dict[tuple[int, str, str], threading.Lock] = {}
+_computing_guard = threading.Lock()
+
+
+def _page_lock(experiment_id: int, metric: str, page: str) -> threading.Lock:
+    with _computing_guard:
+        if len(_computing) > 1024:  # forget the locks of pages nobody is computing
+            for key in [k for k, lock in _computing.items() if not lock.locked()]:
+                del _computing[key]
+        return _computing.setdefault((experiment_id, metric, page), threading.Lock())
 
 
 def stats_json(
     *, session: Session, experiment: Experiment, metric: str | None, factor: str | None,
-    offset: int, limit: int | None,
+    offset: int, limit: int | None, scale: str | None = None,
 ) -> str:
     """The statistics page as the JSON text of `api_schemas.Stats`.
 
@@ -69,7 +84,25 @@ def stats_json(
     if offset > total:
         raise SpecError.query("offset", f"offset {offset:,} is past the last of the {total:,} "
                                      "comparisons")
-    page = f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
+    analysis = AnalysisSpec.model_validate(experiment.spec.get("analysis") or {})
+    scale = scale or analysis.scale
+    page = (f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
+            f"|{scale}")
+    stored = _stored(session, experiment, metric, page)
+    if stored is not None:
+        return stored
+    with _page_lock(experiment.id, metric, page):
+        stored = _stored(session, experiment, metric, page)  # another viewer computed it
+        if stored is not None:
+            return stored
+        return _compute(session=session, experiment=experiment, metric=metric, factor=factor,
+                        offset=offset, limit=limit, grid=grid, page=page, scale=scale,
+                        target_ratio=analysis.target_ratio)
+
+
+def _stored(session: Session, experiment: Experiment, metric: str, page: str) -> str | None:
+    """The stored page, if it was computed from as many completed runs as there are now."""
+    session.expire(experiment, ["runs_completed"])
     # kept by the runs store with every status change: one row, not a count over the runs
     n_completed = experiment.runs_completed
     stored = session.execute(
@@ -78,7 +111,15 @@ def stats_json(
             StatsCache.page == page)
     ).first()
     if stored is not None and stored.n_completed == n_completed:
-        return stored.payload
+        return str(stored.payload)
+    return None
+
+
+def _compute(*, session: Session, experiment: Experiment, metric: str, factor: str | None,
+             offset: int, limit: int | None, grid: dict[str, list[Any]], page: str, scale: str,
+             target_ratio: float) -> str:
+    assert experiment.id is not None
+    trainer = REGISTRY[experiment.trainer]
 
     # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
     # it stopped at, not comparable with a run trained to the end.
@@ -91,10 +132,14 @@ def stats_json(
             if (value := metric_value(row.metrics, metric)) is not None]
     values = [(row.condition, row.condition_key, value) for row, value in kept]
     sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row, _ in kept]
-    stats = experiment_stats(metric=metric, grid=grid, runs=values, factor=factor,
-                             offset=offset, limit=limit,
-                             bounds=trainer.metric_bounds.get(metric),
-                             test_set_sizes=sizes if any(s is not None for s in sizes) else None)
+    try:
+        stats = experiment_stats(
+            metric=metric, grid=grid, runs=values, seeds=[row.seed for row, _ in kept],
+            factor=factor, offset=offset, limit=limit, bounds=trainer.metric_bounds.get(metric),
+            test_set_sizes=sizes if any(s is not None for s in sizes) else None,
+            scale=scale, target_ratio=target_ratio)
+    except ScaleError as error:
+        raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
     _attach_runs(stats, kept)
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)

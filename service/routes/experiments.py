@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
@@ -171,10 +171,13 @@ def get_stats(
         description="comparisons in this page (default: all, if there are at most "
                     f"{MAX_COMPARISONS_PER_PAGE})")] = None,
     offset: Offset = 0,
+    scale: Annotated[Literal["raw", "log"] | None, Query(
+        description="raw: compare variances of the metric; log: of its logarithm (relative "
+                    "spreads, for a positive metric). Default: the spec's analysis.scale")] = None,
 ) -> Response:
     experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
     payload = stats_json(session=session, experiment=experiment, metric=metric, factor=factor,
-                         offset=offset, limit=limit)
+                         offset=offset, limit=limit, scale=scale)
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
     return Response(content=payload, media_type="application/json")
 

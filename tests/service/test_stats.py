@@ -1,32 +1,85 @@
-"""service.stats against independent scipy computations and the grid structure of docs/api.md."""
+"""service.stats against independent computations (scipy, enumeration by hand) and the grid
+structure of docs/api.md: within-cell comparisons, the primary test paired by seed, its
+interval, the log scale and the result cache."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 
-from service.stats import compare, condition_stats, experiment_stats
-from tests.scipy_reference import assert_matches, reference_comparison, reference_condition
+from service import resampling, variance
+from service.stats import ScaleError, compare, condition_stats, experiment_stats
+from tests.scipy_reference import (
+    assert_matches,
+    reference_comparison,
+    reference_condition,
+    reference_primary_p,
+    reference_strata,
+)
 
 
-def test_comparison_matches_scipy() -> None:
+def test_an_unpaired_comparison_matches_scipy() -> None:
     rng = np.random.default_rng(0)
     a = list(rng.normal(0, 2.0, size=7))
     b = list(rng.normal(0.5, 1.0, size=6))
-    assert_matches(compare(a, b), reference_comparison(a, b))
+    got = compare(a, b)
+    assert got["pairing"] == "unpaired" and got["primary_exact"] is True
+    assert got["primary_test"] == resampling.UNPAIRED_TEST
+    assert_matches(got, reference_comparison(a, b))
 
 
-def test_variance_ratio_of_a_known_pair() -> None:
-    got = compare([1.0, 3.0], [0.0, 1.0, 2.0])  # variances 2 and 1
-    assert got["var_ratio"] == pytest.approx(2.0)
-    assert got["mean_diff"] == pytest.approx(1.0)
+def test_a_paired_comparison_matches_scipy_and_reports_the_seed_correlation() -> None:
+    rng = np.random.default_rng(1)
+    shared = rng.normal(size=9)
+    a = list(shared + 0.3 * rng.normal(size=9))
+    b = list(2 * shared + 0.3 * rng.normal(size=9) + 1)
+    seeds = list(range(9))
+    got = compare(a, b, seeds, seeds)
+    assert got["pairing"] == "paired" and got["paired_seeds"] == 9
+    assert got["primary_test"] == resampling.PAIRED_TEST and got["mean_test"] == "paired t"
+    assert_matches(got, reference_comparison(a, b, seeds))
+    assert got["seed_correlation"] == pytest.approx(np.corrcoef(a, b)[0, 1], rel=1e-9)
 
 
-def test_condition_summary_matches_scipy() -> None:
-    values = [0.91, 0.88, 0.93, 0.90, 0.87]
-    got = condition_stats({"a": 1}, "a=1", values).model_dump()
-    assert_matches(got, reference_condition(values))
-    assert got["values"] == values
+def test_seeds_in_another_order_pair_by_seed_not_by_position() -> None:
+    rng = np.random.default_rng(2)
+    a = list(rng.normal(size=8))
+    b = [2.0 * v for v in a]
+    order = [3, 0, 7, 1, 6, 2, 5, 4]
+    shuffled = compare(a, [b[i] for i in order], list(range(8)), order)
+    assert shuffled["primary_p"] == pytest.approx(2 / 256)
+
+
+def test_an_exact_per_seed_scale_of_1_5_is_significant_with_8_paired_seeds() -> None:
+    rng = np.random.default_rng(3)
+    a = list(rng.lognormal(size=8))
+    b = [1.5 * v for v in a]
+    seeds = list(range(8))
+    paired = compare(a, b, seeds, seeds)
+    # every seed says var_a / var_b = 1 / 2.25: only "no swap" and "swap all" are as extreme
+    assert paired["primary_p"] == pytest.approx(2 / 256)
+    assert paired["primary_ci95"] == pytest.approx([1 / 2.25, 1 / 2.25], rel=1e-9)
+    assert paired["seed_correlation"] == pytest.approx(1.0)
+    unpaired = compare(a, b)  # the same values without their seeds: nothing to see
+    assert unpaired["primary_p"] > 0.3
+
+
+def test_the_primary_interval_is_the_set_of_ratios_the_test_does_not_reject() -> None:
+    rng = np.random.default_rng(4)
+    for seeds in (None, list(range(7))):
+        a = list(rng.normal(0, 3.0, size=7))
+        b = list(rng.normal(0, 1.0, size=7))
+        got = compare(a, b, seeds, seeds)
+        low, high = got["primary_ci95"]
+        paired = seeds is not None
+        for end in (low, high):
+            inside = end * (1.001 if end == low else 0.999)
+            outside = end * (0.999 if end == low else 1.001)
+            assert reference_primary_p([(a, b)], paired, null=inside) > 0.05
+            assert reference_primary_p([(a, b)], paired, null=outside) <= 0.05
+        assert low < got["var_ratio"] < high
 
 
 def test_small_or_constant_samples_give_nulls_not_errors() -> None:
@@ -34,9 +87,126 @@ def test_small_or_constant_samples_give_nulls_not_errors() -> None:
     assert one.n == 1 and one.std is None and one.ci95 is None and one.mean == 0.5
     single = compare([1.0], [1.0, 2.0])
     assert single["var_ratio"] is None and single["f_test_p"] is None
+    assert single.get("primary_p") is None
     constant = compare([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
     assert constant["var_a"] == 0.0 and constant["var_ratio"] is None
-    assert constant["permutation_p"] is None and constant["var_ratio_ci95"] is None
+    assert constant.get("primary_p") is None and constant.get("primary_ci95") is None
+
+
+def test_welch_with_two_zero_variance_levels_is_null_with_its_reason() -> None:
+    got = compare([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
+    assert got["welch_p"] is None and "zero variance" in got["welch_p_null_reason"]
+    assert got["mean_diff"] == -1.0
+
+
+def test_three_seeds_unpaired_warn_that_the_primary_test_cannot_reach_0_05() -> None:
+    got = compare([1.0, 2.0, 4.0], [0.0, 0.1, 0.3])
+    # an odd cell's zero deviation leaves the shuffle: 2 + 2 deviations, 6 splits
+    assert got["primary_resamples"] == 6 and got["primary_p"] >= 2 / 6
+    assert got["primary_ci95"] == [0.0, None]
+    assert any("cannot fall below" in w for w in got["warnings"])
+
+
+def test_unmatched_seeds_fall_back_to_the_unpaired_test_and_say_why() -> None:
+    rng = np.random.default_rng(5)
+    a, b = list(rng.normal(size=8)), list(rng.normal(size=7))
+    got = compare(a, b, list(range(8)), list(range(7)))
+    assert got["pairing"] == "unpaired" and "only one of the two" in got["pairing_note"]
+    assert got["mean_test"] == "Welch t" and got["mean_p"] == got["welch_p"]
+    few = compare(a[:5], b[:5], list(range(5)), list(range(5)))  # 32 sign flips
+    assert few["pairing"] == "unpaired" and "too few to reach 0.05" in few["pairing_note"]
+
+
+def grid_runs(seed: int, interaction: float) -> tuple[dict, list, list[int]]:
+    """A 2 x 3 grid, 5 shared seeds per cell, equal within-cell variances and `interaction` in
+    the means of `mode` x `r` only."""
+    grid = {"mode": ["a", "b"], "r": [0, 1, 2]}
+    rng = np.random.default_rng(seed)
+    runs, seeds = [], []
+    for mode in grid["mode"]:
+        for r in grid["r"]:
+            shift = interaction * r * (1 if mode == "a" else -1)
+            for s in range(5):
+                runs.append(({"mode": mode, "r": r}, f"mode={mode},r={r}",
+                             float(rng.normal(shift, 1.0))))
+                seeds.append(s)
+    return grid, runs, seeds
+
+
+def test_a_pooled_comparison_is_stratified_by_cell_and_matches_enumeration() -> None:
+    grid, runs, seeds = grid_runs(6, interaction=3.0)
+    stats = experiment_stats(metric="m", grid=grid, runs=runs)  # no seeds: unpaired
+    pooled = next(c for c in stats.comparisons if c.factor == "mode" and c.within is None)
+    cells = {(c["mode"], c["r"]): [v for cc, _, v in runs if cc == c]
+             for c in ({"mode": m, "r": r} for m in grid["mode"] for r in grid["r"])}
+    # 3 strata of 4 + 4 deviations: 70^3 splits, more than the 10,000 drawn; enumerate two
+    # strata by hand and check the drawn p against it within Monte Carlo error
+    want = reference_strata([(cells[("a", r)], cells[("b", r)]) for r in (0, 1, 2)],
+                            paired=False)
+    got = pooled.model_dump()
+    primary = want.pop("primary_p")
+    want.pop("mean_p")
+    assert_matches(got, want)
+    assert got["primary_p"] == pytest.approx(primary, abs=4 * math.sqrt(0.25 / 9999) + 1e-3)
+    assert got["dof_a"] == got["dof_b"] == 12
+    # the marginal variance counts the interaction in the means: a warning says so
+    assert got["marginal_var_a"] == pytest.approx(
+        np.var(sum((cells[("a", r)] for r in (0, 1, 2)), []), ddof=1), rel=1e-12)
+    assert got["marginal_var_ratio"] is not None
+    two = reference_strata([(cells[("a", r)], cells[("b", r)]) for r in (0, 1)], paired=False)
+    two_got = experiment_stats(
+        metric="m", grid={"mode": ["a", "b"], "r": [0, 1]},
+        runs=[run for run in runs if run[0]["r"] in (0, 1)]).comparisons[0]
+    assert two_got.primary_p == pytest.approx(two["primary_p"],
+                                              abs=4 * math.sqrt(0.25 / 9999) + 1e-3)
+
+
+def test_an_interaction_in_the_means_does_not_make_the_variances_differ() -> None:
+    marginal_rejects = primary_rejects = f_rejects = 0
+    for seed in range(40):
+        grid, runs, seeds = grid_runs(100 + seed, interaction=1.5)
+        stats = experiment_stats(metric="m", grid=grid, runs=runs, seeds=seeds)
+        pooled = next(c for c in stats.comparisons if c.factor == "r" and c.within is None
+                      and (c.a, c.b) == (0, 2))
+        assert pooled.pairing == "paired"
+        primary_rejects += pooled.primary_p < 0.05
+        f_rejects += pooled.f_test_p < 0.05
+        a = [v for c, _, v in runs if c["r"] == 0]
+        b = [v for c, _, v in runs if c["r"] == 2]
+        marginal = np.var(a, ddof=1) / np.var(b, ddof=1)
+        assert pooled.marginal_var_ratio == pytest.approx(marginal, rel=1e-12)
+    # pooled over `mode`, r=0 has means 0, 0 and r=2 has 3, -3: its marginal variance is
+    # inflated; the within-cell tests are not
+    mode = next(c for c in stats.comparisons if c.factor == "r" and c.within is None
+                and (c.a, c.b) == (0, 2))
+    assert mode.marginal_var_ratio < 0.5 and any("marginal_var_ratio" in w
+                                                 for w in mode.warnings)
+    assert primary_rejects <= 6 and f_rejects <= 6
+
+
+def test_the_log_scale_compares_relative_spreads_and_refuses_non_positive_values() -> None:
+    rng = np.random.default_rng(7)
+    grid = {"r": [0.05, 0.1]}
+    runs = [({"r": 0.05}, "r=0.05", float(v)) for v in 1e-4 * rng.lognormal(0, 0.15, 8)]
+    runs += [({"r": 0.1}, "r=0.1", float(v)) for v in rng.lognormal(0, 0.15, 8)]
+    raw = experiment_stats(metric="m", grid=grid, runs=runs).comparisons[0]
+    assert raw.var_ratio < 1e-6 and any("-fold" in w for w in raw.warnings)
+    log = experiment_stats(metric="m", grid=grid, runs=runs, scale="log").comparisons[0]
+    assert log.scale == "log"
+    logs = {r: [math.log(v) for c, _, v in runs if c["r"] == r] for r in grid["r"]}
+    assert log.var_ratio == pytest.approx(np.var(logs[0.05], ddof=1) / np.var(logs[0.1], ddof=1),
+                                          rel=1e-9)
+    assert log.primary_p > 0.05 and raw.primary_p < 0.01
+    with pytest.raises(ScaleError, match="1 of 16 are 0 or below"):
+        experiment_stats(metric="m", grid=grid, runs=[*runs[:-1], ({"r": 0.1}, "r=0.1", 0.0)],
+                         scale="log")
+
+
+def test_condition_summary_matches_scipy() -> None:
+    values = [0.91, 0.88, 0.93, 0.90, 0.87]
+    got = condition_stats({"a": 1}, "a=1", values).model_dump()
+    assert_matches(got, reference_condition(values))
+    assert got["values"] == values
 
 
 def test_pooled_and_within_comparisons_follow_the_grid() -> None:
@@ -54,41 +224,13 @@ def test_pooled_and_within_comparisons_follow_the_grid() -> None:
     assert len(s.comparisons) == 2 * (1 + 2)
     pooled = next(c for c in s.comparisons if c.factor == "mode" and c.within is None)
     assert (pooled.n_a, pooled.n_b) == (8, 8)
-    a = [v for c, _, v in runs if c["mode"] == "clamp"]
-    b = [v for c, _, v in runs if c["mode"] == "subtract"]
-    assert_matches(pooled.model_dump(), reference_comparison(a, b))
     within = next(c for c in s.comparisons
                   if c.factor == "mode" and c.within == {"stability": "direct"})
     a = [v for c, _, v in runs if c == {"mode": "clamp", "stability": "direct"}]
     b = [v for c, _, v in runs if c == {"mode": "subtract", "stability": "direct"}]
     assert (within.n_a, within.n_b) == (4, 4)
     assert_matches(within.model_dump(), reference_comparison(a, b))
-    assert within.within_cell_var_ratio is None  # only pooled comparisons carry it
-
-
-def test_pooled_comparisons_also_give_the_within_cell_pooled_variance() -> None:
-    grid = {"mode": ["clamp", "subtract"], "stability": ["detach", "direct"]}
-    rng = np.random.default_rng(2)
-    runs, cells = [], {}
-    for mode in grid["mode"]:
-        for stability, shift in zip(grid["stability"], (0.0, 5.0), strict=True):
-            values = [float(v) for v in rng.normal(loc=shift, size=7)]
-            cells[(mode, stability)] = values
-            cond = {"mode": mode, "stability": stability}
-            runs += [(cond, f"mode={mode},stability={stability}", v) for v in values]
-    pooled = next(c for c in experiment_stats(metric="m", grid=grid, runs=runs).comparisons
-                  if c.factor == "mode" and c.within is None)
-
-    def within_cells(mode: str) -> float:  # sum (n_k - 1) s_k^2 / sum (n_k - 1), by hand
-        parts = [cells[(mode, s)] for s in grid["stability"]]
-        return sum(6 * np.var(p, ddof=1) for p in parts) / 12
-
-    assert pooled.within_cell_var_a == pytest.approx(within_cells("clamp"), rel=1e-12)
-    assert pooled.within_cell_var_b == pytest.approx(within_cells("subtract"), rel=1e-12)
-    assert pooled.within_cell_var_ratio == pytest.approx(
-        within_cells("clamp") / within_cells("subtract"), rel=1e-12)
-    # the plain variance of the 14 runs also counts the stability shift: much larger
-    assert pooled.var_a > 3 * pooled.within_cell_var_a
+    assert within.marginal_var_ratio is None  # only pooled comparisons carry it
 
 
 def test_boolean_and_integer_levels_are_not_confused() -> None:
@@ -98,3 +240,27 @@ def test_boolean_and_integer_levels_are_not_confused() -> None:
     (comparison,) = experiment_stats(metric="m", grid=grid, runs=runs).comparisons
     assert (comparison.n_a, comparison.n_b) == (2, 2)
     assert comparison.var_ratio == pytest.approx(0.5 / 8.0)
+
+
+def test_a_new_run_recomputes_only_the_comparisons_whose_cells_it_joined(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    grid, runs, seeds = grid_runs(8, interaction=0.0)
+    tested: list[int] = []
+    real = resampling.randomisation_tests
+
+    def counting(preps, *args, **kwargs):  # type: ignore[no-untyped-def]
+        tested.append(len(preps))
+        return real(preps, *args, **kwargs)
+
+    monkeypatch.setattr(resampling, "randomisation_tests", counting)
+    variance._results.clear()
+    first = experiment_stats(metric="m", grid=grid, runs=runs, seeds=seeds)
+    assert sum(tested) == len(first.comparisons) == 1 * (1 + 3) + 3 * (1 + 2)
+    tested.clear()
+    again = experiment_stats(metric="m", grid=grid, runs=runs, seeds=seeds)
+    assert sum(tested) == 0 and again == first
+    # a sixth seed in (mode=a, r=2): the mode comparisons pooled and within r=2, and the r
+    # comparisons pooled and within mode=a that involve r=2 (0 vs 2, 1 vs 2)
+    more = [*runs, ({"mode": "a", "r": 2}, "mode=a,r=2", 0.5)]
+    experiment_stats(metric="m", grid=grid, runs=more, seeds=[*seeds, 5])
+    assert sum(tested) == 2 + 2 * 2
