@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from service import resampling, variance
 from service.stats import ScaleError, compare, condition_stats, experiment_stats
@@ -175,6 +176,8 @@ def test_an_interaction_in_the_means_does_not_make_the_variances_differ() -> Non
         b = [v for c, _, v in runs if c["r"] == 2]
         marginal = np.var(a, ddof=1) / np.var(b, ddof=1)
         assert pooled.marginal_var_ratio == pytest.approx(marginal, rel=1e-12)
+        tail = scipy_stats.f.cdf(marginal, len(a) - 1, len(b) - 1)
+        marginal_rejects += 2 * min(tail, 1 - tail) < 0.05
     # pooled over `mode`, r=0 has means 0, 0 and r=2 has 3, -3: its marginal variance is
     # inflated; the within-cell tests are not
     mode = next(c for c in stats.comparisons if c.factor == "r" and c.within is None
@@ -182,6 +185,7 @@ def test_an_interaction_in_the_means_does_not_make_the_variances_differ() -> Non
     assert mode.marginal_var_ratio < 0.5 and any("marginal_var_ratio" in w
                                                  for w in mode.warnings)
     assert primary_rejects <= 6 and f_rejects <= 6
+    assert marginal_rejects >= 30  # what the pooled F-test on all runs of a level said
 
 
 def test_the_log_scale_compares_relative_spreads_and_refuses_non_positive_values() -> None:
