@@ -382,11 +382,12 @@ def omnibus_test(factor: str, levels: Sequence[Any], values: RunValues) -> Omnib
     primary, bf, name, why = variance.omnibus(rows, len(levels))
     n = [len(values.values(factor, level, None)) for level in levels]
     warned = [] if why is None else [f"primary_p is null: {why}"]
-    if bf is not None and min(n) < variance.MIN_SEEDS_BROWN_FORSYTHE * max(1, len(rows)):
-        warned.append(f"brown_forsythe_p with cells of fewer than "
-                      f"{variance.MIN_SEEDS_BROWN_FORSYTHE} seeds: it has little power there "
-                      "(with 2 the deviations from the median are equal; with 3 one is always "
-                      "0)")
+    smallest = min((len(v) for row in rows for v, _ in row if len(v)), default=0)
+    if bf is not None and smallest < variance.MIN_SEEDS_BROWN_FORSYTHE:
+        warned.append(f"brown_forsythe_p with {smallest} seeds in some cell: it needs "
+                      f"{variance.MIN_SEEDS_BROWN_FORSYTHE} per cell (with 2 the deviations "
+                      "from the median are equal; with 3 one is always 0) and has little power "
+                      "below that")
     return Omnibus(factor=factor, levels=list(levels), n=n, primary_test=name,
                    primary_p=primary, brown_forsythe_p=bf, warnings=warned)
 

@@ -9,11 +9,10 @@ from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 
 from api_schemas import Stats
-from service.multiplicity import MAX_FAMILY_COMPARISONS
-from service.stats import experiment_stats
+from service.stats import MAX_ANALYSED_COMPARISONS, experiment_stats
 
 GRID = {"mode": ["clamp", "subtract", "none", "soft"], "depth": [2, 4]}
-ADJUSTED = ("f_test_p", "brown_forsythe_p", "welch_p")
+ADJUSTED = ("primary_p", "f_test_p", "brown_forsythe_p", "welch_p", "mean_p")
 
 
 def grid_runs(seeds: int = 6) -> list[tuple[dict, str, float]]:
@@ -122,8 +121,8 @@ def test_a_family_too_large_to_adjust_is_null_with_its_reason() -> None:
             for lr in levels for sg in (False, True) for v in rng.normal(size=2)]
     stats = experiment_stats(metric="m", grid=grid, runs=runs, factor="sg", limit=3)
     families = {f.factor: f for f in stats.multiplicity}
-    assert families["lr"].comparisons > MAX_FAMILY_COMPARISONS
-    assert "more than the 200,000" in families["lr"].null_reason
+    assert families["lr"].comparisons > MAX_ANALYSED_COMPARISONS
+    assert "more than the 20,000" in families["lr"].null_reason
     assert families[None].null_reason is not None and families["sg"].null_reason is None
     for c in stats.comparisons:
         assert c.f_test_p is not None and c.f_test_p_holm_all is None
@@ -135,10 +134,14 @@ def test_a_family_too_large_to_adjust_is_null_with_its_reason() -> None:
         dist = scipy_stats.f(len(a) - 1, len(b) - 1)
         return min(1.0, 2 * min(dist.cdf(ratio), dist.sf(ratio)))
 
-    def values(sg: bool, lr: int | None) -> list[float]:
-        return [v for c, _, v in runs if c["sg"] is sg and lr in (None, c["lr"])]
+    def values(sg: bool, lr: int) -> list[float]:
+        return [v for c, _, v in runs if c["sg"] is sg and c["lr"] == lr]
 
-    raw = [f_p(values(False, lr), values(True, lr)) for lr in [None, *levels]]
+    # pooled over lr: the F-test of the within-cell variances, 700 degrees of freedom a side
+    pooled = [np.mean([np.var(values(sg, lr), ddof=1) for lr in levels]) for sg in (False, True)]
+    tail = scipy_stats.f.cdf(pooled[0] / pooled[1], 700, 700)
+    raw = [min(1.0, 2 * min(tail, 1 - tail))]
+    raw += [f_p(values(False, lr), values(True, lr)) for lr in levels]
     assert [c.f_test_p for c in stats.comparisons] == pytest.approx(raw[:3], rel=1e-9)
     assert [c.f_test_p_holm_factor for c in stats.comparisons] == pytest.approx(
         holm_by_hand(raw)[:3], rel=1e-9)
@@ -150,4 +153,5 @@ def test_an_experiment_without_a_grid_has_one_empty_family() -> None:
     assert stats.comparisons == [] and stats.conditions[0].n == 2
     (family,) = stats.multiplicity
     assert (family.factor, family.comparisons, family.null_reason) == (None, 0, None)
-    assert family.tested == {"f_test_p": 0, "brown_forsythe_p": 0, "welch_p": 0}
+    assert family.tested == {"primary_p": 0, "f_test_p": 0, "brown_forsythe_p": 0,
+                             "welch_p": 0, "mean_p": 0}

@@ -18,12 +18,8 @@ from api_schemas import RunStatus
 from service import cli
 from service.db import Experiment, Run, make_engine, upgrade_database
 from service.experiments import condition_key
-from service.stats import (
-    MIN_SEEDS_BROWN_FORSYTHE,
-    compare,
-    condition_stats,
-    experiment_stats,
-)
+from service.stats import compare, condition_stats, experiment_stats
+from service.variance import MIN_SEEDS_BROWN_FORSYTHE
 from service.stats_store import stats_json
 from trainers import REGISTRY
 
@@ -48,7 +44,11 @@ def test_a_noise_floor_that_explains_most_of_the_variance_is_a_warning() -> None
     # accuracies 0.5 +- 0.01 on 100 test images: p(1 - p)/n = 0.0025, far above the spread
     got = condition_stats({}, "", [0.49, 0.50, 0.51], bounds=(0, 1), test_set_sizes=[100] * 3)
     assert got.noise_floor_share > 1
-    assert any("noise floor" in w for w in got.warnings)
+    # every seed is scored on the same test set: p(1 - p)/n is not a floor under the seed
+    # variance, and the warning does not call the spread measurement noise
+    (warning,) = got.warnings
+    assert "is not a floor under the seed-to-seed variance" in warning
+    assert "same test set" in warning
     quiet = condition_stats({}, "", [0.2, 0.5, 0.8], test_set_sizes=[10_000] * 3)
     assert quiet.warnings == []
 
@@ -93,17 +93,19 @@ def test_too_few_seeds_are_warned_about_by_name_and_enough_seeds_are_not() -> No
     text = " ".join(two["warnings"])
     assert two["brown_forsythe_p"] is not None and "brown_forsythe_p from 2 and 2 seeds" in text
     assert "var_ratio_ci95_f spans" in text  # F(1, 1) quantiles: about 5.6 decades
-    assert "permutation_p from 2 and 2 seeds: they split only 6 ways" in text
+    assert ("primary_p from 2 and 2 seeds: they allow only 6 distinct re-assignments" in text
+            and two["primary_ci95"] == [0.0, None])
     assert "mean_diff_ci95 from 2 and 2 seeds" in text
     rng = np.random.default_rng(3)
     many = compare(list(rng.normal(size=12)), list(rng.normal(size=12)))
-    assert many["warnings"] == []
+    # no seed-count warning; these seeds happen to make the F-test and the primary test disagree
+    assert [w for w in many["warnings"] if "disagree at 0.05" not in w] == []
     four = compare(list(rng.normal(size=4)), list(rng.normal(size=4)))
     assert any(w.startswith("brown_forsythe_p from 4 and 4") for w in four["warnings"])
     assert not any("var_ratio_ci95_f" in w for w in four["warnings"])  # F(3, 3): 2.4 decades
     single = compare([1.0], [1.0, 2.0])
-    assert single["warnings"] == ["1 and 2 seeds: a variance needs 2 seeds on each side, so "
-                                  "no variance test"]
+    assert single["warnings"] == ["1 and 2 seeds: a within-cell variance needs 2 seeds in a "
+                                  "cell on each side, so no variance test"]
     assert condition_stats({}, "", [1.0, 2.0]).warnings[0].startswith("ci95 from 2 seeds")
     assert condition_stats({}, "", [1.0, 2.0, 4.0]).warnings == []
 
@@ -113,7 +115,8 @@ def test_an_omnibus_from_too_few_seeds_is_warned_about() -> None:
     runs = [({"lr": lr}, f"lr={lr}", float(v)) for lr in grid["lr"] for v in (lr, 2 * lr, 0.5)]
     (small,) = experiment_stats(metric="m", grid=grid, runs=runs, limit=0).omnibus
     assert small.brown_forsythe_p is not None
-    assert small.warnings and f"needs {MIN_SEEDS_BROWN_FORSYTHE} per level" in small.warnings[0]
+    assert small.warnings and f"needs {MIN_SEEDS_BROWN_FORSYTHE} per cell" in small.warnings[0]
+    assert small.primary_p is not None and small.primary_test.startswith("stratified")
 
 
 def store_cff_experiment(url: str, accuracies: dict[str, list[float]], n_test: int) -> int:
