@@ -4,6 +4,7 @@ provenance and /stats; and an experiment whose first runs all fail stops there."
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -120,3 +121,29 @@ def test_a_long_toy_run_ends_within_two_seconds_of_a_cancel(service: Service,
     elapsed = time.monotonic() - cancelled_at
     assert ended["status"] == "cancelled"
     assert elapsed < CANCEL_BOUND_S, f"the run ended {elapsed:.2f} s after the cancel"
+
+
+def test_shared_seeds_that_scale_exactly_by_1_5_are_significant_with_8_seeds(
+        start_service: Callable[..., Service], toy: ToyTrainer) -> None:
+    """Seed s of both conditions starts from the same w (the `init` stream), so one step of
+    size lr leaves loss_s = |w_s|^2 (1 - 2 lr)^2: a per-seed scale of 1.5 between the two lr
+    levels. Analysed as independent, 8 seeds a side could not tell; paired, the primary test
+    sees it (2 of the 256 sign flips are as extreme)."""
+    service = start_service()
+    lr_b = (1 - math.sqrt(1.5 * 0.25)) / 2  # (1 - 2 lr_b)^2 = 1.5 (1 - 2 * 0.25)^2
+    created = service.submit({"name": "paired", "trainer": "toy",
+                              "config": {"steps": 1, "log_every": 1},
+                              "grid": {"lr": [0.25, lr_b]}, "seeds": 8})
+    assert service.wait(created["id"])["counts"]["completed"] == 16
+    stats = service.client.get(f"/experiments/{created['id']}/stats").json()
+    (comparison,) = stats["comparisons"]
+    by_seed = {(r["condition"]["lr"], r["seed"]): r["metrics"]["loss"]
+               for r in service.runs(created["id"])}
+    assert all(by_seed[(lr_b, s)] == pytest.approx(1.5 * by_seed[(0.25, s)], rel=1e-12)
+               for s in range(8))
+    assert comparison["pairing"] == "paired" and comparison["paired_seeds"] == 8
+    assert comparison["seed_correlation"] == pytest.approx(1.0)
+    assert comparison["primary_p"] == pytest.approx(2 / 256) and comparison["primary_p"] < 0.05
+    assert comparison["primary_ci95"] == pytest.approx([1 / 2.25, 1 / 2.25], rel=1e-6)
+    assert comparison["var_ratio"] == pytest.approx(1 / 2.25, rel=1e-9)
+    assert comparison["mean_test"] == "paired t" and comparison["mean_p"] < 0.05
