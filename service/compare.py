@@ -1,6 +1,8 @@
 """Two experiments side by side (GET /compare): studies grow after the first look, and a
 follow-up experiment (more seeds, a changed base config) is compared condition by condition
-with the first, with the same tests as /stats (service.stats.compare)."""
+with the first, with the same tests as /stats (service.stats.compare): paired by seed where
+both ran the same seeds (seed s draws the same random streams in both), the p-values raw (no
+family is adjusted here), and the condition intervals within the metric's declared bounds."""
 
 from __future__ import annotations
 
@@ -43,8 +45,9 @@ def _values(session: Session, experiment: Experiment,
     return out
 
 
-def _side(condition: dict[str, Any], key: str, runs: list[RunValue]) -> ConditionStats:
-    stats = condition_stats(condition, key, [r.value for r in runs])
+def _side(condition: dict[str, Any], key: str, runs: list[RunValue],
+          bounds: tuple[float, float] | None) -> ConditionStats:
+    stats = condition_stats(condition, key, [r.value for r in runs], bounds=bounds)
     stats.runs = runs
     return stats
 
@@ -62,7 +65,9 @@ def compare_experiments(*, session: Session, a_id: int, b_id: int, metric: str |
         raise SpecError.query("b", f"experiment {b_id} ran trainer {b.trainer!r} and experiment "
                                 f"{a_id} ran {a.trainer!r}: only runs of one trainer compare")
     metric = metric or a.metric
-    problem = unknown_metric(REGISTRY[a.trainer], metric)
+    trainer = REGISTRY[a.trainer]
+    bounds = trainer.metric_bounds.get(metric)
+    problem = unknown_metric(trainer, metric)
     if problem:
         raise SpecError.query("metric", problem)
     values_a, values_b = _values(session, a, metric), _values(session, b, metric)
@@ -76,10 +81,11 @@ def compare_experiments(*, session: Session, a_id: int, b_id: int, metric: str |
         runs_b = values_b[key][1]
         sides.append(SideBySide(
             condition=condition, condition_key=key,
-            a=_side(condition, key, runs_a), b=_side(condition, key, runs_b),
+            a=_side(condition, key, runs_a, bounds), b=_side(condition, key, runs_b, bounds),
             comparison=Comparison(factor="experiment", a=a_id, b=b_id, within=condition,
-                                  **compare([r.value for r in runs_a],
-                                            [r.value for r in runs_b]))))
+                                  **compare([r.value for r in runs_a], [r.value for r in runs_b],
+                                            [r.seed for r in runs_a],
+                                            [r.seed for r in runs_b]))))
     end = offset + len(sides)
     return ExperimentComparison(
         a=a_id, b=b_id, trainer=a.trainer, metric=metric, conditions=sides,
