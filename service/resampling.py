@@ -100,13 +100,16 @@ def drop_structural_zero(d: np.ndarray) -> np.ndarray:
     return np.delete(d, int(np.argmin(d))) if len(d) % 2 == 1 else d
 
 
+# Each stratum's two cells in seed order when the comparison is paired, else None; and why not.
+Pairing = tuple[list[tuple[np.ndarray, np.ndarray]] | None, str | None]
+
+
 def usable_strata(strata: Sequence[Stratum]) -> list[Stratum]:
     """The strata with 2 or more values on each side: a cell of one value has no spread."""
     return [s for s in strata if len(s.a) >= 2 and len(s.b) >= 2]
 
 
-def pairing(strata: Sequence[Stratum]) -> tuple[list[tuple[np.ndarray, np.ndarray]] | None,
-                                                 str | None]:
+def pairing(strata: Sequence[Stratum]) -> Pairing:
     """Each stratum's two cells in seed order, when every stratum's cells hold the same seeds
     once each and there are enough of them to sign-flip; else None and why (None when the runs
     carry no seeds)."""
@@ -129,13 +132,14 @@ def pairing(strata: Sequence[Stratum]) -> tuple[list[tuple[np.ndarray, np.ndarra
     return ordered, None
 
 
-def prepare(strata: Sequence[Stratum]) -> Prepared | None:
+def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepared | None:
     """The comparison's deviations; None when no stratum has 2 values on each side or a side
-    has no spread at all (no scale ratio then)."""
+    has no spread at all (no scale ratio then). `paired`: pairing() of its usable strata, when
+    the caller has it already."""
     usable = usable_strata(strata)
     if not usable:
         return None
-    ordered, note = pairing(usable)
+    ordered, note = pairing(usable) if paired is None else paired
     if ordered is not None:
         d_a = np.concatenate([median_deviations(a) for a, _ in ordered])
         d_b = np.concatenate([median_deviations(b) for _, b in ordered])
@@ -245,33 +249,32 @@ def _columns(prep: Prepared) -> tuple[np.ndarray, np.ndarray, float, float]:
     return own, other, float(d_a.sum()), float(d_b.sum())
 
 
-def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> list[np.ndarray]:
-    """s_j per row of `matrix` for each comparison of one layout (module docstring):
-    T*_j(s) >= T(s) exactly when s >= s_j (0: always; inf: never). Each sorted."""
+def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> np.ndarray:
+    """s_j per row of `matrix` (rows) for each comparison of one layout (columns), unsorted
+    (module docstring): T*_j(s) >= T(s) exactly when s >= s_j (0: always; inf: never)."""
     columns = [_columns(p) for p in preps]
     products = matrix @ np.stack([c for first, second, _, _ in columns
                                   for c in (first, second)], axis=1)
-    out = []
-    for i, (prep, (_, _, total_a, total_b)) in enumerate(zip(preps, columns, strict=True)):
-        first, second = products[:, 2 * i], products[:, 2 * i + 1]
-        u = total_a - first if prep.paired else first
-        out.append(_roots(u, second, total_a, total_b))
-    return out
+    total_a = np.array([c[2] for c in columns])
+    total_b = np.array([c[3] for c in columns])
+    paired = np.array([p.paired for p in preps])
+    first, v = products[:, 0::2], products[:, 1::2]
+    u = np.where(paired, total_a - first, first)
+    return _roots(u, v, total_a, total_b)
 
 
-def _roots(u: np.ndarray, v: np.ndarray, total_a: float, total_b: float) -> np.ndarray:
-    # With x = 1 / s: T* >= T  <=>  c2 x^2 + c1 x + c0 <= 0, where c2 >= 0 and c0 <= 0, that
-    # is x <= x_j, the positive root, so s >= s_j = 1 / x_j.
+def _roots(u: np.ndarray, v: np.ndarray, total_a: np.ndarray,
+           total_b: np.ndarray) -> np.ndarray:
+    # With x = 1 / s: T* >= T  <=>  c2 x^2 + c1 x - c0 <= 0, where c2 = A (A - U) >= 0 and
+    # c0 = B V >= 0, that is x <= x_j, the positive root, so s >= s_j = 1 / x_j: written
+    # without cancellation, s_j = (c1 + sq) / (2 c0) for c1 > 0, else 2 c2 / (sq - c1).
     c2 = total_a * np.maximum(total_a - u, 0.0)
+    c0 = np.maximum(v, 0.0) * total_b
     c1 = total_a * (total_b - v) - u * total_b
-    c0 = -np.maximum(v, 0.0) * total_b
+    sq = np.sqrt(c1 * c1 + 4 * c2 * c0)
     with np.errstate(all="ignore"):
-        disc = np.sqrt(np.maximum(c1 * c1 - 4 * c2 * c0, 0.0))
-        root = np.where(c1 > 0, -2 * c0 / (c1 + disc), (-c1 + disc) / (2 * c2))
-        linear = np.where(c1 > 0, -c0 / c1, np.inf)  # c2 == 0: a's side kept all of a
-        root = np.where(c2 > 1e-12 * total_a * total_a, root, linear)
-        s = 1.0 / root
-    return np.sort(np.where(np.isnan(s), np.inf, s))
+        s = np.where(c1 > 0, (c1 + sq) / (2 * c0), 2 * c2 / (sq - c1))
+    return np.where(np.isnan(s), np.inf, s)
 
 
 @dataclass
@@ -285,24 +288,27 @@ class TestResult:
 
 
 def from_crossings(s: np.ndarray, exact: bool, null: float = 1.0,
-                   confidence: float = 0.95) -> TestResult:
-    """The test of var_a / var_b = `null` and the interval at `confidence`, from the sorted
-    crossing scales of the re-assignments other than the observed one."""
-    m = len(s)
+                   confidence: float = 0.95) -> list[TestResult]:
+    """The test of var_a / var_b = `null` and the interval at `confidence` of each column of
+    `s`, the crossing scales of the re-assignments other than the observed one (rows)."""
+    m = s.shape[0]
     total = m + 1
-    s0 = null
-    greater = 1 + int(np.searchsorted(s, s0 * (1 + TIE_TOLERANCE), side="right"))
-    less = 1 + m - int(np.searchsorted(s, s0 * (1 - TIE_TOLERANCE), side="left"))
-    p = min(1.0, 2.0 * min(greater, less) / total)
+    greater = 1 + (s <= null * (1 + TIE_TOLERANCE)).sum(axis=0)
+    less = 1 + (s >= null * (1 - TIE_TOLERANCE)).sum(axis=0)
+    p = np.minimum(1.0, 2.0 * np.minimum(greater, less) / total)
     # H(s) stands while 1 + #{s_j <= s} and 1 + #{s_j >= s} both exceed tail * total, that is
-    # while #{s_j <= s} >= k and #{s_j >= s} >= k.
+    # while #{s_j <= s} >= k and #{s_j >= s} >= k: s from the k-th smallest s_j to the k-th
+    # largest.
     tail = (1 - confidence) / 2
     k = math.floor(tail * total - 1) + 1
     if k <= 0 or k > m:  # too few re-assignments to exclude any ratio at this confidence
-        interval = (0.0, math.inf)
+        low = np.zeros(s.shape[1])
+        high = np.full(s.shape[1], math.inf)
     else:
-        interval = (float(s[k - 1]), float(s[m - k]))
-    return TestResult(p=p, interval=interval, resamples=total, exact=exact)
+        low = np.partition(s, k - 1, axis=0)[k - 1]
+        high = np.partition(s, m - k, axis=0)[m - k]
+    return [TestResult(p=float(p[i]), interval=(float(low[i]), float(high[i])),
+                       resamples=total, exact=exact) for i in range(s.shape[1])]
 
 
 def randomisation_tests(preps: Sequence[Prepared], null: float = 1.0,
@@ -316,9 +322,10 @@ def randomisation_tests(preps: Sequence[Prepared], null: float = 1.0,
     out: list[TestResult | None] = [None] * len(preps)
     for (paired, layout), members in groups.items():
         matrix, exact = assignments(paired, layout, resamples)
-        for i, s in zip(members, crossing_scales([preps[i] for i in members], matrix),
-                        strict=True):
-            out[i] = from_crossings(s, exact, null, confidence)
+        crossings = crossing_scales([preps[i] for i in members], matrix)
+        for i, result in zip(members, from_crossings(crossings, exact, null, confidence),
+                             strict=True):
+            out[i] = result
     return [r for r in out if r is not None]
 
 

@@ -104,12 +104,15 @@ def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[
                 _results.move_to_end(key)
                 out[i] = dict(_results[key])
     todo = [i for i, r in enumerate(out) if r is None]
-    preps = {i: resampling.prepare(scopes[i].strata) for i in todo}
+    usable = {i: resampling.usable_strata(scopes[i].strata) for i in todo}
+    pairings = {i: resampling.pairing(usable[i]) for i in todo}
+    preps = {i: resampling.prepare(usable[i], pairings[i]) for i in todo}
     tested = [i for i in todo if preps[i] is not None]
     results = dict(zip(tested, resampling.randomisation_tests([preps[i] for i in tested]),
                        strict=True))
     for i in todo:
-        out[i] = _fields(scopes[i], preps[i], results.get(i), target_ratio)
+        out[i] = _fields(scopes[i], usable[i], pairings[i], preps[i], results.get(i),
+                         target_ratio)
     with _results_lock:
         for i in todo:
             _results[keys[i]] = dict(out[i])  # type: ignore[arg-type]
@@ -118,10 +121,10 @@ def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[
     return [r for r in out if r is not None]
 
 
-def _fields(scope: Scope, prep: Prepared | None, result: resampling.TestResult | None,
+def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
+            prep: Prepared | None, result: resampling.TestResult | None,
             target_ratio: float) -> dict[str, Any]:
     a_all, b_all = scope.side("a"), scope.side("b")
-    usable = resampling.usable_strata(scope.strata)
     out: dict[str, Any] = {
         "n_a": len(a_all), "n_b": len(b_all),
         "var_a": None, "var_b": None, "dof_a": None, "dof_b": None, "var_ratio": None,
@@ -150,7 +153,7 @@ def _fields(scope: Scope, prep: Prepared | None, result: resampling.TestResult |
             tail = float(special.fdtr(dof_a, dof_b, ratio))
             out["f_test_p"] = min(1.0, 2.0 * min(tail, 1.0 - tail))
             out["var_ratio_ci95_f"] = _interval(f_ratio_interval(ratio, dof_a + 1, dof_b + 1))
-    ordered, note = resampling.pairing(usable)
+    ordered, note = paired
     if prep is not None and result is not None:
         out.update(primary_test=prep.name, primary_p=result.p,
                    primary_ci95=_interval(result.interval),
@@ -340,48 +343,54 @@ def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] 
     paired = all(row[0][1] is not None and all(
         sorted(seeds or ()) == sorted(row[0][1] or ()) and len(set(seeds or ())) == len(seeds or ())
         for _, seeds in row) for row in rows)
-    blocks: list[tuple[np.ndarray, np.ndarray]] = []  # (values, level labels)
-    for row in rows:
-        if paired:
-            ordered = [v[np.argsort(seeds)] for v, seeds in row]  # type: ignore[arg-type]
-            deviations = np.stack([(v - np.median(v)) ** 2 for v in ordered], axis=1)
-            for seed_row in deviations:
-                blocks.append((seed_row, np.arange(levels)))
-        else:
+    rng = np.random.default_rng(resampling.RESAMPLING_SEED)
+    resampled = np.zeros((OMNIBUS_RESAMPLES, levels))  # each level's sum of deviations
+    observed = np.zeros(levels)
+    counts = np.zeros(levels)
+    if paired:
+        # one block per (combination, seed): its `levels` values shuffled among the levels
+        deviations = np.concatenate([np.stack(
+            [(v[np.argsort(seeds)] - np.median(v)) ** 2 for v, seeds in row],  # type: ignore[arg-type]
+            axis=1) for row in rows])
+        n_values = deviations.size
+        if OMNIBUS_RESAMPLES * n_values > MAX_OMNIBUS_ENTRIES:
+            return None, bf, None, _too_many(n_values, levels)
+        order = np.argsort(rng.random((OMNIBUS_RESAMPLES, *deviations.shape)), axis=2)
+        resampled = np.take_along_axis(deviations[None], order, axis=2).sum(axis=1)
+        observed = deviations.sum(axis=0)
+        counts[:] = len(deviations)
+    else:
+        n_values = sum(len(v) for row in rows for v, _ in row)
+        if OMNIBUS_RESAMPLES * n_values * levels > MAX_OMNIBUS_ENTRIES:
+            return None, bf, None, _too_many(n_values, levels)
+        for row in rows:  # one block per combination of the other factors
             parts = [resampling.drop_structural_zero((v - np.median(v)) ** 2) for v, _ in row]
-            blocks.append((np.concatenate(parts),
-                           np.concatenate([np.full(len(p), k) for k, p in enumerate(parts)])))
-    n_values = sum(len(v) for v, _ in blocks)
-    if OMNIBUS_RESAMPLES * n_values * levels > MAX_OMNIBUS_ENTRIES:
-        return None, bf, None, (f"{n_values:,} values in {levels} levels: more than the "
-                                "omnibus permutation test does within bounded work")
+            values = np.concatenate(parts)
+            labels = np.concatenate([np.full(len(p), k) for k, p in enumerate(parts)])
+            shuffled = labels[np.argsort(rng.random((OMNIBUS_RESAMPLES, len(values))), axis=1)]
+            for k in range(levels):
+                resampled[:, k] += (values * (shuffled == k)).sum(axis=1)
+                observed[k] += parts[k].sum()
+                counts[k] += len(parts[k])
     name = ("paired permutation test (levels shuffled within each seed) of squared deviations "
             "from the cell median" if paired else
             "stratified permutation test of squared deviations from the cell median")
-    values = np.concatenate([v for v, _ in blocks])
-    labels = np.concatenate([lab for _, lab in blocks])
-    if values.sum() <= 0:
+    if observed.sum() <= 0:
         return None, bf, name, "no level varies"
-    rng = np.random.default_rng(resampling.RESAMPLING_SEED)
-    permuted_labels = np.empty((OMNIBUS_RESAMPLES, n_values), dtype=np.int64)
-    start = 0
-    for block_values, block_labels in blocks:
-        size = len(block_values)
-        order = np.argsort(rng.random((OMNIBUS_RESAMPLES, size)), axis=1)
-        permuted_labels[:, start:start + size] = block_labels[order]
-        start += size
-    counts = np.bincount(labels, minlength=levels).astype(float)
 
-    def statistic(label_rows: np.ndarray) -> np.ndarray:
-        sums = np.stack([(values * (label_rows == k)).sum(axis=-1) for k in range(levels)],
-                        axis=-1)
+    def spread(sums: np.ndarray) -> np.ndarray:
+        """sum_k N_k (log m_k - log m)^2, m the N-weighted mean of the log m_k."""
         with np.errstate(all="ignore"):
             logs = np.log(sums / counts)
             centre = (counts * logs).sum(axis=-1, keepdims=True) / counts.sum()
-            spread = (counts * (logs - centre) ** 2).sum(axis=-1)
-        return np.where(np.isnan(spread), np.inf, spread)
+            value = (counts * (logs - centre) ** 2).sum(axis=-1)
+        return np.where(np.isnan(value), np.inf, value)
 
-    observed = float(statistic(labels[None, :])[0])
-    resampled = statistic(permuted_labels)
-    p = (1 + int(np.sum(resampled >= observed * (1 - 1e-9)))) / (OMNIBUS_RESAMPLES + 1)
+    statistic = float(spread(observed))
+    p = (1 + int(np.sum(spread(resampled) >= statistic * (1 - 1e-9)))) / (OMNIBUS_RESAMPLES + 1)
     return _finite(p), bf, name, None
+
+
+def _too_many(n_values: int, levels: int) -> str:
+    return (f"{n_values:,} values in {levels} levels: more than the omnibus permutation test "
+            "does within bounded work")

@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from tests.conftest import Service
-from tests.scipy_reference import assert_matches, reference_comparison
+from tests.scipy_reference import assert_matches, reference_comparison, reference_strata
 
 
 @pytest.fixture
@@ -56,7 +56,8 @@ def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: 
     assert set(scopes) == {None, "detach", "direct"}
 
     def accuracies(mode: str, stability: str | None) -> list[float]:
-        return [r["metrics"]["test_accuracy"] for r in runs
+        """In seed order: the conditions share seeds, so the pooled comparison pairs them."""
+        return [r["metrics"]["test_accuracy"] for r in sorted(runs, key=lambda r: r["seed"])
                 if r["condition"]["margin_mode"] == mode
                 and stability in (None, r["condition"]["stability"])]
 
@@ -64,14 +65,25 @@ def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: 
         assert (comparison["a"], comparison["b"]) == ("clamp", "subtract")
         expected_n = 6 if stability is None else 3
         assert comparison["n_a"] == comparison["n_b"] == expected_n
-        assert_matches(comparison, reference_comparison(accuracies("clamp", stability),
-                                                        accuracies("subtract", stability)))
-    # both readings of "pooled" (paper 000 section 4.1): plain variance of the 6 runs, and the
-    # within-cell pooled variance over the two stability cells
+        if stability is None:
+            # pooled: within each stability cell, 3 seeds x 2 cells = 64 sign flips: paired
+            assert comparison["pairing"] == "paired"
+            want = reference_strata([(accuracies("clamp", st), accuracies("subtract", st))
+                                     for st in ("detach", "direct")], paired=True)
+        else:  # 3 seeds have 8 sign flips, too few: unpaired, and it says so
+            assert comparison["pairing"] == "unpaired" and comparison["pairing_note"]
+            want = reference_comparison(accuracies("clamp", stability),
+                                        accuracies("subtract", stability))
+        assert_matches(comparison, want)
+    # both readings of "pooled" (paper 000 section 4.1): the within-cell pooled variance over
+    # the two stability cells (var_a, what the tests compare), and the plain variance of the 6
+    # runs (marginal_var_a, descriptive)
     cells = {mode: sum(2 * np.var(accuracies(mode, st), ddof=1) for st in ("detach", "direct"))
              / 4 for mode in ("clamp", "subtract")}
-    assert scopes[None]["within_cell_var_a"] == pytest.approx(cells["clamp"], rel=1e-9)
-    assert scopes[None]["within_cell_var_b"] == pytest.approx(cells["subtract"], rel=1e-9)
+    assert scopes[None]["var_a"] == pytest.approx(cells["clamp"], rel=1e-9)
+    assert scopes[None]["var_b"] == pytest.approx(cells["subtract"], rel=1e-9)
+    assert scopes[None]["marginal_var_a"] == pytest.approx(
+        np.var(accuracies("clamp", None), ddof=1), rel=1e-9)
     # the diagnostics are served as metrics too
     car = service.client.get(f"/experiments/{created['id']}/stats",
                              params={"metric": "grad_norm_layer0"}).json()

@@ -268,3 +268,27 @@ def test_a_new_run_recomputes_only_the_comparisons_whose_cells_it_joined(
     more = [*runs, ({"mode": "a", "r": 2}, "mode=a,r=2", 0.5)]
     experiment_stats(metric="m", grid=grid, runs=more, seeds=[*seeds, 5])
     assert sum(tested) == 2 + 2 * 2
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_the_omnibus_primary_test_agrees_with_scipys_permutation_test(paired: bool) -> None:
+    rng = np.random.default_rng(11)
+    grid = {"lr": [1, 2, 3]}
+    values = {1: rng.normal(0, 1, 8), 2: rng.normal(5, 1.8, 8), 3: rng.normal(1, 1.2, 8)}
+    runs = [({"lr": lr}, f"lr={lr}", float(v)) for lr in grid["lr"] for v in values[lr]]
+    seeds = [s for _ in grid["lr"] for s in range(8)] if paired else None
+    (omnibus,) = experiment_stats(metric="m", grid=grid, runs=runs, seeds=seeds).omnibus
+    assert omnibus.primary_test.startswith("paired" if paired else "stratified")
+    deviations = [(v - np.median(v)) ** 2 for v in values.values()]
+
+    def spread(*groups: np.ndarray, axis: int = -1) -> np.ndarray:
+        means = np.stack([np.mean(g, axis=axis) for g in groups], axis=-1)
+        logs = np.log(means)
+        return ((logs - logs.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1) * 8
+
+    want = scipy_stats.permutation_test(
+        deviations, spread, permutation_type="samples" if paired else "independent",
+        n_resamples=1999, alternative="greater", vectorized=True, random_state=0).pvalue
+    assert omnibus.primary_p == pytest.approx(want, abs=0.03)
+    by_hand = scipy_stats.levene(*values.values(), center="median").pvalue
+    assert omnibus.brown_forsythe_p == pytest.approx(by_hand, rel=1e-9)
