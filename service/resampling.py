@@ -222,11 +222,10 @@ def _make_assignments(paired: bool, layout: tuple[int, ...],
         observed = np.concatenate([np.r_[np.ones(n_a), np.zeros(n_b)] for n_a, n_b in sizes])
         return matrix[~np.all(matrix == observed, axis=1)], True
     blocks = []
-    for n_a, n_b in sizes:
-        order = np.argsort(rng.random((resamples, n_a + n_b)), axis=1)
-        block = np.zeros((resamples, n_a + n_b))
-        np.put_along_axis(block, order[:, :n_a], 1.0, axis=1)
-        blocks.append(block)
+    for n_a, n_b in sizes:  # each row: n_a of the n_a + n_b positions, uniformly at random
+        keys = rng.random((resamples, n_a + n_b))
+        kth = np.partition(keys, n_a - 1, axis=1)[:, n_a - 1:n_a]
+        blocks.append((keys <= kth).astype(np.float64))
     return np.concatenate(blocks, axis=1), False
 
 

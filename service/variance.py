@@ -27,6 +27,7 @@ cells it joined. Anything undefined (fewer than 2 seeds, zero variance) is null,
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import threading
 from collections import OrderedDict
@@ -324,8 +325,33 @@ OMNIBUS_RESAMPLES = 1999
 MAX_OMNIBUS_ENTRIES = 40_000_000  # resamples x values x levels
 
 
+OmnibusResult = tuple[float | None, float | None, str | None, str | None]
+_omnibus_results: OrderedDict[bytes, OmnibusResult] = OrderedDict()
+
+
 def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]],
-            levels: int) -> tuple[float | None, float | None, str | None, str | None]:
+            levels: int) -> OmnibusResult:
+    """_omnibus, cached by the cells' data (a poll recomputes it only when a cell changed)."""
+    h = hashlib.blake2b(repr((levels, len(cells_by_combo))).encode(), digest_size=20)
+    for row in cells_by_combo:
+        for values, seeds in row:
+            h.update(np.asarray(values, dtype=np.float64).tobytes())
+            h.update(repr(seeds).encode() + b"|")
+    key = h.digest()
+    with _results_lock:
+        if key in _omnibus_results:
+            _omnibus_results.move_to_end(key)
+            return _omnibus_results[key]
+    result = _omnibus(cells_by_combo, levels)
+    with _results_lock:
+        _omnibus_results[key] = result
+        while len(_omnibus_results) > RESULT_CACHE_SIZE // 100:
+            _omnibus_results.popitem(last=False)
+    return result
+
+
+def _omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]],
+             levels: int) -> OmnibusResult:
     """(primary p, Brown-Forsythe p, the primary test's name, why null) of "every level of the
     factor has one variance", from its cells at each combination of the other factors (each
     row: one (values, seeds) per level, in level order).
@@ -355,8 +381,7 @@ def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] 
         n_values = deviations.size
         if OMNIBUS_RESAMPLES * n_values > MAX_OMNIBUS_ENTRIES:
             return None, bf, None, _too_many(n_values, levels)
-        order = np.argsort(rng.random((OMNIBUS_RESAMPLES, *deviations.shape)), axis=2)
-        resampled = np.take_along_axis(deviations[None], order, axis=2).sum(axis=1)
+        resampled = _shuffled_level_sums(deviations, rng)
         observed = deviations.sum(axis=0)
         counts[:] = len(deviations)
     else:
@@ -367,7 +392,8 @@ def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] 
             parts = [resampling.drop_structural_zero((v - np.median(v)) ** 2) for v, _ in row]
             values = np.concatenate(parts)
             labels = np.concatenate([np.full(len(p), k) for k, p in enumerate(parts)])
-            shuffled = labels[np.argsort(rng.random((OMNIBUS_RESAMPLES, len(values))), axis=1)]
+            shuffled = rng.permuted(np.broadcast_to(labels, (OMNIBUS_RESAMPLES, len(labels))),
+                                    axis=1)
             for k in range(levels):
                 resampled[:, k] += (values * (shuffled == k)).sum(axis=1)
                 observed[k] += parts[k].sum()
@@ -389,6 +415,19 @@ def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] 
     statistic = float(spread(observed))
     p = (1 + int(np.sum(spread(resampled) >= statistic * (1 - 1e-9)))) / (OMNIBUS_RESAMPLES + 1)
     return _finite(p), bf, name, None
+
+
+def _shuffled_level_sums(deviations: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Per resample, each level's sum of `deviations` (blocks x levels) after shuffling every
+    block's values among the levels: a permutation drawn by index from the table of all of
+    them when there are few levels (cheaper than sorting random keys)."""
+    blocks, levels = deviations.shape
+    if math.factorial(levels) <= 720:
+        table = np.array(list(itertools.permutations(range(levels))))
+        order = table[rng.integers(0, len(table), size=(OMNIBUS_RESAMPLES, blocks))]
+    else:
+        order = np.argsort(rng.random((OMNIBUS_RESAMPLES, blocks, levels)), axis=2)
+    return np.take_along_axis(deviations[None], order, axis=2).sum(axis=1)
 
 
 def _too_many(n_values: int, levels: int) -> str:
