@@ -47,7 +47,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,6 +57,12 @@ N_RESAMPLES = 9999
 RESAMPLING_SEED = 0
 # Fewer distinct re-assignments than this and the two-sided p cannot fall below 2/40 = 0.05.
 MIN_DISTINCT_ASSIGNMENTS = 40
+# Below this many sign flips (10 pairs), a sign-flip test has less power than the unpaired
+# shuffle unless the seeds correlate: measured, 7 uncorrelated shared seeds detect a variance
+# ratio of 242 paired and 30 unpaired. So fewer pairs are used only when the paired values
+# correlate at least this much (their correlation hardly moves when a pair is swapped).
+MIN_FLIPS_WITHOUT_CORRELATION = 2**10
+MIN_PAIRING_CORRELATION = 0.5
 # s_j within this relative distance of the hypothesised scale ratio count as ties (rounding).
 TIE_TOLERANCE = 1e-9
 
@@ -76,16 +82,19 @@ class Stratum:
 
 @dataclass
 class Prepared:
-    """One comparison made ready for the test: its layout and the deviations of each side."""
+    """One comparison made ready for the test. Its values are laid out in positions: first
+    each paired seed's two deviations (a's, then b's), then per stratum the values that are not
+    paired, a's then b's. `own` holds a's deviations at their positions (0 elsewhere), `other`
+    b's; `layout` is (pairs, n_a, n_b, n_a, n_b, ...), the pairs then each stratum's unpaired
+    counts."""
 
-    paired: bool
-    # unpaired: (n_a, n_b) per stratum, in the order of d_a and d_b; paired: (pairs,)
+    paired: bool  # some seeds are paired (and swapped as pairs)
     layout: tuple[int, ...]
-    d_a: np.ndarray
-    d_b: np.ndarray
-    pairs: int  # seeds paired (0 when unpaired)
+    own: np.ndarray
+    other: np.ndarray
+    pairs: int  # seeds paired
     correlation: float | None  # Pearson correlation of the paired values, within cells
-    note: str | None  # why a comparison whose runs have seeds is unpaired
+    note: str | None  # what of the seeds did not pair, and how it was handled
 
     @property
     def name(self) -> str:
@@ -100,7 +109,8 @@ def drop_structural_zero(d: np.ndarray) -> np.ndarray:
     return np.delete(d, int(np.argmin(d))) if len(d) % 2 == 1 else d
 
 
-# Each stratum's two cells in seed order when the comparison is paired, else None; and why not.
+# Each stratum's paired values (a's and b's, in seed order) when the comparison pairs seeds,
+# else None; and what of its seeds did not pair.
 Pairing = tuple[list[tuple[np.ndarray, np.ndarray]] | None, str | None]
 
 
@@ -109,27 +119,71 @@ def usable_strata(strata: Sequence[Stratum]) -> list[Stratum]:
     return [s for s in strata if len(s.a) >= 2 and len(s.b) >= 2]
 
 
+def _split(s: Stratum) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Indices into a and b of the seeds both ran once (in seed order), and of the rest."""
+    assert s.a_seeds is not None and s.b_seeds is not None
+    count_a, count_b = Counter(s.a_seeds), Counter(s.b_seeds)
+    shared = sorted(seed for seed in count_a if count_a[seed] == 1 and count_b[seed] == 1)
+    where_a = {seed: i for i, seed in enumerate(s.a_seeds)}
+    where_b = {seed: i for i, seed in enumerate(s.b_seeds)}
+    pa = np.array([where_a[seed] for seed in shared], dtype=np.int64)
+    pb = np.array([where_b[seed] for seed in shared], dtype=np.int64)
+    ua = np.setdiff1d(np.arange(len(s.a)), pa)
+    ub = np.setdiff1d(np.arange(len(s.b)), pb)
+    return pa, pb, ua, ub
+
+
+def shared_seeds(s: Stratum) -> tuple[int, ...]:
+    """The seeds both cells of a stratum ran once each, in order."""
+    assert s.a_seeds is not None and s.b_seeds is not None
+    pa = _split(s)[0]
+    return tuple(s.a_seeds[i] for i in pa)
+
+
 def pairing(strata: Sequence[Stratum]) -> Pairing:
-    """Each stratum's two cells in seed order, when every stratum's cells hold the same seeds
-    once each and there are enough of them to sign-flip; else None and why (None when the runs
-    carry no seeds)."""
+    """The paired values of each stratum (seeds both conditions ran), when there are enough
+    of them to sign-flip; else None and why (None and None when the runs carry no seeds). Seeds
+    that ran in only one of the two conditions (added seeds, failed runs) are not paired: the
+    test shuffles them within their stratum, and the note says how many."""
     if not strata or any(s.a_seeds is None or s.b_seeds is None for s in strata):
         return None, None
-    ordered = []
-    for s in strata:
-        assert s.a_seeds is not None and s.b_seeds is not None
-        if len(set(s.a_seeds)) != len(s.a_seeds) or set(s.a_seeds) != set(s.b_seeds):
-            only = len(set(s.a_seeds) ^ set(s.b_seeds))
-            return None, (f"unpaired: {only} seed(s) ran in only one of the two conditions "
-                          "(added seeds or failed runs), so the seeds do not pair up")
-        ordered.append((s.a[np.argsort(s.a_seeds, kind="stable")],
-                        s.b[np.argsort(s.b_seeds, kind="stable")]))
-    pairs = sum(len(a) for a, _ in ordered)
+    splits = [_split(s) for s in strata]
+    pairs = sum(len(pa) for pa, _, _, _ in splits)
+    unmatched = sum(len(ua) + len(ub) for _, _, ua, ub in splits)
     if 2**pairs < MIN_DISTINCT_ASSIGNMENTS:
-        return None, (f"unpaired: {pairs} shared seeds give only {2**pairs} sign flips, too "
-                      "few to reach 0.05; the unpaired test is used (conservative when the "
+        why = (f"{pairs} shared seeds give only {2**pairs} sign flips, too few to reach 0.05"
+               if unmatched == 0 else
+               f"{pairs} seeds ran in both conditions, too few to pair "
+               f"({2**pairs} sign flips)")
+        return None, (f"unpaired: {why}; the unpaired test is used (conservative when the "
                       "seeds are correlated)")
-    return ordered, None
+    matched = [(s.a[pa], s.b[pb]) for s, (pa, pb, _, _) in zip(strata, splits, strict=True)]
+    correlation = seed_correlation(strata, matched)
+    if 2**pairs < MIN_FLIPS_WITHOUT_CORRELATION and (correlation is None
+                                                     or correlation < MIN_PAIRING_CORRELATION):
+        shown = "undefined" if correlation is None else f"{correlation:.2f}"
+        return None, (f"unpaired: {pairs} shared seeds whose values correlate {shown}: below "
+                      f"{MIN_FLIPS_WITHOUT_CORRELATION.bit_length() - 1} pairs, sign flips "
+                      f"have more power than a shuffle only when the seeds correlate "
+                      f"({MIN_PAIRING_CORRELATION:g} or more), so the unpaired test is used")
+    note = None if unmatched == 0 else (
+        f"{unmatched} value(s) of seeds that ran in only one of the two conditions (added "
+        "seeds or failed runs) are not paired: they are shuffled within their cells' stratum")
+    return matched, note
+
+
+def seed_correlation(strata: Sequence[Stratum],
+                     matched: Sequence[tuple[np.ndarray, np.ndarray]]) -> float | None:
+    """Pearson correlation of the paired values, each centred on its full cell's mean."""
+    centred_a = np.concatenate([a - s.a.mean() for s, (a, _) in zip(strata, matched,
+                                                                      strict=True)])
+    centred_b = np.concatenate([b - s.b.mean() for s, (_, b) in zip(strata, matched,
+                                                                      strict=True)])
+    if len(centred_a) < 2:
+        return None
+    with np.errstate(all="ignore"):
+        value = float(np.corrcoef(centred_a, centred_b)[0, 1])
+    return value if math.isfinite(value) else None
 
 
 def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepared | None:
@@ -139,57 +193,60 @@ def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepare
     usable = usable_strata(strata)
     if not usable:
         return None
-    ordered, note = pairing(usable) if paired is None else paired
-    if ordered is not None:
-        d_a = np.concatenate([median_deviations(a) for a, _ in ordered])
-        d_b = np.concatenate([median_deviations(b) for _, b in ordered])
-        layout: tuple[int, ...] = (len(d_a),)
-        centred_a = np.concatenate([a - a.mean() for a, _ in ordered])
-        centred_b = np.concatenate([b - b.mean() for _, b in ordered])
-        with np.errstate(all="ignore"):
-            correlation: float | None = float(np.corrcoef(centred_a, centred_b)[0, 1])
-        if correlation is not None and not math.isfinite(correlation):
-            correlation = None
-    else:
-        parts_a = [drop_structural_zero(median_deviations(s.a)) for s in usable]
-        parts_b = [drop_structural_zero(median_deviations(s.b)) for s in usable]
-        d_a, d_b = np.concatenate(parts_a), np.concatenate(parts_b)
-        layout = tuple(n for pa, pb in zip(parts_a, parts_b, strict=True)
-                       for n in (len(pa), len(pb)))
-        correlation = None
-    if not (d_a.sum() > 0 and d_b.sum() > 0):
+    matched, note = pairing(usable) if paired is None else paired
+    pair_a: list[np.ndarray] = []
+    pair_b: list[np.ndarray] = []
+    blocks: list[tuple[np.ndarray, np.ndarray]] = []
+    for s in usable:
+        d_a, d_b = median_deviations(s.a), median_deviations(s.b)
+        if matched is None:  # unpaired: every value shuffled within the stratum
+            blocks.append((drop_structural_zero(d_a), drop_structural_zero(d_b)))
+            continue
+        pa, pb, ua, ub = _split(s)
+        pair_a.append(d_a[pa])
+        pair_b.append(d_b[pb])
+        if len(ua) + len(ub):
+            blocks.append((d_a[ua], d_b[ub]))
+    da = np.concatenate(pair_a) if pair_a else np.empty(0)
+    db = np.concatenate(pair_b) if pair_b else np.empty(0)
+    own = [np.column_stack([da, np.zeros(len(da))]).ravel()]
+    other = [np.column_stack([np.zeros(len(db)), db]).ravel()]
+    for block_a, block_b in blocks:
+        own.append(np.r_[block_a, np.zeros(len(block_b))])
+        other.append(np.r_[np.zeros(len(block_a)), block_b])
+    own_all, other_all = np.concatenate(own), np.concatenate(other)
+    if not (own_all.sum() > 0 and other_all.sum() > 0):
         return None
-    return Prepared(paired=ordered is not None, layout=layout, d_a=d_a, d_b=d_b,
-                    pairs=len(d_a) if ordered is not None else 0, correlation=correlation,
-                    note=note)
+    correlation = None if matched is None else seed_correlation(usable, matched)
+    layout = (len(da), *(n for block_a, block_b in blocks for n in (len(block_a), len(block_b))))
+    return Prepared(paired=matched is not None, layout=layout, own=own_all, other=other_all,
+                    pairs=len(da), correlation=correlation, note=note)
 
 
-def distinct_assignments(paired: bool, layout: tuple[int, ...]) -> int:
-    if paired:
-        return 2 ** layout[0]
-    return math.prod(math.comb(layout[i] + layout[i + 1], layout[i])
-                     for i in range(0, len(layout), 2))
+def distinct_assignments(layout: tuple[int, ...]) -> int:
+    return 2 ** layout[0] * math.prod(math.comb(layout[i] + layout[i + 1], layout[i])
+                                      for i in range(1, len(layout), 2))
 
 
 # Re-assignment matrices kept in memory, least recently used dropped past this many bytes: one
 # experiment's comparisons share a few layouts, and a poll reuses them.
 MAX_CACHED_BYTES = 256 * 2**20
-_cache: OrderedDict[tuple[bool, tuple[int, ...], int], tuple[np.ndarray, bool]] = OrderedDict()
+_cache: OrderedDict[tuple[tuple[int, ...], int], tuple[np.ndarray, bool]] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def assignments(paired: bool, layout: tuple[int, ...],
+def assignments(layout: tuple[int, ...],
                 resamples: int = N_RESAMPLES) -> tuple[np.ndarray, bool]:
-    """The re-assignments other than the observed one, as a 0/1 float64 matrix, one row each:
-    paired, 1 where a seed's two deviations are swapped; unpaired, over the strata laid end to
-    end as [a..., b...], 1 where a deviation lands on a's side. And whether they are all of
+    """The re-assignments other than the observed one, as a 0/1 float64 matrix over the
+    layout's positions (Prepared), one row each, 1 where a value lands on a's side: each pair
+    keeps its order or swaps, each block's values are split anew. And whether they are all of
     them (enumerated) rather than `resamples` random ones."""
-    key = (paired, layout, resamples)
+    key = (layout, resamples)
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    made = _make_assignments(paired, layout, resamples)
+    made = _make_assignments(layout, resamples)
     with _cache_lock:
         _cache[key] = made
         while len(_cache) > 1 and sum(m.nbytes for m, _ in _cache.values()) > MAX_CACHED_BYTES:
@@ -197,55 +254,47 @@ def assignments(paired: bool, layout: tuple[int, ...],
     return made
 
 
-def _make_assignments(paired: bool, layout: tuple[int, ...],
-                      resamples: int) -> tuple[np.ndarray, bool]:
-    total = distinct_assignments(paired, layout)
-    exact = total <= resamples + 1
+def _make_assignments(layout: tuple[int, ...], resamples: int) -> tuple[np.ndarray, bool]:
+    pairs = layout[0]
+    sizes = [(layout[i], layout[i + 1]) for i in range(1, len(layout), 2)]
+    exact = distinct_assignments(layout) <= resamples + 1
     rng = np.random.default_rng(RESAMPLING_SEED)
-    if paired:
-        pairs = layout[0]
-        if exact:
-            codes = np.arange(1, total, dtype=np.int64)
-            return ((codes[:, None] >> np.arange(pairs)) & 1).astype(np.float64), True
-        return rng.integers(0, 2, size=(resamples, pairs)).astype(np.float64), False
-    sizes = [(layout[i], layout[i + 1]) for i in range(0, len(layout), 2)]
     if exact:
-        per_stratum = []
+        parts = []
+        if pairs:
+            codes = np.arange(2**pairs, dtype=np.int64)
+            parts.append(((codes[:, None] >> np.arange(pairs)) & 1).astype(np.float64))
         for n_a, n_b in sizes:
             rows = np.zeros((math.comb(n_a + n_b, n_a), n_a + n_b))
             for i, chosen in enumerate(itertools.combinations(range(n_a + n_b), n_a)):
                 rows[i, list(chosen)] = 1
-            per_stratum.append(rows)
-        index = np.array(list(itertools.product(*(range(len(r)) for r in per_stratum))))
-        matrix = np.concatenate([rows[index[:, k]] for k, rows in enumerate(per_stratum)],
-                                axis=1)
-        observed = np.concatenate([np.r_[np.ones(n_a), np.zeros(n_b)] for n_a, n_b in sizes])
-        return matrix[~np.all(matrix == observed, axis=1)], True
-    blocks = []
-    for n_a, n_b in sizes:  # each row: n_a of the n_a + n_b positions, uniformly at random
-        keys = rng.random((resamples, n_a + n_b))
-        kth = np.partition(keys, n_a - 1, axis=1)[:, n_a - 1:n_a]
-        blocks.append((keys <= kth).astype(np.float64))
-    return np.concatenate(blocks, axis=1), False
+            parts.append(rows)
+        index = np.array(list(itertools.product(*(range(len(p)) for p in parts))))
+        choices = [p[index[:, k]] for k, p in enumerate(parts)]
+        observed = np.concatenate([np.zeros(pairs)]
+                                  + [np.r_[np.ones(n_a), np.zeros(n_b)] for n_a, n_b in sizes])
+        keep = ~np.all(np.concatenate(choices, axis=1) == observed, axis=1)
+        choices = [c[keep] for c in choices]
+        flips = choices.pop(0) if pairs else np.zeros((int(keep.sum()), 0))
+    else:
+        flips = rng.integers(0, 2, size=(resamples, pairs)).astype(np.float64)
+        choices = []
+        for n_a, n_b in sizes:  # each row: n_a of the n_a + n_b positions, uniformly at random
+            keys = rng.random((resamples, n_a + n_b))
+            kth = np.partition(keys, n_a - 1, axis=1)[:, n_a - 1:n_a] if n_a else keys[:, :0]
+            choices.append((keys <= kth).astype(np.float64) if n_a else
+                           np.zeros((resamples, n_a + n_b)))
+    # a pair's a value lands on a's side unless swapped; its b value when swapped
+    pair_columns = np.stack([1 - flips, flips], axis=2).reshape(len(flips), 2 * pairs)
+    return np.concatenate([pair_columns, *choices], axis=1), exact
 
 
 def _columns(prep: Prepared) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """The two vectors whose products with the matrix give U and V (paired: a's deviations
-    swapped away, and b's swapped in; unpaired: a's own and b's, at their positions in the
-    layout), scaled to mean 1, and each side's total."""
-    scale = (prep.d_a.sum() + prep.d_b.sum()) / (len(prep.d_a) + len(prep.d_b))
-    d_a, d_b = prep.d_a / scale, prep.d_b / scale
-    if prep.paired:
-        return d_a, d_b, float(d_a.sum()), float(d_b.sum())
-    own = np.zeros(len(d_a) + len(d_b))
-    other = np.zeros(len(own))
-    start = pos_a = pos_b = 0
-    for i in range(0, len(prep.layout), 2):
-        n_a, n_b = prep.layout[i], prep.layout[i + 1]
-        own[start:start + n_a] = d_a[pos_a:pos_a + n_a]
-        other[start + n_a:start + n_a + n_b] = d_b[pos_b:pos_b + n_b]
-        start, pos_a, pos_b = start + n_a + n_b, pos_a + n_a, pos_b + n_b
-    return own, other, float(d_a.sum()), float(d_b.sum())
+    """a's and b's deviations at their positions, scaled to mean 1, and each side's total."""
+    values = prep.own + prep.other
+    scale = values.sum() / np.count_nonzero(values) if values.any() else 1.0
+    own, other = prep.own / scale, prep.other / scale
+    return own, other, float(own.sum()), float(other.sum())
 
 
 def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> np.ndarray:
@@ -256,10 +305,7 @@ def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> np.ndarray
                                   for c in (first, second)], axis=1)
     total_a = np.array([c[2] for c in columns])
     total_b = np.array([c[3] for c in columns])
-    paired = np.array([p.paired for p in preps])
-    first, v = products[:, 0::2], products[:, 1::2]
-    u = np.where(paired, total_a - first, first)
-    return _roots(u, v, total_a, total_b)
+    return _roots(products[:, 0::2], products[:, 1::2], total_a, total_b)
 
 
 def _roots(u: np.ndarray, v: np.ndarray, total_a: np.ndarray,
@@ -315,12 +361,12 @@ def randomisation_tests(preps: Sequence[Prepared], null: float = 1.0,
                         resamples: int = N_RESAMPLES) -> list[TestResult]:
     """The primary test of var_a / var_b = `null` and its interval at `confidence`, for many
     comparisons: one matrix product per layout they share."""
-    groups: dict[tuple[bool, tuple[int, ...]], list[int]] = {}
+    groups: dict[tuple[int, ...], list[int]] = {}
     for i, prep in enumerate(preps):
-        groups.setdefault((prep.paired, prep.layout), []).append(i)
+        groups.setdefault(prep.layout, []).append(i)
     out: list[TestResult | None] = [None] * len(preps)
-    for (paired, layout), members in groups.items():
-        matrix, exact = assignments(paired, layout, resamples)
+    for layout, members in groups.items():
+        matrix, exact = assignments(layout, resamples)
         crossings = crossing_scales([preps[i] for i in members], matrix)
         for i, result in zip(members, from_crossings(crossings, exact, null, confidence),
                              strict=True):

@@ -161,8 +161,10 @@ def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
                    primary_resamples=result.resamples, primary_exact=result.exact)
     if ordered is not None:
         out.update(pairing="paired", paired_seeds=sum(len(a) for a, _ in ordered),
+                   pairing_note=note,
                    seed_correlation=prep.correlation if prep is not None else None)
-        _paired_t(out, ordered)
+        seed_sets = {resampling.shared_seeds(s) for s in usable}
+        _paired_t(out, ordered, same_seeds=len(seed_sets) == 1)
     else:
         out.update(pairing="unpaired", pairing_note=note)
         out["mean_test"] = "Welch t"
@@ -211,12 +213,12 @@ def _welch(out: dict[str, Any], a: np.ndarray, b: np.ndarray) -> None:
     out["welch_ci95"] = [diff - half, diff + half]
 
 
-def _paired_t(out: dict[str, Any], ordered: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+def _paired_t(out: dict[str, Any], ordered: Sequence[tuple[np.ndarray, np.ndarray]],
+              same_seeds: bool) -> None:
     """The paired t-test of the mean difference: on each seed's difference averaged over the
     cells when every cell ran the same seeds (seeds, not cells, are the independent units
     then), else on each (cell, seed) difference."""
-    lengths = {len(a) for a, _ in ordered}
-    if len(lengths) == 1:
+    if same_seeds:
         differences = np.mean([a - b for a, b in ordered], axis=0)
         out["mean_test"] = "paired t"
     else:

@@ -4,6 +4,7 @@ interval, the log scale and the result cache."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -70,9 +71,11 @@ def test_an_exact_per_seed_scale_of_1_5_is_significant_with_8_paired_seeds() -> 
 def test_the_primary_interval_is_the_set_of_ratios_the_test_does_not_reject() -> None:
     rng = np.random.default_rng(4)
     for seeds in (None, list(range(7))):
-        a = list(rng.normal(0, 3.0, size=7))
-        b = list(rng.normal(0, 1.0, size=7))
+        shared = rng.normal(size=7)  # correlated seeds: 7 pairs are paired only then
+        a = list(3.0 * (shared + 0.3 * rng.normal(size=7)))
+        b = list(shared + 0.3 * rng.normal(size=7))
         got = compare(a, b, seeds, seeds)
+        assert got["pairing"] == ("unpaired" if seeds is None else "paired")
         low, high = got["primary_ci95"]
         paired = seeds is not None
         for end in (low, high):
@@ -108,14 +111,39 @@ def test_three_seeds_unpaired_warn_that_the_primary_test_cannot_reach_0_05() -> 
     assert any("cannot fall below" in w for w in got["warnings"])
 
 
-def test_unmatched_seeds_fall_back_to_the_unpaired_test_and_say_why() -> None:
+def test_seeds_run_in_one_condition_only_are_shuffled_and_the_rest_stay_paired() -> None:
+    """A failed run (seed 7 of b) does not unpair the other seven: their pairs are sign-flipped
+    and seed 7's value of a, with no partner and none to shuffle with, stays on a's side. By
+    hand: every one of the 2^7 flips, deviations from each full cell's median."""
     rng = np.random.default_rng(5)
-    a, b = list(rng.normal(size=8)), list(rng.normal(size=7))
+    shared = rng.normal(size=8)
+    a = list(shared + 0.2 * rng.normal(size=8))
+    b = list(3 * shared[:7] + 0.2 * rng.normal(size=7))
     got = compare(a, b, list(range(8)), list(range(7)))
-    assert got["pairing"] == "unpaired" and "only one of the two" in got["pairing_note"]
-    assert got["mean_test"] == "Welch t" and got["mean_p"] == got["welch_p"]
+    assert got["pairing"] == "paired" and got["paired_seeds"] == 7
+    assert "1 value(s) of seeds that ran in only one" in got["pairing_note"]
+    d_a = (np.asarray(a) - np.median(a)) ** 2
+    d_b = (np.asarray(b) - np.median(b)) ** 2
+    statistics = []
+    for flips in itertools.product([0, 1], repeat=7):
+        f = np.asarray(flips, dtype=bool)
+        side_a = np.r_[np.where(f, d_b, d_a[:7]), d_a[7]]
+        side_b = np.where(f, d_a[:7], d_b)
+        statistics.append(np.log(side_a.mean() / side_b.mean()))
+    observed, values = statistics[0], np.asarray(statistics)
+    want = min(1.0, 2 * min(np.mean(values >= observed - 1e-12),
+                            np.mean(values <= observed + 1e-12)))
+    assert got["primary_p"] == pytest.approx(want, rel=1e-12) and got["primary_exact"]
+    assert got["mean_test"] == "paired t"
+    assert got["mean_p"] == pytest.approx(
+        scipy_stats.ttest_rel(a[:7], b).pvalue, rel=1e-9)
     few = compare(a[:5], b[:5], list(range(5)), list(range(5)))  # 32 sign flips
     assert few["pairing"] == "unpaired" and "too few to reach 0.05" in few["pairing_note"]
+    assert few["mean_test"] == "Welch t" and few["mean_p"] == few["welch_p"]
+    # 8 shared seeds that do not correlate: a shuffle has more power than 256 sign flips
+    loose = compare(list(rng.normal(size=8)), list(rng.normal(size=8)), list(range(8)),
+                    list(range(8)))
+    assert loose["pairing"] == "unpaired" and "correlate" in loose["pairing_note"]
 
 
 def grid_runs(seed: int, interaction: float) -> tuple[dict, list, list[int]]:
