@@ -1,7 +1,9 @@
 """service.power against independent references: the exact F interval against scipy's F
 quantiles and its coverage in simulation, the F-test's power against a Monte Carlo simulation
 of normal samples, the seeds-needed answer as the smallest n whose simulated power reaches the
-target; the planning endpoint and command."""
+target; the planning endpoint and command (which answer for the primary test, with the
+F-test's answer beside it: tests/service/test_primary_power.py checks the primary test's
+power)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from service.power import (
     detectable_ratio,
     f_ratio_interval,
     f_test_power,
+    primary_detectable_ratio,
+    primary_seeds_needed,
     seeds_needed,
 )
 from service.server import BackgroundServer
@@ -106,25 +110,48 @@ def test_the_planning_endpoint_answers_both_ways_and_names_bad_input(
         server: BackgroundServer) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
         plan = client.get("/planning/seeds", params={"ratio": 8.0}).json()
-        assert (plan["seeds_per_level"], plan["alpha"], plan["power"]) == (10, 0.05, 0.8)
+        # The primary test on shared seeds by default; the F-test's answer beside it.
+        assert (plan["seeds_per_level"], plan["alpha"], plan["power"], plan["paired"],
+                plan["correlation"]) == (primary_seeds_needed(8.0, paired=True), 0.05, 0.8,
+                                         True, 0.0)
+        assert plan["method"].startswith("paired sign-flip test")
+        assert (plan["f_test_seeds_per_level"], plan["f_test_ratio"]) == (10, 8.0)
+        correlated = client.get("/planning/seeds",
+                                params={"ratio": 8.0, "correlation": 0.9}).json()
+        assert correlated["seeds_per_level"] < plan["seeds_per_level"]
+        unpaired = client.get("/planning/seeds", params={"ratio": 8.0, "paired": False}).json()
+        assert (unpaired["paired"], unpaired["correlation"]) == (False, None)
+        assert unpaired["method"].startswith("stratified permutation test")
         plan = client.get("/planning/seeds", params={"seeds": 7, "power": 0.9}).json()
-        assert plan["ratio"] == pytest.approx(detectable_ratio(7, 7, 0.05, 0.9))
+        assert plan["ratio"] == pytest.approx(
+            primary_detectable_ratio(7, 7, paired=True, power=0.9))
+        assert plan["f_test_ratio"] == pytest.approx(detectable_ratio(7, 7, 0.05, 0.9))
         assert client.get("/planning/seeds", params={"ratio": 1.0}).json()["note"] == (
             "no study detects a ratio of 1")
-        for params, field in (({}, "ratio"), ({"ratio": 2, "seeds": 3}, "ratio"),
-                              ({"ratio": 0}, "ratio"), ({"seeds": 1}, "seeds"),
-                              ({"ratio": 2, "alpha": 1.5}, "alpha"),
-                              ({"seeds": 9, "alpha": 0.4, "power": 0.3}, "power")):
+        bad: tuple[tuple[dict[str, str | float], str], ...] = (
+            ({}, "ratio"), ({"ratio": 2, "seeds": 3}, "ratio"), ({"ratio": 0}, "ratio"),
+            ({"seeds": 1}, "seeds"), ({"ratio": 2, "alpha": 1.5}, "alpha"),
+            ({"seeds": 9, "alpha": 0.4, "power": 0.3}, "power"),
+            ({"ratio": 2, "paired": False, "correlation": 0.5}, "correlation"),
+            ({"ratio": 2, "correlation": 1.0}, "correlation"),
+            ({"ratio": 2, "correlation": -0.2}, "correlation"),
+            ({"ratio": 2, "paired": "sometimes"}, "paired"))
+        for params, field in bad:
             response = client.get("/planning/seeds", params=params)
             assert response.status_code == 422, (params, response.text)
             assert response.json()["detail"][0]["loc"] == ["query", field]
+        refused = client.get("/planning/seeds",
+                             params={"ratio": 2, "paired": False, "correlation": 0.5})
+        assert "needs paired=true" in refused.json()["detail"][0]["msg"]
 
 
 def test_the_plan_command_prints_the_answer_without_a_service() -> None:
     done = subprocess.run([sys.executable, "-m", "service.cli", "plan", "--ratio", "8"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "10 seeds per level" in done.stdout
+    # The command plans for the primary test on shared seeds, as GET /planning/seeds does.
+    assert f"{primary_seeds_needed(8.0, paired=True)} seeds per level" in done.stdout
+    assert "paired sign-flip test" in done.stdout
     refused = subprocess.run([sys.executable, "-m", "service.cli", "plan"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "exactly one of --ratio" in refused.stderr
