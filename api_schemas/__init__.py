@@ -753,17 +753,29 @@ class Stats(ResponseModel):
 
 
 class SeedPlan(ResponseModel):
-    """GET /planning/seeds: how many seeds a variance comparison needs, before submission.
-    Given a ratio, the seeds per level that detect it; given seeds per level, the smallest
-    ratio they detect (and its inverse, 1 / ratio, equally)."""
+    """GET /planning/seeds: how many seeds a variance comparison needs, before submission, for
+    the primary test (the one /stats reports) on normal seeds. Given a ratio, the seeds per
+    level that detect it; given seeds per level, the smallest ratio they detect (and its
+    inverse, 1 / ratio, equally)."""
 
+    # The test planned for (paired sign-flip or stratified permutation) and how its power was
+    # found.
     method: str
     alpha: float
     power: float
+    # Whether the two levels share seeds (common random numbers), and the correlation assumed
+    # between a seed's values in the two levels (null when unpaired).
+    paired: bool
+    correlation: float | None
     ratio: float | None
     seeds_per_level: int | None
     # Why seeds_per_level or ratio is null (say a ratio too close to 1 for any study).
     note: str | None = None
+    # The same question answered by the F-test, which assumes normal seed-to-seed values and
+    # pairs nothing: its seeds per level for `ratio` (given a ratio), or the ratio
+    # `seeds_per_level` seeds detect (given seeds).
+    f_test_ratio: float | None = None
+    f_test_seeds_per_level: int | None = None
 
 
 class TrainerInfo(ResponseModel):

@@ -277,16 +277,41 @@ def _make_assignments(layout: tuple[int, ...], resamples: int) -> tuple[np.ndarr
         choices = [c[keep] for c in choices]
         flips = choices.pop(0) if pairs else np.zeros((int(keep.sum()), 0))
     else:
-        flips = rng.integers(0, 2, size=(resamples, pairs)).astype(np.float64)
-        choices = []
-        for n_a, n_b in sizes:  # each row: n_a of the n_a + n_b positions, uniformly at random
-            keys = rng.random((resamples, n_a + n_b))
-            kth = np.partition(keys, n_a - 1, axis=1)[:, n_a - 1:n_a] if n_a else keys[:, :0]
-            choices.append((keys <= kth).astype(np.float64) if n_a else
-                           np.zeros((resamples, n_a + n_b)))
+        flips, choices = _draw(pairs, sizes, resamples, rng)
+        # A draw of the observed assignment ties with it at every ratio, which no crossing
+        # ratio can say: like the enumeration, leave it out (draw again in its place).
+        while (observed := _is_observed(flips, choices, sizes)).any():
+            again, more = _draw(pairs, sizes, int(observed.sum()), rng)
+            flips[observed] = again
+            for choice, redrawn in zip(choices, more, strict=True):
+                choice[observed] = redrawn
     # a pair's a value lands on a's side unless swapped; its b value when swapped
     pair_columns = np.stack([1 - flips, flips], axis=2).reshape(len(flips), 2 * pairs)
     return np.concatenate([pair_columns, *choices], axis=1), exact
+
+
+def _draw(pairs: int, sizes: Sequence[tuple[int, int]], rows: int,
+          rng: np.random.Generator) -> tuple[np.ndarray, list[np.ndarray]]:
+    """`rows` random re-assignments: sign flips of the pairs, and per block n_a of its
+    n_a + n_b positions on a's side, uniformly at random."""
+    flips = rng.integers(0, 2, size=(rows, pairs)).astype(np.float64)
+    choices = []
+    for n_a, n_b in sizes:
+        keys = rng.random((rows, n_a + n_b))
+        if n_a == 0:
+            choices.append(np.zeros((rows, n_b)))
+            continue
+        kth = np.partition(keys, n_a - 1, axis=1)[:, n_a - 1:n_a]
+        choices.append((keys <= kth).astype(np.float64))
+    return flips, choices
+
+
+def _is_observed(flips: np.ndarray, choices: Sequence[np.ndarray],
+                 sizes: Sequence[tuple[int, int]]) -> np.ndarray:
+    same = ~flips.any(axis=1)
+    for choice, (n_a, _) in zip(choices, sizes, strict=True):
+        same &= choice[:, :n_a].all(axis=1)
+    return same
 
 
 def _columns(prep: Prepared) -> tuple[np.ndarray, np.ndarray, float, float]:

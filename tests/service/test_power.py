@@ -1,10 +1,13 @@
 """service.power against independent references: the exact F interval against scipy's F
 quantiles and its coverage in simulation, the F-test's power against a Monte Carlo simulation
 of normal samples, the seeds-needed answer as the smallest n whose simulated power reaches the
-target; the planning endpoint and command."""
+target; the planning endpoint and command (which answer for the primary test, with the
+F-test's answer beside it: tests/service/test_primary_power.py checks the primary test's
+power)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +22,8 @@ from service.power import (
     detectable_ratio,
     f_ratio_interval,
     f_test_power,
+    primary_detectable_ratio,
+    primary_seeds_needed,
     seeds_needed,
 )
 from service.server import BackgroundServer
@@ -83,16 +88,20 @@ def test_the_detectable_ratio_is_detected_with_80_percent_power() -> None:
     assert detectable_ratio(7, 7, alpha=0.4, power=0.3) == 1.0  # power below the test's size
 
 
-def test_three_seeds_per_level_get_a_finite_f_interval_where_the_bootstrap_has_none() -> None:
+def test_three_seeds_per_level_get_a_finite_f_interval_and_a_target_ratio_plan() -> None:
     result = compare([0.71, 0.69, 0.75], [0.70, 0.72, 0.71])
-    assert result["var_ratio_ci95"] == [None, None]
-    assert "too few seeds" in result["var_ratio_ci95_null_reason"]
+    # the primary test has 6 re-assignments at 3 seeds: it cannot exclude any ratio, and says so
+    assert result["primary_ci95"] == [0.0, None]
+    assert any("cannot fall below" in w for w in result["warnings"])
     low, high = result["var_ratio_ci95_f"]
     assert 0 < low < result["var_ratio"] < high
     welch = stats.ttest_ind([0.71, 0.69, 0.75], [0.70, 0.72, 0.71], equal_var=False)
     assert result["mean_diff_ci95"] == pytest.approx(list(welch.confidence_interval(0.95)))
-    assert result["detectable_ratio"] == pytest.approx(detectable_ratio(3, 3))
-    assert result["seeds_needed"] == seeds_needed(result["var_ratio"])
+    # no ratio is detectable with 6 re-assignments: infinite, served as null
+    assert primary_detectable_ratio(3, 3) == math.inf and result["detectable_ratio"] is None
+    # not from the observed ratio: the seeds the primary test needs for the target ratio, 2
+    assert result["target_ratio"] == 2.0
+    assert result["seeds_for_target_ratio"] == primary_seeds_needed(2.0)
 
 
 @pytest.fixture
@@ -106,25 +115,48 @@ def test_the_planning_endpoint_answers_both_ways_and_names_bad_input(
         server: BackgroundServer) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
         plan = client.get("/planning/seeds", params={"ratio": 8.0}).json()
-        assert (plan["seeds_per_level"], plan["alpha"], plan["power"]) == (10, 0.05, 0.8)
+        # The primary test on shared seeds by default; the F-test's answer beside it.
+        assert (plan["seeds_per_level"], plan["alpha"], plan["power"], plan["paired"],
+                plan["correlation"]) == (primary_seeds_needed(8.0, paired=True), 0.05, 0.8,
+                                         True, 0.0)
+        assert plan["method"].startswith("paired sign-flip test")
+        assert (plan["f_test_seeds_per_level"], plan["f_test_ratio"]) == (10, 8.0)
+        correlated = client.get("/planning/seeds",
+                                params={"ratio": 8.0, "correlation": 0.9}).json()
+        assert correlated["seeds_per_level"] < plan["seeds_per_level"]
+        unpaired = client.get("/planning/seeds", params={"ratio": 8.0, "paired": False}).json()
+        assert (unpaired["paired"], unpaired["correlation"]) == (False, None)
+        assert unpaired["method"].startswith("stratified permutation test")
         plan = client.get("/planning/seeds", params={"seeds": 7, "power": 0.9}).json()
-        assert plan["ratio"] == pytest.approx(detectable_ratio(7, 7, 0.05, 0.9))
+        assert plan["ratio"] == pytest.approx(
+            primary_detectable_ratio(7, 7, paired=True, power=0.9))
+        assert plan["f_test_ratio"] == pytest.approx(detectable_ratio(7, 7, 0.05, 0.9))
         assert client.get("/planning/seeds", params={"ratio": 1.0}).json()["note"] == (
             "no study detects a ratio of 1")
-        for params, field in (({}, "ratio"), ({"ratio": 2, "seeds": 3}, "ratio"),
-                              ({"ratio": 0}, "ratio"), ({"seeds": 1}, "seeds"),
-                              ({"ratio": 2, "alpha": 1.5}, "alpha"),
-                              ({"seeds": 9, "alpha": 0.4, "power": 0.3}, "power")):
+        bad: tuple[tuple[dict[str, str | float], str], ...] = (
+            ({}, "ratio"), ({"ratio": 2, "seeds": 3}, "ratio"), ({"ratio": 0}, "ratio"),
+            ({"seeds": 1}, "seeds"), ({"ratio": 2, "alpha": 1.5}, "alpha"),
+            ({"seeds": 9, "alpha": 0.4, "power": 0.3}, "power"),
+            ({"ratio": 2, "paired": False, "correlation": 0.5}, "correlation"),
+            ({"ratio": 2, "correlation": 1.0}, "correlation"),
+            ({"ratio": 2, "correlation": -0.2}, "correlation"),
+            ({"ratio": 2, "paired": "sometimes"}, "paired"))
+        for params, field in bad:
             response = client.get("/planning/seeds", params=params)
             assert response.status_code == 422, (params, response.text)
             assert response.json()["detail"][0]["loc"] == ["query", field]
+        refused = client.get("/planning/seeds",
+                             params={"ratio": 2, "paired": False, "correlation": 0.5})
+        assert "needs paired=true" in refused.json()["detail"][0]["msg"]
 
 
 def test_the_plan_command_prints_the_answer_without_a_service() -> None:
     done = subprocess.run([sys.executable, "-m", "service.cli", "plan", "--ratio", "8"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "10 seeds per level" in done.stdout
+    # The command plans for the primary test on shared seeds, as GET /planning/seeds does.
+    assert f"{primary_seeds_needed(8.0, paired=True)} seeds per level" in done.stdout
+    assert "paired sign-flip test" in done.stdout
     refused = subprocess.run([sys.executable, "-m", "service.cli", "plan"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "exactly one of --ratio" in refused.stderr
@@ -138,13 +170,14 @@ def test_a_factor_with_more_than_two_levels_gets_an_omnibus_brown_forsythe_test(
     runs, by_level = [], {0.0: [], 0.1: [], 0.2: []}
     for r in grid["r"]:
         for sg in grid["stop_gradient"]:
-            for value in rng.normal(0, 1 + 10 * r, size=4):
-                runs.append(({"r": r, "stop_gradient": sg}, f"r={r},sg={sg}", float(value)))
-                by_level[r].append(float(value))
+            values = rng.normal(5 * sg, 1 + 10 * r, size=4)
+            runs += [({"r": r, "stop_gradient": sg}, f"r={r},sg={sg}", float(v)) for v in values]
+            # Brown-Forsythe within cells: each value's distance from its cell's median
+            by_level[r] += [float(v) for v in np.abs(values - np.median(values))]
     result = experiment_stats(metric="m", grid=grid, runs=runs)
     (omnibus,) = result.omnibus  # stop_gradient has two levels: its pairwise test suffices
     assert (omnibus.factor, omnibus.levels, omnibus.n) == ("r", [0.0, 0.1, 0.2], [8, 8, 8])
-    expected = stats.levene(*by_level.values(), center="median").pvalue
+    expected = stats.f_oneway(*by_level.values()).pvalue
     assert omnibus.brown_forsythe_p == pytest.approx(expected, rel=1e-12)
     assert experiment_stats(metric="m", grid=grid, runs=runs, factor="stop_gradient",
                             limit=0).omnibus == []
