@@ -398,10 +398,10 @@ def _min_width(columns: Sequence[str], rows: Sequence[Sequence[str]],
                text_columns: set[str], keep_whole: Collection[str] = ()) -> int:
     """The narrowest the table can be with every word, every number and its header, and every
     cell of `keep_whole` whole."""
-    widths = [max([len(row[i]) for row in rows] + [len(name)]) if name not in text_columns
-              else width for i, (name, width) in enumerate(zip(
-                  columns, _min_widths(columns, rows, text_columns - set(keep_whole)),
-                  strict=True))]
+    narrowest = _min_widths(columns, rows, text_columns - set(keep_whole))
+    widths = [narrowest[i] if name in text_columns
+              else max([len(row[i]) for row in rows] + [len(name)])
+              for i, name in enumerate(columns)]
     return sum(widths) + TABLE_GAP * (len(columns) - 1)
 
 
@@ -514,7 +514,8 @@ def comparison_rows(stats: dict[str, Any], marks: bool = True) -> list[list[str]
     rows = []
     for c in stats["comparisons"]:
         holm = c.get("primary_p_holm_factor")
-        shown = _fmt(holm, 3) + (f" {_mark(holm)}" if marks and _mark(holm) else "")
+        mark = _mark(holm) if marks else ""
+        shown = _fmt(holm, 3) + (f" {mark}" if mark else "")
         rows.append([f"{c['factor']}: {c['a']} vs {c['b']}", _spaced(_within(c)),
                      f"{c['n_a']}/{c['n_b']}", c.get("pairing") or "-", _fmt(c["var_ratio"], 3),
                      _ratio_interval(c.get("primary_ci95")), shown, _flag(c)])
