@@ -18,7 +18,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -340,18 +340,20 @@ TABLE_GAP = 3
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]],
                 text_columns: set[str], factors: Sequence[str] = (),
-                width: int | None = None) -> None:
+                width: int | None = None, *, keep_whole: Collection[str] = ()) -> None:
     """A table that stays readable in a narrow terminal: text columns wrap at spaces (a
     condition key at its commas), the others never wrap and are as wide as their widest cell,
-    so that no number is cut. When the words of the text columns are too wide for that, the
-    grid factors' names are abbreviated in them (stop_gradient -> sg), with a legend."""
+    so that no number is cut. When the words of the text columns are too wide for that with
+    the numbers' headers and the cells of `keep_whole` (text columns that wrap only when the
+    others cannot make room) whole, the grid factors' names are abbreviated in them
+    (stop_gradient -> sg), with a legend."""
     width = width or console.width
     legend: dict[str, str] = {}
-    if _min_width(columns, rows, text_columns) > width and factors:
+    if _min_width(columns, rows, text_columns, keep_whole) > width and factors:
         legend = abbreviations(factors)
         rows = [[_abbreviate(cell, legend) if col in text_columns else cell
                  for col, cell in zip(columns, row, strict=True)] for row in rows]
-    widths = _column_widths(columns, rows, text_columns, width)
+    widths = _column_widths(columns, rows, text_columns, width, keep_whole)
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for name, column_width in zip(columns, widths, strict=True):
         table.add_column(name, overflow="fold", width=column_width,
@@ -393,21 +395,30 @@ def _min_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 def _min_width(columns: Sequence[str], rows: Sequence[Sequence[str]],
-               text_columns: set[str]) -> int:
-    """The narrowest the table can be with every word and number whole."""
-    return sum(_min_widths(columns, rows, text_columns)) + TABLE_GAP * (len(columns) - 1)
+               text_columns: set[str], keep_whole: Collection[str] = ()) -> int:
+    """The narrowest the table can be with every word, every number and its header, and every
+    cell of `keep_whole` whole."""
+    narrowest = _min_widths(columns, rows, text_columns - set(keep_whole))
+    widths = [narrowest[i] if name in text_columns
+              else max([len(row[i]) for row in rows] + [len(name)])
+              for i, name in enumerate(columns)]
+    return sum(widths) + TABLE_GAP * (len(columns) - 1)
 
 
 def _column_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
-                   text_columns: set[str], width: int) -> list[int | None]:
+                   text_columns: set[str], width: int,
+                   keep_whole: Collection[str] = ()) -> list[int | None]:
     """Fixed widths that fit `width`: each column's natural width when all fit, else its
-    narrowest whole-word width with the room left given to the number columns first. None
-    each (rich decides, folding inside words) when even the narrowest do not fit."""
+    narrowest whole-word width (the cells of `keep_whole` whole, when that fits) with the room
+    left given to the number columns first. None each (rich decides, folding inside words)
+    when even the narrowest do not fit."""
     natural = [max([len(row[i]) for row in rows] + [len(name)]) for i, name in enumerate(columns)]
     room = width - TABLE_GAP * (len(columns) - 1)
     if sum(natural) <= room:
         return list(natural)
-    widths = _min_widths(columns, rows, text_columns)
+    widths = _min_widths(columns, rows, text_columns - set(keep_whole))
+    if sum(widths) > room:
+        widths = _min_widths(columns, rows, text_columns)
     spare = room - sum(widths)
     if spare < 0:
         return [None] * len(columns)
@@ -468,7 +479,27 @@ def _flag(item: dict[str, Any]) -> str:
 
 
 CONDITION_COLUMNS = ("condition", "n", "mean", "ci95", "std", "noise share", "!")
-COMPARISON_COLUMNS = ("pair", "within", "n", "var ratio", "F ci95", "cell ratio", "Holm F p", "!")
+COMPARISON_COLUMNS = ("pair", "within", "n", "pairing", "var ratio", "primary ci95", "Holm p",
+                      "!")
+# The significance marks of a Holm-adjusted p-value, as the dashboard shows them.
+SIGNIFICANCE_MARKS = ((0.01, "**"), (0.05, "*"))
+# Ratio intervals whose high end is null when it is unbounded (infinity).
+RATIO_INTERVALS = {"primary_ci95", "var_ratio_ci95_f"}
+# p-values as computed, before any adjustment for multiple comparisons.
+RAW_P_VALUES = {"primary_p", "f_test_p", "brown_forsythe_p", "welch_p", "mean_p"}
+
+
+def _mark(p: float | None) -> str:
+    return next((mark for level, mark in SIGNIFICANCE_MARKS if p is not None and p < level), "")
+
+
+def _ratio_interval(interval: list[float | None] | None, digits: int = 2) -> str:
+    """A variance ratio's interval, its null high end shown as inf (no ratio above is
+    rejected)."""
+    if interval is None:
+        return "-"
+    low, high = interval
+    return f"[{_fmt(low, digits)}, {'inf' if high is None else _fmt(high, digits)}]"
 
 
 def condition_rows(stats: dict[str, Any]) -> list[list[str]]:
@@ -477,12 +508,27 @@ def condition_rows(stats: dict[str, Any]) -> list[list[str]]:
             for c in stats["conditions"]]
 
 
-def comparison_rows(stats: dict[str, Any]) -> list[list[str]]:
-    return [[f"{c['factor']}: {c['a']} vs {c['b']}", _spaced(_within(c)), f"{c['n_a']}/{c['n_b']}",
-             _fmt(c["var_ratio"], 3), _fmt(c.get("var_ratio_ci95_f"), 2),
-             _fmt(c.get("within_cell_var_ratio"), 3), _fmt(c.get("f_test_p_holm_factor"), 3),
-             _flag(c)]
-            for c in stats["comparisons"]]
+def comparison_rows(stats: dict[str, Any], marks: bool = True) -> list[list[str]]:
+    """One row per comparison: its primary test's interval and Holm p (per factor), with `*`
+    below 0.05 and `**` below 0.01 when `marks`."""
+    rows = []
+    for c in stats["comparisons"]:
+        holm = c.get("primary_p_holm_factor")
+        mark = _mark(holm) if marks else ""
+        shown = _fmt(holm, 3) + (f" {mark}" if mark else "")
+        rows.append([f"{c['factor']}: {c['a']} vs {c['b']}", _spaced(_within(c)),
+                     f"{c['n_a']}/{c['n_b']}", c.get("pairing") or "-", _fmt(c["var_ratio"], 3),
+                     _ratio_interval(c.get("primary_ci95")), shown, _flag(c)])
+    return rows
+
+
+def print_interim(stats: dict[str, Any], width: int | None = None) -> None:
+    """An adaptive experiment still adding seeds: say that its p-values are interim looks."""
+    if stats.get("interim"):
+        note = stats.get("interim_note") or (
+            "interim: this adaptive experiment is still adding seeds; every p-value and interval "
+            "here is an interim look, not adjusted for the looks its rule takes")
+        console.print(note, style="yellow", markup=False, width=width)
 
 
 def print_stats(stats: dict[str, Any], full: bool = False) -> None:
@@ -491,15 +537,25 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
     if full:
         print_all_stats(stats)
         return
+    width = min(console.width, COMPACT_WIDTH)
+    print_interim(stats, width)
     bounds = stats.get("metric_bounds")
     title = f"per-condition {stats['metric']}" + (f" (bounded {_fmt(bounds)})" if bounds else "")
-    width = min(console.width, COMPACT_WIDTH)
     factors = stats_factors(stats)
     print_table(title, CONDITION_COLUMNS, condition_rows(stats), {"condition"}, factors, width)
-    title = (f"variance comparisons of {stats['metric']} (var_a / var_b; cell ratio: "
-             "within-cell pooled)")
-    print_table(title, COMPARISON_COLUMNS, comparison_rows(stats), {"pair", "within"}, factors,
-                width)
+    scale = " (log scale)" if stats.get("scale") == "log" else ""
+    title = (f"variance comparisons of {stats['metric']}{scale}: var_a / var_b within cells, "
+             "primary test; Holm p adjusted per factor")
+    # The interval wraps at its space only when abbreviations leave too little room.
+    print_table(title, COMPARISON_COLUMNS, comparison_rows(stats),
+                {"pair", "within", "primary ci95"}, factors, width, keep_whole={"primary ci95"})
+    if stats["comparisons"]:
+        console.print("primary test: randomisation test of squared deviations from the cell "
+                      "medians (paired: signs flipped within each seed; unpaired: permuted "
+                      "within cells); ci95: the ratios it does not reject; Holm p: its p "
+                      "Holm-adjusted over the factor's comparisons (* < 0.05, ** < 0.01). "
+                      "F-test, Brown-Forsythe, the mean test and raw p-values: --all",
+                      markup=False, width=width)
     if stats.get("source_decomposition"):
         print_source_decomposition(stats)
     warned = sum(1 for c in stats["comparisons"] + stats["conditions"] if c.get("warnings"))
@@ -518,12 +574,14 @@ def print_stats_csv(stats: dict[str, Any]) -> None:
     rows = [["condition", *r[:-1], *blank_p, len(c.get("warnings", []))]
             for r, c in zip(condition_rows(stats), stats["conditions"], strict=True)]
     rows += [["comparison", *blank_c, *r[:-1], len(c.get("warnings", []))]
-             for r, c in zip(comparison_rows(stats), stats["comparisons"], strict=True)]
+             for r, c in zip(comparison_rows(stats, marks=False), stats["comparisons"],
+                             strict=True)]
     print_csv(columns, rows)
 
 
 def print_all_stats(stats: dict[str, Any]) -> None:
-    """Every field, one per line, grouped per condition, comparison, family and omnibus test."""
+    """Every field, one per line, grouped per condition, comparison, family and omnibus test;
+    each p-value says whether it is raw or Holm-adjusted."""
     def block(title: str, item: dict[str, Any]) -> None:
         console.print(title, markup=False, style="bold")
         for key, value in item.items():
@@ -531,10 +589,12 @@ def print_all_stats(stats: dict[str, Any]) -> None:
                 for warning in value:
                     console.print(f"  warning: {warning}", markup=False, soft_wrap=True)
             else:
-                console.print(f"  {key}: {_fmt(value, 6)}", markup=False, soft_wrap=True)
+                console.print(f"  {key}: {_field(key, value)}", markup=False, soft_wrap=True)
 
-    console.print(f"metric {stats['metric']}, bounds {_fmt(stats.get('metric_bounds'))}, "
-                  f"{stats['n_completed']} completed runs", markup=False)
+    print_interim(stats)
+    console.print(f"metric {stats['metric']}, scale {stats.get('scale', 'raw')}, bounds "
+                  f"{_fmt(stats.get('metric_bounds'))}, {stats['n_completed']} completed runs",
+                  markup=False)
     for c in stats["conditions"]:
         block(f"condition {c['condition_key'] or '(all)'}",
               {k: v for k, v in c.items() if k not in {"condition", "condition_key"}})
@@ -548,6 +608,23 @@ def print_all_stats(stats: dict[str, Any]) -> None:
         block(f"omnibus {omnibus['factor']}",
               {k: v for k, v in omnibus.items() if k != "factor"})
     _print_page(stats)
+
+
+def _field(key: str, value: Any) -> str:
+    """One field of --all: unbounded ratio intervals end at inf, and a p-value is labelled
+    raw or with the family Holm adjusted it over."""
+    if key in RATIO_INTERVALS:
+        return _ratio_interval(value, 6)
+    shown = _fmt(value, 6)
+    if value is None:
+        return shown
+    if key in RAW_P_VALUES:
+        return f"{shown} (raw)"
+    if key.endswith("_holm_factor"):
+        return f"{shown} (Holm, over the factor's comparisons)"
+    if key.endswith("_holm_all"):
+        return f"{shown} (Holm, over every comparison)"
+    return shown
 
 
 def _print_page(stats: dict[str, Any]) -> None:
@@ -574,12 +651,12 @@ def print_source_decomposition(stats: dict[str, Any]) -> None:
 
 
 def report(client: httpx.Client, experiment_id: int, metric: str | None = None,
-           full: bool = False, mode: str = "table") -> int:
-    """The experiment's statistics (a table, or the stats as JSON or CSV), then each distinct
-    reason its runs stopped, failed or diverged, once with its count; the number of failed
-    and diverged runs."""
+           full: bool = False, mode: str = "table", scale: str | None = None) -> int:
+    """The experiment's statistics (a table, or the stats as JSON or CSV) of `metric` on
+    `scale` (None: the spec's), then each distinct reason its runs stopped, failed or
+    diverged, once with its count; the number of failed and diverged runs."""
     detail = _request(client, "GET", f"/experiments/{experiment_id}")
-    params = {"metric": metric} if metric else {}
+    params = {k: v for k, v in (("metric", metric), ("scale", scale)) if v}
     trouble = sum(detail["counts"][s] for s in TROUBLE)
     if mode != "table":
         stats = _request(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
@@ -777,11 +854,14 @@ def compare(
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
-    """Two experiments of one trainer side by side, condition by condition."""
+    """Two experiments of one trainer side by side, condition by condition: the means with
+    their test, the variance ratio with the primary test (raw p-values: not adjusted for the
+    conditions compared)."""
     params: dict[str, Any] = {"a": a, "b": b, "limit": 200}
     if metric:
         params["metric"] = metric
-    columns = ("condition", "n a/b", "mean a", "mean b", "welch p", "var a/b", "F ci95", "F p")
+    columns = ("condition", "n a/b", "mean a", "mean b", "mean test", "mean p", "var a/b",
+               "primary ci95", "primary p")
     rows: list[list[str]] = []
     pages: list[dict[str, Any]] = []
     offset: int | None = 0
@@ -793,8 +873,10 @@ def compare(
                 t = side["comparison"]
                 rows.append([_spaced(side["condition_key"]), f"{t['n_a']}/{t['n_b']}",
                              _fmt(side["a"]["mean"]), _fmt(side["b"]["mean"]),
-                             _fmt(t["welch_p"], 3), _fmt(t["var_ratio"], 3),
-                             _fmt(t.get("var_ratio_ci95_f"), 2), _fmt(t["f_test_p"], 3)])
+                             t.get("mean_test") or "-",
+                             _fmt(t.get("mean_p"), 3), _fmt(t["var_ratio"], 3),
+                             _ratio_interval(t.get("primary_ci95")),
+                             _fmt(t.get("primary_p"), 3)])
             offset = body["next_offset"]
     mode = _mode(as_json, as_csv)
     if mode == "json":
@@ -805,8 +887,16 @@ def compare(
         return
     console.print(f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} "
                   "shared conditions", markup=False)
-    print_table(f"experiment {a} vs {b}", columns, rows, {"condition"},
-                key_factors(side["condition_key"] for page in pages for side in page["conditions"]))
+    print_table(f"experiment {a} vs {b}: raw p-values, not adjusted for the conditions compared",
+                columns, rows,
+                {"condition", "mean test", "primary ci95"},
+                key_factors(side["condition_key"] for page in pages for side in page["conditions"]),
+                keep_whole={"mean test", "primary ci95"})
+    if rows:
+        console.print("primary p and ci95: the randomisation test of var a/b and the ratios it "
+                      "does not reject (where the seeds pair up, signs flipped within each seed "
+                      "and the mean test a paired t; else runs permuted and Welch's t)",
+                      markup=False)
     for side, keys in (("a", body["only_in_a"]), ("b", body["only_in_b"])):
         if keys:
             console.print(f"only in {side}: {', '.join(keys)}", markup=False)
@@ -820,15 +910,20 @@ def stats(
     show_all: Annotated[bool, typer.Option(
         "--all", help="every field of every condition and comparison, warnings included, "
                       "instead of the compact tables")] = False,
+    scale: Annotated[str | None, typer.Option(
+        help="raw: variances of the metric; log: of its logarithm (relative spreads, for a "
+             "positive metric) [default: the spec's analysis.scale]", show_default=False)] = None,
     as_json: JsonOpt = False,
     as_csv: Annotated[bool, typer.Option(
         "--csv", help="both compact tables as one CSV (its `table` column says which)")] = False,
 ) -> None:
-    """Per-condition table and variance comparisons of an experiment (compact; --all for
-    every field)."""
+    """Per-condition table and variance comparisons of an experiment: the primary test of
+    each comparison, its p Holm-adjusted per factor (compact; --all for every field)."""
     mode = _mode(as_json, as_csv)
+    if scale not in (None, "raw", "log"):
+        raise _fail(f"--scale: expected raw or log, got {scale!r}")
     with _client(url, 120) as client:
-        report(client, experiment_id, metric, show_all, mode)
+        report(client, experiment_id, metric, show_all, mode, scale)
 
 
 @app.command("list")

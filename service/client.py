@@ -244,18 +244,20 @@ class Client:
 
     # -- statistics ----------------------------------------------------------------------------
     def stats(self, experiment_id: int, metric: str | None = None,
-              factor: str | None = None) -> StatsFrames:
-        """/stats of `metric` (default: the spec's), every comparison (pages followed), as
-        DataFrames: conditions (one column per grid factor, then the summary; intervals split
-        into `<name>_low` and `<name>_high`) and comparisons (`within` as served: null for a
-        comparison pooled over the other factors)."""
+              factor: str | None = None, scale: str | None = None) -> StatsFrames:
+        """/stats of `metric` (default: the spec's) on `scale` ("raw" or "log"; default: the
+        spec's analysis.scale), every comparison (pages followed), as DataFrames: conditions
+        (one column per grid factor, then the summary; intervals split into `<name>_low` and
+        `<name>_high`) and comparisons (`within` as served: null for a comparison pooled over
+        the other factors; a ratio interval's missing high end, as in `primary_ci95_high`, is
+        unbounded). Each comparison's primary test is `primary_p`, raw, and
+        `primary_p_holm_factor` / `primary_p_holm_all`, Holm-adjusted."""
         import pandas as pd
 
         params: dict[str, Any] = {"limit": COMPARISONS_PAGE}
-        if metric is not None:
-            params["metric"] = metric
-        if factor is not None:
-            params["factor"] = factor
+        for name, value in (("metric", metric), ("factor", factor), ("scale", scale)):
+            if value is not None:
+                params[name] = value
         path = f"/experiments/{experiment_id}/stats"
         stats = Stats.model_validate(self._json("GET", path, params=params))
         comparisons = list(stats.comparisons)

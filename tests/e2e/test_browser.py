@@ -83,6 +83,12 @@ def _numbers(text: str) -> list[float]:
     return [float(x) for x in re.findall(NUMBER, text)]
 
 
+def _as_shown(x: float) -> float:
+    """x rounded as the page's fmt() shows it: 3 significant digits in exponent form below
+    1e-3 or from 1e5, else 4."""
+    return float(f"{x:.2e}") if x != 0 and not 1e-3 <= abs(x) < 1e5 else float(f"{x:.4g}")
+
+
 def test_dashboard_and_offline_docs_in_chromium(
     browser: Browser, start_service: Callable[..., Service]
 ) -> None:
@@ -155,13 +161,16 @@ def test_dashboard_and_offline_docs_in_chromium(
     page.wait_for_function(
         f"document.querySelectorAll('[data-role=seed-curve]').length === {len(runs)}")
 
-    # The comparison row: the variance ratio and its F interval, against numpy and scipy.
+    # The comparison row: the within-cell variance ratio (one factor: the sample variances'
+    # ratio) against numpy, the primary test's interval, raw p and Holm p as /stats serves them,
+    # and the F interval (a tooltip now: secondary) against scipy.
     by_level = {level: np.array([r["metrics"]["min_l2"] for r in runs
                                  if r["condition"]["stop_gradient"] is level], dtype=np.float64)
                 for level in (False, True)}
     comparison = stats["comparisons"][0]
     a, b = by_level[comparison["a"]], by_level[comparison["b"]]
     ratio = a.var(ddof=1) / b.var(ddof=1)
+    assert comparison["var_ratio"] == pytest.approx(ratio, rel=1e-9)
     df_a, df_b = len(a) - 1, len(b) - 1
     f_interval = (ratio / scipy_stats.f.ppf(0.975, df_a, df_b),
                   ratio / scipy_stats.f.ppf(0.025, df_a, df_b))
@@ -169,11 +178,24 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert "pooled" in comparison_row.inner_text()
     shown_ratio = _numbers(comparison_row.locator("[data-role=var-ratio]").inner_text())
     assert shown_ratio == pytest.approx([ratio], rel=1e-3)
-    shown_interval = _numbers(comparison_row.locator("[data-role=var-ratio-ci-f]").inner_text())
-    assert shown_interval == pytest.approx(list(f_interval), rel=1e-3)
-    holm = comparison["f_test_p_holm_factor"]
-    assert _numbers(comparison_row.locator("[data-role=holm-p]").inner_text())[0] == (
-        pytest.approx(holm, rel=1e-3, abs=1e-4))
+    interval_cell = comparison_row.locator("[data-role=var-ratio-ci]")
+    low, high = comparison["primary_ci95"]
+    shown_interval = interval_cell.inner_text()
+    assert _numbers(shown_interval) == pytest.approx(
+        [_as_shown(v) for v in ([low] if high is None else [low, high])], rel=1e-9)
+    assert shown_interval.endswith("∞]") == (high is None)
+    f_tooltip = (interval_cell.get_attribute("title") or "").split("F interval")[1]
+    assert _numbers(f_tooltip) == pytest.approx([_as_shown(v) for v in f_interval], rel=1e-9)
+    assert comparison_row.locator("[data-role=pairing]").inner_text() == comparison["pairing"]
+    assert _numbers(comparison_row.locator("[data-role=primary-p]").inner_text())[0] == (
+        pytest.approx(comparison["primary_p"], rel=1e-3, abs=1e-4))
+    holm = comparison["primary_p_holm_factor"]
+    holm_cell = comparison_row.locator("[data-role=holm-p]").inner_text()
+    assert _numbers(holm_cell)[0] == pytest.approx(holm, rel=1e-3, abs=1e-4)
+    assert holm_cell.count("*") == (2 if holm < 0.01 else 1 if holm < 0.05 else 0)
+    headers = page.locator("[data-role=comparisons] th").all_inner_texts()
+    assert {"95% CI (primary)", "primary p (raw)", "Holm p (factor)"} <= set(headers)
+    assert page.locator("[data-role=interim-note]").count() == 0  # not an adaptive experiment
     watched.shot("experiment")
     if os.environ.get("SEEDGRID_UPDATE_README_SCREENSHOT") == "1":
         # The top of the page: distributions, comparisons and curves.

@@ -89,6 +89,16 @@ def test_submit_wait_and_read_runs_stats_and_curves(service: Service, tmp_path: 
             elif key != "warnings":
                 assert same(row[key], value), key
         assert list(row["warnings"]) == expected["warnings"]
+        # scale="log": the within-cell variance ratio of the runs' logarithms (one factor: of
+        # the two levels' sample variances), against numpy on the stored metrics
+        log = sg.stats(created.id, scale="log")
+        assert log.stats.scale == "log" and list(log.comparisons["scale"]) == ["log"]
+        logs = {level: np.log([r["metrics"]["min_l2"] for r in served_runs
+                               if r["condition"]["stop_gradient"] is level])
+                for level in (False, True)}
+        a_level, b_level = expected["a"], expected["b"]
+        assert log.comparisons.iloc[0]["var_ratio"] == pytest.approx(
+            logs[a_level].var(ddof=1) / logs[b_level].var(ddof=1), rel=1e-9)
 
         curves = sg.curves(created.id, name="min_l2")
         assert list(curves.columns[:4]) == ["run_id", "seed", "condition_key", "stop_gradient"]

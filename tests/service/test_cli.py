@@ -1,15 +1,29 @@
 """The `seedgrid` command: clear one-line errors for bad settings and bad spec files, where
-the client commands look for the service, and the tables' factor abbreviations."""
+the client commands look for the service, the tables' factor abbreviations, and what `stats`
+and `compare` show of the primary variance test (against a stats payload of service.stats,
+served by a mock transport)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
+import numpy as np
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from api_schemas import Comparison
+from service import cli
 from service.cli import abbreviations
+from service.stats import compare, experiment_stats
 from tests.seedgrid_process import SeedgridProcess
 
 
@@ -95,3 +109,160 @@ def test_factor_abbreviations_are_short_and_distinct() -> None:
     short = abbreviations(["stop_gradient", "frustration_spread", "r", "step_growth", "lr"])
     assert short == {"stop_gradient": "sg", "frustration_spread": "fs", "step_growth": "stgr"}
     assert len(set(short.values())) == len(short)
+
+
+def stats_payload(seeds: int = 8) -> dict[str, Any]:
+    """/stats of a 2 x 2 grid whose lr=0.1 cells spread 10 times wider, every cell on the same
+    seeds (so its comparisons pair up), as the API serves it."""
+    grid = {"lr": [0.1, 0.2], "wd": [0, 1]}
+    rng = np.random.default_rng(0)
+    runs, run_seeds = [], []
+    for lr in grid["lr"]:
+        for wd in grid["wd"]:
+            for seed, value in enumerate(rng.normal(1 + wd, 1.0 if lr == 0.1 else 0.1, seeds)):
+                runs.append(({"lr": lr, "wd": wd}, f"lr={lr},wd={wd}", float(value)))
+                run_seeds.append(seed)
+    stats = experiment_stats(metric="loss", grid=grid, runs=runs, seeds=run_seeds)
+    return json.loads(stats.model_dump_json())
+
+
+def comparison_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """The compact comparison table's header and rows, cell by cell (cells are apart by two
+    spaces or more, and hold single spaces only)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("pair "))
+    header = re.split(r"\s{2,}", lines[start].strip())
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip() or line.startswith(("primary test:", "factors:", "!n:")):
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return header, rows
+
+
+def holm_mark(p: float) -> str:
+    return "**" if p < 0.01 else "*" if p < 0.05 else ""
+
+
+def test_the_compact_table_shows_the_primary_test_and_its_holm_p_per_factor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = stats_payload()
+    monkeypatch.setattr(cli, "console", Console(width=160, record=True))
+    cli.print_stats(stats)
+    shown = cli.console.export_text()
+    assert max(len(line) for line in shown.splitlines()) <= cli.COMPACT_WIDTH
+    # the title (wrapped at the table's width) names the test and the adjustment
+    assert ("variance comparisons of loss: var_a / var_b within cells, primary test; Holm p "
+            "adjusted per factor") in " ".join(shown.split())
+    header, rows = comparison_table(shown)
+    assert header == ["pair", "within", "n", "pairing", "var ratio", "primary ci95", "Holm p",
+                      "!"]
+    assert len(rows) == len(stats["comparisons"]) == 6
+    marks = []
+    for row, c in zip(rows, stats["comparisons"], strict=True):
+        within = "pooled" if c["within"] is None else ", ".join(
+            f"{k}={v}" for k, v in c["within"].items())
+        assert row[:4] == [f"{c['factor']}: {c['a']} vs {c['b']}", within,
+                           f"{c['n_a']}/{c['n_b']}", c["pairing"]]
+        assert row[4] == f"{c['var_ratio']:.3g}"
+        low, high = c["primary_ci95"]
+        assert row[5] == f"[{low:.2g}, {high:.2g}]"
+        p = c["primary_p_holm_factor"]
+        mark = holm_mark(p)
+        assert row[6] == f"{p:.3g}" + (f" {mark}" if mark else ""), (row, c)
+        marks.append(mark)
+    # the data make every mark appear: lr's comparisons pass, wd's do not
+    assert set(marks) == {"**", "*", ""}
+    assert {c["pairing"] for c in stats["comparisons"]} == {"paired"}
+
+    # 2 seeds: no ratio is rejected, so the interval runs to infinity
+    few = stats_payload(seeds=2)
+    assert few["comparisons"][0]["primary_ci95"][1] is None
+    monkeypatch.setattr(cli, "console", Console(width=160, record=True))
+    cli.print_stats(few)
+    _, rows = comparison_table(cli.console.export_text())
+    assert rows[0][5] == f"[{few['comparisons'][0]['primary_ci95'][0]:.2g}, inf]"
+
+
+Handler = dict[str, Any]
+
+
+def mock_service(monkeypatch: pytest.MonkeyPatch, answers: Handler) -> list[httpx.Request]:
+    """The client commands talk to `answers` (path -> JSON) instead of a service; the requests
+    they sent, in order."""
+    sent: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json=answers[request.url.path])
+
+    def client(url: str | None, timeout_s: float) -> cli.ApiClient:
+        return cli.ApiClient(base_url="http://seedgrid.test", transport=httpx.MockTransport(handle))
+
+    monkeypatch.setattr(cli, "_client", client)
+    monkeypatch.setattr(cli, "console", Console(width=100, record=True))
+    return sent
+
+
+DETAIL = {"name": "grid", "status": "running", "message": None,
+          "counts": {"queued": 0, "pending": 0, "running": 8, "completed": 32, "failed": 0,
+                     "diverged": 0, "cancelled": 0, "stopped": 0}}
+
+
+def test_stats_asks_for_the_scale_and_says_first_that_p_values_are_interim(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = {**stats_payload(), "scale": "log", "interim": True,
+             "interim_note": "interim look: the adaptive rule is still adding seeds"}
+    sent = mock_service(monkeypatch, {"/experiments/7": DETAIL, "/experiments/7/stats": stats})
+    result = CliRunner().invoke(cli.app, ["stats", "7", "--scale", "log"])
+    assert result.exit_code == 0, result.output
+    (asked,) = [r for r in sent if r.url.path.endswith("/stats")]
+    assert asked.url.params["scale"] == "log"
+    shown = cli.console.export_text()
+    assert shown.index(stats["interim_note"]) < shown.index("per-condition loss")
+    assert "variance comparisons of loss (log scale)" in shown
+
+    # --all: every p-value says whether it is raw or which family Holm adjusted it over
+    monkeypatch.setattr(cli, "console", Console(width=200, record=True))
+    assert CliRunner().invoke(cli.app, ["stats", "7", "--all"]).exit_code == 0
+    everything = cli.console.export_text()
+    first = stats["comparisons"][0]
+    assert f"  primary_p: {first['primary_p']:.6g} (raw)" in everything
+    assert (f"  primary_p_holm_factor: {first['primary_p_holm_factor']:.6g} "
+            "(Holm, over the factor's comparisons)") in everything
+    assert (f"  f_test_p_holm_all: {first['f_test_p_holm_all']:.6g} "
+            "(Holm, over every comparison)") in everything
+    assert f"  mean_p: {first['mean_p']:.6g} (raw)" in everything
+    assert everything.index(stats["interim_note"]) < everything.index("comparison lr:")
+
+    refused = CliRunner().invoke(cli.app, ["stats", "7", "--scale", "cubic"])
+    assert refused.exit_code == 2 and "--scale: expected raw or log" in refused.output
+
+
+def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(1, 1.0, 8), rng.normal(1, 0.1, 8)
+    seeds = list(range(8))
+    comparison = Comparison(factor="experiment", a=1, b=2, within={"lr": 0.1},
+                            **compare(list(a), list(b), seeds, seeds))
+    side = {"condition": {"lr": 0.1}, "condition_key": "lr=0.1",
+            "a": {"mean": float(a.mean())}, "b": {"mean": float(b.mean())},
+            "comparison": json.loads(comparison.model_dump_json())}
+    body = {"a": 1, "b": 2, "trainer": "toy", "metric": "loss", "total_conditions": 1,
+            "offset": 0, "next_offset": None, "conditions": [side], "only_in_a": [],
+            "only_in_b": []}
+    mock_service(monkeypatch, {"/compare": body})
+    result = CliRunner().invoke(cli.app, ["compare", "1", "2"])
+    assert result.exit_code == 0, result.output
+    shown = cli.console.export_text()
+    assert "raw p-values, not adjusted for the conditions compared" in shown
+    t = side["comparison"]
+    assert t["pairing"] == "paired" and t["mean_test"] == "paired t"
+    (row,) = [re.split(r"\s{2,}", line.strip()) for line in shown.splitlines()
+              if line.startswith("lr=0.1")]
+    low, high = t["primary_ci95"]
+    assert row == ["lr=0.1", "8/8", f"{a.mean():.4g}", f"{b.mean():.4g}", "paired t",
+                   f"{t['mean_p']:.3g}", f"{t['var_ratio']:.3g}", f"[{low:.2g}, {high:.2g}]",
+                   f"{t['primary_p']:.3g}"]
+    assert "F p" not in shown and "welch p" not in shown

@@ -19,8 +19,8 @@ from service import cli
 from service.db import Experiment, Run, make_engine, upgrade_database
 from service.experiments import condition_key
 from service.stats import compare, condition_stats, experiment_stats
-from service.variance import MIN_SEEDS_BROWN_FORSYTHE
 from service.stats_store import stats_json
+from service.variance import MIN_SEEDS_BROWN_FORSYTHE
 from trainers import REGISTRY
 
 
@@ -212,16 +212,22 @@ def test_the_compact_cli_view_fits_100_columns_and_all_shows_every_field(
     cli.print_stats(stats)
     compact = cli.console.export_text()
     assert max(len(line) for line in compact.splitlines()) <= 100
-    for column in ("var ratio", "F ci95", "cell ratio", "Holm F p"):
+    for column in ("pairing", "var ratio", "primary ci95", "Holm p"):
         assert column in compact
+    # the F-test is secondary: in --all, not in the compact table
+    assert "F ci95" not in compact and "Holm F p" not in compact
     first = stats["comparisons"][0]
-    assert f"{first['within_cell_var_ratio']:.3g}" in compact  # beside the pooled ratio
+    assert first["within"] is None  # pooled over r: its ratio is the within-cell one
+    assert f"{first['var_ratio']:.3g}" in compact.split()
+    assert f"{first['marginal_var_ratio']:.3g}" not in compact.split()
     monkeypatch.setattr(cli, "console", Console(width=160, record=True))
     cli.print_stats(stats, full=True)
     everything = cli.console.export_text()
     for field in first:
         if field not in {"factor", "a", "b", "within", "warnings"}:
             assert f"  {field}: " in everything, field
+    assert f"  primary_p: {first['primary_p']:.6g} (raw)" in everything
+    assert f"  marginal_var_ratio: {first['marginal_var_ratio']:.6g}\n" in everything
     warned = next(c for c in stats["comparisons"] if c["warnings"])
     assert f"  warning: {warned['warnings'][0]}" in everything
     assert "Holm family: factor r" in everything and "omnibus r" in everything

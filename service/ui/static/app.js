@@ -70,6 +70,12 @@ function fmtInterval(ci) {
   return `[${fmt(ci[0])}, ${fmt(ci[1])}]`;
 }
 
+// A variance ratio's interval: a null high end is unbounded (no ratio above it is rejected).
+function fmtRatioInterval(ci) {
+  if (!ci || ci[0] === null) return "—";
+  return `[${fmt(ci[0])}, ${ci[1] === null ? "∞" : fmt(ci[1])}]`;
+}
+
 function fmtTime(t) {
   return t ? t.replace("T", " ").replace(/\.\d+/, "").replace(/\+00:00$|Z$/, "") : "—";
 }
@@ -468,32 +474,72 @@ async function curvesSection(runs, conditionKeys, gen) {
     note];
 }
 
+// Significance marks of a Holm-adjusted p-value.
+function holmMark(p) {
+  return p === null || p === undefined ? "" : p < 0.01 ? "**" : p < 0.05 ? "*" : "";
+}
+
+// One row per comparison: the primary test in the cells, the secondary tests in tooltips.
 function comparisonsTable(stats) {
   const rows = stats.comparisons.map((c) => {
-    const p = c.f_test_p_holm_factor;
-    const mark = p === null || p === undefined ? "" : p < 0.01 ? "**" : p < 0.05 ? "*" : "";
+    const p = c.primary_p_holm_factor;
+    const pairingNote = c.pairing === "paired"
+      ? `${c.paired_seeds} seeds ran at both levels (same random streams); seed correlation `
+        + fmt(c.seed_correlation)
+      : c.pairing_note || "the levels did not run the same seeds";
+    const dof = c.dof_a === null ? ""
+      : `within-cell variances on ${c.dof_a} / ${c.dof_b} degrees of freedom. `;
+    const secondary = `${dof}Secondary tests: F-test p ${fmtP(c.f_test_p)} raw, ${fmtP(c.f_test_p_holm_factor)} `
+      + `Holm (factor), assumes normal seeds; Brown–Forsythe p ${fmtP(c.brown_forsythe_p)} raw, `
+      + `${fmtP(c.brown_forsythe_p_holm_factor)} Holm (factor)`;
+    const resamples = c.primary_resamples === null ? "" : `; ${c.primary_resamples} `
+      + `re-assignments, ${c.primary_exact ? "all enumerated" : "drawn at random"}`;
     return el("tr", { "data-role": "comparison-row", "data-factor": c.factor },
       el("td", { text: c.factor }),
       el("td", { text: `${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}` }),
       el("td", { text: c.within === null ? "pooled" : conditionLabel(c.within) }),
       el("td", { text: `${c.n_a} / ${c.n_b}` }),
+      el("td", { "data-role": "pairing", title: pairingNote, text: c.pairing }),
       el("td", { text: `${fmt(c.var_a)} / ${fmt(c.var_b)}` }),
-      el("td", { "data-role": "var-ratio", text: fmt(c.var_ratio) }),
-      el("td", { "data-role": "var-ratio-ci-f", text: fmtInterval(c.var_ratio_ci95_f) }),
-      el("td", { text: c.var_ratio_ci95 ? fmtInterval(c.var_ratio_ci95)
-        : (c.var_ratio_ci95_null_reason || "—") }),
-      el("td", { text: fmtP(c.f_test_p) }),
-      el("td", { "data-role": "holm-p" }, fmtP(p), " ", el("span", { class: "sig", text: mark })),
-      el("td", { text: `${fmt(c.mean_diff)} ${fmtInterval(c.mean_diff_ci95)}` }),
+      el("td", { "data-role": "var-ratio", title: secondary, text: fmt(c.var_ratio) }),
+      el("td", { "data-role": "var-ratio-ci", text: fmtRatioInterval(c.primary_ci95),
+        title: `the ratios the primary test does not reject at 0.05; F interval (normal `
+          + `theory): ${fmtRatioInterval(c.var_ratio_ci95_f)}` }),
+      el("td", { "data-role": "primary-p", title: (c.primary_test || "no test") + resamples,
+        text: fmtP(c.primary_p) }),
+      el("td", { "data-role": "holm-p", title: `Holm over every comparison: `
+        + fmtP(c.primary_p_holm_all) }, fmtP(p), " ", el("span", { class: "sig",
+        text: holmMark(p) })),
+      // Pooled over other factors only: the variance of all runs of each level.
+      el("td", { "data-role": "marginal-ratio", text: fmt(c.marginal_var_ratio),
+        title: c.marginal_var_ratio === null ? null : "the ratio of the variances of all runs "
+          + "of each level, cell means included: an effect of the other factors inflates it "
+          + "(descriptive, untested)" }),
+      el("td", { title: `${c.mean_test || "no test"}: p ${fmtP(c.mean_p)} raw, `
+        + `${fmtP(c.mean_p_holm_factor)} Holm (factor)`,
+      text: `${fmt(c.mean_diff)} ${fmtInterval(c.mean_diff_ci95)}` }),
       // The texts are long: listed under Warnings, counted here (hover for them).
       el("td", { class: "warn", title: c.warnings.join("\n") || null,
         text: c.warnings.length ? `${c.warnings.length} ⚠` : "" }));
   });
   return el("table", { "data-role": "comparisons", class: "numbers" },
-    el("thead", {}, el("tr", {}, ["factor", "levels a vs b", "within", "n", "var a / var b",
-      "var ratio", "95% CI (F)", "95% CI (bootstrap)", "F-test p", "Holm p (factor)",
-      "mean a − b [95% CI]", "warnings"].map((h) => el("th", { text: h })))),
+    el("thead", {}, el("tr", {}, ["factor", "levels a vs b", "within", "n", "pairing",
+      "var a / var b (within cells)", "var ratio", "95% CI (primary)", "primary p (raw)",
+      "Holm p (factor)", "marginal ratio (pooled)", "mean a − b [95% CI]", "warnings"]
+      .map((h) => el("th", { text: h })))),
     el("tbody", {}, rows));
+}
+
+function omnibusTable(stats) {
+  return el("table", { "data-role": "omnibus" },
+    el("thead", {}, el("tr", {}, ["factor (omnibus)", "levels", "n", "primary p (raw)",
+      "Brown–Forsythe p (raw)"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, stats.omnibus.map((o) => el("tr", {}, el("td", { text: o.factor }),
+      el("td", { text: o.levels.map((v) => JSON.stringify(v)).join(", ") }),
+      el("td", { text: o.n.join(", ") }),
+      el("td", { "data-role": "omnibus-primary-p", title: o.primary_test || null,
+        text: fmtP(o.primary_p) }),
+      el("td", { text: fmtP(o.brown_forsythe_p) })))));
 }
 
 function conditionsTable(stats) {
@@ -610,20 +656,25 @@ async function showExperiment(id) {
       stats ? conditionsTable(stats) : el("p", { class: "muted",
         text: statsProblem || "statistics appear once a run has completed" })),
     section("Comparisons of variance", "comparisons-section",
-      el("p", { class: "muted", text: "pooled: every run at each level, over all levels of the "
-        + "other factors; within: only runs whose other factors are held at the levels shown. "
-        + "* / **: Holm-adjusted F-test p below 0.05 / 0.01 within the factor's comparisons." }),
+      stats && stats.interim ? el("p", { class: "warn", "data-role": "interim-note",
+        text: stats.interim_note || "Interim: this adaptive experiment is still adding seeds; "
+          + "every p-value and interval here is an interim look." }) : null,
+      el("p", { class: "muted", text: "Variances are within cells (each run against its own "
+        + "condition), so the other factors' effects on the mean never count as seed variance"
+        + (stats && stats.scale === "log" ? "; on the log scale, of the metric's logarithm" : "")
+        + ". pooled: every run at each level, over all levels of the other factors; within: "
+        + "the other factors held at the levels shown. The primary test is a randomisation test "
+        + "of squared deviations from the cell medians (paired: signs flipped within each seed "
+        + "both levels ran; unpaired: permuted within cells); its 95% CI holds the ratios it "
+        + "does not reject (∞: unbounded). * / **: its Holm-adjusted p below 0.05 / 0.01 over "
+        + "the factor's comparisons. Hover a cell for the F-test, Brown–Forsythe, the mean "
+        + "test and pairing." }),
       stats && stats.comparisons.length ? comparisonsTable(stats)
         : el("p", { class: "muted", text: "no comparisons (a grid factor with two levels and "
           + "completed runs is needed)" }),
       stats && stats.next_offset !== null ? el("p", { class: "muted", text: `the first `
         + `${stats.comparisons.length} of ${stats.total_comparisons} comparisons` }) : null,
-      stats && stats.omnibus.length ? el("table", { "data-role": "omnibus" },
-        el("thead", {}, el("tr", {}, ["factor (omnibus)", "levels", "n", "Brown-Forsythe p"]
-          .map((h) => el("th", { text: h })))),
-        el("tbody", {}, stats.omnibus.map((o) => el("tr", {}, el("td", { text: o.factor }),
-          el("td", { text: o.levels.map((v) => JSON.stringify(v)).join(", ") }),
-          el("td", { text: o.n.join(", ") }), el("td", { text: fmtP(o.brown_forsythe_p) }))))) : null,
+      stats && stats.omnibus.length ? omnibusTable(stats) : null,
       stats && stats.source_decomposition ? el("table", { "data-role": "source-decomposition" },
         el("thead", {}, el("tr", {}, ["within", "source", "n", "variance", "95% CI"]
           .map((h) => el("th", { text: h })))),
