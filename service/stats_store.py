@@ -36,6 +36,10 @@ MAX_STORED_PAGES = 64
 # computed again rather than served without them.
 STATS_FORMAT = "v5"
 
+INTERIM_NOTE = ("an interim look at an adaptive experiment still adding seeds: these p-values "
+                "are not adjusted for its looks; its rule decides at alpha/K per look "
+                "(experiment.adaptive)")
+
 
 def stats_json(
     *, session: Session, experiment: Experiment, metric: str | None, factor: str | None,
@@ -70,6 +74,11 @@ def stats_json(
         raise SpecError.query("offset", f"offset {offset:,} is past the last of the {total:,} "
                                      "comparisons")
     page = f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
+    # An adaptive experiment that has not stopped: its page is stored apart, so that once it
+    # stops (its last look adds no completed run) the interim page is not served as final.
+    interim = experiment.deciding
+    if interim:
+        page += "|interim"
     # kept by the runs store with every status change: one row, not a count over the runs
     n_completed = experiment.runs_completed
     stored = session.execute(
@@ -99,6 +108,7 @@ def stats_json(
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)
+    stats.interim, stats.interim_note = interim, INTERIM_NOTE if interim else None
     stats.computed_at = utcnow()
     payload = stats.model_dump_json()
     try:
