@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,7 @@ Interval = tuple[float | None, tuple[float, float] | None, str | None, str | Non
 
 
 def comparison_strata(grid: dict[str, list[Any]], named: NamedComparison,
-                      runs: Sequence[tuple[dict[str, Any], int, float]]) -> list[Stratum]:
+                      runs: Sequence[tuple[Mapping[str, Any], int, float]]) -> list[Stratum]:
     """The named comparison's strata from (condition, seed, value) per completed run: one per
     combination of the other factors' levels (only `within`'s when it names one), each with
     level a's and level b's values and seeds."""
@@ -125,14 +125,16 @@ def paired_differences(strata: Sequence[Stratum]) -> tuple[np.ndarray | None, st
     if not filled or any(s.a_seeds is None or s.b_seeds is None for s in filled):
         return None, None
     seeds = set(filled[0].a_seeds or ())
+    per_cell = []
     for s in filled:
-        assert s.a_seeds is not None and s.b_seeds is not None
-        if (len(set(s.a_seeds)) != len(s.a_seeds) or len(set(s.b_seeds)) != len(s.b_seeds)
-                or set(s.a_seeds) != seeds or set(s.b_seeds) != seeds):
+        a_seeds, b_seeds = s.a_seeds or (), s.b_seeds or ()
+        if (len(set(a_seeds)) != len(a_seeds) or len(set(b_seeds)) != len(b_seeds)
+                or set(a_seeds) != seeds or set(b_seeds) != seeds):
             return None, ("Welch: the two levels did not complete the same seeds in every cell "
                           "(failed runs), so the seeds do not pair up")
-    return np.mean([s.a[np.argsort(s.a_seeds, kind="stable")]
-                    - s.b[np.argsort(s.b_seeds, kind="stable")] for s in filled], axis=0), None
+        per_cell.append(s.a[np.argsort(a_seeds, kind="stable")]
+                        - s.b[np.argsort(b_seeds, kind="stable")])
+    return np.mean(per_cell, axis=0), None
 
 
 def mean_interval(strata: Sequence[Stratum], confidence: float) -> Interval:

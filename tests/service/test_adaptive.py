@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -212,7 +213,8 @@ def test_a_variance_look_is_the_inverted_sign_flip_test_at_the_split_level() -> 
     assert look.estimate == pytest.approx(np.var(a, ddof=1) / np.var(b, ddof=1), rel=1e-12)
     assert look.interval is not None
     low, high = look.interval
-    assert low is not None and high is not None and 1 < low < look.estimate < high
+    assert low is not None and high is not None and look.estimate is not None
+    assert 1 < low < look.estimate < high
     assert look.excludes_null
     # The interval is the ratios the test does not reject at alpha / K = 0.01: just inside
     # its ends p > 0.01, just outside p <= 0.01.
@@ -303,7 +305,7 @@ def test_a_mean_look_without_shared_seeds_is_welchs_interval() -> None:
 
 
 def test_a_pooled_comparison_has_one_stratum_per_cell_of_the_other_factors() -> None:
-    grid = {"f": [0, 1], "g": ["x", "y"]}
+    grid: dict[str, list[Any]] = {"f": [0, 1], "g": ["x", "y"]}
     named = rule().comparison
     runs = [({"f": f, "g": g}, seed, float(10 * f + (g == "y") + seed))
             for seed in (0, 1, 2) for f in (0, 1) for g in ("x", "y")]
