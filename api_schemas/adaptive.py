@@ -6,7 +6,13 @@ and adds `step` seeds per condition until that comparison's interval excludes it
 (1 for a variance ratio, 0 for a mean difference) or `max_seeds` is reached. The stopping rule
 is a Bonferroni split of alpha over the planned looks: each look uses a two-sided interval at
 confidence 1 - alpha / K, K = 1 + ceil((max_seeds - min_seeds) / step). By the union bound the
-chance that any look excludes the null value when it holds is at most alpha.
+chance that any look excludes the null value when it holds is at most alpha, provided each
+look's interval keeps its level on the data: the variance look inverts the primary
+randomisation test (service.resampling), which does on heavy-tailed and failed-seed metrics,
+where the F interval does not (service.adaptive).
+
+Its seeds are the rule's: seeds added by hand would be a look the rule did not count, so an
+adaptive experiment refuses them (409), stopped or not.
 """
 
 from __future__ import annotations
@@ -49,8 +55,11 @@ class AdaptiveSpec(BaseModel):
     }]})
 
     comparison: NamedComparison
-    # var_ratio: the exact F interval of var_a / var_b must exclude 1 (normal samples);
-    # mean_diff: Welch's interval of mean_a - mean_b must exclude 0.
+    # var_ratio: the interval of var_a / var_b that inverts the primary variance test (a
+    # sign-flip test on the seeds both levels ran, else a permutation test within cells, of
+    # squared deviations from each cell's median; no normality assumed) must exclude 1;
+    # mean_diff: the paired t interval of mean_a - mean_b (per-seed differences, when both
+    # levels ran the same seeds), else Welch's, must exclude 0.
     target: Literal["var_ratio", "mean_diff"] = "var_ratio"
     min_seeds: int = Field(4, ge=2, le=MAX_SEEDS_PER_CONDITION)
     step: int = Field(2, ge=1, le=MAX_SEEDS_PER_CONDITION)
@@ -87,13 +96,19 @@ class AdaptiveLook(ResponseModel):
     seeds_per_condition: int
     n_a: int
     n_b: int
-    # var_a / var_b or mean_a - mean_b; null when undefined (fewer than 2 values, a zero
-    # variance), and then the look cannot stop the experiment.
+    # var_a / var_b (within-cell variances) or mean_a - mean_b; null when undefined (fewer
+    # than 2 values, a zero variance), and then the look cannot stop the experiment.
     estimate: float | None
-    interval: list[float] | None
+    # At `confidence`; an end the test cannot bound is null (var_ratio: [0, null] when too
+    # few re-assignments exist to exclude any ratio at that confidence).
+    interval: list[float | None] | None
     confidence: float
     excludes_null: bool
-    # The reason the look's interval is null, if it is.
+    # The interval's test: the primary variance test's name (paired sign-flip or stratified
+    # permutation, service.resampling), "paired t" or "Welch t"; null with no interval.
+    test: str | None = None
+    # Why the interval is null or cannot exclude anything, or why seeds that could pair did
+    # not.
     note: str | None = None
 
 
@@ -113,10 +128,12 @@ class AdaptiveState(ResponseModel):
         named = rule.comparison
         where = (f"within {named.within}" if named.within is not None
                  else "pooled over the other factors")
+        interval = ("interval inverting the primary variance test" if rule.target == "var_ratio"
+                    else "paired t (else Welch) interval")
         return cls(
             rule=(f"{rule.target} of {named.factor} {named.a!r} vs {named.b!r} ({where}): "
                   f"seeds {rule.min_seeds} to {rule.max_seeds} per condition in steps of "
-                  f"{rule.step}; stop when the interval excludes {rule.null_value:g}, each of "
+                  f"{rule.step}; stop when the {interval} excludes {rule.null_value:g}, each of "
                   f"the {rule.planned_looks} planned looks at confidence 1 - {rule.alpha:g}/"
                   f"{rule.planned_looks} (Bonferroni)"),
             planned_looks=rule.planned_looks, alpha_per_look=rule.alpha_per_look)

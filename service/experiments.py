@@ -426,16 +426,19 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
               settings: Settings) -> SeedsAdded:
     """More seeds for every condition of an experiment, queued now; their runs join its
     statistics as they complete. An ended experiment runs again; a cancelled one is a
-    Conflict, and so is an adaptive one whose rounds still add seeds."""
+    Conflict, and so is an adaptive one, stopped or not: its rule decides its seeds, and seeds
+    added after its stop would be a look the rule did not count (its alpha would not hold)."""
     experiment = get_experiment(session=session, experiment_id=experiment_id)
     store = RunStore(session)
     store.lock_experiments([experiment_id])
     session.refresh(experiment)
     if experiment.cancel_requested or experiment.status == ExperimentStatus.cancelled:
         raise Conflict(f"experiment {experiment_id} was cancelled: submit a new one")
-    if experiment.deciding:
-        raise Conflict(f"experiment {experiment_id} is adaptive and still adds its own seeds "
-                       "in rounds; add seeds by hand once it has stopped")
+    if experiment.adaptive is not None:
+        raise Conflict(f"experiment {experiment_id} is adaptive: its rule decides its seeds "
+                       "(experiment.adaptive), and seeds added by hand, even after it stopped, "
+                       "would be a look the rule did not count, so its false-stop rate would "
+                       "no longer be its alpha; submit a new experiment for more seeds")
     have = set(session.exec(select(Run.seed).where(Run.experiment_id == experiment_id)
                             .distinct()).all())
     if isinstance(request.seeds, int):

@@ -52,6 +52,11 @@ def _page_lock(experiment_id: int, metric: str, page: str) -> threading.Lock:
         return _computing.setdefault((experiment_id, metric, page), threading.Lock())
 
 
+INTERIM_NOTE = ("an interim look at an adaptive experiment still adding seeds: these p-values "
+                "are not adjusted for its looks; its rule decides at alpha/K per look "
+                "(experiment.adaptive)")
+
+
 def stats_json(
     *, session: Session, experiment: Experiment, metric: str | None, factor: str | None,
     offset: int, limit: int | None, scale: str | None = None,
@@ -88,6 +93,10 @@ def stats_json(
     scale = scale or analysis.scale
     page = (f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
             f"|{scale}")
+    # An adaptive experiment that has not stopped: its page is stored apart, so that once it
+    # stops (its last look adds no completed run) the interim page is not served as final.
+    if experiment.deciding:
+        page += "|interim"
     stored = _stored(session, experiment, metric, page)
     if stored is not None:
         return stored
@@ -144,6 +153,8 @@ def _compute(*, session: Session, experiment: Experiment, metric: str, factor: s
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)
+    interim = bool(experiment.deciding)
+    stats.interim, stats.interim_note = interim, INTERIM_NOTE if interim else None
     stats.computed_at = utcnow()
     payload = stats.model_dump_json()
     try:

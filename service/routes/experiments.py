@@ -123,8 +123,8 @@ def cancel_experiment(experiment_id: ExperimentId, session: SessionDep) -> Exper
              description="More seeds for every condition; their runs join the experiment's "
                          "statistics.",
              responses=errors({404: NO_EXPERIMENT,
-                               409: "The experiment was cancelled, or is adaptive and still "
-                                    "adds its own rounds",
+                               409: "The experiment was cancelled, or is adaptive (its rule "
+                                    "decides its seeds)",
                                413: BODY_TOO_LARGE, 429: QUEUE_FULL}))
 def add_seeds(experiment_id: ExperimentId, request: AddSeeds, session: SessionDep,
               settings: SettingsDep) -> SeedsAdded:

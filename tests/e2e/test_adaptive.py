@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from scipy import stats
 
 from tests.conftest import Service
 from tests.e2e.toy_trainer import ToyTrainer
@@ -65,36 +64,44 @@ def wait_ended(service: Service, experiment_id: int, timeout_s: float = 120.0) -
 def test_an_adaptive_experiment_adds_rounds_until_its_interval_excludes_one(
         service: Service) -> None:
     rule = {"comparison": {"factor": "lr", "a": 0.1, "b": 0.2}, "target": "var_ratio",
-            "min_seeds": 3, "step": 2, "max_seeds": 9, "alpha": 0.05}
+            "min_seeds": 4, "step": 4, "max_seeds": 8, "alpha": 0.05}
     created = service.submit(toy("adaptive", [0.1, 0.2], adaptive=rule))
-    assert created["n_runs"] == 6  # the first round only
+    assert created["n_runs"] == 8  # the first round only
     detail = wait_ended(service, created["id"])
-    assert detail["status"] == "completed" and detail["n_runs"] == 10, detail
+    assert detail["status"] == "completed" and detail["n_runs"] == 16, detail
     state = detail["adaptive"]
-    assert state["planned_looks"] == 4 and state["alpha_per_look"] == pytest.approx(0.0125)
+    assert state["planned_looks"] == 2 and state["alpha_per_look"] == pytest.approx(0.025)
     first, second = state["looks"]
-    # Look 1, 3 seeds a side: 31.6 / F(2, 2) at 0.99375 is 0.2, the interval holds 1.
-    # Look 2, 5 seeds: 31.6 / F(4, 4) at 0.99375 is 1.53 > 1: stop.
-    for look, n in ((first, 3), (second, 5)):
-        upper, lower = stats.f.ppf([1 - 0.00625, 0.00625], n - 1, n - 1)
+    for look, n in ((first, 4), (second, 8)):
         assert (look["n_a"], look["n_b"], look["seeds_per_condition"]) == (n, n, n)
         assert look["estimate"] == pytest.approx(RATIO, rel=1e-6)
-        assert look["interval"] == pytest.approx([RATIO / upper, RATIO / lower], rel=1e-6)
+    # Look 1, 4 seeds: 16 sign flips are too few, so the unpaired test, whose 70 splits
+    # cannot reach 0.025: the interval is [0, inf].
+    assert first["test"].startswith("stratified permutation") and first["interval"] == [0, None]
+    assert "70 re-assignments are too few" in first["note"]
+    # Look 2, 8 shared seeds: the sign-flip test. Each seed's loss at lr 0.1 is RATIO^(1/2)
+    # times its loss at lr 0.2, so every ratio but RATIO is rejected: the interval is a point.
+    assert second["test"].startswith("paired sign-flip") and second["note"] is None
+    assert second["interval"] == pytest.approx([RATIO, RATIO], rel=1e-6)
     assert (first["excludes_null"], second["excludes_null"]) == (False, True)
     assert state["significant"] is True
-    assert state["stop_reason"].startswith("significant at look 2 of 4 (5 seeds per condition)")
+    assert state["stop_reason"].startswith("significant at look 2 of 2 (8 seeds per condition)")
     runs = service.runs(created["id"])
-    assert sorted({r["seed"] for r in runs}) == [0, 1, 2, 3, 4]
-    assert all(r["status"] == "completed" for r in runs) and len(runs) == 10
+    assert sorted({r["seed"] for r in runs}) == list(range(8))
+    assert all(r["status"] == "completed" for r in runs) and len(runs) == 16
     shown = cli(service, "status", str(created["id"]))
-    assert "look 1: 3 seeds" in shown and "look 2: 5 seeds" in shown
-    assert "significant at look 2 of 4" in shown
-    # The rounds join the statistics like any run.
-    conditions = service.client.get(f"/experiments/{created['id']}/stats").json()["conditions"]
-    assert [c["n"] for c in conditions] == [5, 5]
-    # While it added its own rounds, seeds by hand were refused; now that it stopped, they join.
+    assert "look 1: 4 seeds" in shown and "look 2: 8 seeds" in shown
+    assert "significant at look 2 of 2" in shown
+    # The rounds join the statistics like any run; the rule has decided, so they are final.
+    served = service.client.get(f"/experiments/{created['id']}/stats").json()
+    assert [c["n"] for c in served["conditions"]] == [8, 8]
+    assert served["interim"] is False and served["interim_note"] is None
+    # Seeds by hand after the stop would be a look the rule did not count: refused.
     added = service.client.post(f"/experiments/{created['id']}/seeds", json={"seeds": 1})
-    assert added.status_code == 201, added.text
+    assert added.status_code == 409, added.text
+    assert "is adaptive: its rule decides its seeds" in added.json()["detail"]
+    assert "submit a new experiment" in added.json()["detail"]
+    assert len(service.runs(created["id"])) == 16
 
 
 def test_an_adaptive_experiment_without_a_difference_stops_at_max_seeds(
@@ -106,6 +113,8 @@ def test_an_adaptive_experiment_without_a_difference_stops_at_max_seeds(
     state = detail["adaptive"]
     assert detail["status"] == "completed" and detail["n_runs"] == 8
     assert [look["excludes_null"] for look in state["looks"]] == [False, False]
+    # 2 and 4 seeds a side: too few re-assignments to exclude any ratio at 0.025
+    assert [look["interval"] for look in state["looks"]] == [[0, None], [0, None]]
     assert state["significant"] is False
     assert state["stop_reason"] == ("max_seeds reached (4 per condition) at look 2 without the "
                                     "interval excluding 1")

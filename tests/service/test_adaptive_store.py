@@ -1,0 +1,116 @@
+"""An adaptive experiment through the store, without Ray: its looks read each completed run's
+seed (so shared seeds make a paired test), its /stats are marked interim until it stops (and
+the interim page is not served after), and seeds by hand are refused, before and after its
+stop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session
+
+from api_schemas import AddSeeds, ExperimentSpec, RunStatus
+from service.adaptive import decide_due
+from service.db import Experiment, make_engine, upgrade_database
+from service.experiments import Conflict, add_seeds, create_experiment
+from service.resampling import PAIRED_TEST, UNPAIRED_TEST
+from service.run_store import AttemptKey, FinishedAttempt, RunStore
+from service.settings import Settings
+from service.stats_store import INTERIM_NOTE, stats_json
+
+SETTINGS = Settings(database_url="sqlite://")
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[Session]:
+    url = f"sqlite:///{tmp_path / 'adaptive.db'}"
+    upgrade_database(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        yield session
+    engine.dispose()
+
+
+def complete_queued(session: Session) -> int:
+    """Every queued run completes; seed s gives min_l2 = s + 1 without stop_gradient and 10
+    times that with it (the same seed's streams in both: a variance ratio of 1/100)."""
+    store = RunStore(session)
+    claimed = store.claim(1000)
+    store.finish([FinishedAttempt(
+        key=AttemptKey(run_id=run.id, experiment_id=run.experiment_id, attempt=run.attempt),
+        status=RunStatus.completed,
+        metrics={"min_l2": (run.seed + 1) * (10.0 if run.condition["stop_gradient"] else 1.0)},
+        diagnostics={}, warnings=[], provenance={}, error=None) for run in claimed])
+    store.commit()
+    return len(claimed)
+
+
+def served(session: Session, experiment_id: int) -> dict:
+    session.expire_all()
+    experiment = session.get(Experiment, experiment_id)
+    assert experiment is not None
+    return json.loads(stats_json(session=session, experiment=experiment, metric=None,
+                                 factor=None, offset=0, limit=None))
+
+
+def test_an_adaptive_experiment_pairs_its_seeds_marks_interim_stats_and_refuses_seeds(
+        session: Session) -> None:
+    spec = ExperimentSpec.model_validate({
+        "name": "adaptive", "trainer": "collapse", "config": {"steps": 5},
+        "grid": {"stop_gradient": [False, True]},
+        "adaptive": {"comparison": {"factor": "stop_gradient", "a": False, "b": True},
+                     "min_seeds": 4, "step": 4, "max_seeds": 8}})
+    experiment_id = create_experiment(session=session, spec=spec, settings=SETTINGS).id
+    assert experiment_id is not None
+    assert complete_queued(session) == 8
+
+    interim = served(session, experiment_id)
+    assert interim["interim"] is True and interim["interim_note"] == INTERIM_NOTE
+    with pytest.raises(Conflict, match="is adaptive: its rule decides its seeds"):
+        add_seeds(session=session, experiment_id=experiment_id, request=AddSeeds(seeds=1),
+                  settings=SETTINGS)
+
+    # Look 1, 4 seeds: 16 sign flips are too few, so the unpaired test, whose 70 splits
+    # cannot reach 0.05 / 2 looks: the interval is [0, inf] and round 2 is queued.
+    assert decide_due(session) == 1
+    assert complete_queued(session) == 8
+    # Look 2, 8 shared seeds: the sign-flip test; every seed's values are 10 times apart, so
+    # the only ratio it does not reject is 1/100.
+    assert decide_due(session) == 1
+    session.expire_all()
+    experiment = session.get(Experiment, experiment_id)
+    assert experiment is not None and experiment.adaptive is not None
+    first, second = experiment.adaptive["looks"]
+    assert (first["test"], first["interval"], first["excludes_null"]) == (
+        UNPAIRED_TEST, [0.0, None], False)
+    assert "70 re-assignments are too few" in first["note"]
+    assert second["test"] == PAIRED_TEST and second["note"] is None
+    assert second["interval"] == pytest.approx([0.01, 0.01], rel=1e-9)
+    assert second["estimate"] == pytest.approx(0.01, rel=1e-12)
+    assert experiment.adaptive["significant"] is True and not experiment.deciding
+
+    # Stopped with no run completed since the interim page: that page is not served again.
+    final = served(session, experiment_id)
+    assert final["n_completed"] == 16 and interim["n_completed"] == 8
+    assert final["interim"] is False and final["interim_note"] is None
+    with pytest.raises(Conflict, match="even after it stopped.*submit a new experiment"):
+        add_seeds(session=session, experiment_id=experiment_id, request=AddSeeds(seeds=1),
+                  settings=SETTINGS)
+
+
+def test_the_interim_page_of_a_stopped_experiment_is_computed_again(session: Session) -> None:
+    spec = ExperimentSpec.model_validate({
+        "name": "adaptive", "trainer": "collapse", "config": {"steps": 5},
+        "grid": {"stop_gradient": [False, True]},
+        "adaptive": {"comparison": {"factor": "stop_gradient", "a": False, "b": True},
+                     "min_seeds": 2, "max_seeds": 2}})
+    experiment_id = create_experiment(session=session, spec=spec, settings=SETTINGS).id
+    assert experiment_id is not None
+    complete_queued(session)
+    assert served(session, experiment_id)["interim"] is True
+    assert decide_due(session) == 1  # the only look: max_seeds reached, no run added
+    after = served(session, experiment_id)
+    assert after["n_completed"] == 4 and after["interim"] is False
