@@ -639,6 +639,8 @@ class Comparison(ResponseModel):
     mean_p_holm_factor: float | None = None
     mean_p_holm_all: float | None = None
     mean_diff_ci95: list[float | None] | None = None
+    # Why mean_p is null when the seeds are paired: every seed's difference is the same.
+    mean_p_null_reason: str | None = None
     # Welch's unpaired t-test, whatever the pairing; null with welch_p_null_reason when both
     # levels have zero variance.
     welch_p: float | None

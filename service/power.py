@@ -58,8 +58,6 @@ from scipy import optimize, special
 from api_schemas import SeedPlan
 from service.resampling import (
     MIN_DISTINCT_ASSIGNMENTS,
-    MIN_FLIPS_WITHOUT_CORRELATION,
-    MIN_PAIRING_CORRELATION,
     PAIRED_TEST,
     UNPAIRED_TEST,
     Stratum,
@@ -334,13 +332,9 @@ def approximate_primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool 
 
 def prepare_is_paired(n_a: int, n_b: int, paired: bool, correlation: float = 0.0) -> bool:
     """Whether service.resampling runs the paired test on n_a and n_b seeds (shared when
-    `paired`) that correlate `correlation`: the same seeds on both sides, enough of them to
-    sign-flip, and below 10 pairs a correlation of 0.5 or more (its pairing rule, which reads
-    the sample correlation; planning takes the one it is given)."""
-    flips = 2**n_a
-    return (paired and n_a == n_b and flips >= MIN_DISTINCT_ASSIGNMENTS
-            and (flips >= MIN_FLIPS_WITHOUT_CORRELATION
-                 or correlation >= MIN_PAIRING_CORRELATION))
+    `paired`): the same seeds on both sides, enough of them to sign-flip (its pairing rule;
+    the correlation does not decide it)."""
+    return paired and n_a == n_b and 2**n_a >= MIN_DISTINCT_ASSIGNMENTS
 
 
 def primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool = False,
@@ -460,8 +454,7 @@ def _method(seeds: int, *, paired: bool, correlation: float) -> str:
     paired_test = prepare_is_paired(seeds, seeds, paired, correlation)
     test = PAIRED_TEST if paired_test else UNPAIRED_TEST
     if paired and not paired_test:
-        test += (" (too few shared seeds to sign-flip, or below 10 correlating less than "
-                 f"{MIN_PAIRING_CORRELATION:g})")
+        test += " (too few shared seeds to sign-flip)"
     model = (f"normal seeds whose values correlate {correlation:g} between the levels"
              if correlation else "normal seeds")
     source = ("a normal approximation above 40 seeds per level" if seeds > MAX_SIMULATED_SEEDS
