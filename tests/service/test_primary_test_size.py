@@ -126,6 +126,38 @@ def test_the_primary_test_keeps_its_size_where_the_f_test_does_not() -> None:
     assert table[("15% failed seeds", 10)][1] > 0.15
 
 
+def coverage(kind: str, n: int, rng: np.random.Generator, reps: int,
+             ratio: float = 4.0) -> tuple[float, float]:
+    """How often primary_ci95 and var_ratio_ci95_f hold the true var_a / var_b = `ratio`, a's
+    seeds drawn as b's and scaled by sqrt(ratio)."""
+    draw = DISTRIBUTIONS[kind]
+    scopes = [Scope((Stratum(np.sqrt(ratio) * draw(rng, n), draw(rng, n)),), pooled=False)
+              for _ in range(reps)]
+    results = variance.analyse(scopes)
+
+    def holds(interval: list[float | None] | None) -> bool:
+        if interval is None:
+            return False
+        low, high = interval
+        return low is not None and low <= ratio and (high is None or ratio <= high)
+
+    return (float(np.mean([holds(r.get("primary_ci95")) for r in results])),
+            float(np.mean([holds(r.get("var_ratio_ci95_f")) for r in results])))
+
+
+def test_the_primary_interval_holds_a_ratio_of_4_where_the_f_interval_does_not() -> None:
+    rng = np.random.default_rng(4)
+    table = {(kind, n): coverage(kind, n, rng, 600) for kind in DISTRIBUTIONS for n in (5, 10)}
+    print()
+    for (kind, n), (primary, f_interval) in table.items():
+        print(f"coverage at ratio 4 {kind:20s} n={n:2d}: primary {primary:.3f}  "
+              f"F {f_interval:.3f}")
+    for (kind, n), (primary, _) in table.items():
+        assert primary >= 0.92, (kind, n, primary)
+    assert table[("lognormal sigma=1", 10)][1] < 0.8  # the F interval's, on heavy tails
+    assert table[("normal", 10)][1] >= 0.92
+
+
 def test_the_primary_test_has_power_at_the_ratios_people_care_about() -> None:
     rng = np.random.default_rng(59)
     primary, f_test = power_at(5.9, 12, 600, rng)
@@ -139,6 +171,11 @@ def test_the_primary_test_has_power_at_the_ratios_people_care_about() -> None:
 
 
 if __name__ == "__main__":
+    generator = np.random.default_rng(4)
+    for n in (3, 5, 10):
+        for kind in DISTRIBUTIONS:
+            primary, f_interval = coverage(kind, n, generator, 2000)
+            print(f"| coverage | {kind} | {n} | {primary:.3f} | {f_interval:.3f} |")
     for n in (3, 5, 10):
         for (kind, _), (primary, f_test) in size_table(2000, (n,)).items():
             print(f"| {kind} | {n} | {primary:.3f} | {f_test:.3f} |")
