@@ -1229,8 +1229,14 @@ def plan(
         help="variance ratio var_a / var_b to detect: prints the seeds per level")] = None,
     seeds: Annotated[int | None, typer.Option(
         help="seeds per level: prints the smallest ratio they detect")] = None,
-    alpha: Annotated[float, typer.Option(help="level of the two-sided F-test")] = 0.05,
+    alpha: Annotated[float, typer.Option(help="level of the two-sided primary test")] = 0.05,
     power: Annotated[float, typer.Option(help="probability of detecting it")] = 0.8,
+    paired: Annotated[bool, typer.Option(
+        "--paired/--unpaired",
+        help="the levels run the same seeds (seedgrid's default) or independent ones")] = True,
+    correlation: Annotated[float, typer.Option(
+        help="how much the two levels' results correlate seed by seed, in [0, 0.99] "
+             "(paired only)")] = 0.0,
 ) -> None:
     """How many seeds a variance comparison needs (no service needed; GET /planning/seeds
     answers the same)."""
@@ -1246,7 +1252,12 @@ def plan(
     if not (0 < alpha < power < 1):
         raise _fail(f"--alpha and --power must satisfy 0 < alpha < power < 1, got {alpha} and "
                     f"{power}")
-    answer = seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power)
+    if not 0 <= correlation <= 0.99:
+        raise _fail(f"--correlation must be in [0, 0.99], got {correlation}")
+    if correlation > 0 and not paired:
+        raise _fail("--correlation is for paired seeds: drop it or use --paired")
+    answer = seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power, paired=paired,
+                       correlation=correlation)
     if ratio is not None:
         result = (f"{answer.seeds_per_level} seeds per level" if answer.seeds_per_level
                   else answer.note)
@@ -1257,6 +1268,11 @@ def plan(
                   else answer.note)
         console.print(f"{seeds} seeds per level detect, with power {power:g} at alpha "
                       f"{alpha:g}, a variance ratio of {result}", markup=False, soft_wrap=True)
+    if answer.f_test_seeds_per_level is not None or answer.f_test_ratio is not None:
+        promised = (f"{answer.f_test_seeds_per_level} seeds per level" if ratio is not None
+                    else f"a ratio of {answer.f_test_ratio:.3g}")
+        console.print(f"(the F-test, if the seeds were normal, would promise {promised})",
+                      markup=False, soft_wrap=True)
     console.print(f"({answer.method})", markup=False, soft_wrap=True)
 
 

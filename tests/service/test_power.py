@@ -157,9 +157,19 @@ def test_the_plan_command_prints_the_answer_without_a_service() -> None:
     # The command plans for the primary test on shared seeds, as GET /planning/seeds does.
     assert f"{primary_seeds_needed(8.0, paired=True)} seeds per level" in done.stdout
     assert "paired sign-flip test" in done.stdout
+    assert f"would promise {seeds_needed(8.0)} seeds per level" in done.stdout  # the F-test
     refused = subprocess.run([sys.executable, "-m", "service.cli", "plan"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "exactly one of --ratio" in refused.stderr
+    correlated = subprocess.run([sys.executable, "-m", "service.cli", "plan", "--ratio", "5.9",
+                                 "--correlation", "0.9"], capture_output=True, text=True,
+                                timeout=60)
+    want = primary_seeds_needed(5.9, paired=True, correlation=0.9)
+    assert f"{want} seeds per level" in correlated.stdout and "correlate 0.9" in correlated.stdout
+    independent = subprocess.run([sys.executable, "-m", "service.cli", "plan", "--ratio", "5.9",
+                                  "--unpaired", "--correlation", "0.5"],
+                                 capture_output=True, text=True, timeout=60)
+    assert independent.returncode == 2 and "--correlation is for paired" in independent.stderr
 
 
 def test_a_factor_with_more_than_two_levels_gets_an_omnibus_brown_forsythe_test() -> None:
