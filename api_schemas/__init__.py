@@ -620,7 +620,7 @@ class Comparison(ResponseModel):
     seed_correlation: float | None = None
     pairing_note: str | None = None
     # Secondary tests on the same within-cell residuals. The F-test assumes normal values (it
-    # rejects 2-8 times too often on lognormal or failed-seed data); Brown-Forsythe (one-way
+    # rejects 6-10 times too often on lognormal or failed-seed data); Brown-Forsythe (one-way
     # ANOVA of the absolute deviations from each cell's median) has little power below 5
     # seeds per level.
     f_test_p: float | None

@@ -288,7 +288,7 @@ def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> li
     f_p, primary_p = result.get("f_test_p"), result.get("primary_p")
     if f_p is not None and primary_p is not None and (f_p < 0.05) != (primary_p < 0.05):
         out.append(f"f_test_p {f_p:.2g} and primary_p {primary_p:.2g} disagree at 0.05: the "
-                   "F-test assumes normal seeds and rejects 2-8 times too often on lognormal "
+                   "F-test assumes normal seeds and rejects 6-10 times too often on lognormal "
                    "or failed-seed metrics (docs/api.md); primary_p keeps its level there")
     for name in ("primary_ci95", "var_ratio_ci95_f"):
         interval = result.get(name)
