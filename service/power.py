@@ -234,8 +234,8 @@ def null_intervals(n_a: int, n_b: int, paired: bool, correlation: float,
     if not math.isfinite(high_rank):  # too few re-assignments: no ratio is ever excluded
         return NullIntervals(paired_test=paired_test, lows=np.zeros(len(a)),
                              highs=np.full(len(a), math.inf))
-    if paired_test:  # as service.resampling: pair i's a value at column 2i, b's at 2i + 1
-        u, v = d_a @ matrix[:, 0::2].T, d_b @ matrix[:, 1::2].T
+    if paired_test:  # as service.resampling: a column per pair, 1 where it swaps
+        u, v = total_a[:, None] - d_a @ matrix.T, d_b @ matrix.T
     else:
         kept = d_a.shape[1]
         u, v = d_a @ matrix[:, :kept].T, d_b @ matrix[:, kept:].T

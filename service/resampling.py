@@ -81,14 +81,16 @@ class Stratum:
 
 @dataclass
 class Prepared:
-    """One comparison made ready for the test. Its values are laid out in positions: first
-    each paired seed's two deviations (a's, then b's), then per stratum the values that are not
-    paired, a's then b's. `own` holds a's deviations at their positions (0 elsewhere), `other`
-    b's; `layout` is (pairs, n_a, n_b, n_a, n_b, ...), the pairs then each stratum's unpaired
+    """One comparison made ready for the test: the paired seeds' deviations (`pair_a`,
+    `pair_b`, one entry per seed), then per stratum a block of the values that are not paired,
+    laid out a's then b's (`own` holds a's deviations at their positions and 0 at b's, `other`
+    the reverse). `layout` is (pairs, n_a, n_b, n_a, n_b, ...): the pairs, then each block's
     counts."""
 
     paired: bool  # some seeds are paired (and swapped as pairs)
     layout: tuple[int, ...]
+    pair_a: np.ndarray
+    pair_b: np.ndarray
     own: np.ndarray
     other: np.ndarray
     pairs: int  # seeds paired
@@ -127,8 +129,9 @@ def _split(s: Stratum) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     where_b = {seed: i for i, seed in enumerate(s.b_seeds)}
     pa = np.array([where_a[seed] for seed in shared], dtype=np.int64)
     pb = np.array([where_b[seed] for seed in shared], dtype=np.int64)
-    ua = np.setdiff1d(np.arange(len(s.a)), pa)
-    ub = np.setdiff1d(np.arange(len(s.b)), pb)
+    paired_a, paired_b = set(pa.tolist()), set(pb.tolist())
+    ua = np.array([i for i in range(len(s.a)) if i not in paired_a], dtype=np.int64)
+    ub = np.array([i for i in range(len(s.b)) if i not in paired_b], dtype=np.int64)
     return pa, pb, ua, ub
 
 
@@ -200,17 +203,17 @@ def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepare
             blocks.append((d_a[ua], d_b[ub]))
     da = np.concatenate(pair_a) if pair_a else np.empty(0)
     db = np.concatenate(pair_b) if pair_b else np.empty(0)
-    own = [np.column_stack([da, np.zeros(len(da))]).ravel()]
-    other = [np.column_stack([np.zeros(len(db)), db]).ravel()]
+    own, other = [np.empty(0)], [np.empty(0)]
     for block_a, block_b in blocks:
         own.append(np.r_[block_a, np.zeros(len(block_b))])
         other.append(np.r_[np.zeros(len(block_a)), block_b])
     own_all, other_all = np.concatenate(own), np.concatenate(other)
-    if not (own_all.sum() > 0 and other_all.sum() > 0):
+    if not (da.sum() + own_all.sum() > 0 and db.sum() + other_all.sum() > 0):
         return None
     correlation = None if matched is None else seed_correlation(usable, matched)
     layout = (len(da), *(n for block_a, block_b in blocks for n in (len(block_a), len(block_b))))
-    return Prepared(paired=matched is not None, layout=layout, own=own_all, other=other_all,
+    return Prepared(paired=matched is not None, layout=layout, pair_a=da, pair_b=db,
+                    own=own_all, other=other_all,
                     pairs=len(da), correlation=correlation, note=note)
 
 
@@ -228,10 +231,10 @@ _cache_lock = threading.Lock()
 
 def assignments(layout: tuple[int, ...],
                 resamples: int = N_RESAMPLES) -> tuple[np.ndarray, bool]:
-    """The re-assignments other than the observed one, as a 0/1 float64 matrix over the
-    layout's positions (Prepared), one row each, 1 where a value lands on a's side: each pair
-    keeps its order or swaps, each block's values are split anew. And whether they are all of
-    them (enumerated) rather than `resamples` random ones."""
+    """The re-assignments other than the observed one, as a 0/1 float64 matrix, one row each:
+    a column per pair, 1 where its two values swap sides; then a column per position of each
+    block (Prepared), 1 where that value lands on a's side. And whether they are all of them
+    (enumerated) rather than `resamples` random ones."""
     key = (layout, resamples)
     with _cache_lock:
         if key in _cache:
@@ -276,9 +279,7 @@ def _make_assignments(layout: tuple[int, ...], resamples: int) -> tuple[np.ndarr
             flips[observed] = again
             for choice, redrawn in zip(choices, more, strict=True):
                 choice[observed] = redrawn
-    # a pair's a value lands on a's side unless swapped; its b value when swapped
-    pair_columns = np.stack([1 - flips, flips], axis=2).reshape(len(flips), 2 * pairs)
-    return np.concatenate([pair_columns, *choices], axis=1), exact
+    return np.concatenate([flips, *choices], axis=1), exact
 
 
 def _draw(pairs: int, sizes: Sequence[tuple[int, int]], rows: int,
@@ -305,23 +306,31 @@ def _is_observed(flips: np.ndarray, choices: Sequence[np.ndarray],
     return same
 
 
-def _columns(prep: Prepared) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """a's and b's deviations at their positions, scaled to mean 1, and each side's total."""
-    values = prep.own + prep.other
-    scale = values.sum() / np.count_nonzero(values) if values.any() else 1.0
-    own, other = prep.own / scale, prep.other / scale
-    return own, other, float(own.sum()), float(other.sum())
+def _columns(prep: Prepared) -> tuple[np.ndarray, np.ndarray, float, float, float]:
+    """The two vectors whose products with the matrix give U less a's paired deviations and V
+    (a pair's a value leaves a's side when it swaps, its b value arrives), scaled to mean 1;
+    each side's total A and B; and a's paired deviations."""
+    pairs = prep.layout[0]
+    count = 2 * pairs + len(prep.own)
+    total = prep.pair_a.sum() + prep.pair_b.sum() + prep.own.sum() + prep.other.sum()
+    scale = total / count if total > 0 else 1.0
+    leaves = np.r_[-prep.pair_a, prep.own] / scale
+    arrives = np.r_[prep.pair_b, prep.other] / scale
+    total_a = float(prep.pair_a.sum() + prep.own.sum()) / scale
+    total_b = float(prep.pair_b.sum() + prep.other.sum()) / scale
+    return leaves, arrives, total_a, total_b, float(prep.pair_a.sum()) / scale
 
 
 def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> np.ndarray:
     """s_j per row of `matrix` (rows) for each comparison of one layout (columns), unsorted
     (module docstring): T*_j(s) >= T(s) exactly when s >= s_j (0: always; inf: never)."""
     columns = [_columns(p) for p in preps]
-    products = matrix @ np.stack([c for first, second, _, _ in columns
-                                  for c in (first, second)], axis=1)
+    products = matrix @ np.stack([c for column in columns for c in column[:2]], axis=1)
     total_a = np.array([c[2] for c in columns])
     total_b = np.array([c[3] for c in columns])
-    return _roots(products[:, 0::2], products[:, 1::2], total_a, total_b)
+    paired_a = np.array([c[4] for c in columns])
+    # U: a's deviations left on a's side, its paired ones less those swapped away
+    return _roots(paired_a + products[:, 0::2], products[:, 1::2], total_a, total_b)
 
 
 def _roots(u: np.ndarray, v: np.ndarray, total_a: np.ndarray,
