@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from service.lru import LruCache
 
 N_RESAMPLES = 9999
 RESAMPLING_SEED = 0
@@ -225,8 +226,8 @@ def distinct_assignments(layout: tuple[int, ...]) -> int:
 # Re-assignment matrices kept in memory, least recently used dropped past this many bytes: one
 # experiment's comparisons share a few layouts, and a poll reuses them.
 MAX_CACHED_BYTES = 256 * 2**20
-_cache: OrderedDict[tuple[tuple[int, ...], int], tuple[np.ndarray, bool]] = OrderedDict()
-_cache_lock = threading.Lock()
+_matrices: LruCache[tuple[np.ndarray, bool]] = LruCache(
+    max_items=1024, max_bytes=MAX_CACHED_BYTES, size=lambda made: made[0].nbytes)
 
 
 def assignments(layout: tuple[int, ...],
@@ -236,15 +237,10 @@ def assignments(layout: tuple[int, ...],
     block (Prepared), 1 where that value lands on a's side. And whether they are all of them
     (enumerated) rather than `resamples` random ones."""
     key = (layout, resamples)
-    with _cache_lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
-    made = _make_assignments(layout, resamples)
-    with _cache_lock:
-        _cache[key] = made
-        while len(_cache) > 1 and sum(m.nbytes for m, _ in _cache.values()) > MAX_CACHED_BYTES:
-            _cache.popitem(last=False)
+    made = _matrices.get(key)
+    if made is None:
+        made = _make_assignments(layout, resamples)
+        _matrices.put(key, made)
     return made
 
 

@@ -29,8 +29,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +37,7 @@ import numpy as np
 from scipy import special
 
 from service import resampling
+from service.lru import LruCache
 from service.power import f_ratio_interval, primary_detectable_ratio, primary_seeds_needed
 from service.resampling import Prepared, Stratum
 
@@ -56,8 +55,7 @@ MEAN_FOLD_WARNING = 10.0
 # Comparison results kept in memory, keyed by their data.
 RESULT_CACHE_SIZE = 100_000
 
-_results: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
-_results_lock = threading.Lock()
+_results: LruCache[dict[str, Any]] = LruCache(max_items=RESULT_CACHE_SIZE)
 
 
 @dataclass(frozen=True)
@@ -97,13 +95,11 @@ def _interval(values: Sequence[float | None]) -> list[float | None]:
 def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[str, Any]]:
     """The fields of api_schemas.Comparison (but factor, levels and Holm) for each scope; the
     primary tests of all scopes not cached run as one batch."""
-    out: list[dict[str, Any] | None] = [None] * len(scopes)
     keys = [scope.digest(target_ratio) for scope in scopes]
-    with _results_lock:
-        for i, key in enumerate(keys):
-            if key in _results:
-                _results.move_to_end(key)
-                out[i] = dict(_results[key])
+    out: list[dict[str, Any] | None] = []
+    for key in keys:
+        cached = _results.get(key)
+        out.append(None if cached is None else dict(cached))
     todo = [i for i, r in enumerate(out) if r is None]
     usable = {i: resampling.usable_strata(scopes[i].strata) for i in todo}
     pairings = {i: resampling.pairing(usable[i]) for i in todo}
@@ -114,11 +110,8 @@ def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[
     for i in todo:
         out[i] = _fields(scopes[i], usable[i], pairings[i], preps[i], results.get(i),
                          target_ratio)
-    with _results_lock:
-        for i in todo:
-            _results[keys[i]] = dict(out[i])  # type: ignore[arg-type]
-        while len(_results) > RESULT_CACHE_SIZE:
-            _results.popitem(last=False)
+    for i in todo:
+        _results.put(keys[i], dict(out[i]))  # type: ignore[arg-type]
     return [r for r in out if r is not None]
 
 
@@ -328,7 +321,7 @@ MAX_OMNIBUS_ENTRIES = 40_000_000  # resamples x values x levels
 
 
 OmnibusResult = tuple[float | None, float | None, str | None, str | None]
-_omnibus_results: OrderedDict[bytes, OmnibusResult] = OrderedDict()
+_omnibus_results: LruCache[OmnibusResult] = LruCache(max_items=RESULT_CACHE_SIZE // 100)
 
 
 def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]],
@@ -340,15 +333,10 @@ def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] 
             h.update(np.asarray(values, dtype=np.float64).tobytes())
             h.update(repr(seeds).encode() + b"|")
     key = h.digest()
-    with _results_lock:
-        if key in _omnibus_results:
-            _omnibus_results.move_to_end(key)
-            return _omnibus_results[key]
-    result = _omnibus(cells_by_combo, levels)
-    with _results_lock:
-        _omnibus_results[key] = result
-        while len(_omnibus_results) > RESULT_CACHE_SIZE // 100:
-            _omnibus_results.popitem(last=False)
+    result = _omnibus_results.get(key)
+    if result is None:
+        result = _omnibus(cells_by_combo, levels)
+        _omnibus_results.put(key, result)
     return result
 
 

@@ -6,15 +6,13 @@ stop."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlmodel import Session
 
 from api_schemas import AddSeeds, ExperimentSpec, RunStatus
 from service.adaptive import decide_due
-from service.db import Experiment, make_engine, upgrade_database
+from service.db import Experiment
 from service.experiments import Conflict, add_seeds, create_experiment
 from service.resampling import PAIRED_TEST, UNPAIRED_TEST
 from service.run_store import AttemptKey, FinishedAttempt, RunStore
@@ -23,15 +21,6 @@ from service.stats_store import INTERIM_NOTE, stats_json
 
 SETTINGS = Settings(database_url="sqlite://")
 
-
-@pytest.fixture
-def session(tmp_path: Path) -> Iterator[Session]:
-    url = f"sqlite:///{tmp_path / 'adaptive.db'}"
-    upgrade_database(url)
-    engine = make_engine(url)
-    with Session(engine) as session:
-        yield session
-    engine.dispose()
 
 
 def complete_queued(session: Session) -> int:

@@ -37,15 +37,6 @@ from service.settings import Settings
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 
 
-@pytest.fixture
-def session(tmp_path: Path) -> Iterator[Session]:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade_database(url)
-    engine = make_engine(url)
-    with Session(engine) as session:
-        yield session
-    engine.dispose()
-
 
 def new_experiment(session: Session, seeds: int, max_retries: int = 1, **spec: object) -> int:
     spec = ExperimentSpec.model_validate({"name": "store", "trainer": "collapse",

@@ -1,0 +1,54 @@
+"""A small thread-safe least-recently-used cache, bounded by entries or by bytes: the
+statistics keep their re-assignment matrices and computed comparisons in one."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class LruCache(Generic[V]):
+    """At most `max_items` entries, and (with `size`) at most `max_bytes` of them by that
+    measure; the least recently used go first (the newest always stays)."""
+
+    def __init__(self, max_items: int, max_bytes: int | None = None,
+                 size: Callable[[V], int] | None = None) -> None:
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.size = size
+        self._entries: OrderedDict[Hashable, V] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> V | None:
+        with self._lock:
+            if key not in self._entries:
+                return None
+            self._entries.move_to_end(key)
+            return self._entries[key]
+
+    def put(self, key: Hashable, value: V) -> None:
+        with self._lock:
+            if key in self._entries:
+                self._bytes -= self._measure(self._entries.pop(key))
+            self._entries[key] = value
+            self._bytes += self._measure(value)
+            while len(self._entries) > 1 and (
+                    len(self._entries) > self.max_items
+                    or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+                self._bytes -= self._measure(self._entries.popitem(last=False)[1])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _measure(self, value: V) -> int:
+        return self.size(value) if self.size is not None else 0

@@ -1,0 +1,22 @@
+"""Fixtures of the service tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session
+
+from service.db import make_engine, upgrade_database
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[Session]:
+    """A session on a fresh SQLite file at the schema's head revision."""
+    url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    upgrade_database(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        yield session
+    engine.dispose()
