@@ -50,6 +50,8 @@ MAX_RATIO_INTERVAL_DECADES = 3.0
 # The marginal ratio is worth a warning when it is this many times the within-cell one (or
 # less than its inverse): the cells' means differ enough to inflate it.
 MARGINAL_INFLATION_WARNING = 2.0
+# Pooled cells whose variances span more decades than this: the largest cells decide.
+MAX_CELL_SPREAD_DECADES = 3.0
 # Two levels whose means differ this many times over: their raw variances mostly say so.
 MEAN_FOLD_WARNING = 10.0
 # Comparison results kept in memory, keyed by their data.
@@ -302,6 +304,15 @@ def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> li
                        f"within-cell var_ratio {within:.3g}: the cells' means differ (another "
                        "factor's effect or an interaction), which the marginal ratio counts as "
                        "seed variance; var_ratio and the tests are within cells")
+    spreads = [float(np.var(c, ddof=1)) for s in resampling.usable_strata(scope.strata)
+               for c in (s.a, s.b)]
+    positive = [v for v in spreads if v > 0]
+    if len(scope.strata) > 1 and len(positive) > 1:
+        decades = math.log10(max(positive) / min(positive))
+        if decades > MAX_CELL_SPREAD_DECADES:
+            out.append(f"the pooled cells' variances span {decades:.0f} orders of magnitude: "
+                       "the cells with the largest decide var_ratio and the primary test; read "
+                       "the comparisons within cells, or ?scale=log for relative spreads")
     a_all, b_all = scope.side("a"), scope.side("b")
     if len(a_all) and len(b_all) and min(a_all.min(), b_all.min()) > 0:
         fold = a_all.mean() / b_all.mean()

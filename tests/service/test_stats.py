@@ -320,3 +320,22 @@ def test_the_omnibus_primary_test_agrees_with_scipys_permutation_test(paired: bo
     assert omnibus.primary_p == pytest.approx(want, abs=0.03)
     by_hand = scipy_stats.levene(*values.values(), center="median").pvalue
     assert omnibus.brown_forsythe_p == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_pooling_cells_whose_variances_differ_by_orders_of_magnitude_is_warned_about() -> None:
+    rng = np.random.default_rng(12)
+    grid = {"sg": [False, True], "r": [0.0, 0.1]}
+    scale = {0.0: 1.0, 0.1: 1e-7}  # like collapse's min_l2: r shrinks it by 7 decades
+    runs = [({"sg": sg, "r": r}, f"r={r},sg={sg}", float(v)) for sg in grid["sg"]
+            for r in grid["r"] for v in rng.lognormal(0, 0.3, 6) * scale[r]]
+    stats = experiment_stats(metric="m", grid=grid, runs=runs)
+    pooled = next(c for c in stats.comparisons if c.factor == "sg" and c.within is None)
+    variances = [np.var([v for c, _, v in runs if c == {"sg": sg, "r": r}], ddof=1)
+                 for sg in grid["sg"] for r in grid["r"]]
+    decades = math.log10(max(variances) / min(variances))  # about 14
+    assert decades > 12
+    assert any(f"span {decades:.0f} orders of magnitude" in w for w in pooled.warnings)
+    within = next(c for c in stats.comparisons if c.factor == "sg" and c.within is not None)
+    assert not any("cells' variances span" in w for w in within.warnings)
+    logged = experiment_stats(metric="m", grid=grid, runs=runs, scale="log").comparisons
+    assert not any("cells' variances span" in w for c in logged for w in c.warnings)
