@@ -175,10 +175,10 @@ def seed_stratum(a: np.ndarray, b: np.ndarray, *, paired: bool) -> Stratum:
 
 
 def _deviations(x: np.ndarray, drop_zero: bool) -> np.ndarray:
-    """Each row's squared deviations from its median, as service.resampling takes them (the
-    structural zero of an odd row left out for the unpaired test)."""
+    """Each row's squared deviations from its median, as service.resampling takes them (for
+    the unpaired test, its structural zero or tie left out: resampling.drop_structural_zero)."""
     d = (x - np.median(x, axis=1, keepdims=True)) ** 2
-    if not drop_zero or d.shape[1] % 2 == 0:
+    if not drop_zero or (d.shape[1] % 2 == 0 and d.shape[1] != 4):
         return d
     keep = np.ones(d.shape, dtype=bool)
     keep[np.arange(len(d)), np.argmin(d, axis=1)] = False

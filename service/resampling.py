@@ -18,7 +18,8 @@ stratum's counts, so cell means never mix into the comparison:
 
 - unpaired: the deviations of a stratum's two cells are shuffled between them (a permutation
   test within strata). An odd cell's median deviates from itself by exactly 0 whatever the
-  spread; that structural zero is left out of the shuffle (Hines and Hines, 2000);
+  spread; that structural zero is left out of the shuffle (Hines and Hines, 2000), and so is one
+  of a 4-seed cell's two middle deviations, equal by construction;
 - paired (both cells of every stratum hold the same seeds, which draw the same random
   streams): each seed's two deviations are swapped or not (sign flips of the per-seed
   difference, the randomisation form of the Pitman-Morgan test). Values that move together are
@@ -108,7 +109,11 @@ def median_deviations(x: np.ndarray) -> np.ndarray:
 
 
 def drop_structural_zero(d: np.ndarray) -> np.ndarray:
-    return np.delete(d, int(np.argmin(d))) if len(d) % 2 == 1 else d
+    """An odd cell's median deviates from itself by exactly 0, and a cell of 4 has its two
+    middle deviations equal by construction: one of them is left out of the unpaired shuffle.
+    (Kept, 4 + 4 seeds rejected equal variances 7% of the time at 0.05 on normal data and 16% on
+    lognormal; left out, 20 splits remain and the test says it cannot reach 0.05.)"""
+    return np.delete(d, int(np.argmin(d))) if len(d) % 2 == 1 or len(d) == 4 else d
 
 
 # Each stratum's paired values (a's and b's, in seed order) when the comparison pairs seeds,

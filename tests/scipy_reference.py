@@ -9,9 +9,10 @@ from scipy import stats
 
 
 def _deviations(x: np.ndarray, drop_zero: bool) -> np.ndarray:
-    """Squared deviations from the median; for an unpaired odd cell one of its zeros left out."""
+    """Squared deviations from the median; for an unpaired odd cell one of its zeros left out,
+    and for an unpaired cell of 4 one of its two equal middle deviations."""
     d = (x - np.median(x)) ** 2
-    if drop_zero and len(x) % 2 == 1:
+    if drop_zero and (len(x) % 2 == 1 or len(x) == 4):
         d = np.delete(d, int(np.argmin(d)))
     return d
 

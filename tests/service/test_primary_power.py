@@ -134,3 +134,10 @@ def test_the_table_in_the_api_docs_is_what_the_planner_answers() -> None:
                 primary_seeds_needed(float(ratio), paired=True, correlation=0.9),
                 primary_seeds_needed(float(ratio)), seeds_needed(float(ratio))] == [
             int(uncorrelated), int(correlated), int(independent), int(f_test)]
+
+
+def test_four_unpaired_seeds_a_side_are_planned_as_the_test_runs_them() -> None:
+    # a 4-seed cell leaves one of its two equal middle deviations out: 3 + 3 values, 20 splits,
+    # which cannot reach 0.05, in the planner as in the test
+    assert primary_power(50.0, 4, 4) == rejection_rate(50.0, 4, paired=False, correlation=0.0,
+                                                       seed=PLANNING_SEED) == 0.0
