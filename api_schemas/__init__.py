@@ -645,10 +645,11 @@ class Comparison(ResponseModel):
     # levels have zero variance.
     welch_p: float | None
     welch_p_null_reason: str | None = None
-    # Power of the primary test (normal seeds, alpha 0.05, power 0.8): the smallest
-    # var_a / var_b > 1 these seeds detect, and the seeds per level that would detect
-    # target_ratio (the spec's analysis.target_ratio, default 2). Not from the observed ratio:
-    # power computed from an observed effect says nothing the p-value does not.
+    # Power of the primary test (normal, uncorrelated seeds, alpha 0.05, power 0.8; paired
+    # when the comparison is): the smallest var_a / var_b > 1 these seeds detect, and the
+    # seeds per level that would detect target_ratio (the spec's analysis.target_ratio,
+    # default 2). Not from the observed ratio: power computed from an observed effect says
+    # nothing the p-value does not. Seeds that correlate need fewer (/planning/seeds).
     detectable_ratio: float | None = None
     target_ratio: float | None = None
     seeds_for_target_ratio: int | None = None

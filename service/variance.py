@@ -167,24 +167,14 @@ def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
         if out.get("welch_ci95") is not None:
             out["mean_diff_ci95"] = out["welch_ci95"]
     out.pop("welch_ci95", None)
-    n_a_eff = (out["dof_a"] or 0) + 1
-    n_b_eff = (out["dof_b"] or 0) + 1
+    # Planning answers for uncorrelated seeds (correlation only adds power to a paired test),
+    # so that an experiment's comparisons share a few cached simulations.
     paired = out["pairing"] == "paired"
-    correlation = _planning_correlation(out.get("seed_correlation")) if paired else 0.0
     out["detectable_ratio"] = _finite(primary_detectable_ratio(
-        n_a_eff, n_b_eff, paired=paired, correlation=correlation))
-    out["seeds_for_target_ratio"] = primary_seeds_needed(
-        target_ratio, paired=paired, correlation=correlation)
+        (out["dof_a"] or 0) + 1, (out["dof_b"] or 0) + 1, paired=paired))
+    out["seeds_for_target_ratio"] = primary_seeds_needed(target_ratio, paired=paired)
     out["warnings"] = comparison_warnings(out, scope, len(usable))
     return out
-
-
-def _planning_correlation(observed: float | None) -> float:
-    """The seed correlation the power answers assume: the observed one rounded down to a tenth
-    (a few cached simulations serve every comparison), 0 when negative or unknown."""
-    if observed is None or observed <= 0:
-        return 0.0
-    return math.floor(min(observed, 0.9) * 10) / 10
 
 
 def _welch(out: dict[str, Any], a: np.ndarray, b: np.ndarray) -> None:

@@ -62,8 +62,9 @@ def test_an_adaptive_experiment_pairs_its_seeds_marks_interim_stats_and_refuses_
         add_seeds(session=session, experiment_id=experiment_id, request=AddSeeds(seeds=1),
                   settings=SETTINGS)
 
-    # Look 1, 4 seeds: 16 sign flips are too few, so the unpaired test, whose 70 splits
-    # cannot reach 0.05 / 2 looks: the interval is [0, inf] and round 2 is queued.
+    # Look 1, 4 seeds: 16 sign flips are too few, so the unpaired test, whose 20 splits (a
+    # 4-seed cell's structural tie left out) cannot reach 0.05 / 2 looks: the interval is
+    # [0, inf] and round 2 is queued.
     assert decide_due(session) == 1
     assert complete_queued(session) == 8
     # Look 2, 8 shared seeds: the sign-flip test; every seed's values are 10 times apart, so
@@ -75,7 +76,7 @@ def test_an_adaptive_experiment_pairs_its_seeds_marks_interim_stats_and_refuses_
     first, second = experiment.adaptive["looks"]
     assert (first["test"], first["interval"], first["excludes_null"]) == (
         UNPAIRED_TEST, [0.0, None], False)
-    assert "70 re-assignments are too few" in first["note"]
+    assert "20 re-assignments are too few" in first["note"]
     assert second["test"] == PAIRED_TEST and second["note"] is None
     assert second["interval"] == pytest.approx([0.01, 0.01], rel=1e-9)
     assert second["estimate"] == pytest.approx(0.01, rel=1e-12)
