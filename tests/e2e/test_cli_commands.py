@@ -57,9 +57,15 @@ def test_ctrl_c_leaves_the_experiment_running_and_says_how_to_re_attach(
                               "config": {"n_samples": 64, "steps": 10**7}, "grid": {},
                               "seeds": 1})
     experiment_id = created["id"]
-    watcher = subprocess.Popen([sys.executable, "-m", "service.cli", "watch", str(experiment_id),
+    # The command as `python -m service.cli` runs it, saying when its imports are done: a
+    # Ctrl-C before then is Python's own (a traceback), not the command's, and on a busy CI
+    # machine the imports can outlast the experiment's start.
+    started = ("import runpy, sys; import service.cli; print('imported', file=sys.stderr, "
+               "flush=True); runpy.run_module('service.cli', run_name='__main__')")
+    watcher = subprocess.Popen([sys.executable, "-c", started, "watch", str(experiment_id),
                                 "--url", service.server.url], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watcher.stderr is not None and watcher.stderr.readline().strip() == "imported"
     deadline = time.monotonic() + 60
     while service.client.get(f"/experiments/{experiment_id}").json()["status"] != "running":
         assert time.monotonic() < deadline, "the experiment never started"
