@@ -163,8 +163,10 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     active.process.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     active.process.wait(10)
+    # running, or pending (handed to Ray, not started yet): the standby re-queues both
     left_running = {run_id for (run_id,) in api.sql(
-        "SELECT id FROM run WHERE experiment_id = :id AND status = 'running'", id=slow["id"])}
+        "SELECT id FROM run WHERE experiment_id = :id AND status IN ('running', 'pending')",
+        id=slow["id"])}
     assert left_running
     assert standby.wait_for_log(ACTIVE, timeout_s=15)[1] == standby_id
     takeover_s = time.monotonic() - killed_at
