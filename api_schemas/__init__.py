@@ -12,20 +12,23 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from typing_extensions import TypeAliasType
 
 from api_schemas.adaptive import (
+    STORED,
     AdaptiveLook,
     AdaptiveSpec,
     AdaptiveState,
     AddSeeds,
     NamedComparison,
     SeedsAdded,
+    is_stored,
 )
 from api_schemas.base import ResponseModel
 
 __all__ = [
+    "STORED",
     "AdaptiveLook",
     "AnalysisSpec",
     "AdaptiveSpec",
@@ -177,10 +180,16 @@ class ExportWhat(StrEnum):
     curves = "curves"
 
 
+# Ray counts resources in units of 1/10,000 and refuses a non-zero quantity below one unit
+# (ray._common.ray_option_utils): refused at submission, not after the runs were claimed.
+RAY_RESOURCE_UNIT = 0.0001
+
+
 class Resources(BaseModel):
     """Ray resources one run asks for; fractions share a device between runs."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: "1" or true is not a number of CPUs (no silent coercion of a spec's values)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # Above 0: a task asking for no CPU is not counted against Ray's CPU limit at all.
     num_cpus: float = Field(1.0, gt=0, le=1024, description=(
@@ -195,6 +204,14 @@ class Resources(BaseModel):
         "the data loaded once. Each seed stays its own run (status, attempts, curves, result) "
         "and its result does not depend on which seeds shared its task. None: the trainer's "
         "default (GET /trainers); at most the trainer's max_seeds_per_task"))
+
+    @field_validator("num_cpus", "num_gpus")
+    @classmethod
+    def _ray_quantity(cls, value: float, info: ValidationInfo) -> float:
+        if 0 < value < RAY_RESOURCE_UNIT and not is_stored(info):
+            raise ValueError(f"{value:g} is below Ray's smallest resource unit, "
+                             f"{RAY_RESOURCE_UNIT:g}: Ray would refuse the task")
+        return value
 
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -281,7 +298,7 @@ def key_pattern_as_property_names(schema: dict[str, Any]) -> None:
 class AnalysisSpec(BaseModel):
     """How /stats reads the experiment by default (a query can override the scale)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     # raw: variances of the values; log: of their logarithms (spreads relative to the mean,
     # about the squared coefficient of variation), for positive metrics whose levels' means
@@ -299,8 +316,10 @@ class AnalysisSpec(BaseModel):
 class ExperimentSpec(BaseModel):
     """What a user submits: a trainer, a base config, a grid of conditions and seeds."""
 
-    # No Infinity or NaN (Python's JSON parser accepts them; a JSON column does not).
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [{
+    # No Infinity or NaN (Python's JSON parser accepts them; a JSON column does not). Strict:
+    # no value is coerced (`seeds: true` or `2.0` is an error, not 1 or 2 seeds).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True,
+                              json_schema_extra={"examples": [{
         "name": "collapse-sg", "trainer": "collapse", "config": {"n_samples": 64, "steps": 50},
         "grid": {"stop_gradient": [False, True]}, "seeds": 2, "metric": "min_l2",
     }]})
@@ -411,6 +430,13 @@ class ExperimentSpec(BaseModel):
 
     def seed_list(self) -> list[int]:
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+    @classmethod
+    def stored(cls, spec: Any) -> ExperimentSpec:
+        """A spec as stored by an earlier submission: the checks that only admit new work
+        (Ray's resource unit, alpha per look) are not applied again, so that an experiment
+        accepted by an older version stays readable."""
+        return cls.model_validate(spec, context=STORED)
 
 
 def level_key(value: GridValue) -> str:
@@ -803,7 +829,8 @@ class TrainerInfo(ResponseModel):
 
 class HealthStatus(StrEnum):
     ok = "ok"
-    degraded = "degraded"  # the database did not answer, or the dispatcher stopped
+    # the database did not answer, or the dispatcher stopped or its latest pass failed
+    degraded = "degraded"
 
 
 class DatabaseState(StrEnum):
@@ -834,6 +861,11 @@ class Health(ResponseModel):
     version: str
     # This process's dispatcher.
     dispatcher: DispatcherState
+    # Its passes that failed since it started (the database or Ray did not answer; each is
+    # retried a second later), and the error of the latest pass while it fails (status is then
+    # degraded: no run is claimed or collected until a pass succeeds).
+    dispatcher_step_errors: int = 0
+    dispatcher_error: str | None = None
 
 
 class ErrorDetail(ResponseModel):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from api_schemas.base import ResponseModel
 
@@ -28,8 +28,21 @@ from api_schemas.base import ResponseModel
 _MAX_KEY_LENGTH = 100
 _MAX_LEVEL_LENGTH = 200
 _STORABLE_TEXT = r"^[^\x00]*$"
+# The validation context of a spec read back from the database (ExperimentSpec.stored).
+STORED = {"stored": True}
+
+
+def is_stored(info: ValidationInfo) -> bool:
+    """Whether a validator runs on a stored spec (its admission checks then pass)."""
+    return isinstance(info.context, dict) and bool(info.context.get("stored"))
+
+
 # Rounds of one adaptive experiment; bounds the planned looks (and the work of each).
 MAX_SEEDS_PER_CONDITION = 1000
+# The smallest alpha / K a look may use. Its interval is at confidence 1 - alpha / K: below
+# about 1e-16 that rounds to 1.0 in floating point (alpha = 5e-324 even makes alpha / K zero),
+# and far above that no randomisation test has enough re-assignments to reach it anyway.
+MIN_ALPHA_PER_LOOK = 1e-9
 _Level = (bool | int | float
           | Annotated[str, Field(max_length=_MAX_LEVEL_LENGTH, pattern=_STORABLE_TEXT)] | None)
 
@@ -38,7 +51,7 @@ class NamedComparison(BaseModel):
     """One comparison of the experiment's statistics: two levels of a grid factor, pooled over
     the other factors (`within` null) or within one combination of their levels."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     factor: str = Field(..., min_length=1, max_length=_MAX_KEY_LENGTH, pattern=_STORABLE_TEXT)
     a: _Level
@@ -49,7 +62,8 @@ class NamedComparison(BaseModel):
 class AdaptiveSpec(BaseModel):
     """Seeds in rounds until `comparison`'s interval excludes its null value."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True,
+                              json_schema_extra={"examples": [{
         "comparison": {"factor": "stop_gradient", "a": False, "b": True},
         "target": "var_ratio", "min_seeds": 4, "step": 2, "max_seeds": 12, "alpha": 0.05,
     }]})
@@ -65,6 +79,21 @@ class AdaptiveSpec(BaseModel):
     step: int = Field(2, ge=1, le=MAX_SEEDS_PER_CONDITION)
     max_seeds: int = Field(12, ge=2, le=MAX_SEEDS_PER_CONDITION)
     alpha: float = Field(0.05, gt=0, lt=0.5)
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_per_look(cls, alpha: float, info: ValidationInfo) -> float:
+        """alpha / K must be a level a look can use (the rounds' fields come before alpha)."""
+        rounds = [info.data.get(f) for f in ("min_seeds", "step", "max_seeds")]
+        if any(not isinstance(v, int) for v in rounds):
+            return alpha  # refused on its own field
+        min_seeds, step, max_seeds = rounds
+        looks = 1 + max(0, math.ceil((max_seeds - min_seeds) / step))
+        if alpha / looks < MIN_ALPHA_PER_LOOK and not is_stored(info):
+            raise ValueError(f"alpha {alpha:g} over the {looks} planned looks is "
+                             f"{alpha / looks:.3g} per look, below {MIN_ALPHA_PER_LOOK:g}: no "
+                             "look could use it (its confidence 1 - alpha/K would round to 1)")
+        return alpha
 
     @model_validator(mode="after")
     def _rounds(self) -> AdaptiveSpec:
@@ -122,6 +151,13 @@ class AdaptiveState(ResponseModel):
     # Null while the experiment goes on.
     stop_reason: str | None = None
     significant: bool | None = None
+    # The round the last look asked for ([first seed, last seed + 1) per condition) while it
+    # waits for room in the queue (SEEDGRID_MAX_QUEUED_RUNS), and why it waits; null once it
+    # is queued.
+    next_round: list[int] | None = None
+    waiting: str | None = None
+    # Set when the rule stopped because a look failed (the error); its runs are kept.
+    error: str | None = None
 
     @classmethod
     def start(cls, rule: AdaptiveSpec) -> AdaptiveState:
@@ -143,7 +179,8 @@ class AddSeeds(BaseModel):
     """POST /experiments/{id}/seeds: more seeds for every condition of an experiment. An int n
     adds the n seeds after the highest one it has; a list names them (none it has already)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"seeds": 3}]})
+    model_config = ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"examples": [{"seeds": 3}]})
 
     seeds: int | list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
 
