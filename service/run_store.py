@@ -9,14 +9,15 @@ The only module that assigns a run's status (MLflow's tracking store is the mode
        |                 |  (a result can come before its Started is stored: from pending too)
        |                 +--end_cancelled / cancel flag--> cancelled
        |                 +--lose--> queued (retry) | failed (out of retries) | cancelled
+       |                 |  (charged from running only: a pending run's lost attempt is not)
        |                 +--interrupt--> queued (not charged) | cancelled
-       |                 `--fail--> failed (its rows cannot be stored)
+       |                 `--fail--> failed (its rows cannot be stored, or Ray refused its task)
        `--cancel_experiment / unschedulable--> cancelled | failed
        `--the experiment's first runs all failed (failure_stop)--> cancelled
 
-`pending` is a run handed to Ray (its attempt claimed and charged) that no worker has reported
-starting: Ray queues tasks beyond the cluster's free CPUs and GPUs, so a dispatcher keeps more
-runs pending than the cluster runs. `running` is a run whose worker sent its Started message.
+`pending` is a run handed to Ray (its attempt claimed) that no worker has reported starting:
+Ray queues tasks beyond the cluster's free CPUs and GPUs, so a dispatcher keeps more runs
+pending than the cluster runs. `running` is a run whose worker sent its Started message.
 
 Each operation costs O(the runs it touches): the experiment keeps its run counts per status
 (`Experiment.runs_<status>`), moved by the same transaction that moves a run, so the
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, or_, update
+from sqlalchemy import bindparam, case, delete, func, insert, or_, update
 from sqlmodel import Session, select
 
 from api_schemas import (
@@ -90,13 +91,24 @@ def experiment_counts(experiment: Experiment) -> ExperimentCounts:
     return ExperimentCounts(**{s.value: getattr(experiment, f"runs_{s.value}") for s in RunStatus})
 
 
+# An attempt lost before any worker reported starting it (its task waited in Ray's queue, or
+# was one of a sequential task's later seeds) is not charged: whatever killed the worker, it was
+# not this run. So that a task Ray can never start cannot come back for ever, a run whose
+# attempts were lost unstarted more than max_retries + 1 + this many times fails.
+UNSTARTED_LOSSES_ALLOWED = 5
+
+
 def retry_decision(*, cancel_requested: bool, charged_attempts: int, max_retries: int,
-                   reason: str) -> tuple[RunStatus, str | None]:
+                   reason: str, unstarted_losses: int = 0) -> tuple[RunStatus, str | None]:
     """What a run whose attempt was lost (worker or node died, dispatcher gone) becomes: the
     one retry policy. A cancel asked for wins; then the run is re-queued while its charged
-    attempts are within max_retries + 1; then it fails with the last reason."""
+    attempts are within max_retries + 1 and its attempts lost before a worker started them
+    within max_retries + 1 + UNSTARTED_LOSSES_ALLOWED; then it fails with the last reason."""
     if cancel_requested:
         return RunStatus.cancelled, "cancelled"
+    if unstarted_losses > max_retries + 1 + UNSTARTED_LOSSES_ALLOWED:
+        return RunStatus.failed, (f"lost before any worker started it on each of "
+                                  f"{unstarted_losses} attempts; last: {reason}")
     if charged_attempts <= max_retries:
         return RunStatus.queued, None
     return RunStatus.failed, f"lost on each of {charged_attempts} attempts; last: {reason}"
@@ -397,6 +409,13 @@ class RunStore:
             .execution_options(synchronize_session=False))
         self._touched.add(experiment_id)
 
+    def next_queued_experiments(self, limit: int) -> list[int]:
+        """The experiments of the next `limit` queued runs in claim order."""
+        runs = (select(Run.experiment_id).where(Run.status == RunStatus.queued)
+                .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
+                .limit(limit).subquery())
+        return sorted(self.session.exec(select(runs.c.experiment_id).distinct()).all())
+
     def queued_runs(self) -> int:
         return self.session.exec(
             select(func.count()).select_from(Run).where(Run.status == RunStatus.queued)
@@ -570,21 +589,30 @@ class RunStore:
 
     def lose(self, attempt: AttemptKey, reason: str) -> RunStatus | None:
         """The attempt's worker or node died (or its task, pending in Ray's queue, failed):
-        retry or fail by `retry_decision`. Returns the run's new status, None when the run had
-        moved on (an older attempt)."""
+        retry or fail by `retry_decision`. Only a run a worker reported starting (running) is
+        charged the attempt; a pending one's is recorded interrupted. Returns the run's new
+        status, None when the run had moved on (an older attempt)."""
         run = self.session.get(Run, attempt.run_id)
         if run is None or run.status not in HELD or run.attempts != attempt.attempt:
             return None
-        self._end_attempt(attempt, AttemptOutcome.lost, reason)
-        charged = run.attempts - self._interrupted_attempts([run.id]).get(run.id, 0)
-        self._after_lost(run, charged, reason)
+        started = run.status == RunStatus.running
+        self._end_attempt(attempt, AttemptOutcome.lost if started else AttemptOutcome.interrupted,
+                          reason)
+        self._after_lost(run, reason)
         return run.status
 
-    def _after_lost(self, run: Run, charged: int, reason: str) -> None:
-        status, error = retry_decision(cancel_requested=run.cancel_requested,
-                                       charged_attempts=charged, max_retries=run.max_retries,
-                                       reason=reason)
+    def _after_lost(self, run: Run, reason: str,
+                    uncharged: dict[int, tuple[int, int]] | None = None) -> None:
+        """Retry or fail `run` by `retry_decision`, its attempts counted from their rows
+        (`uncharged`: `_uncharged_attempts` of it, when the caller has read it already)."""
         assert run.id is not None
+        if uncharged is None:
+            uncharged = self._uncharged_attempts([run.id])
+        interrupted, unstarted = uncharged.get(run.id, (0, 0))
+        status, error = retry_decision(cancel_requested=run.cancel_requested,
+                                       charged_attempts=run.attempts - interrupted,
+                                       max_retries=run.max_retries, reason=reason,
+                                       unstarted_losses=unstarted)
         if status == RunStatus.queued:
             # the next attempt logs its own curves
             self.session.execute(delete(RunMetric).where(RunMetric.run_id == run.id))
@@ -637,10 +665,9 @@ class RunStore:
             self.session.execute(
                 update(RunAttempt).where(*unfinished)
                 .values(outcome=AttemptOutcome.lost, error=ORPHANED, finished_at=now))
-        interrupted = self._interrupted_attempts([run.id for run in orphans if run.id])
+        uncharged = self._uncharged_attempts([run.id for run in orphans if run.id])
         for run in orphans:
-            assert run.id is not None
-            self._after_lost(run, run.attempts - interrupted.get(run.id, 0), ORPHANED)
+            self._after_lost(run, ORPHANED, uncharged)
         return [run.id for run in orphans if run.id is not None]
 
     def _end_attempt(self, attempt: AttemptKey, outcome: AttemptOutcome,
@@ -651,17 +678,20 @@ class RunStore:
             .values(outcome=outcome, error=error, finished_at=utcnow())
         )
 
-    def _interrupted_attempts(self, run_ids: list[int]) -> dict[int, int]:
-        """Per run, its attempts cut short by a dispatcher that stopped (not charged)."""
+    def _uncharged_attempts(self, run_ids: list[int]) -> dict[int, tuple[int, int]]:
+        """Per run, its attempts recorded interrupted (not charged: cut short by a dispatcher
+        that stopped, or lost before a worker started them), and how many of those no worker
+        had started."""
         if not run_ids:
             return {}
         rows = self.session.execute(
-            select(RunAttempt.run_id, func.count())
+            select(RunAttempt.run_id, func.count(),
+                   func.count(case((RunAttempt.worker_pid.is_(None), 1))))  # type: ignore[union-attr]
             .where(RunAttempt.run_id.in_(run_ids),  # type: ignore[attr-defined]
                    RunAttempt.outcome == AttemptOutcome.interrupted)
             .group_by(RunAttempt.run_id)
         ).all()
-        return {run_id: count for run_id, count in rows}
+        return {run_id: (count, unstarted) for run_id, count, unstarted in rows}
 
     # -- cancelling an experiment --------------------------------------------------------------
     def cancel_experiment(self, experiment: Experiment, now: datetime | None = None) -> None:

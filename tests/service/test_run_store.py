@@ -25,6 +25,7 @@ from service.run_store import (
     AttemptKey,
     FinishedAttempt,
     RunStore,
+    UNSTARTED_LOSSES_ALLOWED,
     StartedAttempt,
     experiment_counts,
     experiment_status,
@@ -86,6 +87,7 @@ def test_every_state_change_keeps_the_experiment_counts(session: Session) -> Non
             for c in claimed]
     store.finish([finished(keys[0], RunStatus.completed, {"min_l2": 1.0}),
                   finished(keys[1], RunStatus.diverged, error="non-finite loss at step 3")])
+    store.start([StartedAttempt(key=keys[2], node_id="n", worker_id="w", pid=1)])
     assert store.lose(keys[2], "node died") == RunStatus.queued  # retried: 1 <= max_retries
     store.fail(keys[3], "its results could not be stored")
     store.commit()
@@ -107,6 +109,7 @@ def test_every_state_change_keeps_the_experiment_counts(session: Session) -> Non
     store.commit()
     assert {c.id: c.attempt for c in retried} == {3: 2, 5: 1, 6: 1}
     third = AttemptKey(run_id=3, experiment_id=experiment_id, attempt=2)
+    store.start([StartedAttempt(key=third, node_id="n", worker_id="w", pid=1)])
     assert store.lose(third, "node died again") == RunStatus.failed  # 2 > max_retries
     store.interrupt([AttemptKey(run_id=5, experiment_id=experiment_id, attempt=1)],
                     "the dispatcher stopped")
@@ -200,14 +203,15 @@ def test_a_pending_run_is_lost_interrupted_failed_or_orphaned_like_a_running_one
         AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
         for c in store.claim(4))
     store.commit()
-    # its task failed in Ray's queue: charged (max_retries 0), so it fails
-    assert store.lose(lost, "the task ended without a result") == RunStatus.failed
+    # its task failed in Ray's queue before any worker started it: not charged (whatever
+    # killed it, it was not this run), so even with max_retries 0 it goes back in the queue
+    assert store.lose(lost, "the task ended without a result") == RunStatus.queued
     store.interrupt([interrupted], "the dispatcher stopped")  # not charged: back in the queue
     store.fail(failed, "its results could not be stored")
     store.commit()
     assert_counts_kept(session, experiment_id)
     assert [run_of(session, k.run_id).status for k in (lost, interrupted, failed, orphan)] == [
-        RunStatus.failed, RunStatus.queued, RunStatus.failed, RunStatus.pending]
+        RunStatus.queued, RunStatus.queued, RunStatus.failed, RunStatus.pending]
     assert run_of(session, failed.run_id).error == "its results could not be stored"
     # a pending run no live attempt holds was left by an earlier dispatcher: re-queued, and
     # its attempt (no worker had started it) recorded interrupted, not charged
@@ -215,12 +219,45 @@ def test_a_pending_run_is_lost_interrupted_failed_or_orphaned_like_a_running_one
     store.commit()
     experiment = assert_counts_kept(session, experiment_id)
     assert run_of(session, orphan.run_id).status == RunStatus.queued
-    assert experiment.runs_queued == 2 and experiment.runs_pending == 0
+    assert experiment.runs_queued == 3 and experiment.runs_pending == 0
     outcomes = dict(session.exec(select(RunAttempt.run_id, RunAttempt.outcome)).all())
-    assert outcomes == {lost.run_id: AttemptOutcome.lost,
+    assert outcomes == {lost.run_id: AttemptOutcome.interrupted,
                         interrupted.run_id: AttemptOutcome.interrupted,
                         failed.run_id: AttemptOutcome.failed,
                         orphan.run_id: AttemptOutcome.interrupted}
+
+
+def test_only_a_started_attempt_is_charged_and_unstarted_losses_are_bounded(
+        session: Session) -> None:
+    """A lost task charges the runs a worker had started (running) and not those still pending
+    (a sequential task's later seeds, a task in Ray's queue); a run lost unstarted again and
+    again fails after max_retries + 1 + UNSTARTED_LOSSES_ALLOWED such losses, not never."""
+    experiment_id = new_experiment(session, seeds=2, max_retries=1)
+    store = RunStore(session)
+
+    def claim_and_lose(run_id: int, *, start: bool) -> RunStatus | None:
+        (claimed,) = store.claim(1)  # in id order: run 1 until it fails, then run 2
+        assert claimed.id == run_id
+        key = AttemptKey(run_id=run_id, experiment_id=experiment_id, attempt=claimed.attempt)
+        if start:
+            store.start([StartedAttempt(key=key, node_id="n", worker_id="w", pid=7)])
+        status = store.lose(key, "worker died" if start else "never starts")
+        store.commit()
+        return status
+
+    # max_retries 1: the started run's second charged loss fails it
+    assert claim_and_lose(1, start=True) == RunStatus.queued
+    assert claim_and_lose(1, start=True) == RunStatus.failed
+    assert run_of(session, 1).error == "lost on each of 2 attempts; last: worker died"
+    allowed = 1 + 1 + UNSTARTED_LOSSES_ALLOWED
+    statuses = [claim_and_lose(2, start=False) for _ in range(allowed + 1)]
+    assert statuses == [RunStatus.queued] * allowed + [RunStatus.failed]
+    unstarted = run_of(session, 2)
+    assert unstarted.error == (f"lost before any worker started it on each of {allowed + 1} "
+                               "attempts; last: never starts")
+    outcomes = session.exec(select(RunAttempt.outcome).where(RunAttempt.run_id == 2)).all()
+    assert set(outcomes) == {AttemptOutcome.interrupted}
+    assert_counts_kept(session, experiment_id)
 
 
 def test_a_cancel_reaches_pending_runs_and_delete_waits_for_them(session: Session) -> None:
