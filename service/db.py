@@ -31,7 +31,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import AutoString, Field, SQLModel, create_engine
 
@@ -252,6 +252,13 @@ _alembic_lock = threading.Lock()
 
 class DatabaseError(Exception):
     """The database cannot be reached or migrated; the message is one line naming the URL."""
+
+
+def database_trouble(exc: BaseException) -> bool:
+    """Whether a failed statement looks like the database's state (a dropped connection, a
+    lock held too long) rather than the data's: retried, never blamed on one experiment."""
+    return isinstance(exc, OperationalError | InterfaceError) or bool(
+        getattr(exc, "connection_invalidated", False))
 
 
 @dataclass(frozen=True)

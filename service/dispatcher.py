@@ -34,12 +34,12 @@ from typing import Any
 import ray
 from ray.exceptions import RayError, TaskCancelledError
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from api_schemas import RunStatus, storable_text
 from service.adaptive import decide_due
-from service.db import masked_url
+from service.db import database_trouble, masked_url
 from service.experiments import seeds_per_task
 from service.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
 from service.metrics import DispatcherMetrics
@@ -69,8 +69,6 @@ STANDBY_POLL_S = 0.5
 LOCK_CHECK_INTERVAL_S = 1.0
 # How often the adaptive experiments are checked for a due look.
 LOOK_CHECK_INTERVAL_S = 0.5
-# Base configs of experiments the dispatcher keeps (a spec never changes; the bound is memory).
-MAX_CACHED_CONFIGS = 1024
 
 
 def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]]) -> str | None:
@@ -206,13 +204,20 @@ class Dispatcher:
         self._last_look_check = -math.inf
         # A harvest read from Ray whose transaction failed: written before anything else.
         self._unsaved: Harvest | None = None
-        self._templates: dict[int, RunTemplate] = {}
-        # Runs claimed per free task slot: the largest seeds_per_task of the last claim.
-        self._claim_factor = 1
+        # What the runs of each experiment with runs in flight share (a spec never changes);
+        # a str: why the experiment's stored spec cannot make a task.
+        self._templates: dict[int, RunTemplate | str] = {}
+        # Claimed runs Ray refused a task for, whose failure is not stored yet.
+        self._refused: list[tuple[AttemptKey, str]] = []
         self._standby_announced = False
         self._database_unreachable = False
         self.max_in_flight = settings.max_in_flight or 4
         self.error: BaseException | None = None
+        # Steps that failed since this dispatcher started (/healthz, /metrics), the last one's
+        # error, and whether the latest step failed (a step that succeeds clears it).
+        self.step_errors = 0
+        self.last_step_error: str | None = None
+        self.failing = False
         # "active" (holds the lock and dispatches), "standby" (waits for the lock) or "stopped"
         self.state = "stopped"
 
@@ -415,11 +420,22 @@ class Dispatcher:
                     self._lost_lock(str(lost))
                     return
                 self.error = exc
+                self.step_errors += 1
+                self.last_step_error = storable_text(f"{type(exc).__name__}: {_first_line(exc)}",
+                                                     1000)
+                self.failing = True
+                self.metrics.step_errors.inc()
                 log.exception("dispatcher step failed; retrying")
                 self._stop.wait(1.0)
+            else:
+                self.failing = False
 
     def step(self) -> None:
+        """One pass. An error that belongs to one experiment (its look, its stored spec, a task
+        Ray refuses) ends that experiment's affected runs or its rule, and the pass goes on for
+        the others; what escapes is the database's or Ray's own trouble, retried next pass."""
         self._save_unsaved()
+        self._store_refused()
         self._take_due_looks()
         claimed = self._fill()
         self._forward_cancellations()
@@ -437,7 +453,7 @@ class Dispatcher:
             return
         self._last_look_check = now
         with self._session() as session:
-            decide_due(session)
+            decide_due(session, settings=self.settings)
 
     def _save_unsaved(self) -> None:
         """Write the harvest read from Ray. When its transaction fails, write it run by run, so
@@ -451,7 +467,7 @@ class Dispatcher:
             self._persist(harvest)
         except Exception as exc:
             self.lock.check()  # a lost lock is not the harvest's fault: LockLost, keep it
-            if _database_trouble(exc):
+            if database_trouble(exc):
                 raise  # kept; the loop pauses and writes it again
             self._persist_run_by_run(harvest)
         self._unsaved = None
@@ -468,7 +484,7 @@ class Dispatcher:
                     self._persist(harvest.only({run_id}))
                 except Exception as exc:
                     self.lock.check()
-                    if _database_trouble(exc):
+                    if database_trouble(exc):
                         trouble = exc
                         continue
                     reason = f"its results could not be stored: {_first_line(exc)}"
@@ -502,56 +518,97 @@ class Dispatcher:
         free = self.max_in_flight - len(tasks_of(self.in_flight.values()))
         if free <= 0:
             return 0
-        # max_in_flight counts tasks: room for `free` tasks as large as the last pass's largest
-        # (a pass whose runs make smaller tasks than the last one's may pass it by that factor).
-        free *= self._claim_factor
         nodes = self._node_capacities()
+        # Only an experiment with runs in flight keeps its template: such an experiment cannot
+        # be deleted, so no cached spec outlives its row (the others are read again when their
+        # runs are claimed, in the claim's transaction).
+        live = {flight.experiment_id for flight in self.in_flight.values()}
+        self._templates = {i: t for i, t in self._templates.items() if i in live}
         with self._session() as session:
             store = RunStore(session)
-            claimed = store.claim(free, unschedulable=lambda cpus, gpus: infeasible(cpus, gpus,
-                                                                                   nodes))
+            # max_in_flight counts tasks: room for `free` tasks as large as those of the
+            # experiments next in the queue, so that a seed-batched experiment's first claim
+            # (after a restart too) makes whole tasks of its seeds_per_task.
+            upcoming = self._run_templates(store, set(store.next_queued_experiments(free)))
+            factor = max([_task_size(t) for t in upcoming.values()], default=1)
+            claimed = store.claim(free * factor, unschedulable=lambda cpus, gpus: infeasible(
+                cpus, gpus, nodes))
             templates = self._run_templates(store, {run.experiment_id for run in claimed})
             store.commit()
-        groups = task_groups(claimed, templates)
-        if groups:
-            self._claim_factor = max(
-                templates[group[0].experiment_id].seeds_per_task for group in groups)
-        for group in groups:
-            first = group[0]
-            template = templates[first.experiment_id]
-            config = {**template.config, **config_condition(first.condition)}
-            # Ray titles the worker process after its task: "seedgrid-run-7" or, for a
-            # seed-batched task, "seedgrid-run-7,8,9,10"
-            name = "seedgrid-run-" + ",".join(str(run.id) for run in group)
-            generator = run_task.options(
-                num_cpus=first.num_cpus, num_gpus=first.num_gpus, name=name
-            ).remote(first.trainer, config, [run.seed for run in group],
-                     self.settings.metrics_batch_interval_s,
-                     [template.sources.source_seeds(run.condition) for run in group],
-                     template.stop_on_checks)
-            task = TaskFlight(generator=generator, trainer=first.trainer,
-                              claimed_at=time.monotonic())
+        refused: list[tuple[ClaimedRun, str]] = []
+        for group in task_groups(claimed, {i: _task_size(t) for i, t in templates.items()}):
+            try:
+                task = self._submit(group, templates[group[0].experiment_id])
+            except Exception as exc:  # this task's runs fail; the other tasks go on
+                reason = storable_text(f"its task could not be submitted to Ray: "
+                                       f"{type(exc).__name__}: {_first_line(exc)}")
+                template = templates[group[0].experiment_id]
+                reason = template if isinstance(template, str) else reason
+                log.error("runs %s: %s", ",".join(str(run.id) for run in group), reason)
+                refused += [(run, reason) for run in group]
+                continue
             for index, run in enumerate(group):
                 flight = InFlight(run_id=run.id, experiment_id=run.experiment_id,
                                   attempt=run.attempt, task=task, index=index)
                 task.runs[index] = flight
                 self.in_flight[run.id] = flight
+        if refused:
+            self._refused += [(AttemptKey(run_id=run.id, experiment_id=run.experiment_id,
+                                          attempt=run.attempt), reason)
+                              for run, reason in refused]
+            self._store_refused()
         return len(claimed)
 
+    def _submit(self, group: list[ClaimedRun], template: RunTemplate | str) -> TaskFlight:
+        """One Ray task for a group of claimed runs (one condition's seeds); raises when the
+        experiment's spec cannot make one or Ray refuses it."""
+        if isinstance(template, str):
+            raise ValueError(template)
+        first = group[0]
+        config = {**template.config, **config_condition(first.condition)}
+        # Ray titles the worker process after its task: "seedgrid-run-7" or, for a
+        # seed-batched task, "seedgrid-run-7,8,9,10"
+        name = "seedgrid-run-" + ",".join(str(run.id) for run in group)
+        generator = run_task.options(
+            num_cpus=first.num_cpus, num_gpus=first.num_gpus, name=name
+        ).remote(first.trainer, config, [run.seed for run in group],
+                 self.settings.metrics_batch_interval_s,
+                 [template.sources.source_seeds(run.condition) for run in group],
+                 template.stop_on_checks)
+        return TaskFlight(generator=generator, trainer=first.trainer,
+                          claimed_at=time.monotonic())
+
+    def _store_refused(self) -> None:
+        """End the claimed runs Ray refused a task for `failed`, with the reason (not retried:
+        the same spec would be refused again), so that none stays pending outside Ray. Kept
+        for the next pass when the database does not answer."""
+        if not self._refused:
+            return
+        with self._session() as session:
+            store = RunStore(session)
+            store.lock_experiments(key.experiment_id for key, _ in self._refused)
+            for key, reason in self._refused:
+                store.fail(key, reason)
+            store.commit()
+        self._refused = []
+
     def _run_templates(self, store: RunStore, experiment_ids: set[int]
-                       ) -> dict[int, RunTemplate]:
+                       ) -> dict[int, RunTemplate | str]:
         """What the runs of each experiment share (from its spec, stored once), read once
-        each: a spec never changes."""
+        while it has runs in flight: a spec never changes. A spec that cannot make a template
+        gives the reason instead, and only that experiment's runs fail."""
         missing = experiment_ids - set(self._templates)
-        if missing:
-            if len(self._templates) > MAX_CACHED_CONFIGS:
-                self._templates.clear()
-            self._templates.update({
-                i: RunTemplate(config=spec.get("config", {}), sources=SourcePlan.of(spec),
-                               stop_on_checks=tuple(spec.get("stop_on_checks", ())),
-                               seeds_per_task=_seeds_per_task(spec))
-                for i, spec in store.specs(missing).items()})
-        return {i: self._templates[i] for i in experiment_ids}
+        for i, spec in store.specs(missing).items():
+            try:
+                self._templates[i] = RunTemplate(
+                    config=dict(spec.get("config", {})), sources=SourcePlan.of(spec),
+                    stop_on_checks=tuple(spec.get("stop_on_checks", ())),
+                    seeds_per_task=_seeds_per_task(spec))
+            except Exception as exc:  # a spec stored by an older version, say
+                self._templates[i] = storable_text(
+                    f"its stored spec cannot make a task: {type(exc).__name__}: "
+                    f"{_first_line(exc)}")
+        return {i: self._templates[i] for i in experiment_ids if i in self._templates}
 
     def _node_capacities(self) -> list[tuple[float, float]]:
         """(CPUs, GPUs) of every alive Ray node, refreshed every few seconds; empty when the
@@ -597,7 +654,12 @@ class Dispatcher:
         for generator in ready:
             task = by_generator[id(generator)]
             harvest.flights.update({f.run_id: f for f in task.runs.values()})
-            self._drain(task, harvest)
+            try:
+                self._drain(task, harvest)
+            except Exception as exc:  # a message this process cannot read: this task only
+                log.exception("cannot read the messages of task %s", task.runs)
+                self._lose(task, harvest, storable_text(
+                    f"its messages could not be read: {type(exc).__name__}: {_first_line(exc)}"))
         return harvest
 
     def _drain(self, task: TaskFlight, harvest: Harvest) -> None:
@@ -614,7 +676,10 @@ class Dispatcher:
                 self._end_cancelled(task, harvest)
                 return
             except RayError as exc:
-                if isinstance(getattr(exc, "cause", None), TaskCancelledError):
+                # After a cancel, a worker that ends (forced, or the worker ending itself when
+                # its trainer outlasts the grace: workers.task) ends its runs cancelled.
+                if (task.cancel_sent_at is not None
+                        or isinstance(getattr(exc, "cause", None), TaskCancelledError)):
                     self._end_cancelled(task, harvest)
                 else:
                     self._lose(task, harvest,
@@ -696,14 +761,14 @@ class Dispatcher:
             store.commit()
 
 
-def task_groups(claimed: list[ClaimedRun], templates: dict[int, RunTemplate]
-                ) -> list[list[ClaimedRun]]:
+def task_groups(claimed: list[ClaimedRun], sizes: dict[int, int]) -> list[list[ClaimedRun]]:
     """The claimed runs as tasks: consecutive runs (claim order) of one experiment and
-    condition, up to the experiment's seeds_per_task each; a run's resources are its task's."""
+    condition, up to the experiment's seeds_per_task (`sizes`, by experiment id) each; a run's
+    resources are its task's."""
     groups: list[list[ClaimedRun]] = []
     open_groups: dict[tuple[Any, ...], list[ClaimedRun]] = {}
     for run in claimed:
-        size = templates[run.experiment_id].seeds_per_task
+        size = sizes.get(run.experiment_id, 1)
         if size <= 1:
             groups.append([run])
             continue
@@ -717,18 +782,15 @@ def task_groups(claimed: list[ClaimedRun], templates: dict[int, RunTemplate]
     return groups
 
 
+def _task_size(template: RunTemplate | str) -> int:
+    return template.seeds_per_task if isinstance(template, RunTemplate) else 1
+
+
 def _seeds_per_task(spec: dict[str, Any]) -> int:
     """The stored spec's seeds per task (1 for a trainer this process does not know: its runs
     fail on the worker anyway)."""
     trainer = REGISTRY.get(spec.get("trainer", ""))
     return seeds_per_task(trainer, spec) if trainer is not None else 1
-
-
-def _database_trouble(exc: BaseException) -> bool:
-    """Whether a failed write looks like the database's state (a dropped connection, a lock
-    held too long) rather than a row it refuses."""
-    return isinstance(exc, OperationalError | InterfaceError) or bool(
-        getattr(exc, "connection_invalidated", False))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -49,6 +49,10 @@ class DispatcherMetrics:
             "seedgrid_worker_losses",
             "Attempts lost with their worker or node (retried or failed by max_retries)",
             registry=self.registry)
+        self.step_errors = Counter(
+            "seedgrid_dispatcher_step_errors",
+            "Dispatcher passes that failed (the database or Ray did not answer; retried a "
+            "second later)", registry=self.registry)
 
 
 class _Snapshot(Collector):
@@ -89,6 +93,6 @@ def exposition(session: Session, dispatcher_metrics: DispatcherMetrics | None,
     registry.register(_Snapshot(families))
     if dispatcher_metrics is not None:
         for metric in (dispatcher_metrics.dispatch_latency, dispatcher_metrics.run_duration,
-                       dispatcher_metrics.worker_losses):
+                       dispatcher_metrics.worker_losses, dispatcher_metrics.step_errors):
             registry.register(metric)
     return generate_latest(registry)

@@ -53,8 +53,9 @@ def list_trainers() -> list[TrainerInfo]:
             summary="Database, Ray and dispatcher status",
             description="Open without the token (a probe cannot send one). `status` is "
                         "`degraded` when the database does not answer or this process's "
-                        "dispatcher stopped; `cluster_resources` are Ray's CPU, GPU and memory "
-                        "totals when this process is connected to Ray.")
+                        "dispatcher stopped or its latest pass failed (`dispatcher_error`); "
+                        "`cluster_resources` are Ray's CPU, GPU and memory totals when this "
+                        "process is connected to Ray.")
 def get_health(request: Request, session: SessionDep) -> Health:
     database_error: str | None = None
     try:
@@ -71,13 +72,16 @@ def get_health(request: Request, session: SessionDep) -> Health:
     dispatcher = request.app.state.dispatcher
     if dispatcher is not None and not dispatcher.alive:
         ray_state = RayState.dispatcher_stopped
-    ok = database_error is None and ray_state is not RayState.dispatcher_stopped
+    failing = dispatcher is not None and dispatcher.failing
+    ok = database_error is None and ray_state is not RayState.dispatcher_stopped and not failing
     return Health(status=HealthStatus.ok if ok else HealthStatus.degraded,
                   database=DatabaseState.ok if database_error is None else DatabaseState.error,
                   database_error=database_error, ray=ray_state, cluster_resources=resources,
                   version=seedgrid_version(),
                   dispatcher=(DispatcherState.absent if dispatcher is None
-                              else DispatcherState(dispatcher.state)))
+                              else DispatcherState(dispatcher.state)),
+                  dispatcher_step_errors=0 if dispatcher is None else dispatcher.step_errors,
+                  dispatcher_error=dispatcher.last_step_error if failing else None)
 
 
 @router.get("/metrics", response_class=Response, operation_id="get_metrics",

@@ -3,19 +3,13 @@ consecutive runs of one experiment and condition, up to its seeds_per_task each.
 
 from __future__ import annotations
 
-from service.dispatcher import RunTemplate, _seeds_per_task, task_groups
+from service.dispatcher import _seeds_per_task, task_groups
 from service.run_store import ClaimedRun
-from service.sources import SourcePlan
 
 
 def claimed(run_id: int, experiment: int, condition: dict, cpus: float = 1.0) -> ClaimedRun:
     return ClaimedRun(id=run_id, experiment_id=experiment, attempt=1, trainer="collapse",
                       condition=condition, seed=run_id, num_cpus=cpus, num_gpus=0.0)
-
-
-def template(seeds_per_task: int) -> RunTemplate:
-    return RunTemplate(config={}, sources=SourcePlan(), stop_on_checks=(),
-                       seeds_per_task=seeds_per_task)
 
 
 def ids(groups: list[list[ClaimedRun]]) -> list[list[int]]:
@@ -25,9 +19,9 @@ def ids(groups: list[list[ClaimedRun]]) -> list[list[int]]:
 def test_runs_of_one_condition_share_tasks_of_at_most_seeds_per_task() -> None:
     a, b = {"r": 0.1}, {"r": 0.3}
     runs = [claimed(i, 1, a) for i in range(1, 6)] + [claimed(i, 1, b) for i in range(6, 9)]
-    assert ids(task_groups(runs, {1: template(2)})) == [[1, 2], [3, 4], [5], [6, 7], [8]]
-    assert ids(task_groups(runs, {1: template(4)})) == [[1, 2, 3, 4], [5], [6, 7, 8]]
-    assert ids(task_groups(runs, {1: template(1)})) == [[i] for i in range(1, 9)]
+    assert ids(task_groups(runs, {1: 2})) == [[1, 2], [3, 4], [5], [6, 7], [8]]
+    assert ids(task_groups(runs, {1: 4})) == [[1, 2, 3, 4], [5], [6, 7, 8]]
+    assert ids(task_groups(runs, {1: 1})) == [[i] for i in range(1, 9)]
 
 
 def test_experiments_conditions_and_resources_never_share_a_task() -> None:
@@ -35,7 +29,7 @@ def test_experiments_conditions_and_resources_never_share_a_task() -> None:
     runs = [claimed(1, 1, {"r": 0.1, "s": True}), claimed(2, 2, {"r": 0.1, "s": True}),
             claimed(3, 1, {"s": True, "r": 0.1}), claimed(4, 1, {"r": 0.2, "s": True}),
             claimed(5, 1, {"r": 0.1, "s": True}, cpus=2.0)]
-    groups = task_groups(runs, {1: template(8), 2: template(8)})
+    groups = task_groups(runs, {1: 8, 2: 8})
     assert ids(groups) == [[1, 3], [2], [4], [5]]
 
 
