@@ -22,7 +22,11 @@ alpha / K whether it is taken or not) and needs no assumption about how the look
 the chance of any false stop is at most the sum of the looks' levels, alpha.
 
 The dispatcher calls `decide_due` between passes; a look is one transaction, so a dispatcher
-that dies mid-look leaves it due, and the next one takes it.
+that dies mid-look leaves it due, and the next one takes it. A round enters the queue like any
+submission, under SEEDGRID_MAX_QUEUED_RUNS: when it would pass the cap, the look is recorded
+with the round it asked for (`next_round`, `waiting`), and the round is queued at a later pass
+once there is room. A look that fails for one experiment (its stored spec, its data) stops that
+experiment's rule with the error and no other experiment's.
 """
 
 from __future__ import annotations
@@ -42,13 +46,24 @@ from api_schemas import (
     AdaptiveState,
     ExperimentSpec,
     RunStatus,
+    first_line,
     level_key,
+    storable_text,
 )
 from api_schemas.adaptive import NamedComparison
-from service.db import Experiment, Run
-from service.experiments import grid_conditions, run_defaults, seed_runs, stats_grid
+from service.db import Experiment, Run, database_trouble
+from service.experiments import (
+    QueueFull,
+    count_queue,
+    grid_conditions,
+    recount_queue,
+    run_defaults,
+    seed_runs,
+    stats_grid,
+)
 from service.resampling import Stratum, prepare, randomisation_test, usable_strata
 from service.run_store import RunStore
+from service.settings import Settings
 from service.stats import metric_value
 
 log = logging.getLogger("seedgrid.adaptive")
@@ -206,42 +221,115 @@ def next_step(rule: AdaptiveSpec, state: AdaptiveState, latest: AdaptiveLook, *,
     return None, None
 
 
-def decide_due(session: Session) -> int:
+def decide_due(session: Session, *, settings: Settings) -> int:
     """Take the look of every adaptive experiment whose round has ended: stop it, or queue its
-    next round. Returns the number of looks taken."""
-    store = RunStore(session)
+    next round (when the queue has room for it). Returns the number of looks taken. A look
+    that raises stops its own experiment's rule with the error (`stop_on_error`); trouble of
+    the database itself propagates (the dispatcher retries the pass)."""
     taken = 0
-    for experiment_id in store.due_decisions():
-        store.lock_experiments([experiment_id])
-        experiment = session.get(Experiment, experiment_id, populate_existing=True)
-        if experiment is None or not experiment.deciding:
-            continue
-        spec = ExperimentSpec.model_validate(experiment.spec)
-        rule = spec.adaptive
-        assert rule is not None and experiment.adaptive is not None
-        state = AdaptiveState.model_validate(experiment.adaptive)
+    for experiment_id in RunStore(session).due_decisions():
+        try:
+            taken += _decide(session, experiment_id, settings)
+        except Exception as exc:
+            session.rollback()
+            if database_trouble(exc):
+                raise
+            log.exception("experiment %s: its adaptive look failed", experiment_id)
+            stop_on_error(session, experiment_id, exc)
+    return taken
+
+
+def _decide(session: Session, experiment_id: int, settings: Settings) -> int:
+    """One due experiment: its look (unless one already asked for a round that still waits
+    for room in the queue), then its stop or its next round. Returns the looks taken (0 or 1)."""
+    store = RunStore(session)
+    store.lock_experiments([experiment_id])
+    experiment = session.get(Experiment, experiment_id, populate_existing=True)
+    if experiment is None or not experiment.deciding:
+        return 0
+    spec = ExperimentSpec.stored(experiment.spec)
+    rule = spec.adaptive
+    assert rule is not None and experiment.adaptive is not None
+    state = AdaptiveState.model_validate(experiment.adaptive)
+    grid = stats_grid(spec)
+    taken = 0
+    if state.next_round is None:
         rows = session.exec(
             select(Run.condition, Run.seed, Run.metrics)
             .where(Run.experiment_id == experiment_id, Run.status == RunStatus.completed)
         ).all()
-        grid = stats_grid(spec)
         strata = comparison_strata(grid, rule.comparison, [
             (condition, seed, value) for condition, seed, metrics in rows
             if (value := metric_value(metrics, experiment.metric)) is not None])
         latest = take_look(rule, len(state.looks) + 1, strata)
         state.looks.append(latest)
+        taken = 1
         reason, significant = next_step(rule, state, latest,
                                         cancelled=experiment.cancel_requested)
-        if reason is None:
-            first, last = latest.seeds_per_condition, rule.seeds_at_look(latest.look + 1)
-            store.add_runs(experiment, seed_runs(grid_conditions(grid),
-                                                 list(range(first, last))), run_defaults(spec))
-        else:
+        if reason is not None:
             state.stop_reason, state.significant = reason, significant
-        store.record_look(experiment_id, state.model_dump(mode="json"),
-                          stopped=reason is not None)
+            store.record_look(experiment_id, state.model_dump(mode="json"), stopped=True)
+            store.commit()
+            log.info("experiment %s look %s: %s", experiment_id, latest.look, reason)
+            return taken
+        state.next_round = [latest.seeds_per_condition, rule.seeds_at_look(latest.look + 1)]
+    elif experiment.cancel_requested:
+        state.stop_reason = (f"cancelled at look {len(state.looks)} of {state.planned_looks}, "
+                             "its next round still waiting for room in the queue")
+        state.significant, state.next_round, state.waiting = False, None, None
+        store.record_look(experiment_id, state.model_dump(mode="json"), stopped=True)
         store.commit()
-        taken += 1
-        log.info("experiment %s look %s: %s", experiment_id, latest.look,
-                 reason or f"next round to {rule.seeds_at_look(latest.look + 1)} seeds")
+        return taken
+    first, last = state.next_round
+    runs = seed_runs(grid_conditions(grid), list(range(first, last)))
+    try:
+        queued = count_queue(session, store, len(runs), settings)
+        store.add_runs(experiment, runs, run_defaults(spec))
+        recount_queue(session, store, queued, len(runs), settings)
+    except QueueFull:
+        session.rollback()
+        waiting = (f"the round to {last} seeds per condition ({len(runs):,} runs) waits for room "
+                   f"in the queue: it would pass the cap of {settings.max_queued_runs:,} queued "
+                   "runs (SEEDGRID_MAX_QUEUED_RUNS)")
+        if taken or state.waiting != waiting:  # recorded once, not at every pass
+            state.waiting = waiting
+            store = RunStore(session)
+            store.lock_experiments([experiment_id])
+            store.record_look(experiment_id, state.model_dump(mode="json"), stopped=False)
+            store.commit()
+            log.info("experiment %s: %s", experiment_id, waiting)
+        return taken
+    state.next_round, state.waiting = None, None
+    store.record_look(experiment_id, state.model_dump(mode="json"), stopped=False)
+    store.commit()
+    log.info("experiment %s look %s: next round to %s seeds", experiment_id, len(state.looks),
+             last)
     return taken
+
+
+def stop_on_error(session: Session, experiment_id: int, error: BaseException) -> None:
+    """Stop one experiment's rule because its look raised: the error is recorded in its
+    adaptive state (`error`, `stop_reason`), its runs are kept, and its status then follows
+    from them like a stopped experiment's."""
+    store = RunStore(session)
+    store.lock_experiments([experiment_id])
+    experiment = session.get(Experiment, experiment_id, populate_existing=True)
+    if experiment is None or not experiment.deciding:
+        return
+    message = storable_text(f"{type(error).__name__}: {first_line(str(error))}", 1000)
+    recorded = experiment.adaptive if isinstance(experiment.adaptive, dict) else {}
+    try:
+        state = AdaptiveState.model_validate(recorded)
+    except ValueError:  # a record this version cannot read: a new one, from the rule if it can
+        try:
+            rule = ExperimentSpec.stored(experiment.spec).adaptive
+        except ValueError:
+            rule = None
+        state = (AdaptiveState.start(rule) if rule is not None else
+                 AdaptiveState(rule="(unreadable)", planned_looks=0, alpha_per_look=0.0))
+    state.error = message
+    state.stop_reason = (f"stopped at look {len(state.looks) + 1} of {state.planned_looks}: the "
+                         f"look failed ({message}); its completed runs are kept")
+    state.significant, state.next_round, state.waiting = None, None, None
+    store.record_look(experiment_id, state.model_dump(mode="json"), stopped=True)
+    store.commit()

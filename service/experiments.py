@@ -368,7 +368,7 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
     seeds = spec.seed_list()
     n_runs = len(conditions) * len(seeds)
     store = RunStore(session)
-    queued = _count_queue(session, store, n_runs, settings)
+    queued = count_queue(session, store, n_runs, settings)
     experiment = Experiment(
         name=spec.name,
         trainer=trainer.name,
@@ -385,7 +385,7 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
     session.add(experiment)
     session.flush()
     store.create_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
-    _recount_queue(session, store, queued, n_runs, settings)
+    recount_queue(session, store, queued, n_runs, settings)
     session.commit()
     session.refresh(experiment)
     return experiment
@@ -402,8 +402,9 @@ def run_defaults(spec: ExperimentSpec) -> dict[str, Any]:
             "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus}
 
 
-def _count_queue(session: Session, store: RunStore, adding: int, settings: Settings) -> int:
-    """The queued runs now, or QueueFull when `adding` more would pass the cap."""
+def count_queue(session: Session, store: RunStore, adding: int, settings: Settings) -> int:
+    """The queued runs now, or QueueFull when `adding` more would pass the cap: every way runs
+    enter the queue (a submission, seeds added, an adaptive round) goes through it."""
     if session.get_bind().dialect.name == "postgresql":
         # Submissions count the queue one at a time, or two could each fit under the cap.
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
@@ -413,7 +414,7 @@ def _count_queue(session: Session, store: RunStore, adding: int, settings: Setti
     return queued
 
 
-def _recount_queue(session: Session, store: RunStore, queued: int, adding: int,
+def recount_queue(session: Session, store: RunStore, queued: int, adding: int,
                    settings: Settings) -> None:
     # On SQLite the insert holds the database's write lock: counted again now, the queue
     # includes every submission that committed meanwhile.
@@ -453,7 +454,7 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
         if repeated:
             raise SpecError([_error(["seeds"], f"experiment {experiment_id} has seeds "
                                     f"{repeated[:10]} already")])
-    spec = ExperimentSpec.model_validate(experiment.spec)
+    spec = ExperimentSpec.stored(experiment.spec)
     conditions = grid_conditions(stats_grid(spec))
     adding = len(conditions) * len(seeds)
     if experiment.n_runs + adding > settings.max_runs_per_experiment:
@@ -461,9 +462,9 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
                                 f"conditions x {len(seeds)} seeds = {experiment.n_runs + adding} "
                                 f"runs, over the limit of {settings.max_runs_per_experiment} "
                                 "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)")])
-    queued = _count_queue(session, store, adding, settings)
+    queued = count_queue(session, store, adding, settings)
     store.add_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
-    _recount_queue(session, store, queued, adding, settings)
+    recount_queue(session, store, queued, adding, settings)
     store.commit()
     session.refresh(experiment)
     return SeedsAdded(experiment_id=experiment_id, seeds=seeds, runs_added=adding,
@@ -536,7 +537,7 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
     summary = experiment_summary(experiment)
     return ExperimentDetail(
         **summary.model_dump(),
-        spec=ExperimentSpec.model_validate(experiment.spec),
+        spec=ExperimentSpec.stored(experiment.spec),
         n_conditions=experiment.n_conditions,
         adaptive=experiment.adaptive,
         message=stop_message(session, experiment),
@@ -544,10 +545,14 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
 
 
 def stop_message(session: Session, experiment: Experiment) -> str | None:
-    """Why the experiment stopped before all its runs had run (its first runs all failed:
-    service.run_store.failure_stop), or None. The stop stores it as the error of each run it
-    cancels, so it is read back from one of them; only an experiment with a failed run can
-    have one."""
+    """Why the experiment stopped before all its runs had run, or None: its adaptive rule
+    stopped on a failed look (the rule's record says so), or its first runs all failed
+    (service.run_store.failure_stop), which stores the reason as the error of each run it
+    cancels, so it is read back from one of them (only an experiment with a failed run can
+    have one)."""
+    adaptive = experiment.adaptive if isinstance(experiment.adaptive, dict) else {}
+    if adaptive.get("error"):  # its rule stopped because a look failed
+        return adaptive.get("stop_reason")
     if not experiment.runs_failed:
         return None
     error = session.exec(

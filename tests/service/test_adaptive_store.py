@@ -65,11 +65,11 @@ def test_an_adaptive_experiment_pairs_its_seeds_marks_interim_stats_and_refuses_
     # Look 1, 4 seeds: 16 sign flips are too few, so the unpaired test, whose 20 splits (a
     # 4-seed cell's structural tie left out) cannot reach 0.05 / 2 looks: the interval is
     # [0, inf] and round 2 is queued.
-    assert decide_due(session) == 1
+    assert decide_due(session, settings=SETTINGS) == 1
     assert complete_queued(session) == 8
     # Look 2, 8 shared seeds: the sign-flip test; every seed's values are 10 times apart, so
     # the only ratio it does not reject is 1/100.
-    assert decide_due(session) == 1
+    assert decide_due(session, settings=SETTINGS) == 1
     session.expire_all()
     experiment = session.get(Experiment, experiment_id)
     assert experiment is not None and experiment.adaptive is not None
@@ -101,6 +101,99 @@ def test_the_interim_page_of_a_stopped_experiment_is_computed_again(session: Ses
     assert experiment_id is not None
     complete_queued(session)
     assert served(session, experiment_id)["interim"] is True
-    assert decide_due(session) == 1  # the only look: max_seeds reached, no run added
+    # the only look: max_seeds reached, no run added
+    assert decide_due(session, settings=SETTINGS) == 1
     after = served(session, experiment_id)
     assert after["n_completed"] == 4 and after["interim"] is False
+
+
+def adaptive_spec(**rule: object) -> ExperimentSpec:
+    return ExperimentSpec.model_validate({
+        "name": "adaptive", "trainer": "collapse", "config": {"steps": 5},
+        "grid": {"stop_gradient": [False, True]},
+        "adaptive": {"comparison": {"factor": "stop_gradient", "a": False, "b": True},
+                     "min_seeds": 4, "step": 4, "max_seeds": 12, **rule}})
+
+
+def queued_runs(session: Session) -> int:
+    return RunStore(session).queued_runs()
+
+
+def test_an_adaptive_round_waits_for_room_under_the_queue_cap(session: Session) -> None:
+    """Rounds enter the queue like submissions: with SEEDGRID_MAX_QUEUED_RUNS 10, a round of 8
+    runs waits while 5 other runs are queued (its look recorded once, with why it waits), and
+    is queued at the first look after there is room; the queue never passes the cap."""
+    capped = Settings(database_url="sqlite://", max_queued_runs=10)
+    experiment_id = create_experiment(session=session, spec=adaptive_spec(),
+                                      settings=capped).id
+    assert complete_queued(session) == 8
+    other = ExperimentSpec.model_validate({"name": "other", "trainer": "collapse",
+                                           "config": {"steps": 5}, "seeds": 5})
+    create_experiment(session=session, spec=other, settings=capped)
+    assert decide_due(session, settings=capped) == 1  # the look is taken; its round waits
+    assert queued_runs(session) == 5
+    assert decide_due(session, settings=capped) == 0  # no second look while it waits
+    session.expire_all()
+    experiment = session.get(Experiment, experiment_id)
+    assert experiment is not None and experiment.deciding
+    state = experiment.adaptive
+    assert state is not None and len(state["looks"]) == 1 and state["next_round"] == [4, 8]
+    assert state["waiting"] == (
+        "the round to 8 seeds per condition (8 runs) waits for room in the queue: it would "
+        "pass the cap of 10 queued runs (SEEDGRID_MAX_QUEUED_RUNS)")
+    assert experiment.status == "running" and experiment.n_runs == 8
+
+    store = RunStore(session)  # the other experiment's runs leave the queue
+    store.claim(5)
+    store.commit()
+    assert decide_due(session, settings=capped) == 0  # the round is queued, no new look
+    assert queued_runs(session) == 8
+    session.expire_all()
+    experiment = session.get(Experiment, experiment_id)
+    assert experiment is not None and experiment.n_runs == 16
+    assert experiment.adaptive is not None
+    assert (experiment.adaptive["next_round"], experiment.adaptive["waiting"]) == (None, None)
+    assert len(experiment.adaptive["looks"]) == 1
+
+
+def test_a_look_that_fails_stops_its_own_experiment_and_no_other(session: Session) -> None:
+    """A look that raises (here: an adaptive record this version cannot read, written behind
+    the API's back) stops that experiment's rule with the error, keeps its runs, and the other
+    adaptive experiment's look is taken in the same pass."""
+    poisoned = create_experiment(session=session, spec=adaptive_spec(), settings=SETTINGS).id
+    healthy = create_experiment(session=session, spec=adaptive_spec(), settings=SETTINGS).id
+    complete_queued(session)
+    experiment = session.get(Experiment, poisoned)
+    assert experiment is not None and experiment.adaptive is not None
+    experiment.adaptive = {**experiment.adaptive, "looks": [{"look": "one"}]}
+    session.add(experiment)
+    session.commit()
+    assert decide_due(session, settings=SETTINGS) == 1  # the healthy one's look
+    session.expire_all()
+    bad, good = session.get(Experiment, poisoned), session.get(Experiment, healthy)
+    assert bad is not None and good is not None and bad.adaptive is not None
+    assert not bad.deciding and bad.status == "completed" and bad.runs_completed == 8
+    assert bad.adaptive["error"].startswith("ValidationError: ")
+    assert bad.adaptive["stop_reason"].startswith("stopped at look 1 of 3: the look failed")
+    assert good.deciding and good.n_runs == 16 and good.adaptive is not None
+    assert len(good.adaptive["looks"]) == 1
+    from service.experiments import experiment_detail
+
+    detail = experiment_detail(session=session, experiment_id=poisoned)
+    assert detail.message == bad.adaptive["stop_reason"]
+    assert detail.adaptive is not None and detail.adaptive.error == bad.adaptive["error"]
+
+
+def test_a_spec_stored_before_a_check_was_added_stays_readable() -> None:
+    """alpha 5e-324 and num_cpus 1e-5 are refused at submission (422 naming the field), and a
+    spec an older version stored with them is still read back (its experiment's page)."""
+    rule = {"comparison": {"factor": "stop_gradient", "a": False, "b": True}, "alpha": 5e-324}
+    spec = {"name": "x", "trainer": "collapse", "grid": {"stop_gradient": [False, True]},
+            "adaptive": rule, "resources": {"num_cpus": 1e-5}}
+    with pytest.raises(ValueError) as refused:
+        ExperimentSpec.model_validate(spec)
+    assert {e["loc"] for e in refused.value.errors()} == {  # type: ignore[attr-defined]
+        ("adaptive", "alpha"), ("resources", "num_cpus")}
+    stored = ExperimentSpec.stored(spec)
+    assert stored.adaptive is not None and stored.adaptive.alpha == 5e-324
+    assert stored.resources.num_cpus == 1e-5
