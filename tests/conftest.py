@@ -3,7 +3,9 @@ real SQLite file, and (`start_backend_service`) the same on SQLite and on the lo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -47,6 +49,61 @@ def data_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, P
             os.environ[key] = value
 
 
+# `ray::<task name>` is a Ray worker's process title while it runs a task (the dispatcher names
+# each task `seedgrid-run-<run ids>`), `ray::IDLE` between tasks.
+RUN_TITLE_PREFIX = b"ray::seedgrid-run-"
+IDLE_TITLE = b"ray::IDLE"
+# How long a run may outlive the services that started it (their dispatchers force-cancel what
+# they had in flight as they stop), and how much CPU an idle worker may burn in a second.
+RUNAWAY_GRACE_S = 20.0
+IDLE_CPU_SHARE = 0.5
+
+
+def _own_workers(title: bytes) -> dict[int, float]:
+    """The Ray workers of this test session's local Ray (its raylet shares pytest's process
+    session) whose title starts with `title`: pid -> CPU seconds used so far."""
+    session, ticks = os.getsid(0), os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes()
+            stat = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        # fields after the command: state, ppid, pgrp, session, ..., utime (12), stime (13)
+        if cmdline.startswith(title) and stat[0] != "Z" and int(stat[3]) == session:
+            found[int(entry.name)] = (int(stat[11]) + int(stat[12])) / ticks
+    return found
+
+
+def assert_no_runaway_runs() -> None:
+    """No Ray worker of this session still runs a seedgrid task once the services that started
+    it have stopped: a run that outlives its cancel would take a CPU from every test after it
+    (once seen: 97% of a CPU for 24 minutes). Such workers are killed before the failure."""
+    deadline = time.monotonic() + RUNAWAY_GRACE_S
+    while (left := _own_workers(RUN_TITLE_PREFIX)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"Ray workers still running seedgrid tasks {RUNAWAY_GRACE_S:g} s after "
+                    f"their services stopped (killed now): pids {sorted(left)}", pytrace=False)
+
+
+def assert_no_busy_idle_workers() -> None:
+    """No Ray worker that Ray counts as idle burns CPU (a trainer thread left behind by a
+    cancelled task, in a worker Ray would hand the next task to)."""
+    before = _own_workers(IDLE_TITLE)
+    time.sleep(1.0)
+    after = _own_workers(IDLE_TITLE)
+    busy = {pid: after[pid] - before[pid] for pid in after.keys() & before.keys()
+            if after[pid] - before[pid] > IDLE_CPU_SHARE}
+    assert not busy, f"idle Ray workers busy (CPU seconds in 1 s): {busy}"
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(data_roots: dict[str, Path]) -> Iterator[None]:
     # The workers, as an operator's would, load a trainer seedgrid does not ship (the toy of
@@ -57,7 +114,10 @@ def ray_cluster(data_roots: dict[str, Path]) -> Iterator[None]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": workers_env})
     yield
-    ray.shutdown()
+    try:
+        assert_no_busy_idle_workers()
+    finally:
+        ray.shutdown()
 
 
 class Service:
@@ -171,6 +231,8 @@ def start_service(ray_cluster: None, tmp_path: Path) -> Iterator[Callable[..., S
     yield start
     for service in started:
         service.close()
+    if started:
+        assert_no_runaway_runs()
 
 
 @pytest.fixture
@@ -197,6 +259,8 @@ def start_backend_service(
     yield start
     for service in started:
         service.close()
+    if started:
+        assert_no_runaway_runs()
 
 
 @pytest.fixture

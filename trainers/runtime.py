@@ -371,8 +371,9 @@ class TrainerBase(ABC):
         a `batched` trainer, one after another otherwise), and `on_done(index, outcome)` as
         soon as its outcome is known. The outcomes come in the order of
         `seeds`: a result, or the exception that ended that seed alone (a trainer that is not
-        batched goes on with the next seed). An exception of a batched computation ends every
-        seed: it propagates."""
+        batched goes on with the next seed, unless the task was cancelled: then the seeds not
+        started get no outcome). An exception of a batched computation ends every seed: it
+        propagates."""
         if len(reporters) != len(seeds) or (source_seeds is not None
                                             and len(source_seeds) != len(seeds)):
             raise ValueError("run_seeds needs one reporter (and one source_seeds) per seed")
@@ -402,7 +403,9 @@ class TrainerBase(ABC):
             for run, output in zip(contexts, self.train_seeds(config, contexts), strict=True):
                 done(run, self._result(run, output))
             return outcomes
-        for run in contexts:
+        for run, reporter in zip(contexts, reporters, strict=True):
+            if reporter.should_stop():  # cancelled: the task's remaining seeds never start
+                break
             start(run)
             try:
                 outcome: RunResult | Exception = self._result(run, self.train(config, run))

@@ -13,7 +13,9 @@ batches it logs, so that the caller (the dispatcher) sees curves while the run g
 worker never opens the database. Cancellation (`ray.cancel` on the generator) arrives as
 KeyboardInterrupt in the generator: the reporters then answer should_stop() = True, the trainer
 returns at its next check (the loop contract of trainers.runtime: within about a second), and
-the interrupt propagates so that Ray reports the task cancelled: a cancel ends every seed.
+the interrupt propagates so that Ray reports the task cancelled: a cancel ends every seed, and
+a seed-batched task running its seeds one after another starts no further one. A trainer that
+has not returned CANCEL_GRACE_S after the cancel ends its worker process with it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -34,7 +37,9 @@ from trainers.base import RunResult
 from trainers.runtime import warm_up
 from workers.messages import MetricBatch, Point, Result, Started, WorkerMessage
 
-# How long the trainer thread gets to notice a cancellation before the worker gives up on it.
+# How long the trainer thread gets to notice a cancellation; past it the worker process ends
+# itself (a Python thread cannot be stopped), so that no trainer outlives its cancel in a
+# worker Ray would hand new tasks to.
 CANCEL_GRACE_S = 10.0
 
 
@@ -91,10 +96,15 @@ def _outcome(outcome: RunResult | BaseException, reporter: StreamingReporter,
     )
 
 
+def in_ray_task() -> bool:
+    """Whether this code runs inside a Ray task (not a driver, not without Ray)."""
+    return ray.is_initialized() and ray.get_runtime_context().get_task_id() is not None
+
+
 def assigned_cpus() -> int | None:
     """The whole CPUs Ray gave this task (at least 1): the run's torch thread count; None
     outside a Ray task (a driver, or no Ray at all)."""
-    if not ray.is_initialized() or ray.get_runtime_context().get_task_id() is None:
+    if not in_ray_task():
         return None
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
     return max(1, int(cpus))
@@ -217,12 +227,24 @@ def execute_seeds(
     except KeyboardInterrupt:
         stop.set()
         thread.join(CANCEL_GRACE_S)
+        if thread.is_alive() and in_ray_task():  # never a driver (a plain generator)
+            end_worker(trainer_name, seeds)
         raise
     thread.join()
     error = box.get("error") or RuntimeError("the trainer returned no result for this seed")
     for index in range(len(seeds)):
         if index not in sent:
             yield _result(error, reporters[index], index, time.perf_counter() - started)
+
+
+def end_worker(trainer_name: str, seeds: Sequence[int]) -> None:
+    """End this Ray worker process now: its trainer thread ignored a cancel for the whole
+    grace. The dispatcher, which sent the cancel, reads the lost worker as the task's cancel;
+    Ray starts a fresh worker for the next task."""
+    print(f"seedgrid: trainer {trainer_name!r} (seeds {list(seeds)}) did not stop within "
+          f"{CANCEL_GRACE_S:g} s of its cancel; ending worker process {os.getpid()}",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 @ray.remote(max_retries=0)

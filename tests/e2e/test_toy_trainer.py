@@ -45,8 +45,8 @@ def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(
     client = service.client
     listed = {t["name"]: t for t in client.get("/trainers").json()}
     assert listed["toy"]["primary_metric"] == "loss"
-    assert set(listed["toy"]["config_schema"]["properties"]) == {"steps", "lr", "log_every",
-                                                                 "fail_at_step"}
+    assert set(listed["toy"]["config_schema"]["properties"]) == {
+        "steps", "lr", "log_every", "fail_at_step", "stall_at_step", "stall_s"}
 
     spec = {"name": "toy", "trainer": "toy", "config": {"steps": 2000, "log_every": 5},
             "grid": {"lr": [0.1, 0.2, 2.0]}, "seeds": 3}

@@ -1,11 +1,13 @@
 """A fifth trainer written the way a user would add one: gradient descent on ||w||^2 from a
 random start. With lr > 1 each step multiplies w by |1 - 2 lr| > 1, so the loss overflows to
 inf: a run that diverges on demand; `fail_at_step` makes one that fails on demand (the trainer
-raises, as a bug would: nothing a pre-flight can see). Registered on the workers through
+raises, as a bug would: nothing a pre-flight can see), `stall_at_step` one whose step ignores a
+cancel for `stall_s` seconds. Registered on the workers through
 SEEDGRID_TRAINER_MODULES (see tests/conftest.py) and in the test's own process by the test."""
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 import torch
@@ -20,6 +22,10 @@ class ToyConfig(TrainerConfig):
     lr: float = Field(0.1, gt=0, description="Step size; above 1 the run diverges")
     log_every: int = Field(10, ge=1, description="Steps between logged points")
     fail_at_step: int | None = Field(None, ge=0, description="Raise RuntimeError at this step")
+    stall_at_step: int | None = Field(None, ge=0, description=(
+        "At this step, sleep stall_s seconds without checking for a cancel (a step that "
+        "outlasts the worker's grace)"))
+    stall_s: float = Field(0.0, ge=0, le=600, description="How long the stall lasts")
 
 
 class ToyTrainer(TrainerBase):
@@ -42,6 +48,8 @@ class ToyTrainer(TrainerBase):
         for step in range(config.steps):
             if step == config.fail_at_step:
                 raise RuntimeError(f"toy asked to fail at step {step}")
+            if step == config.stall_at_step:
+                time.sleep(config.stall_s)
             w -= config.lr * 2 * w
             loss = float(w @ w)
             if step % config.log_every == 0 and run.log(step, {"loss": loss}):

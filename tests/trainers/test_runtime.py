@@ -110,7 +110,8 @@ def test_provenance_identifies_the_code_and_the_platform() -> None:
     assert provenance["trainer_source_sha256"] == source_sha256(
         ROOT / "tests" / "e2e" / "toy_trainer.py")
     assert provenance["torch_threads"] == 1 and provenance["seed"] == 1
-    assert provenance["config"] == {"steps": 10, "lr": 0.1, "log_every": 10, "fail_at_step": None}
+    assert provenance["config"] == {"steps": 10, "lr": 0.1, "log_every": 10, "fail_at_step": None,
+                                    "stall_at_step": None, "stall_s": 0.0}
     again = trainer.run(trainer.Config(steps=10), 1, NullReporter(), threads=1)
     assert again.provenance["parameters_sha256"] == provenance["parameters_sha256"]
     other_seed = trainer.run(trainer.Config(steps=10), 2, NullReporter(), threads=1)
