@@ -1087,7 +1087,7 @@ def policy_peers(rule: dict[str, Any], pods: list[tuple[str, dict[str, str], Any
 
 
 def admitted_ingress(policies: list[dict[str, Any]], pods: list[tuple[str, dict[str, str], Any]],
-                     target: tuple[str, dict[str, str], dict[str, Any]]) -> dict[str, Any]:
+                     target: tuple[str, dict[str, str], dict[str, Any]]) -> dict[str, Any] | None:
     """NetworkPolicy's ingress semantics for one pod: None when no policy selects it (open to
     all), else source -> the container ports it may reach ("all" for a rule without ports)."""
     _, labels, spec = target
