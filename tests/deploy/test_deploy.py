@@ -2,14 +2,19 @@
 
 Nothing here builds an image or starts a container (no Docker engine, no cluster, no network).
 What is checked: every YAML file parses; the Dockerfile's pins, base Python, copied paths and
-Ray version agree with pyproject.toml and the RayCluster; the compose file passes
-`docker-compose config` and a structural check, requires the token and the database password
-and publishes nothing beyond 127.0.0.1 by default; the Kubernetes manifests build with
-`kubectl kustomize` (offline), validate against the Kubernetes schemas (kubernetes-validate),
-and hang together (names, ports, selectors, GPU counts, the Secret the documented command
-creates); no deploy file carries a token or password; every seedgrid command line they run
-exists in the CLI; every SEEDGRID_* variable they set is one seedgrid reads, with a value its
-settings accept.
+Ray version agree with pyproject.toml and the RayCluster, and its numbered non-root user is the
+pods' user; the compose file passes `docker-compose config` and a structural check, requires
+the API token, the Ray token and the database password and publishes nothing beyond 127.0.0.1
+by default, and the Ray dashboard only with its override file; the Kubernetes manifests build
+with `kubectl kustomize` (offline), validate against the Kubernetes schemas
+(kubernetes-validate), and hang together (names, ports, selectors, GPU counts, the Secret the
+documented command creates); Ray's token authentication is on for every Ray process and every
+driver, from the Secret or a required host variable, and never handed to the API; every pod
+and container runs confined (non-root, no capabilities, no privilege escalation, a read-only
+image with volumes where it writes, the default seccomp profile); the network policies admit
+only seedgrid's pods to Ray and PostgreSQL; no deploy file carries a token or password; every
+seedgrid command line they run exists in the CLI; every SEEDGRID_* variable they set is one
+seedgrid reads, with a value its settings accept.
 
 A missing tool (docker-compose, kubectl, kubernetes-validate) skips its test with a message, and
 fails it under CI=true: CI must run every check (scripts/test.sh installs docker-compose).
@@ -45,18 +50,27 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
+# The opt-in override that publishes the Ray dashboard on 127.0.0.1.
+COMPOSE_DASHBOARD = DEPLOY / "compose.dashboard.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # Values for the variables compose.yaml requires from the host (interpolation in the test); the
 # token is one seedgrid accepts (16 characters or more, no placeholder).
 COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password",
-               "SEEDGRID_API_TOKEN": "test-token-4f1c9a7e2b8d"}
+               "SEEDGRID_API_TOKEN": "test-token-4f1c9a7e2b8d",
+               "SEEDGRID_RAY_TOKEN": "test-ray-token-9d3b6a1c"}
 # Values people leave in place when a file says "replace this"; seedgrid refuses them as a token.
 PLACEHOLDER_SECRETS = {"change-me", "change-me-too", "changeme", "replace-me", "replaceme",
                        "secret", "token", "password"}
 DOCS = ROOT / "docs" / "deploy.md"
 SEEDGRID_SERVICES = {"ray-head", "ray-gpu-worker", "api", "dispatcher"}
+# Variables whose value is a mode, not a secret, though it may read "token" (a placeholder).
+NOT_SECRETS = {"RAY_AUTH_MODE"}
+# Ray's dashboard port (with its job API, which runs any command on the cluster).
+RAY_DASHBOARD_PORT = 8265
+# The official postgres image's user: uid and gid 999 (its Dockerfile's groupadd/useradd).
+POSTGRES_IMAGE_UID = 999
 # The Kubernetes API version the built-in kinds are validated against.
 KUBERNETES_VERSION = "1.30.0"
 
@@ -308,6 +322,55 @@ def test_what_the_image_copies_builds_a_wheel_with_every_package_file(tmp_path: 
     assert not expected - in_wheel, f"left out of the installed package: {expected - in_wheel}"
 
 
+def dockerfile_env() -> dict[str, str]:
+    """The variables the Dockerfile's ENV instructions set (KEY=VALUE form)."""
+    return dict(word.split("=", 1) for keyword, args in dockerfile_instructions()
+                if keyword == "ENV" for word in shlex.split(args))
+
+
+def image_user() -> tuple[int, int, str]:
+    """(uid, gid, home) the image runs as: its last USER, given as uid:gid by number, which the
+    one `useradd` of its RUN instructions creates with that home (HOME too)."""
+    instructions = dockerfile_instructions()
+    user = [args for keyword, args in instructions if keyword == "USER"][-1]
+    match = re.fullmatch(r"(\d+):(\d+)", user)
+    assert match, f"USER {user}: give uid:gid by number (Kubernetes' runAsNonRoot checks it)"
+    uid, gid = int(match[1]), int(match[2])
+    commands = [shlex.split(part) for keyword, args in instructions if keyword == "RUN"
+                for part in re.split(r"&&|;", args)]
+    (useradd,) = [words for words in commands if words[:1] == ["useradd"]]
+    options: dict[str, str] = {}
+    words = iter(useradd[1:])
+    for word in words:
+        if word in {"--uid", "--gid", "--home-dir", "--shell"}:
+            options[word] = next(words)
+    assert (options.get("--uid"), options.get("--gid")) == (str(uid), str(gid)), (
+        f"USER {user} is not the user that useradd creates: {useradd}")
+    home = options.get("--home-dir", "")
+    assert home.startswith("/") and "--create-home" in useradd, f"no home directory: {useradd}"
+    assert dockerfile_env().get("HOME") == home, "HOME is not the user's home directory"
+    return uid, gid, home
+
+
+def test_the_image_runs_as_a_numbered_non_root_user_the_pods_run_as() -> None:
+    """Kubernetes' runAsNonRoot can only verify a numeric USER; the pods' runAsUser and
+    runAsGroup must be that user, whose home and /tmp are where the read-only image lets it
+    write (the confinement tests check the volumes there)."""
+    uid, gid, home = image_user()
+    assert uid != 0 and gid != 0, "the image runs as root"
+    assert home != "/" and not home.startswith(("/usr", "/opt", "/etc")), home
+    containers = [(where, spec, c) for where, _, spec in k8s_pods(k8s_objects())
+                  for c in all_containers(spec) if c["image"] == "seedgrid"]
+    assert len(containers) == 4, [where for where, _, _ in containers]
+    for where, spec, container in containers:
+        context = effective_security_context(spec, container)
+        assert (context.get("runAsUser"), context.get("runAsGroup")) == (uid, gid), (
+            f"{where} runs as {context.get('runAsUser')}:{context.get('runAsGroup')}, "
+            f"the image's user is {uid}:{gid}")
+    for name in SEEDGRID_SERVICES:
+        assert compose_services()[name].get("user") is None, f"compose {name} overrides USER"
+
+
 # --------------------------------------------------------------------------------------------
 # compose
 
@@ -448,15 +511,132 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
         assert set(published_host_ips(service)) <= {"127.0.0.1"}, name
     assert published_host_ips(resolved["services"]["api"]) == ["127.0.0.1"]
 
-    # Without the database password or the token the file refuses to resolve, naming it; an
-    # empty token (authentication off) too.
+    # Ray's token authentication on every Ray process and the dispatcher; no dashboard port.
+    for name in ("ray-head", "ray-gpu-worker", "dispatcher"):
+        env = resolved["services"][name].get("environment") or {}
+        assert env.get("RAY_AUTH_MODE") == "token", f"{name}: Ray's token auth is off"
+        assert env.get("RAY_AUTH_TOKEN") == COMPOSE_ENV["SEEDGRID_RAY_TOKEN"], name
+    assert "RAY_AUTH_TOKEN" not in resolved["services"]["api"]["environment"]
+    assert published_ports(resolved["services"]["ray-head"]) == []
+    # ... which the override publishes on 127.0.0.1 only.
+    run_with_dashboard = [*run[:-1], "-f", str(COMPOSE_DASHBOARD), "config"]
+    done = subprocess.run(run_with_dashboard, env=base_env | COMPOSE_ENV, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with_dashboard = yaml.safe_load(done.stdout)["services"]
+    assert published_ports(with_dashboard["ray-head"]) == [
+        ("127.0.0.1", str(RAY_DASHBOARD_PORT), RAY_DASHBOARD_PORT)]
+    assert with_dashboard["api"] == resolved["services"]["api"]
+
+    # Without the database password or a token the file refuses to resolve, naming it; an empty
+    # token (authentication off) too.
     for required, value in (("SEEDGRID_DB_PASSWORD", None), ("SEEDGRID_API_TOKEN", None),
-                            ("SEEDGRID_API_TOKEN", "")):
+                            ("SEEDGRID_API_TOKEN", ""), ("SEEDGRID_RAY_TOKEN", None),
+                            ("SEEDGRID_RAY_TOKEN", "")):
         host = {k: v for k, v in COMPOSE_ENV.items() if k != required}
         done = config(host if value is None else host | {required: value})
         assert done.returncode != 0 and f"set {required}" in done.stderr, (
             f"compose resolves with {required}={value!r}"
         )
+
+
+def published_ports(service: dict[str, Any],
+                    host: dict[str, str] = COMPOSE_ENV) -> list[tuple[str, str, int]]:
+    """(host address, host port, container port) of a service's ports: the short syntax
+    "[IP:][HOST:]CONTAINER[/proto]" of the files and of docker-compose 1.29's output, or Compose
+    v2's mapping; no address is every interface."""
+    found = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            found.append((port.get("host_ip", "0.0.0.0"), str(port.get("published", "")),
+                          int(port["target"])))
+            continue
+        parts = interpolate(str(port), host).split("/")[0].rsplit(":", 2)
+        parts = ["0.0.0.0"] * (3 - len(parts)) + parts
+        found.append((parts[0], parts[1], int(parts[2])))
+    return found
+
+
+def compose_tmpfs(service: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """A service's tmpfs mounts: path -> options ("exec", "mode=1777", "uid=1000", ...)."""
+    mounts = {}
+    for entry in service.get("tmpfs", []):
+        path, _, options = entry.partition(":")
+        mounts[path] = dict((o.split("=", 1) + [""])[:2] for o in options.split(",") if o)
+    return mounts
+
+
+def compose_connects_to_ray(service: dict[str, Any]) -> bool:
+    """Whether a compose service runs a Ray process or a Ray driver: `ray` as its entrypoint, a
+    `ray start` in its shell command, or a Ray address seedgrid joins."""
+    command = service.get("command") or []
+    script = " ".join(command) if isinstance(command, list) else command
+    return (service.get("entrypoint") == ["ray"] or "ray start" in script
+            or bool(compose_env(service).get("SEEDGRID_RAY_ADDRESS")))
+
+
+def test_compose_turns_on_ray_token_auth_for_every_ray_process_and_driver() -> None:
+    """Ray's token authentication (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN) on the Ray head, the
+    GPU worker and the dispatcher (a Ray node and the driver), the token from one required host
+    variable; the API, which does not join Ray, never gets it."""
+    services = compose_services()
+    connecting = {name for name, service in services.items() if compose_connects_to_ray(service)}
+    assert connecting == {"ray-head", "ray-gpu-worker", "dispatcher"}, connecting
+    variables = set()
+    for name in connecting:
+        raw = services[name].get("environment") or {}
+        assert raw.get("RAY_AUTH_MODE") == "token", f"compose {name}: Ray's token auth is off"
+        token = re.fullmatch(r"\$\{(\w+):\?[^}]*\}", str(raw.get("RAY_AUTH_TOKEN", "")))
+        assert token, f"compose {name}: RAY_AUTH_TOKEN is not a required host variable"
+        variables.add(token[1])
+        assert compose_env(services[name])["RAY_AUTH_TOKEN"] == COMPOSE_ENV[token[1]]
+    assert len(variables) == 1, f"the Ray processes take their token from {sorted(variables)}"
+    (variable,) = variables
+    assert variable != "SEEDGRID_API_TOKEN", "the Ray token is the API's token"
+    without = {k: v for k, v in COMPOSE_ENV.items() if k != variable}
+    with pytest.raises(AssertionError, match=f"requires {variable}"):
+        compose_env(services["ray-head"], without)
+    for name in set(services) - connecting:
+        assert not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(compose_env(services[name])), (
+            f"compose {name} does not join Ray but holds the Ray token")
+    # The Ray node in the dispatcher's container does not inherit the database URL, which only
+    # the dispatcher process needs.
+    (script,) = services["dispatcher"]["command"]
+    assert re.search(r"env -u SEEDGRID_DATABASE_URL\s+ray start ", script), script
+
+
+def test_compose_publishes_the_ray_dashboard_only_with_its_override_file() -> None:
+    services = compose_services()
+    for name, service in services.items():
+        for _, host_port, container in published_ports(service):
+            assert container != RAY_DASHBOARD_PORT, f"compose {name} publishes the dashboard"
+            assert host_port != str(RAY_DASHBOARD_PORT), f"compose {name} takes port 8265"
+    (override,) = yaml_documents(COMPOSE_DASHBOARD)
+    assert set(override) == {"services"} and set(override["services"]) == {"ray-head"}
+    assert set(override["services"]["ray-head"]) == {"ports"}, "the override changes more"
+    assert published_ports(override["services"]["ray-head"]) == [
+        ("127.0.0.1", str(RAY_DASHBOARD_PORT), RAY_DASHBOARD_PORT)]
+    head = services["ray-head"]["command"]
+    assert "--dashboard-host=0.0.0.0" in head, "the override would publish a port no one serves"
+
+
+def test_compose_seedgrid_containers_run_confined() -> None:
+    """The compose counterpart of the pods' security contexts: no capabilities, no privilege
+    gain, a read-only image with tmpfs mounts where the image's user writes (Docker applies its
+    default seccomp profile by itself; nothing may turn it off)."""
+    services = compose_services()
+    for name in SEEDGRID_SERVICES:
+        service = services[name]
+        assert service.get("read_only") is True, f"compose {name}: writable image"
+        assert service.get("cap_drop") == ["ALL"] and not service.get("cap_add"), name
+        options = service.get("security_opt") or []
+        assert "no-new-privileges:true" in options, f"compose {name}: no no-new-privileges"
+        assert not [o for o in options if "unconfined" in o], f"compose {name}: {options}"
+        assert not service.get("privileged") and not service.get("network_mode"), name
+        tmpfs = compose_tmpfs(service)
+        uid, _, home = image_user()
+        assert {"/tmp", home} <= tmpfs.keys(), f"compose {name}: tmpfs {sorted(tmpfs)}"
+        assert tmpfs[home].get("uid") == str(uid), f"compose {name}: the home is not the user's"
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,6 +659,78 @@ def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def pod_containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return obj["spec"]["template"]["spec"]["containers"]
+
+
+def k8s_pods(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
+    """(name, labels, pod spec) of every kind of pod the manifests make: the Deployments' and
+    the StatefulSet's, and the RayCluster's head and worker groups with the labels KubeRay adds
+    to their pods (ray.io/cluster, ray.io/node-type, ray.io/group, ray.io/is-ray-node)."""
+    pods = []
+    for obj in objects:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        assert kind not in {"Pod", "Job", "CronJob", "DaemonSet", "ReplicaSet"}, kind
+        if kind in {"Deployment", "StatefulSet"}:
+            template = obj["spec"]["template"]
+            pods.append((f"{kind} {name}", template["metadata"].get("labels", {}),
+                         template["spec"]))
+        elif kind == "RayCluster":
+            groups = [("head", "headgroup", obj["spec"]["headGroupSpec"])] + [
+                ("worker", g["groupName"], g) for g in obj["spec"]["workerGroupSpecs"]]
+            for node_type, group, spec in groups:
+                template = spec["template"]
+                labels = (template.get("metadata") or {}).get("labels", {}) | {
+                    "ray.io/cluster": name, "ray.io/node-type": node_type,
+                    "ray.io/group": group, "ray.io/is-ray-node": "yes"}
+                pods.append((f"RayCluster {name} {group}", labels, template["spec"]))
+    return pods
+
+
+def all_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def literal_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's env items that carry a value (not valueFrom)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def secret_env(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The container's env items taken from a Secret: name -> (Secret, key)."""
+    return {e["name"]: (ref["name"], ref["key"]) for e in container.get("env", [])
+            if (ref := (e.get("valueFrom") or {}).get("secretKeyRef"))}
+
+
+def effective_security_context(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """The container's security context with the pod's fields it inherits (the container's own
+    win, as in Kubernetes)."""
+    pod = spec.get("securityContext") or {}
+    inherited = {k: pod[k] for k in ("runAsNonRoot", "runAsUser", "runAsGroup", "seccompProfile")
+                 if k in pod}
+    return inherited | (container.get("securityContext") or {})
+
+
+def writable_volume_mounts(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """mountPath -> kind ("emptyDir", "persistentVolumeClaim", ...) of the container's mounts
+    that it may write to; a StatefulSet's claim templates count as persistentVolumeClaim."""
+    volumes = {v["name"]: next(k for k in v if k != "name") for v in spec.get("volumes", [])}
+    found = {}
+    for mount in container.get("volumeMounts", []):
+        if not mount.get("readOnly"):
+            found[mount["mountPath"]] = volumes.get(mount["name"], "persistentVolumeClaim")
+    return found
+
+
+def k8s_connects_to_ray(container: dict[str, Any], in_raycluster: bool,
+                        config: dict[str, str]) -> bool:
+    """Whether a container runs a Ray process or a Ray driver: every RayCluster container, and
+    a container that runs `ray start` or whose Ray address (the ConfigMap's, unless its own env
+    overrides it) is not empty."""
+    if in_raycluster:
+        return True
+    env = dict(config) if any("configMapRef" in r for r in container.get("envFrom", [])) else {}
+    env |= literal_env(container)
+    command = " ".join([*container.get("command", []), *container.get("args", [])])
+    return "ray start" in command or bool(env.get("SEEDGRID_RAY_ADDRESS"))
 
 
 # Stand-ins for running the documented commands with no cluster: kubectl prints its arguments
@@ -596,7 +848,7 @@ def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
         # Raises ValidationError with the field path on an unknown or mistyped field.
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         checked.append(obj["kind"])
-    assert {"Deployment", "Service", "StatefulSet", "ConfigMap"} <= set(checked)
+    assert {"Deployment", "Service", "StatefulSet", "ConfigMap", "NetworkPolicy"} <= set(checked)
 
 
 def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits() -> None:
@@ -630,7 +882,7 @@ def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits
         )
         if limit:
             gpu_groups += 1
-            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            env = literal_env(container)
             data_root = env["SEEDGRID_DATA_ROOT"]
             check_seedgrid_env(env, f"RayCluster group {group['groupName']}")
             mount = next(m for m in container["volumeMounts"] if m["mountPath"] == data_root)
@@ -651,7 +903,7 @@ def test_the_documented_secret_gives_what_the_manifests_read() -> None:
     """The kustomization ships no Secret (a placeholder in it would be a usable token): the
     operator creates seedgrid-secrets with the command of docs/deploy.md, repeated in
     kustomization.yaml. Both copies create the same keys, every key the manifests read from
-    it, and a token seedgrid accepts."""
+    it, a token seedgrid accepts and a Ray token."""
     objects = k8s_objects()
     secrets = {where: documented_secret(where, script)
                for where, script in documented_secret_scripts().items()}
@@ -661,13 +913,15 @@ def test_the_documented_secret_gives_what_the_manifests_read() -> None:
     secret = secrets["docs/deploy.md"]
     referenced = {ref["key"] for ref in secret_key_refs(objects)
                   if ref["name"] == "seedgrid-secrets"}
-    # The Deployments take the whole Secret (envFrom): the database URL (without it each pod
-    # would open a SQLite file of its own) and the token (without it anyone who reaches the
-    # Service is served).
-    missing = (referenced | {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN"}) - secret.keys()
+    # Whatever the pods read (secretKeyRef), and always the database URL (without it each pod
+    # would open a SQLite file of its own), the API token (without it anyone who reaches the
+    # Service is served) and Ray's token (without it Ray's token authentication cannot start).
+    missing = (referenced | {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN", "RAY_AUTH_TOKEN"}
+               ) - secret.keys()
     assert not missing, f"the documented Secret lacks {sorted(missing)}"
-    token = secret["SEEDGRID_API_TOKEN"]
-    assert len(token) >= 16 and token.lower() not in PLACEHOLDER_SECRETS, token
+    for key in ("SEEDGRID_API_TOKEN", "RAY_AUTH_TOKEN"):
+        token = secret[key]
+        assert len(token) >= 16 and token.lower() not in PLACEHOLDER_SECRETS, (key, token)
 
 
 def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
@@ -680,7 +934,7 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     api = find(objects, "Deployment", "seedgrid-api")
     (api_container,) = pod_containers(api)
     assert api_container["args"][:2] == ["serve", "--no-dispatch"]
-    api_env = {e["name"]: e["value"] for e in api_container["env"]}
+    api_env = literal_env(api_container)
     check_seedgrid_env(config | secret | api_env, "the API Deployment")
     port = next(p for p in api_container["ports"] if p["containerPort"] == int(
         api_env["SEEDGRID_PORT"]))
@@ -702,12 +956,18 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     assert 'ray start --address="$SEEDGRID_RAY_ADDRESS" --num-cpus=0 --num-gpus=0' in script
     assert seedgrid_invocations_in_shell(script) == [["dispatcher"]]
 
-    # Both read the ConfigMap and the Secret the operator creates.
-    for deployment in (api, dispatcher):
-        refs = pod_containers(deployment)[0]["envFrom"]
+    # Both read the ConfigMap, and of the Secret the operator creates only the keys each needs
+    # (never the whole Secret through envFrom): the dispatcher no API token, the API no Ray
+    # token (Ray's token authentication: test_k8s_ray_token_authentication_...).
+    for deployment, keys in ((api, {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN"}),
+                             (dispatcher, {"SEEDGRID_DATABASE_URL", "RAY_AUTH_TOKEN"})):
+        (container,) = pod_containers(deployment)
+        refs = container["envFrom"]
         assert {r["configMapRef"]["name"] for r in refs if "configMapRef" in r} == {
             "seedgrid-config"}
-        assert {r["secretRef"]["name"] for r in refs if "secretRef" in r} == {"seedgrid-secrets"}
+        assert not [r for r in refs if "secretRef" in r], "the whole Secret in a pod's env"
+        assert secret_env(container) == {k: ("seedgrid-secrets", k) for k in keys}, (
+            deployment["metadata"]["name"])
 
     # PostgreSQL: the URL in the documented Secret reaches the StatefulSet's Service with its
     # credentials.
@@ -728,6 +988,159 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     assert url.password == secret[password_ref["valueFrom"]["secretKeyRef"]["key"]], (
         "the password in SEEDGRID_DATABASE_URL differs from POSTGRES_PASSWORD"
     )
+
+
+def test_k8s_ray_token_authentication_is_on_for_every_ray_container_and_driver() -> None:
+    """RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from the Secret in every Ray container (KubeRay
+    copies the worker's env into its wait-gcs-ready init container) and the dispatcher; no pod
+    that does not join Ray holds the token; the head keeps its dashboard on its loopback."""
+    objects = k8s_objects()
+    config = find(objects, "ConfigMap", "seedgrid-config")["data"]
+    secret = documented_secret("docs/deploy.md", documented_secret_scripts()["docs/deploy.md"])
+    connecting, others = [], []
+    for where, _, spec in k8s_pods(objects):
+        for container in all_containers(spec):
+            joins = k8s_connects_to_ray(container, where.startswith("RayCluster"), config)
+            (connecting if joins else others).append((where, container))
+    assert {where for where, _ in connecting} == {
+        "RayCluster seedgrid headgroup", "RayCluster seedgrid gpu",
+        "Deployment seedgrid-dispatcher"}, [where for where, _ in connecting]
+    for where, container in connecting:
+        assert literal_env(container).get("RAY_AUTH_MODE") == "token", (
+            f"{where}: Ray's token authentication is off")
+        assert secret_env(container).get("RAY_AUTH_TOKEN") == (
+            "seedgrid-secrets", "RAY_AUTH_TOKEN"), f"{where}: RAY_AUTH_TOKEN not from the Secret"
+    assert secret.get("RAY_AUTH_TOKEN"), "the documented Secret has no RAY_AUTH_TOKEN"
+    assert not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & config.keys()
+    for where, container in others:
+        env = literal_env(container) | secret_env(container)
+        assert "RAY_AUTH_TOKEN" not in env, f"{where} does not join Ray but holds the Ray token"
+        assert not [r for r in container.get("envFrom", []) if "secretRef" in r], where
+
+    cluster = find(objects, "RayCluster", "seedgrid")["spec"]
+    # KubeRay's authOptions would generate a second token, which the dispatcher lacks.
+    assert "authOptions" not in cluster, "authOptions next to the token from the Secret"
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"].get("dashboard-host") == "127.0.0.1", (
+        "the dashboard (and its job API) listens beyond the head pod's loopback")
+    ports = {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
+    assert 10001 not in ports, "the head publishes the Ray Client port"
+    # The Ray node in the dispatcher's pod does not inherit the database URL.
+    (container,) = pod_containers(find(objects, "Deployment", "seedgrid-dispatcher"))
+    assert re.search(r"env -u SEEDGRID_DATABASE_URL\s+ray start ", container["args"][0])
+
+
+def test_k8s_every_pod_and_container_runs_confined() -> None:
+    """runAsNonRoot with a non-root uid, the RuntimeDefault seccomp profile, no privilege
+    escalation, every capability dropped, a read-only root filesystem, and a writable volume
+    wherever the process writes (emptyDirs: /tmp and the home of the seedgrid image, the socket
+    directory and /tmp of PostgreSQL, whose data lives on its claim)."""
+    objects = k8s_objects()
+    pods = k8s_pods(objects)
+    assert len(pods) == 5, [where for where, _, _ in pods]
+    for where, _, spec in pods:
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(flag), f"{where}: {flag}"
+        for container in all_containers(spec):
+            at = f"{where}, container {container['name']}"
+            context = effective_security_context(spec, container)
+            assert context.get("runAsNonRoot") is True, f"{at}: runAsNonRoot"
+            assert isinstance(context.get("runAsUser"), int) and context["runAsUser"] > 0, at
+            assert (context.get("seccompProfile") or {}).get("type") == "RuntimeDefault", at
+            assert context.get("allowPrivilegeEscalation") is False, f"{at}: privilege escalation"
+            assert not context.get("privileged"), f"{at}: privileged"
+            capabilities = context.get("capabilities") or {}
+            assert "ALL" in capabilities.get("drop", []), f"{at}: capabilities not dropped"
+            assert not capabilities.get("add"), f"{at}: adds {capabilities['add']}"
+            assert context.get("readOnlyRootFilesystem") is True, f"{at}: writable image"
+            writable = writable_volume_mounts(spec, container)
+            if container["image"] == "seedgrid":
+                needed = {"/tmp": "emptyDir", image_user()[2]: "emptyDir"}
+            else:
+                assert container["image"].startswith("postgres:"), at
+                assert context["runAsUser"] == POSTGRES_IMAGE_UID, f"{at}: not the postgres user"
+                pod = spec["securityContext"]
+                assert pod.get("fsGroup") == POSTGRES_IMAGE_UID, f"{at}: its claim is not its own"
+                assert pod.get("fsGroupChangePolicy") == "OnRootMismatch", at
+                pgdata = next(e["value"] for e in container["env"] if e["name"] == "PGDATA")
+                data = next(path for path in writable if pgdata.startswith(path + "/"))
+                needed = {"/tmp": "emptyDir", "/var/run/postgresql": "emptyDir",
+                          data: "persistentVolumeClaim"}
+            assert needed.items() <= writable.items(), f"{at}: writable {writable}"
+
+
+def policy_peers(rule: dict[str, Any], pods: list[tuple[str, dict[str, str], Any]]) -> set[str]:
+    """The sources an ingress rule admits: the names of the manifests' pods its podSelectors
+    match (same namespace), "anywhere" for a rule with no `from` or a peer beyond them."""
+    if not rule.get("from"):
+        return {"anywhere"}
+    found = set()
+    for peer in rule["from"]:
+        if set(peer) != {"podSelector"}:
+            found.add("anywhere")  # a namespaceSelector or an ipBlock reaches beyond the pods
+            continue
+        selector = peer["podSelector"]
+        assert set(selector) == {"matchLabels"} and selector["matchLabels"], selector
+        found |= {name for name, labels, _ in pods
+                  if selector["matchLabels"].items() <= labels.items()}
+    return found
+
+
+def admitted_ingress(policies: list[dict[str, Any]], pods: list[tuple[str, dict[str, str], Any]],
+                     target: tuple[str, dict[str, str], dict[str, Any]]) -> dict[str, Any] | None:
+    """NetworkPolicy's ingress semantics for one pod: None when no policy selects it (open to
+    all), else source -> the container ports it may reach ("all" for a rule without ports)."""
+    _, labels, spec = target
+    selecting = [p["spec"] for p in policies
+                 if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()]
+    for policy in selecting:
+        assert policy.get("policyTypes"), "policyTypes left to the defaults"
+        assert set(policy["podSelector"]) <= {"matchLabels"}, policy["podSelector"]
+    selecting = [p for p in selecting if "Ingress" in p["policyTypes"]]
+    if not selecting:
+        return None
+    named = {port["name"]: port["containerPort"]
+             for c in spec["containers"] for port in c.get("ports", []) if "name" in port}
+    admitted: dict[str, Any] = {}
+    for policy in selecting:
+        for rule in policy.get("ingress", []):
+            ports = ({named.get(p["port"], p["port"]) for p in rule["ports"]}
+                     if rule.get("ports") else "all")
+            for source in policy_peers(rule, pods):
+                previous = admitted.get(source, set())
+                admitted[source] = "all" if "all" in (ports, previous) else previous | ports
+    return admitted
+
+
+def test_network_policies_admit_only_seedgrid_pods_to_ray_and_postgres() -> None:
+    """Every pod is closed to inbound connections but for: the API's port (from anywhere), the
+    Ray pods (from the Ray pods and the dispatcher only: the head's GCS, Ray Client and
+    dashboard ports included), the dispatcher (from the Ray pods), PostgreSQL's port (from the
+    API and the dispatcher only)."""
+    objects = k8s_objects()
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert all(o["apiVersion"] == "networking.k8s.io/v1" for o in policies)
+    pods = k8s_pods(objects)
+    by_name = {pod[0]: pod for pod in pods}
+    api, dispatcher = "Deployment seedgrid-api", "Deployment seedgrid-dispatcher"
+    head, workers = "RayCluster seedgrid headgroup", "RayCluster seedgrid gpu"
+    postgres = "StatefulSet postgres"
+    assert set(by_name) == {api, dispatcher, head, workers, postgres}
+    admitted = {name: admitted_ingress(policies, pods, pod) for name, pod in by_name.items()}
+    for name, sources in admitted.items():
+        assert sources is not None, f"no network policy selects {name}: open to every pod"
+
+    ray_nodes = {head, workers, dispatcher}
+    for name in (head, workers):
+        assert set(admitted[name]) == ray_nodes, f"{name} admits {sorted(admitted[name])}"
+    assert set(admitted[dispatcher]) <= ray_nodes, f"the dispatcher admits {admitted[dispatcher]}"
+    assert {head, workers} <= set(admitted[dispatcher]), "the Ray pods cannot reach the driver"
+    (pg_port,) = [p["containerPort"] for c in by_name[postgres][2]["containers"]
+                  for p in c["ports"]]
+    assert admitted[postgres] == {api: {pg_port}, dispatcher: {pg_port}}, admitted[postgres]
+    # ... and the API stays reachable, on its port only.
+    (api_port,) = [p["containerPort"] for c in by_name[api][2]["containers"] for p in c["ports"]]
+    assert admitted[api] == {"anywhere": {api_port}}, admitted[api]
 
 
 # --------------------------------------------------------------------------------------------
@@ -769,6 +1182,8 @@ def test_no_deploy_file_carries_a_token_or_a_password() -> None:
             continue
         for doc in yaml_documents(path):
             for name, value in yaml_strings(doc):
+                if name in NOT_SECRETS:
+                    continue
                 assert value.strip().lower() not in PLACEHOLDER_SECRETS, f"{where}: {name}"
                 secrets = [value] if re.search(r"TOKEN|PASSWORD", name, re.I) else []
                 secrets += re.findall(r"://[^:/@\s]+:([^@]+)@", value)  # a URL's password
