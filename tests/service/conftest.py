@@ -11,6 +11,21 @@ from sqlmodel import Session
 from service.db import make_engine, upgrade_database
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend_session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Session]:
+    """A session at the schema's head revision, once on a fresh SQLite file and once on a
+    fresh database of the local PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    else:
+        url = request.getfixturevalue("pg_databases").url()
+    upgrade_database(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        yield session
+    engine.dispose()
+
+
 @pytest.fixture
 def session(tmp_path: Path) -> Iterator[Session]:
     """A session on a fresh SQLite file at the schema's head revision."""

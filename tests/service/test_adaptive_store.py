@@ -119,47 +119,51 @@ def queued_runs(session: Session) -> int:
     return RunStore(session).queued_runs()
 
 
-def test_an_adaptive_round_waits_for_room_under_the_queue_cap(session: Session) -> None:
-    """Rounds enter the queue like submissions: with SEEDGRID_MAX_QUEUED_RUNS 10, a round of 8
-    runs waits while 5 other runs are queued (its look recorded once, with why it waits), and
-    is queued at the first look after there is room; the queue never passes the cap."""
-    capped = Settings(database_url="sqlite://", max_queued_runs=10)
-    experiment_id = create_experiment(session=session, spec=adaptive_spec(),
+def test_an_adaptive_round_waits_for_room_under_the_queue_cap(
+        backend_session: Session) -> None:
+    """Rounds enter the queue like submissions: with SEEDGRID_MAX_QUEUED_RUNS 50, a round of
+    40 runs waits while 20 other runs are queued (its look recorded once, with why it waits),
+    and is queued at the first look after there is room; the queue never passes the cap."""
+    session = backend_session
+    capped = Settings(database_url="sqlite://", max_queued_runs=50)
+    experiment_id = create_experiment(session=session, spec=adaptive_spec(step=20, max_seeds=44),
                                       settings=capped).id
     assert complete_queued(session) == 8
     other = ExperimentSpec.model_validate({"name": "other", "trainer": "collapse",
-                                           "config": {"steps": 5}, "seeds": 5})
+                                           "config": {"steps": 5}, "seeds": 20})
     create_experiment(session=session, spec=other, settings=capped)
     assert decide_due(session, settings=capped) == 1  # the look is taken; its round waits
-    assert queued_runs(session) == 5
+    assert queued_runs(session) == 20
     assert decide_due(session, settings=capped) == 0  # no second look while it waits
     session.expire_all()
     experiment = session.get(Experiment, experiment_id)
     assert experiment is not None and experiment.deciding
     state = experiment.adaptive
-    assert state is not None and len(state["looks"]) == 1 and state["next_round"] == [4, 8]
+    assert state is not None and len(state["looks"]) == 1 and state["next_round"] == [4, 24]
     assert state["waiting"] == (
-        "the round to 8 seeds per condition (8 runs) waits for room in the queue: it would "
-        "pass the cap of 10 queued runs (SEEDGRID_MAX_QUEUED_RUNS)")
+        "the round to 24 seeds per condition (40 runs) waits for room in the queue: it would "
+        "pass the cap of 50 queued runs (SEEDGRID_MAX_QUEUED_RUNS)")
     assert experiment.status == "running" and experiment.n_runs == 8
 
     store = RunStore(session)  # the other experiment's runs leave the queue
-    store.claim(5)
+    store.claim(20)
     store.commit()
     assert decide_due(session, settings=capped) == 0  # the round is queued, no new look
-    assert queued_runs(session) == 8
+    assert queued_runs(session) == 40
     session.expire_all()
     experiment = session.get(Experiment, experiment_id)
-    assert experiment is not None and experiment.n_runs == 16
+    assert experiment is not None and experiment.n_runs == 48
     assert experiment.adaptive is not None
     assert (experiment.adaptive["next_round"], experiment.adaptive["waiting"]) == (None, None)
     assert len(experiment.adaptive["looks"]) == 1
 
 
-def test_a_look_that_fails_stops_its_own_experiment_and_no_other(session: Session) -> None:
+def test_a_look_that_fails_stops_its_own_experiment_and_no_other(
+        backend_session: Session) -> None:
     """A look that raises (here: an adaptive record this version cannot read, written behind
     the API's back) stops that experiment's rule with the error, keeps its runs, and the other
     adaptive experiment's look is taken in the same pass."""
+    session = backend_session
     poisoned = create_experiment(session=session, spec=adaptive_spec(), settings=SETTINGS).id
     healthy = create_experiment(session=session, spec=adaptive_spec(), settings=SETTINGS).id
     complete_queued(session)

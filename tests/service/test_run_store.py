@@ -22,10 +22,10 @@ from service.experiments import (
     experiment_detail,
 )
 from service.run_store import (
+    UNSTARTED_LOSSES_ALLOWED,
     AttemptKey,
     FinishedAttempt,
     RunStore,
-    UNSTARTED_LOSSES_ALLOWED,
     StartedAttempt,
     experiment_counts,
     experiment_status,
