@@ -13,6 +13,7 @@ from service.db import make_engine, upgrade_database
 from service.dispatcher import Dispatcher
 from service.experiments import Conflict, NotFound, QueueFull, SpecError
 from service.preflight import ClusterPreflight
+from service.purge import Purger
 from service.routes import compare, experiments, planning, runs, system
 from service.routes.reports import reports_router
 from service.routes.ui import public_paths, ui_router
@@ -32,6 +33,8 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         upgrade_database(settings.database_url)
         app.state.engine = engine
         app.state.settings = settings
+        app.state.purger = Purger(engine)  # deleted experiments' rows, in short batches
+        app.state.purger.start()
         app.state.dispatcher = Dispatcher(settings, engine) if dispatch else None
         app.state.preflight = ClusterPreflight(settings)
         if app.state.dispatcher is not None:
@@ -43,6 +46,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         finally:
             if app.state.dispatcher is not None:
                 app.state.dispatcher.stop()
+            app.state.purger.stop()
             engine.dispose()
 
     app = FastAPI(
