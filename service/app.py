@@ -33,14 +33,14 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         upgrade_database(settings.database_url)
         app.state.engine = engine
         app.state.settings = settings
-        app.state.purger = Purger(engine)  # deleted experiments' rows, in short batches
-        app.state.purger.start()
         app.state.dispatcher = Dispatcher(settings, engine) if dispatch else None
         app.state.preflight = ClusterPreflight(settings)
         if app.state.dispatcher is not None:
             app.state.dispatcher.start()  # the dispatcher's Ray connection serves the pre-flight
         else:
             app.state.preflight.join_cluster()
+        app.state.purger = Purger(engine)  # deleted experiments' rows, in short batches
+        app.state.purger.start()
         try:
             yield
         finally:
