@@ -13,6 +13,7 @@ from service.db import make_engine, upgrade_database
 from service.dispatcher import Dispatcher
 from service.experiments import Conflict, NotFound, QueueFull, SpecError
 from service.preflight import ClusterPreflight
+from service.purge import Purger
 from service.routes import compare, experiments, planning, runs, system
 from service.routes.reports import reports_router
 from service.routes.ui import public_paths, ui_router
@@ -38,11 +39,14 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
             app.state.dispatcher.start()  # the dispatcher's Ray connection serves the pre-flight
         else:
             app.state.preflight.join_cluster()
+        app.state.purger = Purger(engine)  # deleted experiments' rows, in short batches
+        app.state.purger.start()
         try:
             yield
         finally:
             if app.state.dispatcher is not None:
                 app.state.dispatcher.stop()
+            app.state.purger.stop()
             engine.dispose()
 
     app = FastAPI(

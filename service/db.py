@@ -71,7 +71,15 @@ def run_count_column() -> Any:
     return Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
+# Ids are never reused: on SQLite a table's rowid is otherwise max(id) + 1, so deleting the newest
+# experiment (or run) would hand its id to the next one, and every bookmark, export and cache
+# keyed by the id would silently point at other data. PostgreSQL's sequences never go back.
+NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
+
+
 class Experiment(SQLModel, table=True):
+    __table_args__ = NEVER_REUSE_IDS
+
     id: int | None = Field(default=None, primary_key=True)
     name: str
     trainer: str
@@ -101,12 +109,16 @@ class Experiment(SQLModel, table=True):
     deciding: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     # Its runs handed to Ray that no worker has started; last, where migration 0007 added it.
     runs_pending: int = run_count_column()
+    # Deleted: every read treats it as gone, while service.purge removes its rows in short
+    # batches (a delete in one transaction held SQLite's write lock for as long as it took).
+    deleted: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
 
 
 class Run(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("experiment_id", "condition_key", "seed", name="uq_run_condition_seed"),
         Index("ix_run_queue", "status", "priority", "id"),
+        NEVER_REUSE_IDS,
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -198,6 +210,29 @@ class StatsCache(SQLModel, table=True):
     # which comparisons: "<factor or empty>|<offset>|<limit>"
     page: str
     n_completed: int
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    computed_at: datetime = Field(default_factory=utcnow)
+
+
+class CompareCache(SQLModel, table=True):
+    """One page of GET /compare of experiments a and b, as the JSON the API returns: stored
+    like the statistics (StatsCache) and computed again only when the number of completed runs
+    of either experiment changed."""
+
+    __tablename__ = "comparecache"
+    __table_args__ = (
+        UniqueConstraint("a_id", "b_id", "metric", "page", name="uq_compare_page"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    a_id: int = Field(foreign_key="experiment.id")
+    # (the unique constraint indexes a_id; b's index finds the pages to remove with b)
+    b_id: int = Field(foreign_key="experiment.id", index=True)
+    metric: str
+    # which conditions: "<format>|<offset>|<limit>"
+    page: str
+    n_completed_a: int
+    n_completed_b: int
     payload: str = Field(sa_column=Column(Text, nullable=False))
     computed_at: datetime = Field(default_factory=utcnow)
 
@@ -295,10 +330,15 @@ def upgrade_database(database_url: str) -> SchemaUpgrade:
         before = _current_revision(connection)
         stamped = before is None and _predates_migrations(connection, database_url)
         config = _alembic_config(connection)
+        # (each check reads every row that refers to another: only when there is work)
+        checked = connection.dialect.name == "sqlite" and before != head_revision()
+        broken_before = _broken_references(connection) if checked else set()
         if stamped:
             command.stamp(config, INITIAL_REVISION)
         command.upgrade(config, "head")
         after = _current_revision(connection)
+        if checked:
+            _check_references(connection, database_url, broken_before)
     assert after is not None
     return SchemaUpgrade(before=before, after=after, stamped=stamped)
 
@@ -320,6 +360,7 @@ def _migration_connection(database_url: str, *, doing: str) -> Iterator[Connecti
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "connect", _sqlite_manual_transactions)
+        event.listen(engine, "connect", _sqlite_foreign_keys_off)
         event.listen(engine, "begin", _sqlite_begin_immediate)
     else:
         engine = create_engine(
@@ -350,6 +391,30 @@ def _sqlite_manual_transactions(dbapi_connection: Any, _record: Any) -> None:
 
 def _sqlite_begin_immediate(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _sqlite_foreign_keys_off(dbapi_connection: Any, _record: Any) -> None:
+    # SQLite's own procedure for a schema change (sqlite.org/lang_altertable.html): a table
+    # rebuilt under a new name and renamed back cannot be dropped while foreign keys are
+    # enforced and other tables' rows refer to it; they are checked once before the commit.
+    dbapi_connection.execute("PRAGMA foreign_keys=OFF")
+
+
+def _broken_references(connection: Connection) -> set[tuple[Any, ...]]:
+    return {tuple(row) for row in connection.exec_driver_sql("PRAGMA foreign_key_check")}
+
+
+def _check_references(connection: Connection, database_url: str,
+                      before: set[tuple[Any, ...]]) -> None:
+    """Refuse (roll back) an upgrade that left rows referring to rows that do not exist; what
+    was broken before it (a database no seedgrid made) is not its doing."""
+    broken = sorted(_broken_references(connection) - before, key=repr)
+    if broken:
+        table, rowid, parent, _ = broken[0]
+        raise DatabaseError(
+            f"cannot migrate the database {masked_url(database_url)}: the upgrade left "
+            f"{len(broken)} rows referring to rows that do not exist (the first: {table} row "
+            f"{rowid}, in {parent}); nothing was changed")
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:

@@ -431,8 +431,11 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
     added after its stop would be a look the rule did not count (its alpha would not hold)."""
     experiment = get_experiment(session=session, experiment_id=experiment_id)
     store = RunStore(session)
+    # Held until the commit: a concurrent add-seeds reads the seeds this one adds.
     store.lock_experiments([experiment_id])
     session.refresh(experiment)
+    if experiment.deleted:
+        raise NotFound(f"experiment {experiment_id} not found")
     if experiment.cancel_requested or experiment.status == ExperimentStatus.cancelled:
         raise Conflict(f"experiment {experiment_id} was cancelled: submit a new one")
     if experiment.adaptive is not None:
@@ -472,10 +475,21 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
 
 
 def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
+    """The experiment; NotFound when there is none or it was deleted (its rows may still be
+    being removed: service.purge)."""
     experiment = session.get(Experiment, experiment_id)
-    if experiment is None:
+    if experiment is None or experiment.deleted:
         raise NotFound(f"experiment {experiment_id} not found")
     return experiment
+
+
+def get_run(*, session: Session, run_id: int) -> Run:
+    """The run; NotFound when there is none or its experiment was deleted."""
+    run = session.get(Run, run_id)
+    if run is None or session.exec(
+            select(Experiment.deleted).where(Experiment.id == run.experiment_id)).first():
+        raise NotFound(f"run {run_id} not found")
+    return run
 
 
 def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
@@ -500,19 +514,23 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
 
 
 def delete_experiment(*, session: Session, experiment_id: int) -> None:
-    """Delete an ended experiment with its runs, attempts, metric points and statistics. One
-    with a run queued, pending or running is a Conflict (409): its dispatcher would write rows
-    for runs that no longer exist; cancel it first."""
+    """Delete an ended experiment with its runs, attempts, metric points and statistics: it is
+    marked deleted, gone for every read from this commit on, and its rows are removed in short
+    batches afterwards (service.purge: the caller wakes the purger). One with a run queued,
+    pending or running is a Conflict (409): its dispatcher would write rows for runs that no
+    longer exist; cancel it first."""
     experiment = get_experiment(session=session, experiment_id=experiment_id)
     store = RunStore(session)
     store.lock_experiments([experiment_id])
     session.refresh(experiment)
+    if experiment.deleted:  # another request deleted it meanwhile
+        raise NotFound(f"experiment {experiment_id} not found")
     active = experiment_counts(experiment).active
     if active or experiment.status in {ExperimentStatus.queued, ExperimentStatus.running}:
         raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued, "
                        f"pending or running): cancel it (POST /experiments/{experiment_id}/cancel) "
                        "and delete it once its runs have ended")
-    store.delete_experiment(experiment_id)
+    store.mark_deleted(experiment_id)
     store.commit()
 
 
@@ -569,7 +587,8 @@ def list_experiments(
 ) -> list[ExperimentSummary]:
     """One page of experiments, newest first, optionally only those in `status` and those
     whose name contains `name` (case-insensitive)."""
-    query = select(Experiment).order_by(Experiment.id.desc())  # type: ignore[union-attr]
+    query = (select(Experiment).where(Experiment.deleted == False)  # noqa: E712
+             .order_by(Experiment.id.desc()))  # type: ignore[union-attr]
     if status is not None:
         query = query.where(Experiment.status == status)
     if name:
@@ -644,9 +663,7 @@ def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any
 
 
 def run_detail(*, session: Session, run_id: int) -> RunDetail:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise NotFound(f"run {run_id} not found")
+    run = get_run(session=session, run_id=run_id)
     experiment = get_experiment(session=session, experiment_id=run.experiment_id)
     attempts = session.exec(
         select(RunAttempt).where(RunAttempt.run_id == run_id).order_by(RunAttempt.attempt)  # type: ignore[arg-type]

@@ -1,16 +1,23 @@
 """An experiment's runs or metric curves as one CSV or Parquet file (GET
 /experiments/{id}/export), for pandas, R or a spreadsheet without one request per run.
 
-Memory stays bounded however large the experiment: the runs are read a page at a time, the
-curves a batch of points at a time, each page in its own short session. CSV is streamed as it
-is read; Parquet is written batch by batch (one row group each) into a temporary file that is
-then sent and removed.
+The whole file is read from one snapshot: one read-only transaction (SQLite in WAL mode, where a
+reader never blocks a writer; PostgreSQL at REPEATABLE READ), so that a delete, or runs that end,
+while a slow client reads never cut the file short or mix two states of the experiment. Memory
+stays bounded however large the experiment: the runs are read a page at a time, the curves a
+batch of points at a time. CSV is streamed as it is read; Parquet is written batch by batch (one
+row group each) into a temporary file that is then sent and removed.
 
 Columns (README, "The API"):
 - runs: id, condition_key, one column per grid factor, seed, status, error, then one column per
   final metric any run reported. A factor or metric whose name is taken by an earlier column
   gets the prefix `condition_` or `metric_`.
 - curves, a long table: run_id, seed, condition, step, epoch, name, value.
+
+Every stored value exports: in Parquet, a column holding an integer beyond 64 bits (a JSON
+number a spec or a trainer gave) is written as its JSON text. In CSV a text cell that a
+spreadsheet would run as a formula (one beginning with = + - @, a tab or a carriage return) gets
+a leading single quote, as OWASP's CSV-injection guidance asks; numbers are written as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from sqlmodel import Session
 
 from api_schemas import ExportFormat, ExportWhat
 from service.db import Experiment, Run, RunMetric
+from service.experiments import NotFound
 from service.sources import experiment_grid
 
 # Runs per page and metric points per batch read from the database.
@@ -37,6 +45,8 @@ POINTS_BATCH = 50_000
 RUN_COLUMNS = ("id", "condition_key")
 RUN_TAIL_COLUMNS = ("seed", "status", "error")
 CURVE_COLUMNS = ("run_id", "seed", "condition", "step", "epoch", "name", "value")
+# Arrow's integers are 64-bit; a JSON integer outside them is written as text.
+INT64 = range(-(2**63), 2**63)
 
 
 def _unique(name: str, taken: set[str], prefix: str) -> str:
@@ -46,17 +56,47 @@ def _unique(name: str, taken: set[str], prefix: str) -> str:
     return column
 
 
-def _run_pages(engine: Engine, experiment_id: int, *columns: Any) -> Iterator[list[Any]]:
-    """The experiment's runs in id order, a page at a time (keyset on the id), each page read
-    in its own session so that no transaction stays open while a slow client reads."""
+def _wide_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value not in INT64
+
+
+class Snapshot:
+    """One read-only transaction that every read of an export goes through, on a connection
+    of the engine's pool held until `close`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.connection = engine.connect()
+        if self.connection.dialect.name == "sqlite":
+            # pysqlite runs each SELECT in a transaction of its own: BEGIN makes them one
+            # (WAL: the snapshot is taken by the first read and never blocks a writer)
+            self.connection.exec_driver_sql("BEGIN")
+        else:
+            self.connection.exec_driver_sql(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        self.session = Session(bind=self.connection)
+
+    def experiment(self, experiment_id: int) -> Experiment:
+        """The experiment as this snapshot sees it; NotFound when it was deleted before."""
+        experiment = self.session.get(Experiment, experiment_id)
+        if experiment is None or experiment.deleted:
+            self.close()
+            raise NotFound(f"experiment {experiment_id} not found")
+        return experiment
+
+    def close(self) -> None:
+        self.session.close()
+        self.connection.close()  # rolls the read transaction back
+
+
+def _run_pages(snapshot: Snapshot, experiment_id: int, *columns: Any) -> Iterator[list[Any]]:
+    """The experiment's runs in id order, a page at a time (keyset on the id)."""
     last_id = 0
     while True:
-        with Session(engine) as session:
-            page = session.execute(
-                select(Run.id, *columns)
-                .where(Run.experiment_id == experiment_id, Run.id > last_id)  # type: ignore[operator]
-                .order_by(Run.id).limit(RUNS_PAGE)  # type: ignore[arg-type]
-            ).all()
+        page = snapshot.session.execute(
+            select(Run.id, *columns)
+            .where(Run.experiment_id == experiment_id, Run.id > last_id)  # type: ignore[operator]
+            .order_by(Run.id).limit(RUNS_PAGE)  # type: ignore[arg-type]
+        ).all()
         if not page:
             return
         yield page
@@ -65,26 +105,32 @@ def _run_pages(engine: Engine, experiment_id: int, *columns: Any) -> Iterator[li
 
 class RunsTable:
     """The runs export's columns and rows: the columns need one pass over the runs first, to
-    learn every metric name any run reported."""
+    learn every metric name any run reported (and which columns hold integers too wide for
+    Parquet's)."""
 
-    def __init__(self, engine: Engine, experiment: Experiment) -> None:
+    def __init__(self, snapshot: Snapshot, experiment: Experiment) -> None:
         assert experiment.id is not None
-        self.engine = engine
+        self.snapshot = snapshot
         self.experiment_id = experiment.id
         taken = {*RUN_COLUMNS, *RUN_TAIL_COLUMNS}
-        self.factors = {f: _unique(f, taken, "condition_")
-                        for f in experiment_grid(experiment.spec)}
+        grid = experiment_grid(experiment.spec)
+        self.factors = {f: _unique(f, taken, "condition_") for f in grid}
         metric_names: dict[str, None] = {}
-        for page in _run_pages(engine, self.experiment_id, Run.metrics):
+        wide_metrics: set[str] = set()
+        for page in _run_pages(snapshot, self.experiment_id, Run.metrics):
             for row in page:
                 metric_names.update(dict.fromkeys(row.metrics))
+                wide_metrics.update(m for m, v in row.metrics.items() if _wide_int(v))
         self.metrics = {m: _unique(m, taken, "metric_") for m in metric_names}
         self.columns = [*RUN_COLUMNS, *self.factors.values(), *RUN_TAIL_COLUMNS,
                         *self.metrics.values()]
+        self.text_columns = frozenset(
+            {self.factors[f] for f, levels in grid.items() if any(map(_wide_int, levels))}
+            | {self.metrics[m] for m in wide_metrics})
 
     def pages(self) -> Iterator[list[list[Any]]]:
-        for page in _run_pages(self.engine, self.experiment_id, Run.condition_key, Run.condition,
-                               Run.seed, Run.status, Run.error, Run.metrics):
+        for page in _run_pages(self.snapshot, self.experiment_id, Run.condition_key,
+                               Run.condition, Run.seed, Run.status, Run.error, Run.metrics):
             yield [[row.id, row.condition_key, *(row.condition.get(f) for f in self.factors),
                     row.seed, str(row.status), row.error,
                     *(row.metrics.get(m) for m in self.metrics)] for row in page]
@@ -94,14 +140,16 @@ class CurvesTable:
     """Every metric point of every run of the experiment, run by run in step order."""
 
     columns = list(CURVE_COLUMNS)
+    # ids, seeds and steps are database integers and values floats: none is too wide
+    text_columns: frozenset[str] = frozenset()
 
-    def __init__(self, engine: Engine, experiment: Experiment) -> None:
+    def __init__(self, snapshot: Snapshot, experiment: Experiment) -> None:
         assert experiment.id is not None
-        self.engine = engine
+        self.snapshot = snapshot
         self.experiment_id = experiment.id
 
     def pages(self) -> Iterator[list[list[Any]]]:
-        for runs in _run_pages(self.engine, self.experiment_id, Run.seed, Run.condition_key):
+        for runs in _run_pages(self.snapshot, self.experiment_id, Run.seed, Run.condition_key):
             for run in runs:
                 yield from self._points(run.id, run.seed, run.condition_key)
 
@@ -109,54 +157,83 @@ class CurvesTable:
         # keyset on (step, id): the index ix_metric_run_step reads each batch without a sort
         after: tuple[int, int] = (-1, 0)
         while True:
-            with Session(self.engine) as session:
-                batch = session.execute(
-                    select(RunMetric.id, RunMetric.step, RunMetric.epoch, RunMetric.name,
-                           RunMetric.value)
-                    .where(RunMetric.run_id == run_id,
-                           tuple_(RunMetric.step, RunMetric.id) > tuple_(*after))
-                    .order_by(RunMetric.step, RunMetric.id)  # type: ignore[arg-type]
-                    .limit(POINTS_BATCH)
-                ).all()
+            batch = self.snapshot.session.execute(
+                select(RunMetric.id, RunMetric.step, RunMetric.epoch, RunMetric.name,
+                       RunMetric.value)
+                .where(RunMetric.run_id == run_id,
+                       tuple_(RunMetric.step, RunMetric.id) > tuple_(*after))
+                .order_by(RunMetric.step, RunMetric.id)  # type: ignore[arg-type]
+                .limit(POINTS_BATCH)
+            ).all()
             if not batch:
                 return
             yield [[run_id, seed, condition, p.step, p.epoch, p.name, p.value] for p in batch]
             after = (batch[-1].step, batch[-1].id)
 
 
-def export_table(engine: Engine, experiment: Experiment, what: ExportWhat
+def export_table(engine: Engine, experiment_id: int, what: ExportWhat
                  ) -> RunsTable | CurvesTable:
-    return RunsTable(engine, experiment) if what == ExportWhat.runs else CurvesTable(
-        engine, experiment)
+    """The table of the experiment as one snapshot sees it (NotFound when it is gone); the
+    file's writer closes the snapshot when it has read the last page."""
+    snapshot = Snapshot(engine)
+    try:
+        experiment = snapshot.experiment(experiment_id)
+        return (RunsTable(snapshot, experiment) if what == ExportWhat.runs
+                else CurvesTable(snapshot, experiment))
+    except BaseException:
+        snapshot.close()
+        raise
+
+
+# What a spreadsheet reads as the start of a formula (OWASP, CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _csv_cell(value: Any) -> Any:
     # lists and mappings (a metric may be one) as JSON, so that a reader can parse them back
-    return json.dumps(value) if isinstance(value, list | dict) else value
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def csv_chunks(table: RunsTable | CurvesTable) -> Iterator[str]:
     """The table as CSV text, one chunk per page, the header first."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.columns)
-    for page in table.pages():
-        writer.writerows([_csv_cell(v) for v in row] for row in page)
+    try:
+        buffer = io.StringIO()
+        # CRLF, as RFC 4180 has it: Python's csv quotes a field only for the characters of
+        # its line terminator, and with "\n" alone a text holding a CR broke its row in two
+        writer = csv.writer(buffer, lineterminator="\r\n")
+        writer.writerow([_csv_cell(c) for c in table.columns])
+        for page in table.pages():
+            writer.writerows([_csv_cell(v) for v in row] for row in page)
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
         yield buffer.getvalue()
-        buffer.seek(0)
-        buffer.truncate()
-    yield buffer.getvalue()
+    finally:
+        table.snapshot.close()
 
 
-def _arrow_column(values: list[Any]) -> Any:
-    """One Parquet column: its values as they are when Arrow finds one type for them (numbers,
-    text, booleans), else each as JSON text (a grid factor mixing 1 and "a", say)."""
+def _as_text(values: list[Any]) -> Any:
     import pyarrow as pa
 
+    return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
+
+
+def _arrow_column(values: list[Any], as_text: bool = False) -> Any:
+    """One Parquet column: its values as they are when Arrow finds one type for them (numbers,
+    text, booleans), else (or `as_text`) each as JSON text (a grid factor mixing 1 and "a",
+    an integer beyond 64 bits)."""
+    import pyarrow as pa
+
+    if as_text:
+        return _as_text(values)
     try:
         return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return _as_text(values)
 
 
 def parquet_file(table: RunsTable | CurvesTable) -> str:
@@ -172,7 +249,7 @@ def parquet_file(table: RunsTable | CurvesTable) -> str:
     try:
         for page in table.pages():
             columns = list(zip(*page, strict=True))
-            batch = pa.table({name: _arrow_column(list(values))
+            batch = pa.table({name: _arrow_column(list(values), name in table.text_columns)
                               for name, values in zip(table.columns, columns, strict=True)})
             if writer is None:
                 schema = _nullable(batch.schema)
@@ -188,6 +265,8 @@ def parquet_file(table: RunsTable | CurvesTable) -> str:
             writer.close()
         os.unlink(path)
         raise
+    finally:
+        table.snapshot.close()
     return path
 
 

@@ -69,7 +69,7 @@ def database_families(session: Session) -> list[Metric]:
     """Runs by status and the queue depth, summed over the experiments' run counters."""
     columns = [func.coalesce(func.sum(getattr(Experiment, f"runs_{status.value}")), 0)
                for status in RunStatus]
-    totals = session.execute(select(*columns)).one()
+    totals = session.execute(select(*columns).where(Experiment.deleted == False)).one()  # noqa: E712
     by_status = dict(zip(RunStatus, (int(t) for t in totals), strict=True))
     runs = GaugeMetricFamily("seedgrid_runs", "Runs by status, over every experiment",
                              labels=["status"])

@@ -283,11 +283,42 @@ def _make_assignments(layout: tuple[int, ...], resamples: int) -> tuple[np.ndarr
     return np.concatenate([flips, *choices], axis=1), exact
 
 
+def drawn_crossing_scales(preps: Sequence[Prepared],
+                          resamples: int) -> tuple[np.ndarray, bool]:
+    """crossing_scales of `resamples` random re-assignments of the comparisons' one (large)
+    layout, drawn from RESAMPLING_SEED a block of rows at a time so that no more than
+    BLOCK_BYTES of the matrix exist at once; and False (drawn, not enumerated: a layout this
+    large has more distinct re-assignments than any count of resamples). The observed
+    assignment is redrawn where drawn, as in _make_assignments."""
+    layout = preps[0].layout
+    pairs = layout[0]
+    sizes = [(layout[i], layout[i + 1]) for i in range(1, len(layout), 2)]
+    rng = np.random.default_rng(RESAMPLING_SEED)
+    rows_per_block = max(1, BLOCK_BYTES // (8 * sum(layout)))
+    blocks = []
+    for start in range(0, resamples, rows_per_block):
+        rows = min(rows_per_block, resamples - start)
+        flips, choices = _draw(pairs, sizes, rows, rng, flip_bytes=True)
+        while (observed := _is_observed(flips, choices, sizes)).any():
+            again, more = _draw(pairs, sizes, int(observed.sum()), rng, flip_bytes=True)
+            flips[observed] = again
+            for choice, redrawn in zip(choices, more, strict=True):
+                choice[observed] = redrawn
+        blocks.append(crossing_scales(preps, np.concatenate([flips, *choices], axis=1)))
+    return np.concatenate(blocks, axis=0), False
+
+
 def _draw(pairs: int, sizes: Sequence[tuple[int, int]], rows: int,
-          rng: np.random.Generator) -> tuple[np.ndarray, list[np.ndarray]]:
+          rng: np.random.Generator, *,
+          flip_bytes: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
     """`rows` random re-assignments: sign flips of the pairs, and per block n_a of its
-    n_a + n_b positions on a's side, uniformly at random."""
-    flips = rng.integers(0, 2, size=(rows, pairs)).astype(np.float64)
+    n_a + n_b positions on a's side, uniformly at random. `flip_bytes`: each flip one bit of
+    random bytes (a fraction of the time of an integer draw each: large layouts)."""
+    if flip_bytes:
+        bits = rng.integers(0, 256, size=(rows, (pairs + 7) // 8), dtype=np.uint8)
+        flips = np.unpackbits(bits, axis=1, count=pairs).astype(np.float64)
+    else:
+        flips = rng.integers(0, 2, size=(rows, pairs)).astype(np.float64)
     choices = []
     for n_a, n_b in sizes:
         keys = rng.random((rows, n_a + n_b))
@@ -382,6 +413,14 @@ def from_crossings(s: np.ndarray, exact: bool, null: float = 1.0,
                        resamples=total, exact=exact) for i in range(s.shape[1])]
 
 
+# A layout whose re-assignment matrix would be larger than this (about 400 values a comparison
+# at N_RESAMPLES) has its re-assignments drawn and used a block of rows at a time instead of
+# held whole: 10,000 seeds a side made one matrix of 800 MB, 1.6 GB while it was drawn.
+MAX_MATRIX_BYTES = 32 * 2**20
+# Rows per block of such a layout: a few MB each.
+BLOCK_BYTES = 4 * 2**20
+
+
 def randomisation_tests(preps: Sequence[Prepared], null: float = 1.0,
                         confidence: float = 0.95,
                         resamples: int = N_RESAMPLES) -> list[TestResult]:
@@ -392,8 +431,11 @@ def randomisation_tests(preps: Sequence[Prepared], null: float = 1.0,
         groups.setdefault(prep.layout, []).append(i)
     out: list[TestResult | None] = [None] * len(preps)
     for layout, members in groups.items():
-        matrix, exact = assignments(layout, resamples)
-        crossings = crossing_scales([preps[i] for i in members], matrix)
+        if resamples * sum(layout) * 8 > MAX_MATRIX_BYTES:
+            crossings, exact = drawn_crossing_scales([preps[i] for i in members], resamples)
+        else:
+            matrix, exact = assignments(layout, resamples)
+            crossings = crossing_scales([preps[i] for i in members], matrix)
         for i, result in zip(members, from_crossings(crossings, exact, null, confidence),
                              strict=True):
             out[i] = result

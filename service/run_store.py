@@ -57,6 +57,7 @@ from api_schemas import (
 )
 from service.db import (
     AttemptOutcome,
+    CompareCache,
     Experiment,
     Run,
     RunAttempt,
@@ -358,13 +359,24 @@ class RunStore:
     def lock_experiments(self, experiment_ids: Iterable[int]) -> None:
         """Lock these experiments' rows, in id order, before any of their runs' rows: the API's
         cancel locks an experiment and then its runs, and taking them in the same order keeps
-        the two from deadlocking on PostgreSQL. (SQLite locks the whole database.)"""
+        the two from deadlocking on PostgreSQL. SQLite has one lock, the database's write
+        lock, which pysqlite takes only at a transaction's first write (the reads before it run
+        outside any transaction, and two add-seeds both read the same next seeds): a write
+        that changes nothing takes it now, and what the caller reads next stays as it read it
+        until it commits."""
         ids = sorted(set(experiment_ids))
-        if ids and self.session.get_bind().dialect.name == "postgresql":
+        if not ids:
+            return
+        if self.session.get_bind().dialect.name == "postgresql":
             self.session.execute(
                 select(Experiment.id).where(Experiment.id.in_(ids))  # type: ignore[union-attr]
                 .order_by(Experiment.id).with_for_update()
             )
+        else:
+            self.session.execute(
+                update(Experiment).where(Experiment.id.in_(ids))  # type: ignore[union-attr]
+                .values(priority=Experiment.priority)
+                .execution_options(synchronize_session=False))
 
     # -- creating and reading ------------------------------------------------------------------
     def create_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]],
@@ -716,17 +728,40 @@ class RunStore:
         self._moved(experiment.id, RunStatus.queued, RunStatus.cancelled, cancelled)
 
     # -- deleting an ended experiment ----------------------------------------------------------
-    def delete_experiment(self, experiment_id: int) -> None:
-        """The experiment and everything stored for it: metric points, attempts, runs and
-        stored statistics, children first (the foreign keys). The caller has locked the
-        experiment and checked that no run of it is queued, pending or running."""
-        runs = select(Run.id).where(Run.experiment_id == experiment_id)
-        self.session.execute(delete(RunMetric).where(RunMetric.run_id.in_(runs)))  # type: ignore[attr-defined]
-        self.session.execute(delete(RunAttempt).where(RunAttempt.run_id.in_(runs)))  # type: ignore[attr-defined]
-        self.session.execute(delete(StatsCache).where(StatsCache.experiment_id == experiment_id))
-        self.session.execute(delete(Run).where(Run.experiment_id == experiment_id))
-        self.session.execute(delete(Experiment).where(Experiment.id == experiment_id))
+    def mark_deleted(self, experiment_id: int) -> None:
+        """The experiment is deleted: from this commit on every read treats it as gone, and
+        `purge_step` removes its rows afterwards (service.purge). Its next look, were one due,
+        is off. The caller has locked the experiment and checked that no run of it is queued,
+        pending or running."""
+        self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
+                             .values(deleted=True, deciding=False)
+                             .execution_options(synchronize_session=False))
         self._touched.discard(experiment_id)
+
+    def purge_step(self, experiment_id: int, limit: int) -> bool:
+        """Remove at most `limit` rows of a deleted experiment, children first (the foreign
+        keys): its metric points, then attempts, then runs; once none is left, its stored
+        statistics and comparisons with its row. True when its row is gone (the caller commits
+        after each step: each is one short transaction)."""
+        runs = select(Run.id).where(Run.experiment_id == experiment_id)
+        for table, mine in ((RunMetric, RunMetric.run_id.in_(runs)),  # type: ignore[attr-defined]
+                            (RunAttempt, RunAttempt.run_id.in_(runs)),  # type: ignore[attr-defined]
+                            (Run, Run.experiment_id == experiment_id)):
+            batch = select(table.id).where(mine).limit(limit).scalar_subquery()  # type: ignore[attr-defined]
+            if self.session.execute(delete(table).where(table.id.in_(batch))).rowcount:  # type: ignore[attr-defined]
+                return False
+        self.session.execute(delete(StatsCache).where(StatsCache.experiment_id == experiment_id))
+        self.session.execute(delete(CompareCache).where(
+            or_(CompareCache.a_id == experiment_id, CompareCache.b_id == experiment_id)))
+        self.session.execute(delete(Experiment).where(Experiment.id == experiment_id,
+                                                      Experiment.deleted == True))  # noqa: E712
+        return True
+
+    def deleted_experiments(self) -> list[int]:
+        """The experiments marked deleted whose rows are not all removed yet."""
+        return list(self.session.exec(
+            select(Experiment.id).where(Experiment.deleted == True)  # noqa: E712
+            .order_by(Experiment.id)).all())
 
 
 def recount(session: Session, experiment_id: int) -> ExperimentCounts:

@@ -44,7 +44,9 @@ _computing: dict[tuple[int, str, str], threading.Lock] = {}
 _computing_guard = threading.Lock()
 
 
-def _page_lock(experiment_id: int, metric: str, page: str) -> threading.Lock:
+def page_lock(experiment_id: int, metric: str, page: str) -> threading.Lock:
+    """The lock of one page of `experiment_id` being computed in this process (service.compare
+    takes them too, for its pages: their `page` says so)."""
     with _computing_guard:
         if len(_computing) > 1024:  # forget the locks of pages nobody is computing
             for key in [k for k, lock in _computing.items() if not lock.locked()]:
@@ -100,7 +102,7 @@ def stats_json(
     stored = _stored(session, experiment, metric, page)
     if stored is not None:
         return stored
-    with _page_lock(experiment.id, metric, page):
+    with page_lock(experiment.id, metric, page):
         stored = _stored(session, experiment, metric, page)  # another viewer computed it
         if stored is not None:
             return stored

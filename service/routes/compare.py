@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, ExperimentComparison
 from service import compare as logic
@@ -22,7 +22,8 @@ IdQuery = Annotated[int, Query(ge=1, le=MAX_INT_COLUMN, description="an experime
             summary="Two experiments of one trainer, condition by condition",
             description="The conditions experiments `a` and `b` both completed runs of, side by "
                         "side, each pair tested as in /stats (the factor is `experiment`); the "
-                        "conditions only one of them ran are listed by key.",
+                        "conditions only one of them ran are listed by key. Stored and served "
+                        "again until another run of either experiment completes.",
             responses=errors({404: "No experiment with one of these ids"}))
 def compare_experiments(
     a: IdQuery,
@@ -31,6 +32,8 @@ def compare_experiments(
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_CONDITIONS_PER_PAGE)] = 50,
     offset: Offset = 0,
-) -> ExperimentComparison:
-    return logic.compare_experiments(session=session, a_id=a, b_id=b, metric=metric,
-                                     offset=offset, limit=limit)
+) -> Response:
+    payload = logic.compare_json(session=session, a_id=a, b_id=b, metric=metric, offset=offset,
+                                 limit=limit)
+    # the stored JSON as it is, like /stats
+    return Response(content=payload, media_type="application/json")

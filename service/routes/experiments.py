@@ -101,9 +101,12 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> Experime
                responses=errors({404: NO_EXPERIMENT, 409: "A run of the experiment is queued, "
                                                           "pending or running: cancel it "
                                                           "first"}))
-def delete(experiment_id: ExperimentId, session: SessionDep) -> Response:
-    """Delete an ended experiment with its runs, attempts, metric points and statistics."""
+def delete(experiment_id: ExperimentId, request: Request, session: SessionDep) -> Response:
+    """Delete an ended experiment with its runs, attempts, metric points and statistics: gone
+    from every read when the answer comes; its rows are removed in the background, in short
+    batches that never hold up another experiment's writes (service.purge)."""
     logic.delete_experiment(session=session, experiment_id=experiment_id)
+    request.app.state.purger.wake()
     return Response(status_code=204)
 
 
@@ -191,15 +194,14 @@ def get_stats(
 def export_file(
     experiment_id: ExperimentId,
     request: Request,
-    session: SessionDep,
     format: Annotated[ExportFormat, Query(description="csv or parquet")] = ExportFormat.csv,
     what: Annotated[ExportWhat, Query(
         description="runs: a row per run (condition, seed, status, final metrics); curves: a "
                     "row per logged metric point")] = ExportWhat.runs,
 ) -> Response:
-    """An experiment's runs or metric curves as one file, read a page at a time (service.export)."""
-    experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
-    table = export.export_table(request.app.state.engine, experiment, what)
+    """An experiment's runs or metric curves as one file, read a page at a time from one
+    snapshot (service.export)."""
+    table = export.export_table(request.app.state.engine, experiment_id, what)
     headers = {"Content-Disposition":
                f'attachment; filename="{export.filename(experiment_id, what, format)}"'}
     if format == ExportFormat.csv:

@@ -10,7 +10,6 @@ from sqlalchemy import select
 
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, MetricPoint, RunDetail
 from service import experiments as logic
-from service.db import Run
 from service.db import RunMetric as MetricRow
 from service.deps import MAX_INT_COLUMN, RunId, SessionDep
 from service.routes.errors import errors
@@ -47,8 +46,7 @@ def get_run_metrics(
 ) -> Response:
     """One page of a run's points in step order (then in the order they were stored);
     `name` keeps one metric, `since_step` the points from that step on."""
-    if session.get(Run, run_id) is None:
-        raise logic.NotFound(f"run {run_id} not found")
+    logic.get_run(session=session, run_id=run_id)
     query = select(MetricRow.step, MetricRow.epoch, MetricRow.name, MetricRow.value).where(
         MetricRow.run_id == run_id)
     if name is not None:

@@ -1,16 +1,23 @@
-"""GET /compare's logic (service.compare) on a real SQLite file: the condition intervals keep
-the metric's declared bounds, and two experiments that ran the same seeds are compared paired."""
+"""GET /compare's logic (service.compare) on a real SQLite file and PostgreSQL: the condition
+intervals keep the metric's declared bounds, two experiments that ran the same seeds are
+compared paired, pages are stored like /stats pages, and a 10,000-seed comparison stays within
+a memory bound."""
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlmodel import Session
+from sqlalchemy import insert
+from sqlmodel import Session, select
 
-from service.compare import compare_experiments
-from service.db import make_engine, upgrade_database
+from api_schemas import ExperimentComparison, ExperimentStatus, RunStatus
+from service.compare import compare_json
+from service.db import CompareCache, Experiment, Run, make_engine, upgrade_database
+from service.experiments import delete_experiment
+from service.purge import purge_deleted
 from tests.service.test_stats_guidance import store_cff_experiment
 
 
@@ -26,8 +33,8 @@ def test_compare_keeps_accuracies_within_their_bounds_and_pairs_shared_seeds(
     b_id = store_cff_experiment(url, second, n_test=10_000)
     engine = make_engine(url)
     with Session(engine) as session:
-        body = compare_experiments(session=session, a_id=a_id, b_id=b_id, metric=None,
-                                   offset=0, limit=10)
+        body = ExperimentComparison.model_validate_json(compare_json(
+            session=session, a_id=a_id, b_id=b_id, metric=None, offset=0, limit=10))
     engine.dispose()
     (side,) = body.conditions
     values = np.asarray(first["clamp"])
@@ -40,3 +47,114 @@ def test_compare_keeps_accuracies_within_their_bounds_and_pairs_shared_seeds(
     assert side.comparison.pairing == "paired" and side.comparison.paired_seeds == 7
     assert side.comparison.seed_correlation == pytest.approx(1.0, abs=1e-3)
     assert side.comparison.mean_test == "paired t"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    else:
+        url = request.getfixturevalue("pg_databases").url()
+    upgrade_database(url)
+    return url
+
+
+def served(url: str, a_id: int, b_id: int) -> ExperimentComparison:
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            return ExperimentComparison.model_validate_json(compare_json(
+                session=session, a_id=a_id, b_id=b_id, metric=None, offset=0, limit=10))
+    finally:
+        engine.dispose()
+
+
+def stored_pages(url: str) -> list[tuple[int, int, int, int]]:
+    engine = make_engine(url)
+    with Session(engine) as session:
+        rows = session.exec(select(CompareCache.a_id, CompareCache.b_id,
+                                   CompareCache.n_completed_a, CompareCache.n_completed_b)).all()
+    engine.dispose()
+    return [tuple(row) for row in rows]
+
+
+def test_a_compare_page_is_stored_until_either_experiment_completes_a_run(
+        database_url: str) -> None:
+    """Like /stats: a page is computed once and served from the database while the completed
+    runs of both experiments stay as many (a value changed behind the service's back shows it
+    is not computed again), recomputed when one more run of either completes, and removed with
+    either experiment."""
+    accuracies = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81, 0.84],
+                  "subtract": [0.84, 0.845, 0.842, 0.83, 0.85, 0.86]}
+    a_id = store_cff_experiment(database_url, accuracies, n_test=1000)
+    b_id = store_cff_experiment(database_url, accuracies, n_test=1000)
+    first = served(database_url, a_id, b_id)
+    assert [(side.a.n, side.b.n) for side in first.conditions] == [(6, 6), (6, 6)]
+    assert stored_pages(database_url) == [(a_id, b_id, 12, 12)]
+
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        run = session.exec(select(Run).where(Run.experiment_id == a_id)).first()
+        run.metrics = {**run.metrics, "test_accuracy": 0.1}
+        session.add(run)
+        session.commit()
+    assert served(database_url, a_id, b_id) == first  # stored, not computed again
+
+    with Session(engine) as session:  # one more run of b completes
+        session.add(Run(experiment_id=b_id, condition={"margin_mode": "clamp"},
+                        condition_key="margin_mode=clamp", seed=6, trainer="cff",
+                        status=RunStatus.completed, metrics={"test_accuracy": 0.9}))
+        b = session.get(Experiment, b_id)
+        b.runs_completed, b.n_runs, b.status = 13, 13, ExperimentStatus.completed
+        session.commit()
+    again = served(database_url, a_id, b_id)
+    assert [(side.a.n, side.b.n) for side in again.conditions] == [(6, 7), (6, 6)]
+    assert 0.1 in again.conditions[0].a.values  # a's changed value, read now
+    assert stored_pages(database_url) == [(a_id, b_id, 12, 13)]
+    assert served(database_url, b_id, a_id).a == b_id
+    assert len(stored_pages(database_url)) == 2
+
+    with Session(engine) as session:
+        delete_experiment(session=session, experiment_id=b_id)
+    assert purge_deleted(engine) == [b_id]
+    engine.dispose()
+    assert stored_pages(database_url) == []
+
+
+def test_a_compare_of_two_10000_seed_experiments_stays_within_a_memory_bound(
+        tmp_path: Path) -> None:
+    """One condition of 10,000 seeds in each: the paired test's 9,999 sign flips of 10,000
+    pairs made one 800 MB matrix (1.5 GB at its peak while drawn, for every call: too large to
+    keep); drawn a block at a time they never hold more than a few MB."""
+    url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    upgrade_database(url)
+    engine = make_engine(url)
+    rng = np.random.default_rng(0)
+    ids = []
+    with Session(engine) as session:
+        for name in ("a", "b"):
+            experiment = Experiment(name=name, trainer="collapse", metric="min_l2",
+                                    spec={"config": {}, "grid": {}}, n_conditions=1,
+                                    n_runs=10_000, runs_completed=10_000,
+                                    status=ExperimentStatus.completed)
+            session.add(experiment)
+            session.commit()
+            ids.append(experiment.id)
+            session.execute(insert(Run), [
+                {"experiment_id": experiment.id, "condition": {}, "condition_key": "",
+                 "seed": seed, "trainer": "collapse", "status": RunStatus.completed,
+                 "metrics": {"min_l2": float(value)}, "diagnostics": {}, "warnings": [],
+                 "provenance": {}, "created_at": experiment.created_at}
+                for seed, value in enumerate(rng.lognormal(size=10_000))])
+            session.commit()
+    engine.dispose()
+    tracemalloc.start()
+    try:
+        body = served(url, ids[0], ids[1])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    (side,) = body.conditions
+    assert side.comparison.pairing == "paired" and side.comparison.paired_seeds == 10_000
+    assert side.comparison.primary_p is not None
+    assert peak < 150 * 2**20, f"{peak / 2**20:.0f} MB"

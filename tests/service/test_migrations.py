@@ -19,19 +19,23 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Integer, MetaData, create_engine, inspect, pool
-from sqlmodel import SQLModel
+from sqlalchemy import Column, Integer, MetaData, create_engine, func, inspect, pool
+from sqlmodel import Session, SQLModel, select
 
+from api_schemas import ExperimentSpec
 from service.db import (
     INITIAL_REVISION,
     MIGRATIONS_DIR,
     DatabaseError,
+    Run,
     SchemaUpgrade,
     database_revision,
     head_revision,
     make_engine,
     upgrade_database,
 )
+from service.experiments import cancel_experiment, create_experiment, delete_experiment
+from service.purge import purge_deleted
 from service.server import BackgroundServer
 from service.settings import Settings
 from tests.conftest import PostgresDatabases
@@ -132,17 +136,34 @@ def test_migrated_schema_is_the_models_schema(
     create_all_of_the_models(models_url)
     assert reflected_schema(database_url) == reflected_schema(models_url)
     assert set(reflected_schema(database_url)) == {
-        "experiment", "run", "runattempt", "metricpoint", "statscache"}
+        "experiment", "run", "runattempt", "metricpoint", "statscache", "comparecache"}
+    if database_url.startswith("sqlite"):
+        # what reflection does not show: an index's column order (the claim index's descending
+        # priority) and the tables whose ids are never reused
+        migrated, made = sqlite_schema(database_url), sqlite_schema(models_url)
+        assert migrated["index"] == made["index"]
+        assert sorted(t for t, sql in migrated["table"].items() if "AUTOINCREMENT" in sql) == [
+            "experiment", "run"]
+
+
+def sqlite_schema(database_url: str) -> dict[str, dict[str, str]]:
+    """SQLite's own text of every table and index (sqlite_master), by kind and name."""
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        rows = connection.exec_driver_sql(
+            "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL "
+            "AND name != 'alembic_version'").all()
+    engine.dispose()
+    schema: dict[str, dict[str, str]] = {"table": {}, "index": {}}
+    for kind, name, sql in rows:
+        schema[kind][name] = sql
+    return schema
 
 
 def test_downgrade_to_nothing_and_back(database_url: str) -> None:
     upgrade_database(database_url)
+    _migrate(database_url, "base", down=True)
     engine = make_engine(database_url)
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "base")
     assert set(inspect(engine).get_table_names()) - {"alembic_version"} == set()
     engine.dispose()
     assert upgrade_database(database_url).before is None
@@ -164,11 +185,10 @@ def test_downgrade_to_0001_gives_every_run_its_config_back(database_url: str) ->
             "diagnostics, warnings, provenance, created_at) SELECT id, 'r=0.5', '{\"r\": 0.5}', "
             "0, 'collapse', 'queued', 0, 0, 2, 1, 0, false, '{}', '{}', '[]', '{}', "
             "'2026-01-01 00:00:00' FROM experiment")
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    engine.dispose()
+    _migrate(database_url, INITIAL_REVISION, down=True)
+    engine = make_engine(database_url)
     with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, INITIAL_REVISION)
         (stored,) = connection.exec_driver_sql("SELECT config FROM run").scalars().all()
     engine.dispose()
     assert (json.loads(stored) if isinstance(stored, str) else stored) == {"steps": 50, "r": 0.5}
@@ -332,6 +352,8 @@ def _migrate(database_url: str, revision: str, *, down: bool = False) -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.begin() as connection:
+        if connection.dialect.name == "sqlite":  # as upgrade_database migrates (service.db)
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
         config.attributes["connection"] = connection
         (command.downgrade if down else command.upgrade)(config, revision)
     engine.dispose()
@@ -559,3 +581,104 @@ def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(
     engine.dispose()
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def _rows(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
+    engine = make_engine(database_url)
+    with engine.connect() as connection:
+        rows = {table: [tuple(row) for row in connection.exec_driver_sql(
+                    f"SELECT * FROM {table} ORDER BY id")]
+                for table in ("experiment", "run", "runattempt", "metricpoint", "statscache")}
+    engine.dispose()
+    return rows
+
+
+def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) -> None:
+    """0008 rebuilds SQLite's experiment and run tables so that their ids are never reused,
+    keeping every row of every table (and of those that refer to them); after it, the newest
+    experiment deleted, the next submission gets a new experiment id and new run ids (on
+    SQLite they were max(id) + 1: the deleted experiment's, and its runs')."""
+    _migrate(database_url, "0007")
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        for name in ("old", "newest"):
+            connection.exec_driver_sql(
+                "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+                "n_conditions, n_runs, cancel_requested, created_at, runs_completed) VALUES "
+                f"('{name}', 'collapse', '{{\"config\": {{\"steps\": 50}}}}', 'min_l2', "
+                "'completed', 0, 1, 2, false, '2026-01-01 00:00:00', 2)")
+            for seed in (0, 1):
+                connection.exec_driver_sql(
+                    "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
+                    "status, priority, attempts, max_retries, num_cpus, num_gpus, "
+                    "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
+                    f"SELECT max(id), '', '{{}}', {seed}, 'collapse', 'completed', 0, 1, 2, 1, "
+                    "0, false, '{\"min_l2\": 0.5}', '{}', '[]', '{}', '2026-01-01 00:00:00' "
+                    "FROM experiment")
+        connection.exec_driver_sql(
+            "INSERT INTO runattempt (run_id, attempt, outcome, started_at) SELECT id, 1, "
+            "'completed', '2026-01-01 00:00:00' FROM run")
+        for step in range(3):
+            connection.exec_driver_sql(
+                "INSERT INTO metricpoint (run_id, step, name, value) SELECT id, "
+                f"{step}, 'min_l2', {step / 10} FROM run")
+        connection.exec_driver_sql(
+            "INSERT INTO statscache (experiment_id, metric, page, n_completed, payload, "
+            "computed_at) SELECT id, 'min_l2', 'p', 2, '{}', '2026-01-01 00:00:00' "
+            "FROM experiment")
+    engine.dispose()
+    before = _rows(database_url)
+    assert upgrade_database(database_url).before == "0007"
+    after = _rows(database_url)
+    assert after["experiment"] == [(*row, False) for row in before["experiment"]]
+    assert {t: r for t, r in after.items() if t != "experiment"} == {
+        t: r for t, r in before.items() if t != "experiment"}
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+    (newest_id, _), (old_id, _) = [(r[0], r[1]) for r in reversed(before["experiment"])]
+    newest_runs = [r[0] for r in before["run"] if r[1] == newest_id]
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        delete_experiment(session=session, experiment_id=newest_id)
+        assert purge_deleted(engine) == [newest_id]
+        spec = ExperimentSpec.model_validate({"name": "next", "trainer": "collapse",
+                                              "config": {"steps": 50}, "seeds": 2})
+        created = create_experiment(session=session, spec=spec,
+                                    settings=Settings(database_url=database_url))
+        run_ids = session.exec(select(Run.id).where(Run.experiment_id == created.id)).all()
+        assert created.id == newest_id + 1
+        assert min(run_ids) > max(newest_runs)
+        # the older experiment's rows are untouched
+        assert session.exec(select(func.count()).select_from(Run)
+                            .where(Run.experiment_id == old_id)).one() == 2
+    engine.dispose()
+    assert _rows(database_url)["metricpoint"] == [
+        r for r in before["metricpoint"] if r[1] not in newest_runs]
+
+
+def test_0008_downgrade_removes_what_a_purge_left_and_gives_ids_back_their_old_rule(
+        database_url: str) -> None:
+    """Going back to 0007, which knows no `deleted`, an experiment marked deleted whose rows a
+    purge had not removed yet goes with them (it would come back otherwise); the rebuilt tables
+    keep the other rows; upgrading again gives the models' schema."""
+    upgrade_database(database_url)
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        settings = Settings(database_url=database_url)
+        for name in ("kept", "deleted"):
+            spec = ExperimentSpec.model_validate({"name": name, "trainer": "collapse",
+                                                  "config": {"steps": 50}, "seeds": 2})
+            experiment = create_experiment(session=session, spec=spec, settings=settings)
+        cancel_experiment(session=session, experiment_id=experiment.id)
+        delete_experiment(session=session, experiment_id=experiment.id)  # marked, not purged
+    engine.dispose()
+    _migrate(database_url, "0007", down=True)
+    rows = _rows(database_url)
+    assert [r[1] for r in rows["experiment"]] == ["kept"]
+    assert [r[1] for r in rows["run"]] == [rows["experiment"][0][0]] * 2
+    if database_url.startswith("sqlite"):
+        assert not any("AUTOINCREMENT" in sql
+                       for sql in sqlite_schema(database_url)["table"].values())
+    upgrade_database(database_url)
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+    assert _rows(database_url)["run"] == rows["run"]

@@ -16,11 +16,14 @@ from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunS
 from service.db import AttemptOutcome, Experiment, Run, RunAttempt, make_engine, upgrade_database
 from service.experiments import (
     Conflict,
+    NotFound,
     cancel_experiment,
     create_experiment,
     delete_experiment,
     experiment_detail,
+    get_experiment,
 )
+from service.purge import purge_deleted
 from service.run_store import (
     UNSTARTED_LOSSES_ALLOWED,
     AttemptKey,
@@ -288,6 +291,10 @@ def test_a_cancel_reaches_pending_runs_and_delete_waits_for_them(session: Sessio
     assert run_of(session, pending.run_id).error == "cancelled before start"
     assert run_of(session, running.run_id).error == "cancelled while running"
     delete_experiment(session=session, experiment_id=experiment_id)
+    with pytest.raises(NotFound):  # gone at once; its rows are removed in batches
+        get_experiment(session=session, experiment_id=experiment_id)
+    assert purge_deleted(session.get_bind()) == [experiment_id]
+    session.expunge_all()
     assert session.get(Experiment, experiment_id) is None
 
 
