@@ -25,7 +25,6 @@ from typing import Annotated, Any
 import httpx
 import pydantic
 import typer
-import yaml
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -34,6 +33,7 @@ from rich.table import Column, Table
 
 from api_schemas import first_line
 from service.settings import Settings
+from service.spec_file import SpecFileError, load_spec_file
 
 app = typer.Typer(
     add_completion=False,
@@ -51,7 +51,6 @@ ENDED = {"completed", "partial", "failed", "cancelled"}
 ACTIVE = ("queued", "pending", "running")
 # Run statuses that mean something went wrong: `submit --wait`, `run` and `watch` exit 1.
 TROUBLE = ("failed", "diverged")
-SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 # Wildcard listening addresses a client reaches on the same machine's loopback.
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
 UrlOpt = Annotated[str | None, typer.Option(
@@ -139,23 +138,12 @@ def upgrade_schema(database_url: str) -> None:
 
 
 def load_spec(path: Path) -> dict[str, Any]:
-    """A spec file, JSON or YAML; errors name the file and, for any other file, the types
-    expected (a README passed by mistake is not "invalid YAML")."""
-    if path.suffix.lower() not in SPEC_SUFFIXES:
-        raise _fail(f"expected a .json, .yaml or .yml spec file, got {path.name}")
+    """A spec file, JSON or YAML, as the JSON the API receives (service.spec_file: no alias
+    bombs, recursive aliases, non-JSON tags or values); errors name the file."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise _fail(f"cannot read spec file {path}: {exc.strerror}") from None
-    try:
-        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise _fail(
-            f"spec file {path} is not valid {path.suffix.lstrip('.').upper()}: {exc}"
-        ) from None
-    if not isinstance(spec, dict):
-        raise _fail(f"spec file {path} must hold a mapping (name, trainer, config, grid, seeds)")
-    return spec
+        return load_spec_file(path)
+    except SpecFileError as exc:
+        raise _fail(str(exc)) from None
 
 
 def default_url() -> tuple[str, str]:
