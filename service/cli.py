@@ -4,21 +4,26 @@ trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
 
 Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
 rows); the tables fold long condition keys at their commas, never cutting a key or a number,
-so they stay whole at 80 columns."""
+so they stay whole at 80 columns. The client commands ask again after the Retry-After of a 503
+or 429, a bounded number of times."""
 
 from __future__ import annotations
 
 import csv
 import difflib
+import email.utils
 import ipaddress
+import itertools
 import json
 import logging
+import math
 import os
 import re
 import sys
 import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -180,22 +185,85 @@ def _client(url: str | None, timeout_s: float) -> ApiClient:
     return client
 
 
-def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+# A 503 (the service cannot reach its database now) or a 429 (its queue, or its heavy reads,
+# are full) says when to come back (Retry-After): a command asks again that many seconds later,
+# up to MAX_RETRIES times and MAX_RETRY_WAIT_S in all, then stops with the answer.
+RETRIED_STATUSES = frozenset({429, 503})
+MAX_RETRIES = 3
+MAX_RETRY_WAIT_S = 60.0
+# The wait when such an answer gives no Retry-After it can read.
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+def retry_after_s(response: httpx.Response) -> float:
+    """The wait an answer asks for: its Retry-After, in seconds or as an HTTP date."""
+    value = response.headers.get("Retry-After", "").strip()
+    if value.isdigit():
+        return float(value)
     try:
-        response = client.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        source = getattr(client, "url_source", "--url")
-        raise _fail(f"cannot reach the seedgrid API at {client.base_url} (from {source}; set "
-                    f"--url or SEEDGRID_URL to reach another): {exc}") from None
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER_S
+    if when.tzinfo is None:  # "-0000": UTC, the zone of every HTTP date
+        when = when.replace(tzinfo=UTC)
+    return float(max(0, math.ceil((when - datetime.now(UTC)).total_seconds())))
+
+
+def _detail(response: httpx.Response) -> Any:
+    """An error answer's `detail`, or its text when it is not the API's JSON (a proxy's page)."""
+    try:
+        body = response.json()
+    except ValueError:
+        lines = response.text.strip().splitlines()
+        return lines[0] if lines else response.reason_phrase
+    return body.get("detail") if isinstance(body, dict) else body
+
+
+def _retry_wait(response: httpx.Response, method: str, path: str, retry: int,
+                waited_s: float) -> float | None:
+    """How long to wait before asking again (None: the answer is not one to retry); stops the
+    command with the answer once the retries or their time are used up."""
+    if response.status_code not in RETRIED_STATUSES:
+        return None
+    wait = retry_after_s(response)
+    answer = f"{method} {path}: {response.status_code} {_detail(response)}"
+    if retry >= MAX_RETRIES or waited_s + wait > MAX_RETRY_WAIT_S:
+        tried = f" (after {retry} retries over {waited_s:.0f} s)" if retry else ""
+        raise _fail(f"{answer}{tried}; it asks to retry in {wait:g} s")
+    err.print(f"{answer}; retrying in {wait:g} s ({retry + 1} of {MAX_RETRIES})", markup=False,
+              soft_wrap=True)
+    return wait
+
+
+def _unreachable(client: httpx.Client, exc: httpx.HTTPError) -> typer.Exit:
+    source = getattr(client, "url_source", "--url")
+    return _fail(f"cannot reach the seedgrid API at {client.base_url} (from {source}; set "
+                 f"--url or SEEDGRID_URL to reach another): {exc}")
+
+
+def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    """The API's JSON answer; an error answer stops the command with one message, after the
+    retries a 503 or 429 asks for."""
+    waited_s = 0.0
+    for retry in itertools.count():
+        try:
+            response = client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise _unreachable(client, exc) from None
+        wait = _retry_wait(response, method, path, retry, waited_s)
+        if wait is None:
+            break
+        time.sleep(wait)
+        waited_s += wait
     if response.status_code == 422:
-        detail = response.json().get("detail")
+        detail = _detail(response)
         lines = ([f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
                  if isinstance(detail, list) else [f"  {detail}"])
         what = ("the spec was rejected" if (method, path) == ("POST", "/experiments")
                 else f"{method} {path} was refused")
         raise _fail(f"{what}:\n" + "\n".join(lines))
     if response.status_code >= 400:
-        raise _fail(f"{method} {path}: {response.status_code} {response.json().get('detail')}")
+        raise _fail(f"{method} {path}: {response.status_code} {_detail(response)}")
     return response.json() if response.content else None
 
 
@@ -1109,16 +1177,25 @@ def export(
     what = "curves" if curves else "runs"
     target = output or Path(f"experiment-{experiment_id}-{what}.{file_format}")
     path = f"/experiments/{experiment_id}/export"
+    waited_s = 0.0
     with _client(url, 600) as client:
-        try:
-            with client.stream("GET", path, params={"format": file_format, "what": what}) as rsp:
-                if rsp.status_code >= 400:
-                    rsp.read()
-                    raise _fail(f"GET {path}: {rsp.status_code} {rsp.json().get('detail')}")
-                written = _write_stream(rsp, target)
-        except httpx.HTTPError as exc:
-            raise _fail(f"cannot export from the seedgrid API at {client.base_url}: "
-                        f"{exc}") from None
+        for retry in itertools.count():
+            try:
+                with client.stream("GET", path,
+                                   params={"format": file_format, "what": what}) as rsp:
+                    if rsp.status_code >= 400:
+                        rsp.read()
+                        wait = _retry_wait(rsp, "GET", path, retry, waited_s)
+                        if wait is None:
+                            raise _fail(f"GET {path}: {rsp.status_code} {_detail(rsp)}")
+                    else:
+                        written = _write_stream(rsp, target)
+                        break
+            except httpx.HTTPError as exc:
+                raise _fail(f"cannot export from the seedgrid API at {client.base_url}: "
+                            f"{exc}") from None
+            time.sleep(wait)
+            waited_s += wait
     console.print(f"wrote {target} ({written:,} bytes)", markup=False, soft_wrap=True)
 
 
