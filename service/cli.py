@@ -5,7 +5,9 @@ trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
 Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
 rows); the tables fold long condition keys at their commas, never cutting a key or a number,
 so they stay whole at 80 columns. The client commands ask again after the Retry-After of a 503
-or 429, a bounded number of times."""
+or 429, a bounded number of times.
+
+The commands that start Ray (serve, run, dispatcher) shut it down however they end."""
 
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -750,6 +754,59 @@ def exit_on_trouble(trouble: int) -> None:
         raise typer.Exit(1)
 
 
+def end_ray() -> None:
+    """Shut down this process's Ray: the local instance it started, with every process of it
+    (the raylet's dashboard and runtime-env agents too), or its connection to a cluster."""
+    ray = sys.modules.get("ray")  # never imported: nothing to end, and no import to pay for
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def connect_ray(settings: Settings) -> None:
+    """Join SEEDGRID_RAY_ADDRESS's cluster, or start a local Ray, or stop with one line.
+
+    From the main thread, before a dispatcher starts: Ray started from another thread (a
+    dispatcher's, when a standby takes over; the server's in `seedgrid run`) installs its own
+    SIGTERM handler, which aborts the process 3 s after the signal, before Ray is shut down;
+    from the main thread, ensure_ray keeps the command's handler."""
+    from service.dispatcher import ensure_ray
+
+    try:
+        ensure_ray(settings)
+    except Exception as exc:
+        where = (f"connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}"
+                 if settings.ray_address else "start a local Ray")
+        raise _fail(f"cannot {where}: {_first_line(exc)}") from None
+
+
+@contextmanager
+def ray_ended_on_exit() -> Iterator[None]:
+    """Ray ends with the command however the command ends: on return, an error, Ctrl-C or
+    SIGTERM. SIGTERM's default action would end the process before Ray's shutdown, leaving the
+    agents the raylet started behind; here it raises SystemExit instead (uvicorn, serving,
+    shuts down first and then raises the signal again), Ray is shut down, and the process then
+    ends by SIGTERM as it would have."""
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        terminated.append(signum)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut Ray's short
+        try:
+            end_ray()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if terminated:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.raise_signal(signal.SIGTERM)
+
+
 @app.command()
 def serve(
     dispatch: Annotated[
@@ -781,16 +838,20 @@ def serve(
     settings = load_settings(host=host, port=port)
     refuse_open_exposure(settings, insecure, host_option=host is not None)
     log_to_stderr(settings.log_level)
-    upgrade_schema(settings.database_url)
-    if dispatch:
-        from service.app import create_app
+    with ray_ended_on_exit():
+        upgrade_schema(settings.database_url)
+        if dispatch:
+            from service.app import create_app
 
-        uvicorn.run(create_app(settings, dispatch=True), host=settings.host, port=settings.port,
-                    log_level=settings.log_level)
-    else:
-        # Each worker process builds its app from the same SEEDGRID_* environment.
-        uvicorn.run("service.app:create_api_app", factory=True, workers=workers,
-                    host=settings.host, port=settings.port, log_level=settings.log_level)
+            # Ray from the main thread (see connect_ray), also for a standby: it is then ready to
+            # take over at once.
+            connect_ray(settings)
+            uvicorn.run(create_app(settings, dispatch=True), host=settings.host,
+                        port=settings.port, log_level=settings.log_level)
+        else:
+            # Each worker process builds its app from the same SEEDGRID_* environment.
+            uvicorn.run("service.app:create_api_app", factory=True, workers=workers,
+                        host=settings.host, port=settings.port, log_level=settings.log_level)
 
 
 @app.command()
@@ -801,22 +862,16 @@ def dispatcher() -> None:
     the dispatch lock (a `seedgrid dispatcher` or an embedded `seedgrid serve`), and takes over
     when it is gone. SIGTERM or SIGINT stops it cleanly: runs in flight go back to the queue.
     """
-    import signal
     import threading
 
     from service.db import make_engine
-    from service.dispatcher import Dispatcher, ensure_ray
+    from service.dispatcher import Dispatcher
 
     settings = load_settings()
     log_to_stderr(settings.log_level)
     upgrade_schema(settings.database_url)
-    if settings.ray_address:
-        # Connect now: a wrong address fails here, and a standby is ready to take over at once.
-        try:
-            ensure_ray(settings)
-        except Exception as exc:
-            raise _fail(f"cannot connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}: "
-                        f"{_first_line(exc)}") from None
+    # Connect now: a wrong address fails here, and a standby is ready to take over at once.
+    connect_ray(settings)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
@@ -831,6 +886,7 @@ def dispatcher() -> None:
     finally:
         worker.stop()
         engine.dispose()
+        end_ray()
     if worker.error is not None and not stopping.is_set():
         raise _fail(f"the dispatcher stopped: {_first_line(worker.error)}")
 
@@ -1352,24 +1408,25 @@ def run(
     refuse_open_exposure(settings, insecure=False)
     spec = load_spec(spec_file)
     started = time.perf_counter()
-    upgrade_schema(settings.database_url)
-    console.print(
-        f"database {settings.database_url}; Ray {settings.ray_address or 'local (started here)'}"
-    )
-    with (
-        BackgroundServer(settings) as server,
-        _client(server.url, 120) as client,
-    ):
-        created = _request(client, "POST", "/experiments", json=spec)
-        console.print(
-            f"experiment {created['id']} {created['name']}: "
-            f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
-            f"(API at {server.url})"
-        )
-        from service.db import masked_url
+    with ray_ended_on_exit():
+        upgrade_schema(settings.database_url)
+        connect_ray(settings)  # from the main thread, not the server's (see connect_ray)
+        console.print(f"database {settings.database_url}; "
+                      f"Ray {settings.ray_address or 'local (started here)'}")
+        with (
+            BackgroundServer(settings) as server,
+            _client(server.url, 120) as client,
+        ):
+            created = _request(client, "POST", "/experiments", json=spec)
+            console.print(
+                f"experiment {created['id']} {created['name']}: "
+                f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
+                f"(API at {server.url})", markup=False
+            )
+            from service.db import masked_url
 
-        watch(client, created["id"], in_process=masked_url(settings.database_url))
-        trouble = report(client, created["id"], metric)
+            watch(client, created["id"], in_process=masked_url(settings.database_url))
+            trouble = report(client, created["id"], metric)
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
     exit_on_trouble(trouble)
 
