@@ -7,7 +7,9 @@ rows); the tables fold long condition keys at their commas, never cutting a key 
 so they stay whole at 80 columns. The client commands ask again after the Retry-After of a 503
 or 429, a bounded number of times.
 
-The commands that start Ray (serve, run, dispatcher) shut it down however they end."""
+Without SEEDGRID_DATABASE_URL the database is one per user, in the platform's data directory
+(service.settings.default_database_path): the commands that write make it, `db current` only
+reads. The commands that start Ray (serve, run, dispatcher) shut it down however they end."""
 
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
+from sqlalchemy.engine import make_url
 
 from api_schemas import first_line
-from service.settings import Settings
+from service.settings import Settings, default_database_path
 from service.spec_file import SpecFileError, load_spec_file
 
 app = typer.Typer(
@@ -97,15 +100,54 @@ def log_to_stderr(level: str) -> None:
 
 
 def load_settings(**options: Any) -> Settings:
-    """Settings from the environment, overridden by the command's `options` (None: not given)."""
+    """Settings from the environment, overridden by the command's `options` (None: not given).
+    On the default database, a warning when the old default, ./seedgrid.db, is here."""
     given = {name: value for name, value in options.items() if value is not None}
     try:
-        return Settings(**given)
+        settings = Settings(**given)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
         field = ("--" + name.replace("_", "-")) if name in given else "SEEDGRID_" + name.upper()
         raise _fail(f"{field if name else 'settings'}: {first['msg']}") from None
+    warn_of_the_old_default(settings)
+    return settings
+
+
+def on_default_database(settings: Settings) -> bool:
+    """Whether the database is the default one (SEEDGRID_DATABASE_URL and --database-url unset)."""
+    return "database_url" not in settings.model_fields_set
+
+
+def sqlite_file(database_url: str) -> Path | None:
+    """The file a SQLite URL names; None for another database, or one in memory."""
+    url = make_url(database_url)
+    if (url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:")
+            or url.query.get("uri")):
+        return None
+    return Path(url.database)
+
+
+def warn_of_the_old_default(settings: Settings) -> None:
+    """Before the default database moved to the user's data directory, it was ./seedgrid.db
+    wherever a command ran: say, once, how to keep using one found here."""
+    old = Path("seedgrid.db").absolute()
+    default = default_database_path()
+    if not on_default_database(settings) or not old.is_file() or old == default.absolute():
+        return
+    move = "" if default.exists() else f", or move it to {default}"
+    err.print(f"warning: {old} is seedgrid's old default database; the default is now {default}."
+              f" To keep using this one, set SEEDGRID_DATABASE_URL=sqlite:///{old}{move}",
+              markup=False, soft_wrap=True, style="yellow")
+
+
+def database_name(settings: Settings) -> str:
+    """The database as the commands print it: the default's file, saying it is the default;
+    another by its URL (password masked)."""
+    if on_default_database(settings):
+        return (f"{default_database_path()} (the default; SEEDGRID_DATABASE_URL selects "
+                "another)")
+    return make_url(settings.database_url).render_as_string(hide_password=True)
 
 
 def refuse_open_exposure(settings: Settings, insecure: bool, host_option: bool = False) -> None:
@@ -128,12 +170,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def upgrade_schema(database_url: str) -> None:
-    """Migrate the database to the newest schema, or stop with one line naming it."""
-    from service.db import INITIAL_REVISION, DatabaseError, masked_url, upgrade_database
+def upgrade_schema(settings: Settings) -> None:
+    """Migrate the database to the newest schema (making the default one, and its directory,
+    when there is none yet), or stop with one line naming it."""
+    from service.db import INITIAL_REVISION, DatabaseError, upgrade_database
 
+    if on_default_database(settings):
+        try:
+            default_database_path().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _fail(f"cannot make the directory of the default database "
+                        f"{default_database_path()}: {exc.strerror}") from None
     try:
-        done = upgrade_database(database_url)
+        done = upgrade_database(settings.database_url)
     except DatabaseError as exc:
         raise _fail(str(exc)) from None
     if done.stamped:
@@ -143,7 +192,7 @@ def upgrade_schema(database_url: str) -> None:
         change = f"schema at revision {done.after}, up to date"
     else:
         change = f"schema upgraded from {done.before or 'an empty database'} to {done.after}"
-    console.print(f"database {masked_url(database_url)}: {change}", markup=False, soft_wrap=True)
+    console.print(f"database {database_name(settings)}: {change}", markup=False, soft_wrap=True)
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -839,7 +888,7 @@ def serve(
     refuse_open_exposure(settings, insecure, host_option=host is not None)
     log_to_stderr(settings.log_level)
     with ray_ended_on_exit():
-        upgrade_schema(settings.database_url)
+        upgrade_schema(settings)
         if dispatch:
             from service.app import create_app
 
@@ -869,7 +918,7 @@ def dispatcher() -> None:
 
     settings = load_settings()
     log_to_stderr(settings.log_level)
-    upgrade_schema(settings.database_url)
+    upgrade_schema(settings)
     # Connect now: a wrong address fails here, and a standby is ready to take over at once.
     connect_ray(settings)
     stopping = threading.Event()
@@ -1166,10 +1215,25 @@ def cancel(experiment_id: int, url: UrlOpt = None) -> None:
 
 
 @app.command()
-def delete(experiment_id: int, url: UrlOpt = None) -> None:
+def delete(
+    experiment_id: int,
+    url: UrlOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="delete without asking")] = False,
+) -> None:
     """Delete an ended experiment with its runs, metric points and statistics (refused while a
-    run is queued, pending or running: `seedgrid cancel` it first)."""
+    run is queued, pending or running: `seedgrid cancel` it first). Asks first, naming the
+    experiment and its runs; --yes does not ask (needed where no one can answer)."""
     with _client(url, 60) as client:
+        if not yes:
+            d = _request(client, "GET", f"/experiments/{experiment_id}")
+            what = (f"experiment {experiment_id} {d['name']!r} ({d['trainer']}, {d['status']}) "
+                    f"with its {d['n_runs']} run{'s' if d['n_runs'] != 1 else ''}")
+            if not sys.stdin.isatty():
+                raise _fail(f"not deleting {what}: no one can confirm (stdin is not a "
+                            "terminal); pass --yes to delete it")
+            if not typer.confirm(f"Delete {what}, their metric points and statistics?"):
+                err.print("nothing deleted", markup=False)
+                raise typer.Exit(1)
         _request(client, "DELETE", f"/experiments/{experiment_id}")
     console.print(f"experiment {experiment_id} deleted", markup=False)
 
@@ -1409,10 +1473,9 @@ def run(
     spec = load_spec(spec_file)
     started = time.perf_counter()
     with ray_ended_on_exit():
-        upgrade_schema(settings.database_url)
+        upgrade_schema(settings)
         connect_ray(settings)  # from the main thread, not the server's (see connect_ray)
-        console.print(f"database {settings.database_url}; "
-                      f"Ray {settings.ray_address or 'local (started here)'}")
+        console.print(f"Ray {settings.ray_address or 'local (started here)'}", markup=False)
         with (
             BackgroundServer(settings) as server,
             _client(server.url, 120) as client,
@@ -1423,9 +1486,7 @@ def run(
                 f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
                 f"(API at {server.url})", markup=False
             )
-            from service.db import masked_url
-
-            watch(client, created["id"], in_process=masked_url(settings.database_url))
+            watch(client, created["id"], in_process=database_name(settings))
             trouble = report(client, created["id"], metric)
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
     exit_on_trouble(trouble)
@@ -1434,17 +1495,25 @@ def run(
 @db_app.command("upgrade")
 def db_upgrade(database_url: DatabaseUrlOpt = None) -> None:
     """Apply every migration the database lacks (`alembic upgrade head`); safe to repeat."""
-    upgrade_schema(load_settings(database_url=database_url).database_url)
+    upgrade_schema(load_settings(database_url=database_url))
 
 
 @db_app.command("current")
 def db_current(database_url: DatabaseUrlOpt = None) -> None:
-    """The schema revision the database is at, and the newest one this seedgrid knows."""
-    from service.db import DatabaseError, database_revision, head_revision, masked_url
+    """The schema revision the database is at, and the newest one this seedgrid knows. Reads
+    only: a SQLite file that does not exist is not made."""
+    from service.db import DatabaseError, database_revision, head_revision
 
-    url = load_settings(database_url=database_url).database_url
+    settings = load_settings(database_url=database_url)
+    name = database_name(settings)
+    path = sqlite_file(settings.database_url)
+    if path is not None and not path.is_file():
+        raise _fail(f"there is no database at {path}" + (
+            " (the default; `seedgrid serve` or `seedgrid db upgrade` makes it, "
+            "SEEDGRID_DATABASE_URL or --database-url selects another)"
+            if on_default_database(settings) else ""))
     try:
-        revision = database_revision(url)
+        revision = database_revision(settings.database_url)
     except DatabaseError as exc:
         raise _fail(str(exc)) from None
     head = head_revision()
@@ -1452,7 +1521,7 @@ def db_current(database_url: DatabaseUrlOpt = None) -> None:
         state = f"no alembic_version table (`seedgrid db upgrade` brings it to revision {head})"
     else:
         state = f"revision {revision}" + (" (head)" if revision == head else f", head is {head}")
-    console.print(f"database {masked_url(url)}: {state}", markup=False, soft_wrap=True)
+    console.print(f"database {name}: {state}", markup=False, soft_wrap=True)
 
 
 def main() -> None:
