@@ -31,7 +31,7 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import pydantic
@@ -41,11 +41,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
-from sqlalchemy.engine import make_url
 
 from api_schemas import first_line
-from service.settings import Settings, default_database_path
 from service.spec_file import SpecFileError, load_spec_file
+
+if TYPE_CHECKING:  # the client commands need no settings: SQLAlchemy's import is 0.2 s
+    from service.settings import Settings
 
 app = typer.Typer(
     add_completion=False,
@@ -102,6 +103,8 @@ def log_to_stderr(level: str) -> None:
 def load_settings(**options: Any) -> Settings:
     """Settings from the environment, overridden by the command's `options` (None: not given).
     On the default database, a warning when the old default, ./seedgrid.db, is here."""
+    from service.settings import Settings
+
     given = {name: value for name, value in options.items() if value is not None}
     try:
         settings = Settings(**given)
@@ -121,6 +124,8 @@ def on_default_database(settings: Settings) -> bool:
 
 def sqlite_file(database_url: str) -> Path | None:
     """The file a SQLite URL names; None for another database, or one in memory."""
+    from sqlalchemy.engine import make_url
+
     url = make_url(database_url)
     if (url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:")
             or url.query.get("uri")):
@@ -131,6 +136,8 @@ def sqlite_file(database_url: str) -> Path | None:
 def warn_of_the_old_default(settings: Settings) -> None:
     """Before the default database moved to the user's data directory, it was ./seedgrid.db
     wherever a command ran: say, once, how to keep using one found here."""
+    from service.settings import default_database_path
+
     old = Path("seedgrid.db").absolute()
     default = default_database_path()
     if not on_default_database(settings) or not old.is_file() or old == default.absolute():
@@ -144,10 +151,13 @@ def warn_of_the_old_default(settings: Settings) -> None:
 def database_name(settings: Settings) -> str:
     """The database as the commands print it: the default's file, saying it is the default;
     another by its URL (password masked)."""
+    from service.db import masked_url
+    from service.settings import default_database_path
+
     if on_default_database(settings):
         return (f"{default_database_path()} (the default; SEEDGRID_DATABASE_URL selects "
                 "another)")
-    return make_url(settings.database_url).render_as_string(hide_password=True)
+    return masked_url(settings.database_url)
 
 
 def refuse_open_exposure(settings: Settings, insecure: bool, host_option: bool = False) -> None:
@@ -174,6 +184,7 @@ def upgrade_schema(settings: Settings) -> None:
     """Migrate the database to the newest schema (making the default one, and its directory,
     when there is none yet), or stop with one line naming it."""
     from service.db import INITIAL_REVISION, DatabaseError, upgrade_database
+    from service.settings import default_database_path
 
     if on_default_database(settings):
         try:
