@@ -4,28 +4,38 @@ trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
 
 Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
 rows); the tables fold long condition keys at their commas, never cutting a key or a number,
-so they stay whole at 80 columns."""
+so they stay whole at 80 columns. The client commands ask again after the Retry-After of a 503
+or 429, a bounded number of times.
+
+Without SEEDGRID_DATABASE_URL the database is one per user, in the platform's data directory
+(service.settings.default_database_path): the commands that write make it, `db current` only
+reads. The commands that start Ray (serve, run, dispatcher) shut it down however they end."""
 
 from __future__ import annotations
 
 import csv
 import difflib
+import email.utils
 import ipaddress
+import itertools
 import json
 import logging
+import math
 import os
 import re
+import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import pydantic
 import typer
-import yaml
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -33,7 +43,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from api_schemas import first_line
-from service.settings import Settings
+from service.spec_file import SpecFileError, load_spec_file
+
+if TYPE_CHECKING:  # the client commands need no settings: SQLAlchemy's import is 0.2 s
+    from service.settings import Settings
 
 app = typer.Typer(
     add_completion=False,
@@ -51,7 +64,6 @@ ENDED = {"completed", "partial", "failed", "cancelled"}
 ACTIVE = ("queued", "pending", "running")
 # Run statuses that mean something went wrong: `submit --wait`, `run` and `watch` exit 1.
 TROUBLE = ("failed", "diverged")
-SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 # Wildcard listening addresses a client reaches on the same machine's loopback.
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
 UrlOpt = Annotated[str | None, typer.Option(
@@ -89,15 +101,63 @@ def log_to_stderr(level: str) -> None:
 
 
 def load_settings(**options: Any) -> Settings:
-    """Settings from the environment, overridden by the command's `options` (None: not given)."""
+    """Settings from the environment, overridden by the command's `options` (None: not given).
+    On the default database, a warning when the old default, ./seedgrid.db, is here."""
+    from service.settings import Settings
+
     given = {name: value for name, value in options.items() if value is not None}
     try:
-        return Settings(**given)
+        settings = Settings(**given)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
         field = ("--" + name.replace("_", "-")) if name in given else "SEEDGRID_" + name.upper()
         raise _fail(f"{field if name else 'settings'}: {first['msg']}") from None
+    warn_of_the_old_default(settings)
+    return settings
+
+
+def on_default_database(settings: Settings) -> bool:
+    """Whether the database is the default one (SEEDGRID_DATABASE_URL and --database-url unset)."""
+    return "database_url" not in settings.model_fields_set
+
+
+def sqlite_file(database_url: str) -> Path | None:
+    """The file a SQLite URL names; None for another database, or one in memory."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if (url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:")
+            or url.query.get("uri")):
+        return None
+    return Path(url.database)
+
+
+def warn_of_the_old_default(settings: Settings) -> None:
+    """Before the default database moved to the user's data directory, it was ./seedgrid.db
+    wherever a command ran: say, once, how to keep using one found here."""
+    from service.settings import default_database_path
+
+    old = Path("seedgrid.db").absolute()
+    default = default_database_path()
+    if not on_default_database(settings) or not old.is_file() or old == default.absolute():
+        return
+    move = "" if default.exists() else f", or move it to {default}"
+    err.print(f"warning: {old} is seedgrid's old default database; the default is now {default}."
+              f" To keep using this one, set SEEDGRID_DATABASE_URL=sqlite:///{old}{move}",
+              markup=False, soft_wrap=True, style="yellow")
+
+
+def database_name(settings: Settings) -> str:
+    """The database as the commands print it: the default's file, saying it is the default;
+    another by its URL (password masked)."""
+    from service.db import masked_url
+    from service.settings import default_database_path
+
+    if on_default_database(settings):
+        return (f"{default_database_path()} (the default; SEEDGRID_DATABASE_URL selects "
+                "another)")
+    return masked_url(settings.database_url)
 
 
 def refuse_open_exposure(settings: Settings, insecure: bool, host_option: bool = False) -> None:
@@ -120,12 +180,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def upgrade_schema(database_url: str) -> None:
-    """Migrate the database to the newest schema, or stop with one line naming it."""
-    from service.db import INITIAL_REVISION, DatabaseError, masked_url, upgrade_database
+def upgrade_schema(settings: Settings) -> None:
+    """Migrate the database to the newest schema (making the default one, and its directory,
+    when there is none yet), or stop with one line naming it."""
+    from service.db import INITIAL_REVISION, DatabaseError, upgrade_database
+    from service.settings import default_database_path
 
+    if on_default_database(settings):
+        try:
+            default_database_path().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _fail(f"cannot make the directory of the default database "
+                        f"{default_database_path()}: {exc.strerror}") from None
     try:
-        done = upgrade_database(database_url)
+        done = upgrade_database(settings.database_url)
     except DatabaseError as exc:
         raise _fail(str(exc)) from None
     if done.stamped:
@@ -135,27 +203,16 @@ def upgrade_schema(database_url: str) -> None:
         change = f"schema at revision {done.after}, up to date"
     else:
         change = f"schema upgraded from {done.before or 'an empty database'} to {done.after}"
-    console.print(f"database {masked_url(database_url)}: {change}", markup=False, soft_wrap=True)
+    console.print(f"database {database_name(settings)}: {change}", markup=False, soft_wrap=True)
 
 
 def load_spec(path: Path) -> dict[str, Any]:
-    """A spec file, JSON or YAML; errors name the file and, for any other file, the types
-    expected (a README passed by mistake is not "invalid YAML")."""
-    if path.suffix.lower() not in SPEC_SUFFIXES:
-        raise _fail(f"expected a .json, .yaml or .yml spec file, got {path.name}")
+    """A spec file, JSON or YAML, as the JSON the API receives (service.spec_file: no alias
+    bombs, recursive aliases, non-JSON tags or values); errors name the file."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise _fail(f"cannot read spec file {path}: {exc.strerror}") from None
-    try:
-        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise _fail(
-            f"spec file {path} is not valid {path.suffix.lstrip('.').upper()}: {exc}"
-        ) from None
-    if not isinstance(spec, dict):
-        raise _fail(f"spec file {path} must hold a mapping (name, trainer, config, grid, seeds)")
-    return spec
+        return load_spec_file(path)
+    except SpecFileError as exc:
+        raise _fail(str(exc)) from None
 
 
 def default_url() -> tuple[str, str]:
@@ -192,22 +249,85 @@ def _client(url: str | None, timeout_s: float) -> ApiClient:
     return client
 
 
-def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+# A 503 (the service cannot reach its database now) or a 429 (its queue, or its heavy reads,
+# are full) says when to come back (Retry-After): a command asks again that many seconds later,
+# up to MAX_RETRIES times and MAX_RETRY_WAIT_S in all, then stops with the answer.
+RETRIED_STATUSES = frozenset({429, 503})
+MAX_RETRIES = 3
+MAX_RETRY_WAIT_S = 60.0
+# The wait when such an answer gives no Retry-After it can read.
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+def retry_after_s(response: httpx.Response) -> float:
+    """The wait an answer asks for: its Retry-After, in seconds or as an HTTP date."""
+    value = response.headers.get("Retry-After", "").strip()
+    if value.isdigit():
+        return float(value)
     try:
-        response = client.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        source = getattr(client, "url_source", "--url")
-        raise _fail(f"cannot reach the seedgrid API at {client.base_url} (from {source}; set "
-                    f"--url or SEEDGRID_URL to reach another): {exc}") from None
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER_S
+    if when.tzinfo is None:  # "-0000": UTC, the zone of every HTTP date
+        when = when.replace(tzinfo=UTC)
+    return float(max(0, math.ceil((when - datetime.now(UTC)).total_seconds())))
+
+
+def _detail(response: httpx.Response) -> Any:
+    """An error answer's `detail`, or its text when it is not the API's JSON (a proxy's page)."""
+    try:
+        body = response.json()
+    except ValueError:
+        lines = response.text.strip().splitlines()
+        return lines[0] if lines else response.reason_phrase
+    return body.get("detail") if isinstance(body, dict) else body
+
+
+def _retry_wait(response: httpx.Response, method: str, path: str, retry: int,
+                waited_s: float) -> float | None:
+    """How long to wait before asking again (None: the answer is not one to retry); stops the
+    command with the answer once the retries or their time are used up."""
+    if response.status_code not in RETRIED_STATUSES:
+        return None
+    wait = retry_after_s(response)
+    answer = f"{method} {path}: {response.status_code} {_detail(response)}"
+    if retry >= MAX_RETRIES or waited_s + wait > MAX_RETRY_WAIT_S:
+        tried = f" (after {retry} retries over {waited_s:.0f} s)" if retry else ""
+        raise _fail(f"{answer}{tried}; it asks to retry in {wait:g} s")
+    err.print(f"{answer}; retrying in {wait:g} s ({retry + 1} of {MAX_RETRIES})", markup=False,
+              soft_wrap=True)
+    return wait
+
+
+def _unreachable(client: httpx.Client, exc: httpx.HTTPError) -> typer.Exit:
+    source = getattr(client, "url_source", "--url")
+    return _fail(f"cannot reach the seedgrid API at {client.base_url} (from {source}; set "
+                 f"--url or SEEDGRID_URL to reach another): {exc}")
+
+
+def _request(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    """The API's JSON answer; an error answer stops the command with one message, after the
+    retries a 503 or 429 asks for."""
+    waited_s = 0.0
+    for retry in itertools.count():
+        try:
+            response = client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise _unreachable(client, exc) from None
+        wait = _retry_wait(response, method, path, retry, waited_s)
+        if wait is None:
+            break
+        time.sleep(wait)
+        waited_s += wait
     if response.status_code == 422:
-        detail = response.json().get("detail")
+        detail = _detail(response)
         lines = ([f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
                  if isinstance(detail, list) else [f"  {detail}"])
         what = ("the spec was rejected" if (method, path) == ("POST", "/experiments")
                 else f"{method} {path} was refused")
         raise _fail(f"{what}:\n" + "\n".join(lines))
     if response.status_code >= 400:
-        raise _fail(f"{method} {path}: {response.status_code} {response.json().get('detail')}")
+        raise _fail(f"{method} {path}: {response.status_code} {_detail(response)}")
     return response.json() if response.content else None
 
 
@@ -694,6 +814,59 @@ def exit_on_trouble(trouble: int) -> None:
         raise typer.Exit(1)
 
 
+def end_ray() -> None:
+    """Shut down this process's Ray: the local instance it started, with every process of it
+    (the raylet's dashboard and runtime-env agents too), or its connection to a cluster."""
+    ray = sys.modules.get("ray")  # never imported: nothing to end, and no import to pay for
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def connect_ray(settings: Settings) -> None:
+    """Join SEEDGRID_RAY_ADDRESS's cluster, or start a local Ray, or stop with one line.
+
+    From the main thread, before a dispatcher starts: Ray started from another thread (a
+    dispatcher's, when a standby takes over; the server's in `seedgrid run`) installs its own
+    SIGTERM handler, which aborts the process 3 s after the signal, before Ray is shut down;
+    from the main thread, ensure_ray keeps the command's handler."""
+    from service.dispatcher import ensure_ray
+
+    try:
+        ensure_ray(settings)
+    except Exception as exc:
+        where = (f"connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}"
+                 if settings.ray_address else "start a local Ray")
+        raise _fail(f"cannot {where}: {_first_line(exc)}") from None
+
+
+@contextmanager
+def ray_ended_on_exit() -> Iterator[None]:
+    """Ray ends with the command however the command ends: on return, an error, Ctrl-C or
+    SIGTERM. SIGTERM's default action would end the process before Ray's shutdown, leaving the
+    agents the raylet started behind; here it raises SystemExit instead (uvicorn, serving,
+    shuts down first and then raises the signal again), Ray is shut down, and the process then
+    ends by SIGTERM as it would have."""
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        terminated.append(signum)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut Ray's short
+        try:
+            end_ray()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if terminated:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.raise_signal(signal.SIGTERM)
+
+
 @app.command()
 def serve(
     dispatch: Annotated[
@@ -725,16 +898,20 @@ def serve(
     settings = load_settings(host=host, port=port)
     refuse_open_exposure(settings, insecure, host_option=host is not None)
     log_to_stderr(settings.log_level)
-    upgrade_schema(settings.database_url)
-    if dispatch:
-        from service.app import create_app
+    with ray_ended_on_exit():
+        upgrade_schema(settings)
+        if dispatch:
+            from service.app import create_app
 
-        uvicorn.run(create_app(settings, dispatch=True), host=settings.host, port=settings.port,
-                    log_level=settings.log_level)
-    else:
-        # Each worker process builds its app from the same SEEDGRID_* environment.
-        uvicorn.run("service.app:create_api_app", factory=True, workers=workers,
-                    host=settings.host, port=settings.port, log_level=settings.log_level)
+            # Ray from the main thread (see connect_ray), also for a standby: it is then ready to
+            # take over at once.
+            connect_ray(settings)
+            uvicorn.run(create_app(settings, dispatch=True), host=settings.host,
+                        port=settings.port, log_level=settings.log_level)
+        else:
+            # Each worker process builds its app from the same SEEDGRID_* environment.
+            uvicorn.run("service.app:create_api_app", factory=True, workers=workers,
+                        host=settings.host, port=settings.port, log_level=settings.log_level)
 
 
 @app.command()
@@ -745,22 +922,16 @@ def dispatcher() -> None:
     the dispatch lock (a `seedgrid dispatcher` or an embedded `seedgrid serve`), and takes over
     when it is gone. SIGTERM or SIGINT stops it cleanly: runs in flight go back to the queue.
     """
-    import signal
     import threading
 
     from service.db import make_engine
-    from service.dispatcher import Dispatcher, ensure_ray
+    from service.dispatcher import Dispatcher
 
     settings = load_settings()
     log_to_stderr(settings.log_level)
-    upgrade_schema(settings.database_url)
-    if settings.ray_address:
-        # Connect now: a wrong address fails here, and a standby is ready to take over at once.
-        try:
-            ensure_ray(settings)
-        except Exception as exc:
-            raise _fail(f"cannot connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}: "
-                        f"{_first_line(exc)}") from None
+    upgrade_schema(settings)
+    # Connect now: a wrong address fails here, and a standby is ready to take over at once.
+    connect_ray(settings)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
@@ -775,6 +946,7 @@ def dispatcher() -> None:
     finally:
         worker.stop()
         engine.dispose()
+        end_ray()
     if worker.error is not None and not stopping.is_set():
         raise _fail(f"the dispatcher stopped: {_first_line(worker.error)}")
 
@@ -1054,10 +1226,25 @@ def cancel(experiment_id: int, url: UrlOpt = None) -> None:
 
 
 @app.command()
-def delete(experiment_id: int, url: UrlOpt = None) -> None:
+def delete(
+    experiment_id: int,
+    url: UrlOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="delete without asking")] = False,
+) -> None:
     """Delete an ended experiment with its runs, metric points and statistics (refused while a
-    run is queued, pending or running: `seedgrid cancel` it first)."""
+    run is queued, pending or running: `seedgrid cancel` it first). Asks first, naming the
+    experiment and its runs; --yes does not ask (needed where no one can answer)."""
     with _client(url, 60) as client:
+        if not yes:
+            d = _request(client, "GET", f"/experiments/{experiment_id}")
+            what = (f"experiment {experiment_id} {d['name']!r} ({d['trainer']}, {d['status']}) "
+                    f"with its {d['n_runs']} run{'s' if d['n_runs'] != 1 else ''}")
+            if not sys.stdin.isatty():
+                raise _fail(f"not deleting {what}: no one can confirm (stdin is not a "
+                            "terminal); pass --yes to delete it")
+            if not typer.confirm(f"Delete {what}, their metric points and statistics?"):
+                err.print("nothing deleted", markup=False)
+                raise typer.Exit(1)
         _request(client, "DELETE", f"/experiments/{experiment_id}")
     console.print(f"experiment {experiment_id} deleted", markup=False)
 
@@ -1121,16 +1308,25 @@ def export(
     what = "curves" if curves else "runs"
     target = output or Path(f"experiment-{experiment_id}-{what}.{file_format}")
     path = f"/experiments/{experiment_id}/export"
+    waited_s = 0.0
     with _client(url, 600) as client:
-        try:
-            with client.stream("GET", path, params={"format": file_format, "what": what}) as rsp:
-                if rsp.status_code >= 400:
-                    rsp.read()
-                    raise _fail(f"GET {path}: {rsp.status_code} {rsp.json().get('detail')}")
-                written = _write_stream(rsp, target)
-        except httpx.HTTPError as exc:
-            raise _fail(f"cannot export from the seedgrid API at {client.base_url}: "
-                        f"{exc}") from None
+        for retry in itertools.count():
+            try:
+                with client.stream("GET", path,
+                                   params={"format": file_format, "what": what}) as rsp:
+                    if rsp.status_code >= 400:
+                        rsp.read()
+                        wait = _retry_wait(rsp, "GET", path, retry, waited_s)
+                        if wait is None:
+                            raise _fail(f"GET {path}: {rsp.status_code} {_detail(rsp)}")
+                    else:
+                        written = _write_stream(rsp, target)
+                        break
+            except httpx.HTTPError as exc:
+                raise _fail(f"cannot export from the seedgrid API at {client.base_url}: "
+                            f"{exc}") from None
+            time.sleep(wait)
+            waited_s += wait
     console.print(f"wrote {target} ({written:,} bytes)", markup=False, soft_wrap=True)
 
 
@@ -1287,24 +1483,22 @@ def run(
     refuse_open_exposure(settings, insecure=False)
     spec = load_spec(spec_file)
     started = time.perf_counter()
-    upgrade_schema(settings.database_url)
-    console.print(
-        f"database {settings.database_url}; Ray {settings.ray_address or 'local (started here)'}"
-    )
-    with (
-        BackgroundServer(settings) as server,
-        _client(server.url, 120) as client,
-    ):
-        created = _request(client, "POST", "/experiments", json=spec)
-        console.print(
-            f"experiment {created['id']} {created['name']}: "
-            f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
-            f"(API at {server.url})"
-        )
-        from service.db import masked_url
-
-        watch(client, created["id"], in_process=masked_url(settings.database_url))
-        trouble = report(client, created["id"], metric)
+    with ray_ended_on_exit():
+        upgrade_schema(settings)
+        connect_ray(settings)  # from the main thread, not the server's (see connect_ray)
+        console.print(f"Ray {settings.ray_address or 'local (started here)'}", markup=False)
+        with (
+            BackgroundServer(settings) as server,
+            _client(server.url, 120) as client,
+        ):
+            created = _request(client, "POST", "/experiments", json=spec)
+            console.print(
+                f"experiment {created['id']} {created['name']}: "
+                f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
+                f"(API at {server.url})", markup=False
+            )
+            watch(client, created["id"], in_process=database_name(settings))
+            trouble = report(client, created["id"], metric)
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
     exit_on_trouble(trouble)
 
@@ -1312,17 +1506,25 @@ def run(
 @db_app.command("upgrade")
 def db_upgrade(database_url: DatabaseUrlOpt = None) -> None:
     """Apply every migration the database lacks (`alembic upgrade head`); safe to repeat."""
-    upgrade_schema(load_settings(database_url=database_url).database_url)
+    upgrade_schema(load_settings(database_url=database_url))
 
 
 @db_app.command("current")
 def db_current(database_url: DatabaseUrlOpt = None) -> None:
-    """The schema revision the database is at, and the newest one this seedgrid knows."""
-    from service.db import DatabaseError, database_revision, head_revision, masked_url
+    """The schema revision the database is at, and the newest one this seedgrid knows. Reads
+    only: a SQLite file that does not exist is not made."""
+    from service.db import DatabaseError, database_revision, head_revision
 
-    url = load_settings(database_url=database_url).database_url
+    settings = load_settings(database_url=database_url)
+    name = database_name(settings)
+    path = sqlite_file(settings.database_url)
+    if path is not None and not path.is_file():
+        raise _fail(f"there is no database at {path}" + (
+            " (the default; `seedgrid serve` or `seedgrid db upgrade` makes it, "
+            "SEEDGRID_DATABASE_URL or --database-url selects another)"
+            if on_default_database(settings) else ""))
     try:
-        revision = database_revision(url)
+        revision = database_revision(settings.database_url)
     except DatabaseError as exc:
         raise _fail(str(exc)) from None
     head = head_revision()
@@ -1330,7 +1532,7 @@ def db_current(database_url: DatabaseUrlOpt = None) -> None:
         state = f"no alembic_version table (`seedgrid db upgrade` brings it to revision {head})"
     else:
         state = f"revision {revision}" + (" (head)" if revision == head else f", head is {head}")
-    console.print(f"database {masked_url(url)}: {state}", markup=False, soft_wrap=True)
+    console.print(f"database {name}: {state}", markup=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from functools import cached_property, lru_cache
+from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,11 +23,33 @@ PLACEHOLDER_TOKENS = frozenset({
 })
 
 
+def data_directory() -> Path:
+    """seedgrid's directory in the platform's per-user data directory: $XDG_DATA_HOME/seedgrid,
+    else ~/.local/share/seedgrid (Linux and other Unix); ~/Library/Application Support/seedgrid
+    (macOS); %LOCALAPPDATA%\\seedgrid (Windows)."""
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = str(Path.home() / "Library" / "Application Support")
+    else:
+        xdg = os.environ.get("XDG_DATA_HOME", "")
+        # the XDG base directory spec: a relative path is invalid and is ignored
+        base = xdg if os.path.isabs(xdg) else str(Path.home() / ".local" / "share")
+    return Path(base) / "seedgrid"
+
+
+def default_database_path() -> Path:
+    """The embedded SQLite file when SEEDGRID_DATABASE_URL is unset: one per user, wherever a
+    command runs (the current directory would give each directory a database of its own)."""
+    return data_directory() / "seedgrid.db"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SEEDGRID_", extra="ignore")
 
-    # Any SQLAlchemy URL; the default is an embedded SQLite file in WAL mode.
-    database_url: str = "sqlite:///./seedgrid.db"
+    # Any SQLAlchemy URL; the default is an embedded SQLite file in WAL mode, in the user's data
+    # directory (default_database_path).
+    database_url: str = Field(default_factory=lambda: f"sqlite:///{default_database_path()}")
     # None starts a local Ray; "auto" or "host:6379" joins a cluster (Ray Client, ray://, cannot
     # carry the workers' streaming generators).
     ray_address: str | None = None

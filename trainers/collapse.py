@@ -67,7 +67,7 @@ class CollapseConfig(TrainerConfig):
     steps: int | None = Field(None, ge=1, le=100_000_000, description=(
         "Optimisation steps; None: 4000 without stop-gradient, 20000 with it (several collapse "
         "times (K+1)/r)"))
-    log_every: int | None = Field(None, ge=1, description=(
+    log_every: int | None = Field(None, ge=1, le=100_000_000, description=(
         "Steps between logged points; None: about 200 logged points per run"))
     init_x_scale: float = Field(1.0, ge=0.0, description=(
         "Standard deviation of the initial sample embeddings x_i ~ N(0, s^2 I) (teacher_student: "

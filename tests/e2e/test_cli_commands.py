@@ -1,10 +1,12 @@
 """The `seedgrid` client commands as a user runs them (real subprocesses) against a real service
 (uvicorn, dispatcher, local Ray, a SQLite file): watch, the exit status of an experiment whose
-runs all failed, the errors that name what to type instead, and tables at 80 columns."""
+runs all failed, the errors that name what to type instead, tables at 80 columns, and delete's
+confirmation."""
 
 from __future__ import annotations
 
 import os
+import pty
 import re
 import signal
 import subprocess
@@ -200,3 +202,47 @@ def test_trainers_lists_config_fields_with_defaults_and_protocol_needs_a_declari
                               "grid": {}, "seeds": 1})
     refused = seedgrid(service, "protocol", str(created["id"]))
     assert refused.returncode == 2 and "404" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def answered(service: Service, answer: str, *args: str) -> subprocess.CompletedProcess:
+    """A command whose stdin is a terminal where the user types `answer`."""
+    controller, terminal = pty.openpty()
+    try:
+        os.write(controller, answer.encode() + b"\n")
+        return subprocess.run([sys.executable, "-m", "service.cli", *args, "--url",
+                               service.server.url], stdin=terminal, capture_output=True,
+                              text=True, timeout=180, cwd=ROOT)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+
+
+def test_delete_asks_naming_the_experiment_and_its_runs_and_yes_skips_it(
+        service: Service) -> None:
+    kept, other = (service.submit({"name": name, "trainer": "collapse",
+                                   "config": {"n_samples": 64, "steps": 50}, "grid": {},
+                                   "seeds": 2}) for name in ("kept", "other"))
+    for created in (kept, other):
+        assert service.wait(created["id"])["status"] == "completed"
+
+    def exists(experiment_id: int) -> bool:
+        return service.client.get(f"/experiments/{experiment_id}").status_code == 200
+
+    # nobody to ask (a pipe, a script, CI): refused, nothing deleted
+    unasked = subprocess.run([sys.executable, "-m", "service.cli", "delete", str(kept["id"]),
+                              "--url", service.server.url], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert unasked.returncode == 2 and exists(kept["id"])
+    assert unasked.stderr == (
+        f"error: not deleting experiment {kept['id']} 'kept' (collapse, completed) with its 2 "
+        "runs: no one can confirm (stdin is not a terminal); pass --yes to delete it\n")
+    declined = answered(service, "n", "delete", str(kept["id"]))
+    assert declined.returncode == 1 and exists(kept["id"]), declined.stderr
+    assert (f"Delete experiment {kept['id']} 'kept' (collapse, completed) with its 2 runs, their "
+            "metric points and statistics? [y/N]") in declined.stdout
+    assert "nothing deleted" in declined.stderr
+    confirmed = answered(service, "y", "delete", str(kept["id"]))
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert f"experiment {kept['id']} deleted" in confirmed.stdout and not exists(kept["id"])
+    assert seedgrid(service, "delete", str(other["id"]), "--yes").returncode == 0
+    assert not exists(other["id"])

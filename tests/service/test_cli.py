@@ -5,12 +5,17 @@ served by a mock transport)."""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +271,104 @@ def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
                    f"{t['mean_p']:.3g}", f"{t['var_ratio']:.3g}", f"[{low:.2g}, {high:.2g}]",
                    f"{t['primary_p']:.3g}"]
     assert "F p" not in shown and "welch p" not in shown
+
+
+Answer = tuple[int, dict[str, str], Any]  # status, headers, JSON body (a str: sent as text)
+
+
+class ScriptedApi(ThreadingHTTPServer):
+    """A real HTTP server on loopback standing in for the service (whose 503s and 429s come
+    from a locked database or a full queue): each request to a path gets that path's next
+    answer, the last one again once they are used up."""
+
+    def __init__(self, answers: dict[str, list[Answer]]) -> None:
+        self.answers = answers
+        self.requests: list[tuple[float, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                path = self.path.split("?")[0]
+                server.requests.append((time.monotonic(), path))
+                queue = server.answers[path]
+                status, headers, body = queue.pop(0) if len(queue) > 1 else queue[0]
+                data = (body if isinstance(body, str) else json.dumps(body)).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_port}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> ScriptedApi:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+EXPERIMENT = {**DETAIL, "id": 7, "trainer": "collapse", "n_runs": 40, "adaptive": None}
+BUSY = {"detail": "the database is busy; retry after the Retry-After"}
+
+
+def test_a_503_or_429_is_asked_again_after_its_retry_after(tmp_path: Path) -> None:
+    answers: dict[str, list[Answer]] = {
+        "/experiments/7": [(503, {"Retry-After": "1"}, BUSY),
+                           (429, {"Retry-After": "1"}, {"detail": "the queue is full"}),
+                           (200, {}, EXPERIMENT)],
+        "/experiments/7/export": [(503, {"Retry-After": "0"}, "<html>busy proxy</html>"),
+                                  (200, {}, "id,seed\n1,0\n")]}
+    with ScriptedApi(answers) as api:
+        started = time.monotonic()
+        result = CliRunner().invoke(cli.app, ["status", "7", "--url", api.url])
+        assert result.exit_code == 0, result.output
+        times = [t for t, path in api.requests if path == "/experiments/7"]
+        assert len(times) == 3 and times[1] - times[0] >= 1.0 and times[2] - times[1] >= 1.0
+        assert time.monotonic() - started >= 2.0
+        assert ("GET /experiments/7: 503 the database is busy; retry after the Retry-After; "
+                "retrying in 1 s (1 of 3)") in result.output
+        assert "GET /experiments/7: 429 the queue is full; retrying in 1 s (2 of 3)" in (
+            result.output)
+        assert "experiment 7 grid (collapse): running; 40 runs" in result.output
+
+        target = tmp_path / "runs.csv"
+        exported = CliRunner().invoke(cli.app, ["export", "7", "--url", api.url,
+                                                "-o", str(target)])
+        assert exported.exit_code == 0, exported.output
+        assert "503 <html>busy proxy</html>; retrying in 0 s (1 of 3)" in exported.output
+        assert target.read_text() == "id,seed\n1,0\n"
+
+
+def test_retries_are_bounded_in_number_and_in_time() -> None:
+    when = email.utils.format_datetime(datetime.now(UTC) + timedelta(hours=1), usegmt=True)
+    answers: dict[str, list[Answer]] = {
+        "/experiments/1": [(503, {"Retry-After": "0"}, BUSY)],
+        "/experiments/2": [(429, {"Retry-After": "3600"}, {"detail": "the queue is full"})],
+        "/experiments/3": [(503, {"Retry-After": when}, BUSY)],
+        "/experiments/4": [(404, {}, {"detail": "no experiment 4"})]}
+    with ScriptedApi(answers) as api:
+        always = CliRunner().invoke(cli.app, ["status", "1", "--url", api.url])
+        assert always.exit_code == 2
+        assert [p for _, p in api.requests].count("/experiments/1") == 1 + cli.MAX_RETRIES
+        assert always.output.splitlines()[-1] == (
+            f"error: GET /experiments/1: 503 {BUSY['detail']} (after {cli.MAX_RETRIES} retries "
+            "over 0 s); it asks to retry in 0 s")
+        # a wait longer than the retries may take in all is not waited for
+        for experiment_id in (2, 3):
+            started = time.monotonic()
+            later = CliRunner().invoke(cli.app, ["status", str(experiment_id), "--url", api.url])
+            assert later.exit_code == 2 and time.monotonic() - started < 5
+            assert [p for _, p in api.requests].count(f"/experiments/{experiment_id}") == 1
+            assert re.search(r"; it asks to retry in (3600|35\d\d) s$", later.output.strip())
+        # other errors are not retried
+        missing = CliRunner().invoke(cli.app, ["status", "4", "--url", api.url])
+        assert missing.exit_code == 2 and "404 no experiment 4" in missing.output
+        assert [p for _, p in api.requests].count("/experiments/4") == 1

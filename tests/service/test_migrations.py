@@ -425,6 +425,11 @@ def seedgrid(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 def test_db_upgrade_and_current_commands(tmp_path: Path) -> None:
     database_url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
     head = head_revision()
+    # `db current` reads only: no file, no database made
+    missing = seedgrid("db", "current", "--database-url", database_url)
+    assert missing.returncode == 2 and not (tmp_path / "seedgrid.db").exists()
+    assert f"there is no database at {tmp_path / 'seedgrid.db'}" in missing.stderr
+    (tmp_path / "seedgrid.db").touch()  # an empty SQLite database
     before = seedgrid("db", "current", "--database-url", database_url)
     assert before.returncode == 0, before.stderr
     assert "no alembic_version table" in before.stdout

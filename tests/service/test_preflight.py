@@ -4,6 +4,10 @@ and a real Ray, is in tests/e2e/test_cff_api.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from api_schemas import ExperimentSpec
 from service.experiments import condition_key, validate_spec
 from service.preflight import (
@@ -15,6 +19,7 @@ from service.preflight import (
     report_errors,
 )
 from service.settings import Settings
+from workers.preflight import check_configs
 
 SETTINGS = Settings(database_url="sqlite://")
 CFF = {"width": 16, "depth": 1, "epochs": 1, "head_epochs": 1}
@@ -75,3 +80,27 @@ def test_with_the_check_off_submissions_go_on_unchecked() -> None:
     trainer, conditions = validate_spec(spec, settings=SETTINGS)
     off = ClusterPreflight(Settings(database_url="sqlite://", preflight_timeout_s=0))
     assert off.check(trainer, spec, conditions) == []
+
+
+def test_a_missing_dataset_names_the_operators_root_not_its_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the pre-flight task finds on a node, as the 422 reports it: the root by the name
+    the operator gave it (the default one, or a name of SEEDGRID_DATA_ROOTS) and the files
+    relative to it; the operator's directories never reach the client."""
+    roots = f"shared={tmp_path / 'shared'}"
+    monkeypatch.setenv("SEEDGRID_DATA_ROOT", str(tmp_path / "default"))
+    monkeypatch.setenv("SEEDGRID_DATA_ROOTS", roots)  # as the worker reads them
+    spec = cff_spec({"dataset": "cifar10"}, {"data_root": [None, "shared"]})
+    trainer, conditions = validate_spec(
+        spec, settings=Settings(database_url="sqlite://", data_roots=roots))
+    checks = distinct_checks(trainer, spec, conditions)
+    report = check_configs("cff", [c.config for c in checks])  # the task's body, without Ray
+    node = Node("a", "10.0.0.1", "worker-1", cpus=8, gpus=0)
+    errors = report_errors(spec, checks, report.problems, node)
+    assert [e["loc"] for e in errors] == [["body", "config", "dataset"]] * 2
+    messages = [e["msg"] for e in errors]
+    assert messages[0].startswith("dataset 'cifar10' not found under the default data root "
+                                  "(missing cifar-10-batches-py/data_batch_1, ")
+    assert messages[1].startswith("dataset 'cifar10' not found under data root 'shared' "
+                                  "(missing cifar-10-batches-py/data_batch_1, ")
+    assert all(str(tmp_path) not in m and "checked on Ray node 10.0.0.1" in m for m in messages)

@@ -325,10 +325,17 @@ def test_each_trainers_preflight_names_what_its_runs_would_fail_on(
 
     assert problems(dataset="digits") == [] and problems(dataset="cifar10", data_root="here") == []
     ((field, message),) = problems(dataset="cifar10")
-    # the loader's own message: the dataset, the missing file under the default root, the remedy
-    assert field == "dataset" and message.startswith("dataset 'cifar10' not found under")
-    assert str(tmp_path / "default" / EXPECTED_FILE["cifar10"]) in message
-    assert "SEEDGRID_DATA_ROOT" in message
+    # the loader's own message: the dataset, the missing file under the default root (named,
+    # the file relative to it: the operator's paths are not the client's to see), the remedy
+    assert field == "dataset" and message.startswith(
+        "dataset 'cifar10' not found under the default data root (missing "
+        f"{EXPECTED_FILE['cifar10']},")
+    assert str(tmp_path) not in message and "SEEDGRID_DATA_ROOT" in message
+    (tmp_path / "here" / EXPECTED_FILE["cifar10"]).unlink()
+    ((field, message),) = problems(dataset="cifar10", data_root="here")
+    assert message.startswith(
+        f"dataset 'cifar10' not found under data root 'here' (missing {EXPECTED_FILE['cifar10']})")
+    assert str(tmp_path) not in message
     ((field, message),) = problems(dataset="svhn", data_root="elsewhere")
     assert field == "data_root" and "'elsewhere' is not configured on this worker" in message
     ((field, message),) = problems(dataset="cifar10", download=True)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
+from api_schemas import MAX_SEED
 from api_schemas.data_roots import ROOT_NAME
 from trainers.base import PreflightProblem, TrainerConfig
 from trainers.data.augment import AugmentPlan, augment, normalize
@@ -43,6 +44,10 @@ DatasetName = Literal["digits", "synthetic", "cifar10", "cifar100", "svhn", "fas
                       "mnist"]
 Split = Literal["train", "val", "test"]
 
+
+# The largest train_size or test_size: more images than any dataset here has (the numbers reach
+# torch and numpy as sizes, so a config gives them in bounds, not as any integer).
+MAX_SPLIT_SIZE = 10_000_000
 
 # Descriptions of the fields a trainer's Config may redeclare with its own default.
 IMAGE_SIZE = ("Side of the model's input in pixels; None: the dataset's own (digits 8, "
@@ -75,9 +80,9 @@ class DataConfig(TrainerConfig):
         "Exponential class imbalance n_max / n_min over class index (1 = balanced; test stays "
         "balanced): class c keeps the first floor(n_c * ratio^(-c/(K-1))) of its training "
         "images"))
-    train_size: int | None = Field(None, ge=2, description=(
+    train_size: int | None = Field(None, ge=2, le=MAX_SPLIT_SIZE, description=(
         "Seeded subsample of the training set after the split and imbalance (None: all of it)"))
-    test_size: int | None = Field(None, ge=1, description=(
+    test_size: int | None = Field(None, ge=1, le=MAX_SPLIT_SIZE, description=(
         "The first test_size images of a fixed permutation of the test set (the same for all "
         "seeds)"))
     augment_strength: float = Field(0.5, ge=0.0, le=1.0, description=AUGMENT_STRENGTH)
@@ -91,7 +96,7 @@ class DataConfig(TrainerConfig):
         "synthetic dataset: test images per class"))
     synthetic_difficulty: float = Field(0.5, ge=0.0, le=1.0, description=(
         "synthetic dataset: difficulty in [0, 1]"))
-    synthetic_seed: int = Field(0, ge=0, description=(
+    synthetic_seed: int = Field(0, ge=0, le=MAX_SEED, description=(
         "synthetic dataset: generator seed (fixed across runs, so every seed sees the same "
         "dataset)"))
 

@@ -213,17 +213,35 @@ def missing_files(name: str, root: Path) -> list[str]:
     return [f for f in _SPECS[name].files if not (root / f).is_file()]
 
 
+def operator_name(root: Path) -> str | None:
+    """The name the operator gives a data root: "the default data root" ($SEEDGRID_DATA_ROOT,
+    else ~/.cache/seedgrid/data) or "data root 'NAME'" (SEEDGRID_DATA_ROOTS); None for another
+    directory (one a caller passed itself)."""
+    if root == data_root(None):
+        return "the default data root"
+    try:
+        roots = parse_data_roots(os.environ.get("SEEDGRID_DATA_ROOTS", ""))
+    except ValueError:  # the service refuses such settings at start; a worker may still have them
+        roots = {}
+    return next((f"data root {name!r}" for name, path in roots.items() if path == root), None)
+
+
 def dataset_not_found(name: str, root: Path, missing: list[str]) -> DatasetUnavailable:
-    """The error naming what is missing under `root`, where it goes and how to get it."""
+    """The error naming what is missing under `root`, where it goes and how to get it. An
+    operator's root is named by its name and the files relative to it: the message reaches
+    clients (a pre-flight's 422, a run's error), and the operator's directories are not theirs
+    to know."""
     spec = _SPECS[name]
-    shown = ", ".join(str(root / m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
+    named = operator_name(root)
+    files = missing if named else [str(root / m) for m in missing]
+    shown = ", ".join(files[:3]) + (" ..." if len(files) > 3 else "")
     return DatasetUnavailable(
-        f"dataset {name!r} not found under {root} (missing {shown}). Put torchvision's layout "
-        f"there ({root / spec.folder_hint}); get the files from {spec.url}. The operator sets "
-        f"the data root ($SEEDGRID_DATA_ROOT, or a named root in SEEDGRID_DATA_ROOTS that "
-        f"config.data_root selects; default {DEFAULT_DATA_ROOT}); 'download: true' works only "
-        f"where the operator allows it (SEEDGRID_ALLOW_DOWNLOAD) and the worker has internet "
-        f"access."
+        f"dataset {name!r} not found under {named or root} (missing {shown}). Put torchvision's "
+        f"layout there ({spec.folder_hint if named else root / spec.folder_hint}); get the files "
+        f"from {spec.url}. The operator sets the data root ($SEEDGRID_DATA_ROOT, or a named root "
+        f"in SEEDGRID_DATA_ROOTS that config.data_root selects; default ~/.cache/seedgrid/data); "
+        f"'download: true' works only where the operator allows it (SEEDGRID_ALLOW_DOWNLOAD) and "
+        f"the worker has internet access."
     )
 
 

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from api_schemas import MAX_SEED
 from trainers.data import AUGMENT_STRENGTH, DEVICE, VAL_FRACTION, DataConfig
 
 # Residual blocks at most; per-layer metric names go up to h_MAX_DEPTH (MAX_DEPTH + 1 states).
@@ -107,7 +108,7 @@ class FeedbackConfig(DataConfig):
     student_online: bool = Field(True, description=(
         "studentnet: student_train_size fresh training inputs every epoch; false: one fixed "
         "set"))
-    teacher_seed: int = Field(0, ge=0, description=(
+    teacher_seed: int = Field(0, ge=0, le=MAX_SEED, description=(
         "studentnet: the teacher and the test set come from it (fixed across runs, like a "
         "dataset)"))
     # No validation split and no augmentation (the spec's recommendation).
