@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, ExperimentComparison
 from service import compare as logic
 from service.compare import MAX_CONDITIONS_PER_PAGE
-from service.deps import MAX_INT_COLUMN, SessionDep
-from service.routes.errors import errors
+from service.deps import MAX_INT_COLUMN, HeavyReadsDep, SessionDep
+from service.routes.errors import HEAVY_READS, errors
 from service.routes.paging import Offset
 
 router = APIRouter(tags=["experiments"])
@@ -23,14 +23,17 @@ IdQuery = Annotated[int, Query(ge=1, le=MAX_INT_COLUMN, description="an experime
             description="The conditions experiments `a` and `b` both completed runs of, side by "
                         "side, each pair tested as in /stats (the factor is `experiment`); the "
                         "conditions only one of them ran are listed by key.",
-            responses=errors({404: "No experiment with one of these ids"}))
+            responses=errors({404: "No experiment with one of these ids", 503: HEAVY_READS}))
 def compare_experiments(
     a: IdQuery,
     b: IdQuery,
     session: SessionDep,
+    heavy: HeavyReadsDep,
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_CONDITIONS_PER_PAGE)] = 50,
     offset: Offset = 0,
 ) -> ExperimentComparison:
-    return logic.compare_experiments(session=session, a_id=a, b_id=b, metric=metric,
-                                     offset=offset, limit=limit)
+    # Computed on every call (nothing is stored yet): a heavy read each time.
+    with heavy.slot():
+        return logic.compare_experiments(session=session, a_id=a, b_id=b, metric=metric,
+                                         offset=offset, limit=limit)
