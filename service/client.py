@@ -11,12 +11,16 @@ pandas DataFrames.
 
 It speaks HTTP only and imports nothing of the service but the contract (api_schemas), so it
 works against any deployment. Answers are the api_schemas models; a refusal raises ApiError with
-the status code and the API's detail. pandas is imported only when a DataFrame is built.
+the status code and the API's detail. A 503 (the database locked or unreachable, every
+heavy-read slot taken) or a 429 (the queue full) did nothing, so the request is sent again
+after the answer's Retry-After, up to `retries` times, before it is raised. pandas is imported
+only when a DataFrame is built.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -63,6 +67,11 @@ ENDED = {ExperimentStatus.completed, ExperimentStatus.partial, ExperimentStatus.
 ACTIVE = (RunStatus.queued, RunStatus.pending, RunStatus.running)
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 POINT_COLUMNS = ["step", "epoch", "name", "value"]
+# Answers that say "not now, nothing was done": sent again after their Retry-After.
+RETRIED_STATUSES = frozenset({429, 503})
+# The wait when an answer gives no usable Retry-After, and the longest one honoured.
+DEFAULT_RETRY_AFTER_S = 5.0
+MAX_RETRY_AFTER_S = 60.0
 
 
 class ApiError(Exception):
@@ -111,11 +120,13 @@ class StatsFrames:
 
 class Client:
     """The seedgrid API over HTTP. `url` defaults to `default_url()`, `token` to
-    SEEDGRID_API_TOKEN (none: no Authorization header)."""
+    SEEDGRID_API_TOKEN (none: no Authorization header); a 503 or 429 answer is retried
+    `retries` times, each after its Retry-After (at most MAX_RETRY_AFTER_S)."""
 
     def __init__(self, url: str | None = None, token: str | None = None, *,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, retries: int = 3) -> None:
         self.url = url or default_url()
+        self.retries = retries
         token = token if token is not None else os.environ.get("SEEDGRID_API_TOKEN", "").strip()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
@@ -301,10 +312,15 @@ class Client:
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ConnectionError(f"cannot reach the seedgrid API at {self.url}: {exc}") from exc
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise ConnectionError(
+                    f"cannot reach the seedgrid API at {self.url}: {exc}") from exc
+            if response.status_code not in RETRIED_STATUSES or attempt == self.retries:
+                break
+            time.sleep(retry_after_s(response))
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -323,6 +339,16 @@ class Client:
             if len(page) < limit:
                 return
             offset += len(page)
+
+
+def retry_after_s(response: httpx.Response) -> float:
+    """The seconds an answer's Retry-After asks for (a number; a date or nothing: the
+    default), at most MAX_RETRY_AFTER_S."""
+    try:
+        wait = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return DEFAULT_RETRY_AFTER_S
+    return min(max(wait, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(wait) else DEFAULT_RETRY_AFTER_S
 
 
 def load_spec(path: Path) -> dict[str, Any]:

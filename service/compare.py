@@ -11,6 +11,7 @@ then serves the same stored answer. Its rows go with either experiment (service.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -28,6 +29,7 @@ from api_schemas import (
 )
 from service.db import CompareCache, Experiment, Run, utcnow
 from service.experiments import SpecError, get_experiment, unknown_metric
+from service.limits import HeavyReads
 from service.stats import compare, condition_stats, metric_value
 from service.stats_store import page_lock
 from trainers import REGISTRY
@@ -90,9 +92,10 @@ def _checked(session: Session, a_id: int, b_id: int,
 
 
 def compare_json(*, session: Session, a_id: int, b_id: int, metric: str | None, offset: int,
-                 limit: int) -> str:
+                 limit: int, heavy: HeavyReads | None = None) -> str:
     """The page as the JSON text of `api_schemas.ExperimentComparison`: stored, or computed
-    and stored when either experiment completed runs since."""
+    and stored when either experiment completed runs since (the computation in one of
+    `heavy`'s slots: service.limits.Busy, a 503, when none is free)."""
     a, b, metric = _checked(session, a_id, b_id, metric)
     page = f"{COMPARE_FORMAT}|{offset}|{limit}"
     stored = _stored(session, a, b, metric, page)
@@ -103,7 +106,8 @@ def compare_json(*, session: Session, a_id: int, b_id: int, metric: str | None, 
         stored = _stored(session, a, b, metric, page)  # another viewer computed it
         if stored is not None:
             return stored
-        comparison, n_a, n_b = _comparison(session, a, b, metric, offset, limit)
+        with heavy.slot() if heavy is not None else contextlib.nullcontext():
+            comparison, n_a, n_b = _comparison(session, a, b, metric, offset, limit)
         payload = comparison.model_dump_json()
         try:
             _store(session, a_id, b_id, metric, page, n_a, n_b, payload)

@@ -3,6 +3,7 @@ The only module that defines what is stored."""
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 import time
@@ -261,15 +262,33 @@ def _enable_wal(cursor: Any, wait_s: float = 60.0) -> None:
             time.sleep(0.05)
 
 
-def make_engine(database_url: str) -> Engine:
+# How long a statement of the dispatcher waits for a SQLite lock another connection holds (its
+# busy timeout) before it fails; the dispatcher retries what failed.
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
+def make_engine(database_url: str, *, lock_wait_s: float | None = None) -> Engine:
+    """The engine of `database_url`. `lock_wait_s` bounds how long a statement waits for a lock
+    another connection holds, and for a free connection of the pool, before it fails with
+    OperationalError (or the pool's TimeoutError): SQLite's busy timeout, PostgreSQL's
+    lock_timeout. None: SQLITE_BUSY_TIMEOUT_S on SQLite, no limit on PostgreSQL (a
+    dispatcher's writes wait their turn); the API sets a few seconds (service.app)."""
     url = make_url(database_url)
+    bounded: dict[str, Any] = {} if lock_wait_s is None else {"pool_timeout": lock_wait_s}
     if url.get_backend_name() == "sqlite":
+        busy_timeout_s = SQLITE_BUSY_TIMEOUT_S if lock_wait_s is None else lock_wait_s
         engine = create_engine(
-            database_url, connect_args={"check_same_thread": False, "timeout": 30}
+            database_url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s},
+            **bounded,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    connect_args: dict[str, Any] = {}
+    if lock_wait_s is not None:
+        connect_args = {"options": f"-c lock_timeout={math.ceil(lock_wait_s * 1000)}",
+                        "connect_timeout": CONNECT_TIMEOUT_S}
+    return create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20,
+                         connect_args=connect_args, **bounded)
 
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")

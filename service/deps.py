@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from sqlmodel import Session
 
+from service.limits import HeavyReads
 from service.preflight import ClusterPreflight
 from service.settings import Settings
 
@@ -25,9 +26,14 @@ def _preflight(request: Request) -> ClusterPreflight:
     return request.app.state.preflight
 
 
+def _heavy_reads(request: Request) -> HeavyReads:
+    return request.app.state.heavy_reads
+
+
 SessionDep = Annotated[Session, Depends(_session)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 PreflightDep = Annotated[ClusterPreflight, Depends(_preflight)]
+HeavyReadsDep = Annotated[HeavyReads, Depends(_heavy_reads)]
 
 # The largest integer SQLite stores and PostgreSQL's OFFSET takes; a larger offset is invalid
 # input, not a driver overflow.

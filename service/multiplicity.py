@@ -8,7 +8,8 @@ Pooled and within comparisons share values, so they are not independent; Holm's 
 procedure controls the family-wise error rate under any dependence, which is why it is used.
 
 Five p-values are adjusted: primary_p, f_test_p, brown_forsythe_p, welch_p and mean_p, from
-every comparison of the experiment (service.stats computes them all, whatever the page). A
+every comparison of the experiment (service.stats.family_p_values computes them all, whatever
+the page, and service.stats_store stores them for the experiment's other pages). A
 comparison whose raw p-value is null (fewer than two seeds on a side, zero variance) is not in
 the family: Holm's m counts the defined p-values. An experiment of more comparisons than
 service.stats analyses in bounded work is not adjusted (null, with the reason in
@@ -18,7 +19,6 @@ Stats.multiplicity) rather than served from a part of its family, which would be
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,24 +44,23 @@ def holm(p: np.ndarray) -> np.ndarray:
     return adjusted
 
 
-def _column(results: Sequence[dict[str, Any]], test: str) -> np.ndarray:
-    return np.array([np.nan if r.get(test) is None else r[test] for r in results], dtype=float)
+# The shared part of an experiment's statistics (service.stats.family_p_values): per factor
+# analysed whole, per ADJUSTED test, the raw p-value of each of its comparisons in
+# ComparisonPlan's order (NaN where it is null).
+FamilyPValues = dict[str, dict[str, np.ndarray]]
 
 
 class Families:
     """The Holm-adjusted p-values of every comparison of an experiment, per factor in
-    ComparisonPlan's order, and the families' descriptions. `analysed` holds every comparison's
-    result per factor; a factor missing from it was too large to analyse whole (`limit`)."""
+    ComparisonPlan's order, and the families' descriptions. `raw` holds every comparison's raw
+    p-values per factor; a factor missing from it was too large to analyse whole (`limit`)."""
 
-    def __init__(self, grid: dict[str, list[Any]], analysed: dict[str, list[dict[str, Any]]],
-                 limit: int) -> None:
+    def __init__(self, grid: dict[str, list[Any]], raw: FamilyPValues, limit: int) -> None:
         self.factors = list(grid)
         counts = {f: math.comb(len(grid[f]), 2) * _scopes(grid, f) for f in self.factors}
         total = sum(counts.values())
         self.adjusted: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         self.families: list[MultiplicityFamily] = []
-        raw = {f: {test: _column(analysed[f], test) for test in ADJUSTED}
-               for f in self.factors if f in analysed}
         for f in self.factors:
             self._family("factor", f, counts[f], {f: raw[f]} if f in raw else None, limit)
         self._family("all", None, total, raw if len(raw) == len(self.factors) else None,

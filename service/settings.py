@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     max_points_per_run: int = Field(1_000_000, ge=1)
     # Runs queued over all experiments; a spec that would pass it gets 429 with Retry-After.
     max_queued_runs: int = Field(100_000, ge=1)
+    # Heavy reads (a /stats page or /compare not stored yet, an export) one API process runs at
+    # once; one more gets 503 with Retry-After at once. Stored pages are not counted.
+    max_heavy_reads: int = Field(2, ge=1)
     # Named dataset roots a spec may select with config.data_root ("name=/path,name=/path");
     # without one, runs read $SEEDGRID_DATA_ROOT. Workers read the same variables.
     data_roots: str = ""

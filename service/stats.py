@@ -30,7 +30,7 @@ from scipy import stats
 
 from api_schemas import Comparison, ConditionStats, Omnibus, Stats, level_key
 from service import variance
-from service.multiplicity import Families
+from service.multiplicity import ADJUSTED, Families, FamilyPValues
 from service.resampling import Stratum
 from service.variance import Scope
 from trainers.base import binomial_noise_floor
@@ -43,6 +43,10 @@ NOISE_FLOOR_WARNING_SHARE = 0.5
 # Above this many comparisons in an experiment, only the page's are computed (and the families
 # they belong to are not adjusted; Stats.multiplicity says why).
 MAX_ANALYSED_COMPARISONS = 20_000
+# Comparisons analysed at a time. The randomisation tests of a batch hold N_RESAMPLES crossing
+# scales per comparison with their intermediates, about 1 MB each: 20,000 comparisons analysed
+# at once held 16.7 GB; batches keep the working set near 128 MB at the same speed.
+ANALYSIS_BATCH = 128
 
 
 def metric_value(metrics: dict[str, Any], name: str) -> float | None:
@@ -307,6 +311,59 @@ def on_scale(values: Sequence[float], scale: str) -> list[float]:
     return [math.log(v) for v in values]
 
 
+def run_values(grid: dict[str, list[Any]],
+               runs: Sequence[tuple[dict[str, Any], str, float]],
+               seeds: Sequence[int] | None, scale: str) -> RunValues:
+    """The runs' values on `scale` (ScaleError when "log" meets a value at or below 0), grouped
+    for the comparisons."""
+    scaled = on_scale([value for _, _, value in runs], scale)
+    return RunValues(grid, [(c, k, v) for (c, k, _), v in zip(runs, scaled, strict=True)],
+                     seeds)
+
+
+def analyse_slots(values: RunValues, slots: Sequence[Slot],
+                  target_ratio: float) -> list[dict[str, Any]]:
+    """variance.analyse of each slot's scope, ANALYSIS_BATCH at a time (bounded memory)."""
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(slots), ANALYSIS_BATCH):
+        batch = slots[start:start + ANALYSIS_BATCH]
+        out += variance.analyse([values.scope(slot) for slot in batch],
+                                target_ratio=target_ratio)
+    return out
+
+
+def family_p_values(
+    *, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]],
+    seeds: Sequence[int] | None = None, scale: str = "raw", target_ratio: float = 2.0,
+) -> FamilyPValues:
+    """What every page of an experiment's statistics shares: the raw p-values Holm adjusts
+    (service.multiplicity.ADJUSTED) of every comparison of each factor whose family fits
+    MAX_ANALYSED_COMPARISONS (taken in grid order), in ComparisonPlan's order. A page needs
+    them all whatever comparisons it shows, so service.stats_store computes them once per
+    experiment, metric, scale and completed runs, and stores them (the arguments are
+    experiment_stats')."""
+    values = run_values(grid, runs, seeds, scale)
+    everything = ComparisonPlan(grid)
+    raw: FamilyPValues = {}
+    budget = MAX_ANALYSED_COMPARISONS
+    for f in grid:
+        count = everything.count(f)
+        if count > budget:
+            continue
+        budget -= count
+        columns: dict[str, list[float]] = {test: [] for test in ADJUSTED}
+        slots = list(ComparisonPlan(grid, f).page(0, count))
+        for start in range(0, count, ANALYSIS_BATCH):  # each batch's p-values kept, no more
+            batch = slots[start:start + ANALYSIS_BATCH]
+            for result in variance.analyse([values.scope(slot) for slot in batch],
+                                           target_ratio=target_ratio):
+                for test in ADJUSTED:
+                    value = result.get(test)
+                    columns[test].append(math.nan if value is None else float(value))
+        raw[f] = {test: np.asarray(column, dtype=float) for test, column in columns.items()}
+    return raw
+
+
 def experiment_stats(
     *, metric: str, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]],
     seeds: Sequence[int] | None = None,
@@ -314,6 +371,7 @@ def experiment_stats(
     bounds: tuple[float, float] | None = None,
     test_set_sizes: Sequence[int | None] | None = None,
     scale: str = "raw", target_ratio: float = 2.0,
+    family_p: FamilyPValues | None = None,
 ) -> Stats:
     """Statistics of one metric; `runs` holds (condition, condition_key, value) per run and
     `seeds` (aligned with it) each run's seed, which pairs the conditions that share seeds.
@@ -323,7 +381,8 @@ def experiment_stats(
     Holm-adjusted over their whole families. `bounds`: the metric's declared range;
     `test_set_sizes`: per run (aligned with `runs`), its test-set size or None; `scale`: "raw"
     or "log" (ScaleError when a value is not positive); `target_ratio`: the variance ratio
-    each comparison plans seeds for."""
+    each comparison plans seeds for; `family_p`: family_p_values() of the same arguments, when
+    the caller has them stored (else they are computed here)."""
     by_key: dict[str, tuple[dict[str, Any], list[float], list[int | None]]] = {}
     for i, (condition, key, value) in enumerate(runs):
         entry = by_key.setdefault(key, (condition, [], []))
@@ -333,35 +392,22 @@ def experiment_stats(
                                   test_set_sizes=sizes if test_set_sizes is not None else None)
                   for k, (c, v, sizes) in by_key.items()]
 
-    scaled = on_scale([value for _, _, value in runs], scale)
-    values = RunValues(grid, [(c, k, v) for (c, k, _), v in zip(runs, scaled, strict=True)],
-                       seeds)
+    values = run_values(grid, runs, seeds, scale)
+    if family_p is None:
+        family_p = family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
+                                   target_ratio=target_ratio)
     plan = ComparisonPlan(grid, factor)
     total = plan.total
     limit = total if limit is None else limit
     page = list(plan.page(offset, limit))
-    # Every comparison of each factor whose family fits the bound (Holm needs them all,
-    # whatever the page); the page's others alone.
-    everything = ComparisonPlan(grid)
-    analysed: dict[str, list[dict[str, Any]]] = {}
-    budget = MAX_ANALYSED_COMPARISONS
-    for f in grid:
-        if everything.count(f) <= budget:
-            budget -= everything.count(f)
-            slots = list(ComparisonPlan(grid, f).page(0, everything.count(f)))
-            analysed[f] = variance.analyse([values.scope(slot) for slot in slots],
-                                           target_ratio=target_ratio)
-    rest = [slot for slot in page if slot.factor not in analysed]
-    computed = dict(zip([(s.factor, s.index) for s in rest],
-                        variance.analyse([values.scope(slot) for slot in rest],
-                                         target_ratio=target_ratio), strict=True))
-    page_results = [analysed[slot.factor][slot.index] if slot.factor in analysed
-                    else computed[(slot.factor, slot.index)] for slot in page]
-    families = Families(grid, analysed, limit=MAX_ANALYSED_COMPARISONS)
+    # The page's own comparisons only (a family's were computed with it, and variance keeps
+    # them cached by their data).
+    results = analyse_slots(values, page, target_ratio)
+    families = Families(grid, family_p, limit=MAX_ANALYSED_COMPARISONS)
     comparisons = [
         Comparison(factor=slot.factor, a=slot.a, b=slot.b, within=slot.within, scale=scale,
                    **result, **families.for_comparison(slot.factor, slot.index))
-        for slot, result in zip(page, page_results, strict=True)]
+        for slot, result in zip(page, results, strict=True)]
     end = offset + len(comparisons)
     omnibus = [omnibus_test(f, grid[f], values) for f in grid
                if (factor is None or f == factor) and len(grid[f]) > 2]

@@ -1,15 +1,26 @@
 """The variance statistics of an experiment as the API serves them: one page at a time, stored
 in the database per experiment, metric and page, and recomputed only when the number of
 completed runs changed since they were stored (docs/architecture.md, data flow). Every API replica
-then serves the same stored result, and it survives restarts."""
+then serves the same stored result, and it survives restarts.
+
+What every page shares, the raw p-values of the Holm families (service.stats.family_p_values,
+up to 20,000 comparisons analysed), is stored the same way as a row of its own, so that another
+page of the same runs computes only its own comparisons. A page computed cold takes one of the
+process's heavy-read slots (service.limits), unless its experiment is small (LIGHT_*); a stored
+page never does.
+"""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Row, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session
@@ -17,12 +28,15 @@ from sqlmodel import Session
 from api_schemas import SOURCE_FACTOR, AnalysisSpec, RunStatus, RunValue, Stats
 from service.db import Experiment, Run, StatsCache, utcnow
 from service.experiments import SpecError, unknown_metric
+from service.limits import HeavyReads
+from service.multiplicity import FamilyPValues
 from service.sources import experiment_grid, source_decomposition
 from service.stats import (
     MAX_COMPARISONS_PER_PAGE,
     ComparisonPlan,
     ScaleError,
     experiment_stats,
+    family_p_values,
     metric_value,
 )
 from trainers import REGISTRY
@@ -37,6 +51,14 @@ MAX_STORED_PAGES = 64
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
 STATS_FORMAT = "v6"
+# An experiment of at most this many comparisons and completed runs has its pages computed in
+# milliseconds: they take no heavy-read slot (many small experiments ending at once, as in the
+# load test, are not turned away).
+LIGHT_COMPARISONS = 100
+LIGHT_RUNS = 1000
+# The stored row of an experiment's Holm families, per metric and scale, beside its pages (kept
+# out of MAX_STORED_PAGES: every page needs it).
+FAMILIES_PAGE = f"{STATS_FORMAT}|families|"
 
 # One lock per page being computed in this process: two viewers of a page that is not stored
 # yet wait for one computation instead of both computing it.
@@ -61,13 +83,15 @@ INTERIM_NOTE = ("an interim look at an adaptive experiment still adding seeds: t
 
 def stats_json(
     *, session: Session, experiment: Experiment, metric: str | None, factor: str | None,
-    offset: int, limit: int | None, scale: str | None = None,
+    offset: int, limit: int | None, scale: str | None = None, heavy: HeavyReads | None = None,
 ) -> str:
     """The statistics page as the JSON text of `api_schemas.Stats`.
 
     Refuses (SpecError, a 422 naming the query field) an unknown metric or factor, an offset
     past the last comparison, and a request for more comparisons than one response carries
-    (MAX_COMPARISONS_PER_PAGE) without paging.
+    (MAX_COMPARISONS_PER_PAGE) without paging. A page not stored yet of an experiment past
+    LIGHT_COMPARISONS or LIGHT_RUNS is computed in one of `heavy`'s slots (service.limits.Busy
+    when none is free; None: no limit).
     """
     assert experiment.id is not None
     metric = metric or experiment.metric
@@ -106,16 +130,22 @@ def stats_json(
         stored = _stored(session, experiment, metric, page)  # another viewer computed it
         if stored is not None:
             return stored
-        return _compute(session=session, experiment=experiment, metric=metric, factor=factor,
-                        offset=offset, limit=limit, grid=grid, page=page, scale=scale,
-                        target_ratio=analysis.target_ratio)
+        light = (ComparisonPlan(grid).total <= LIGHT_COMPARISONS
+                 and experiment.runs_completed <= LIGHT_RUNS)
+        with heavy.slot() if heavy is not None and not light else contextlib.nullcontext():
+            return _compute(session=session, experiment=experiment, metric=metric,
+                            factor=factor, offset=offset, limit=limit, grid=grid, page=page,
+                            scale=scale, target_ratio=analysis.target_ratio)
 
 
-def _stored(session: Session, experiment: Experiment, metric: str, page: str) -> str | None:
-    """The stored page, if it was computed from as many completed runs as there are now."""
-    session.expire(experiment, ["runs_completed"])
-    # kept by the runs store with every status change: one row, not a count over the runs
-    n_completed = experiment.runs_completed
+def _stored(session: Session, experiment: Experiment, metric: str, page: str,
+            n_completed: int | None = None) -> str | None:
+    """The stored page, if it was computed from as many completed runs as there are now (or
+    as `n_completed`, the runs a computation read)."""
+    if n_completed is None:
+        session.expire(experiment, ["runs_completed"])
+        # kept by the runs store with every status change: one row, not a count over the runs
+        n_completed = experiment.runs_completed
     stored = session.execute(
         select(StatsCache.n_completed, StatsCache.payload).where(
             StatsCache.experiment_id == experiment.id, StatsCache.metric == metric,
@@ -143,12 +173,16 @@ def _compute(*, session: Session, experiment: Experiment, metric: str, factor: s
             if (value := metric_value(row.metrics, metric)) is not None]
     values = [(row.condition, row.condition_key, value) for row, value in kept]
     sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row, _ in kept]
+    seeds = [row.seed for row, _ in kept]
     try:
+        family_p = _family_p_values(session=session, experiment=experiment, metric=metric,
+                                    grid=grid, runs=values, seeds=seeds, scale=scale,
+                                    target_ratio=target_ratio, n_completed=len(rows))
         stats = experiment_stats(
-            metric=metric, grid=grid, runs=values, seeds=[row.seed for row, _ in kept],
+            metric=metric, grid=grid, runs=values, seeds=seeds,
             factor=factor, offset=offset, limit=limit, bounds=trainer.metric_bounds.get(metric),
             test_set_sizes=sizes if any(s is not None for s in sizes) else None,
-            scale=scale, target_ratio=target_ratio)
+            scale=scale, target_ratio=target_ratio, family_p=family_p)
     except ScaleError as error:
         raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
     _attach_runs(stats, kept)
@@ -165,6 +199,43 @@ def _compute(*, session: Session, experiment: Experiment, metric: str, factor: s
         session.rollback()
         log.exception("could not store the statistics of experiment %s", experiment.id)
     return payload
+
+
+def _family_p_values(*, session: Session, experiment: Experiment, metric: str,
+                     grid: dict[str, list[Any]], runs: list[tuple[Any, str, float]],
+                     seeds: list[int], scale: str, target_ratio: float,
+                     n_completed: int) -> FamilyPValues:
+    """The stored Holm families of these runs (`n_completed` of them), or computed (by one
+    viewer of this process at a time) and stored."""
+    assert experiment.id is not None
+    page = f"{FAMILIES_PAGE}{scale}"
+    stored = _stored(session, experiment, metric, page, n_completed)
+    if stored is None:
+        with page_lock(experiment.id, metric, page):
+            stored = _stored(session, experiment, metric, page, n_completed)
+            if stored is None:
+                family_p = family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
+                                           target_ratio=target_ratio)
+                try:
+                    _store(session, experiment.id, metric, page, n_completed,
+                           _encode_families(family_p))
+                except Exception:  # the page stands; the next one computes them again
+                    session.rollback()
+                    log.exception("could not store the Holm families of experiment %s",
+                                  experiment.id)
+                return family_p
+    return _decode_families(stored)
+
+
+def _encode_families(family_p: FamilyPValues) -> str:
+    # float64 bytes in base64: exact, and about half the size of the numbers as JSON text
+    return json.dumps({f: {test: base64.b64encode(p.astype("<f8").tobytes()).decode("ascii")
+                           for test, p in tests.items()} for f, tests in family_p.items()})
+
+
+def _decode_families(payload: str) -> FamilyPValues:
+    return {f: {test: np.frombuffer(base64.b64decode(p), dtype="<f8").copy()
+                for test, p in tests.items()} for f, tests in json.loads(payload).items()}
 
 
 def _attach_runs(stats: Stats, kept: Sequence[tuple[Row[Any], float]]) -> None:
@@ -190,10 +261,11 @@ def _store(session: Session, experiment_id: int, metric: str, page: str, n_compl
         index_elements=["experiment_id", "metric", "page"],
         set_={k: statement.excluded[k] for k in ("n_completed", "payload", "computed_at")},
     ))
-    keep = (select(StatsCache.id).where(StatsCache.experiment_id == experiment_id)
+    families = StatsCache.page.startswith(FAMILIES_PAGE)  # type: ignore[attr-defined]
+    keep = (select(StatsCache.id).where(StatsCache.experiment_id == experiment_id, ~families)
             .order_by(StatsCache.computed_at.desc(), StatsCache.id.desc())  # type: ignore[union-attr]
             .limit(MAX_STORED_PAGES))
     session.execute(delete(StatsCache).where(
-        StatsCache.experiment_id == experiment_id,
+        StatsCache.experiment_id == experiment_id, ~families,
         StatsCache.id.not_in(keep.scalar_subquery())))  # type: ignore[union-attr]
     session.commit()

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query, Response
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, ExperimentComparison
 from service import compare as logic
 from service.compare import MAX_CONDITIONS_PER_PAGE
-from service.deps import MAX_INT_COLUMN, SessionDep
-from service.routes.errors import errors
+from service.deps import MAX_INT_COLUMN, HeavyReadsDep, SessionDep
+from service.routes.errors import HEAVY_READS, errors
 from service.routes.paging import Offset
 
 router = APIRouter(tags=["experiments"])
@@ -24,16 +24,17 @@ IdQuery = Annotated[int, Query(ge=1, le=MAX_INT_COLUMN, description="an experime
                         "side, each pair tested as in /stats (the factor is `experiment`); the "
                         "conditions only one of them ran are listed by key. Stored and served "
                         "again until another run of either experiment completes.",
-            responses=errors({404: "No experiment with one of these ids"}))
+            responses=errors({404: "No experiment with one of these ids", 503: HEAVY_READS}))
 def compare_experiments(
     a: IdQuery,
     b: IdQuery,
     session: SessionDep,
+    heavy: HeavyReadsDep,
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_CONDITIONS_PER_PAGE)] = 50,
     offset: Offset = 0,
 ) -> Response:
     payload = logic.compare_json(session=session, a_id=a, b_id=b, metric=metric, offset=offset,
-                                 limit=limit)
+                                 limit=limit, heavy=heavy)
     # the stored JSON as it is, like /stats
     return Response(content=payload, media_type="application/json")

@@ -23,3 +23,5 @@ NO_EXPERIMENT = "No experiment with this id"
 BODY_TOO_LARGE = "The request body is larger than SEEDGRID_MAX_REQUEST_BODY_BYTES"
 QUEUE_FULL = ("The queue is full (SEEDGRID_MAX_QUEUED_RUNS): retry after the Retry-After "
               "seconds")
+HEAVY_READS = ("As many heavy reads (statistics or comparisons not stored yet, exports) as "
+               "SEEDGRID_MAX_HEAVY_READS are running: retry after the Retry-After seconds")

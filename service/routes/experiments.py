@@ -27,8 +27,8 @@ from api_schemas import (
 )
 from service import experiments as logic
 from service import export
-from service.deps import ExperimentId, PreflightDep, SessionDep, SettingsDep
-from service.routes.errors import BODY_TOO_LARGE, NO_EXPERIMENT, QUEUE_FULL, errors
+from service.deps import ExperimentId, HeavyReadsDep, PreflightDep, SessionDep, SettingsDep
+from service.routes.errors import BODY_TOO_LARGE, HEAVY_READS, NO_EXPERIMENT, QUEUE_FULL, errors
 from service.routes.paging import Offset, link_next
 from service.stats import MAX_COMPARISONS_PER_PAGE
 from service.stats_store import stats_json
@@ -162,10 +162,11 @@ def list_runs(
                         "of the comparisons (pooled over the other factors, and within each "
                         "combination of them). Stored and served again until another run of "
                         "the experiment completes.",
-            responses=errors({404: NO_EXPERIMENT}))
+            responses=errors({404: NO_EXPERIMENT, 503: HEAVY_READS}))
 def get_stats(
     experiment_id: ExperimentId,
     session: SessionDep,
+    heavy: HeavyReadsDep,
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
     factor: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT,
                                         description="only this factor's comparisons")] = None,
@@ -180,7 +181,7 @@ def get_stats(
 ) -> Response:
     experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
     payload = stats_json(session=session, experiment=experiment, metric=metric, factor=factor,
-                         offset=offset, limit=limit, scale=scale)
+                         offset=offset, limit=limit, scale=scale, heavy=heavy)
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
     return Response(content=payload, media_type="application/json")
 
@@ -190,7 +191,7 @@ def get_stats(
             summary="An experiment's runs or metric curves as a CSV or Parquet file",
             responses={200: {"description": "The file (CSV or Parquet)",
                              "content": {"text/csv": {}, "application/vnd.apache.parquet": {}}},
-                       **errors({404: NO_EXPERIMENT})})
+                       **errors({404: NO_EXPERIMENT, 503: HEAVY_READS})})
 def export_file(
     experiment_id: ExperimentId,
     request: Request,

@@ -84,6 +84,12 @@ def get_health(request: Request, session: SessionDep) -> Health:
                   dispatcher_error=dispatcher.last_step_error if failing else None)
 
 
+@router.head("/healthz", include_in_schema=False)
+def head_health() -> Response:
+    """A liveness probe's HEAD: the service answers (GET says how its parts are)."""
+    return Response(status_code=200)
+
+
 @router.get("/metrics", response_class=Response, operation_id="get_metrics",
             summary="Prometheus metrics",
             description="Runs by status, queue depth, runs in flight, dispatch latency, run "

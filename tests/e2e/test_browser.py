@@ -113,8 +113,10 @@ def test_dashboard_and_offline_docs_in_chromium(
     row = page.locator(f"[data-role=experiment-row][data-experiment-id='{experiment_id}']")
     row.wait_for(timeout=15_000)
     row.locator("a").click()
+    # (predicates as functions: an expression is re-evaluated with eval, which the page's
+    # Content-Security-Policy refuses)
     page.wait_for_function(
-        "document.querySelector('.facts [data-status]')?.dataset.status === 'completed'"
+        "() => document.querySelector('.facts [data-status]')?.dataset.status === 'completed'"
         f" && document.querySelectorAll('[data-role=seed-point]').length === {2 * SEEDS}",
         timeout=120_000)
     assert service.wait(experiment_id)["status"] == "completed"
@@ -159,7 +161,7 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert page.locator("[data-role=seed-curve]").count() == 0
     page.check("[data-role=show-seeds]")
     page.wait_for_function(
-        f"document.querySelectorAll('[data-role=seed-curve]').length === {len(runs)}")
+        f"() => document.querySelectorAll('[data-role=seed-curve]').length === {len(runs)}")
 
     # The comparison row: the within-cell variance ratio (one factor: the sample variances'
     # ratio) against numpy, the primary test's interval, raw p and Holm p as /stats serves them,

@@ -1,21 +1,28 @@
-"""The stored /stats pages (service.stats_store) on a real SQLite file: two viewers of a page
-that is not stored yet get one computation between them, and the spec's analysis settings
-(scale, target ratio) reach the comparisons."""
+"""The stored /stats pages (service.stats_store) on a real SQLite file (and PostgreSQL where
+noted): two viewers of a page that is not stored yet get one computation between them, the
+spec's analysis settings (scale, target ratio) reach the comparisons, pages share their stored
+Holm families, and a family is analysed within a memory bound."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from sqlalchemy import text
 from sqlmodel import Session
 
-from service import stats_store
-from service.db import Experiment, make_engine, upgrade_database
+from api_schemas import RunStatus
+from service import stats_store, variance
+from service.db import Experiment, Run, make_engine, upgrade_database
 from service.experiments import SpecError
+from service.limits import Busy, HeavyReads
+from service.stats import experiment_stats
 from tests.service.test_stats_guidance import store_cff_experiment
 
 ACCURACIES = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81], "subtract": [0.84, 0.845, 0.842, 0.83,
@@ -24,12 +31,12 @@ ACCURACIES = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81], "subtract": [0.84, 0.845,
 
 def served(url: str, experiment_id: int, **query: Any) -> dict[str, Any]:
     engine = make_engine(url)
+    page = {"factor": None, "offset": 0, "limit": None, "metric": None, **query}
     try:
         with Session(engine) as session:
             experiment = session.get(Experiment, experiment_id)
-            return json.loads(stats_store.stats_json(
-                session=session, experiment=experiment, metric=query.pop("metric", None),
-                factor=None, offset=0, limit=None, **query))
+            return json.loads(stats_store.stats_json(session=session, experiment=experiment,
+                                                     **page))
     finally:
         engine.dispose()
 
@@ -86,3 +93,127 @@ def test_the_spec_chooses_the_scale_and_the_target_ratio_and_a_query_overrides_t
     with pytest.raises(SpecError, match="1 of 6 are 0 or below") as refused:
         served(url, at_zero, scale="log")
     assert refused.value.errors[0]["loc"] == ["query", "scale"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database at the schema's head: a SQLite file, or the local PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    else:
+        url = request.getfixturevalue("pg_databases").url()
+    upgrade_database(url)
+    return url
+
+
+def store_collapse_experiment(url: str, levels: int, seeds: int, rng_seed: int) -> int:
+    """A completed collapse experiment over `levels` values of r, random min_l2 per run."""
+    rng = np.random.default_rng(rng_seed)
+    grid = {"r": [round(i / levels, 6) for i in range(levels)]}
+    engine = make_engine(url)
+    with Session(engine) as session:
+        experiment = Experiment(name="levels", trainer="collapse", metric="min_l2",
+                                spec={"config": {}, "grid": grid}, n_conditions=levels,
+                                n_runs=levels * seeds, runs_completed=levels * seeds)
+        session.add(experiment)
+        session.commit()
+        experiment_id = experiment.id
+        session.add_all([
+            Run(experiment_id=experiment_id, condition={"r": r}, condition_key=f"r={r}",
+                seed=seed, trainer="collapse", status=RunStatus.completed, warnings=[],
+                provenance={}, diagnostics={}, metrics={"min_l2": float(rng.lognormal())})
+            for r in grid["r"] for seed in range(seeds)])
+        session.commit()
+    engine.dispose()
+    assert experiment_id is not None
+    return experiment_id
+
+
+def test_pages_share_the_stored_holm_families(database_url: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every page needs the raw p-values of its whole Holm family: they are stored once, and
+    another page (in another replica, or after a restart) computes only its own comparisons."""
+    experiment_id = store_collapse_experiment(database_url, levels=24, seeds=4, rng_seed=11)
+    first = served(database_url, experiment_id, factor="r", offset=0, limit=10)
+    assert first["total_comparisons"] == 276
+    stored = sql_rows(database_url, "SELECT page, n_completed FROM statscache")
+    assert [n for page, n in stored if page.startswith(stats_store.FAMILIES_PAGE)] == [96]
+
+    # what a fresh process holds: nothing computed
+    variance._results.clear()
+    variance._omnibus_results.clear()
+    analysed: list[int] = []
+    real = variance.analyse
+
+    def counted(scopes: Any, **kwargs: Any) -> Any:
+        analysed.append(len(scopes))
+        return real(scopes, **kwargs)
+
+    monkeypatch.setattr(variance, "analyse", counted)
+    later = served(database_url, experiment_id, factor="r", offset=100, limit=10)
+    assert sum(analysed) == 10  # the page's own; all 276 before the families were stored
+    # adjusted over the whole family, as computed in one go from the same runs
+    whole = experiment_stats_of(database_url, experiment_id)
+    for comparison, reference in zip(later["comparisons"], whole.comparisons[100:110],
+                                     strict=True):
+        for field in ("primary_p_holm_factor", "f_test_p_holm_factor", "welch_p_holm_all"):
+            assert comparison[field] == pytest.approx(getattr(reference, field), rel=1e-12)
+
+
+def test_a_cold_page_needs_a_heavy_read_slot_unless_its_experiment_is_small(
+        database_url: str) -> None:
+    large = store_collapse_experiment(database_url, levels=16, seeds=3, rng_seed=5)
+    small = store_collapse_experiment(database_url, levels=3, seeds=3, rng_seed=6)
+    heavy = HeavyReads(1)
+    assert heavy.try_acquire()  # another heavy read holds the only slot
+    with pytest.raises(Busy, match="SEEDGRID_MAX_HEAVY_READS"):
+        served(database_url, large, heavy=heavy)
+    # 3 comparisons of 9 runs: milliseconds of work, computed without a slot
+    assert len(served(database_url, small, heavy=heavy)["comparisons"]) == 3
+    heavy.release()
+    assert len(served(database_url, large, heavy=heavy)["comparisons"]) == 120
+    assert heavy.in_use == 0
+    assert heavy.try_acquire()
+    # stored now: served whoever holds the slots
+    assert len(served(database_url, large, heavy=heavy)["comparisons"]) == 120
+
+
+def test_a_family_is_analysed_within_a_memory_bound() -> None:
+    """The randomisation tests of a family run a batch of comparisons at a time: 780
+    comparisons of 12 paired seeds peaked at 262 MB when analysed at once (20,000 at 16.7 GB);
+    the peak now stays that of a batch."""
+    rng = np.random.default_rng(23)
+    levels = [i / 40 for i in range(40)]
+    runs = [({"r": r}, f"r={r}", float(v)) for r in levels for v in rng.normal(size=12)]
+    seeds = [seed for _ in levels for seed in range(12)]
+    tracemalloc.start()
+    try:
+        stats = experiment_stats(metric="m", grid={"r": levels}, runs=runs, seeds=seeds,
+                                 factor="r", limit=5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stats.multiplicity[0].tested["primary_p"] == 780
+    assert peak < 120e6, peak
+
+
+def sql_rows(url: str, statement: str) -> list[Any]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(text(statement))]
+    finally:
+        engine.dispose()
+
+
+def experiment_stats_of(url: str, experiment_id: int) -> Any:
+    rows = sql_rows(url, f"SELECT condition_key, seed, metrics FROM run "
+                         f"WHERE experiment_id = {experiment_id} ORDER BY id")
+    runs, seeds = [], []
+    for key, seed, metrics in rows:
+        metrics = json.loads(metrics) if isinstance(metrics, str) else metrics
+        level = float(key.split("=", 1)[1])
+        runs.append(({"r": level}, key, metrics["min_l2"]))
+        seeds.append(seed)
+    grid = {"r": sorted({c["r"] for c, _, _ in runs})}
+    return experiment_stats(metric="min_l2", grid=grid, runs=runs, seeds=seeds, factor="r")

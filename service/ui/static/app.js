@@ -42,6 +42,7 @@ function build(node, attrs, children) {
     if (value === null || value === undefined || value === false) continue;
     if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else if (key === "text") node.textContent = String(value);
+    else if (key === "style") setStyle(node, String(value));
     else node.setAttribute(key, String(value));
   }
   for (const child of children.flat()) {
@@ -49,6 +50,15 @@ function build(node, attrs, children) {
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return node;
+}
+
+// "name: value; ..." one property at a time through the CSSOM: the page's Content-Security-Policy
+// (style-src 'self') refuses style attributes and style.cssText.
+function setStyle(node, text) {
+  for (const rule of text.split(";")) {
+    const [name, ...value] = rule.split(":");
+    if (name.trim()) node.style.setProperty(name.trim(), value.join(":").trim());
+  }
 }
 
 function fmt(x) {
