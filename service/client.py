@@ -30,7 +30,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from api_schemas import (
@@ -49,6 +48,7 @@ from api_schemas import (
     Stats,
     TrainerInfo,
 )
+from service.spec_file import load_spec_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,7 +65,6 @@ ENDED = {ExperimentStatus.completed, ExperimentStatus.partial, ExperimentStatus.
          ExperimentStatus.cancelled}
 # A run not ended yet: waiting in the queue, handed to Ray, started by a worker.
 ACTIVE = (RunStatus.queued, RunStatus.pending, RunStatus.running)
-SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 POINT_COLUMNS = ["step", "epoch", "name", "value"]
 # Answers that say "not now, nothing was done": sent again after their Retry-After.
 RETRIED_STATUSES = frozenset({429, 503})
@@ -148,7 +147,7 @@ class Client:
         if isinstance(spec, ExperimentSpec):
             body = spec.model_dump(mode="json", exclude_unset=True)
         elif isinstance(spec, str | Path):
-            body = load_spec(Path(spec))
+            body = load_spec_file(Path(spec))
         else:
             body = dict(spec)
         return ExperimentCreated.model_validate(self._json("POST", "/experiments", json=body))
@@ -349,19 +348,6 @@ def retry_after_s(response: httpx.Response) -> float:
     except ValueError:
         return DEFAULT_RETRY_AFTER_S
     return min(max(wait, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(wait) else DEFAULT_RETRY_AFTER_S
-
-
-def load_spec(path: Path) -> dict[str, Any]:
-    """A spec file: .json, .yaml or .yml; anything else is refused naming what was expected."""
-    if path.suffix.lower() not in SPEC_SUFFIXES:
-        raise ValueError(f"spec file {path}: expected a .json, .yaml or .yml file, not "
-                         f"{path.suffix or 'a file without a suffix'}")
-    text = path.read_text()
-    spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    if not isinstance(spec, dict):
-        raise ValueError(f"spec file {path} must hold a mapping (name, trainer, config, grid, "
-                         "seeds)")
-    return spec
 
 
 def _ended(detail: ExperimentDetail) -> bool:

@@ -32,7 +32,7 @@ STR_TAG, FLOAT_TAG, MERGE_TAG = YAML_TAG + "str", YAML_TAG + "float", YAML_TAG +
 SEQ_TAG, MAP_TAG, TIMESTAMP_TAG = YAML_TAG + "seq", YAML_TAG + "map", YAML_TAG + "timestamp"
 
 
-class SpecFileError(Exception):
+class SpecFileError(ValueError):
     """The file cannot be a spec; the message is one line naming it."""
 
 
