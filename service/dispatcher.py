@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayError, TaskCancelledError
@@ -531,8 +531,16 @@ class Dispatcher:
             # (after a restart too) makes whole tasks of its seeds_per_task.
             upcoming = self._run_templates(store, set(store.next_queued_experiments(free)))
             factor = max([_task_size(t) for t in upcoming.values()], default=1)
-            claimed = store.claim(free * factor, unschedulable=lambda cpus, gpus: infeasible(
-                cpus, gpus, nodes))
+
+            def whole_tasks(rows: list[Any]) -> list[Any]:
+                """The runs of the first `free` tasks the candidates make, no more: one task
+                slot is one task, however many seeds it runs."""
+                sizes = {i: _task_size(t) for i, t in self._run_templates(
+                    store, {row.experiment_id for row in rows}).items()}
+                return [row for group in task_groups(rows, sizes)[:free] for row in group]
+
+            claimed = store.claim(free * factor, take=whole_tasks,
+                                  unschedulable=lambda cpus, gpus: infeasible(cpus, gpus, nodes))
             templates = self._run_templates(store, {run.experiment_id for run in claimed})
             store.commit()
         refused: list[tuple[ClaimedRun, str]] = []
@@ -761,12 +769,17 @@ class Dispatcher:
             store.commit()
 
 
-def task_groups(claimed: list[ClaimedRun], sizes: dict[int, int]) -> list[list[ClaimedRun]]:
-    """The claimed runs as tasks: consecutive runs (claim order) of one experiment and
-    condition, up to the experiment's seeds_per_task (`sizes`, by experiment id) each; a run's
-    resources are its task's."""
-    groups: list[list[ClaimedRun]] = []
-    open_groups: dict[tuple[Any, ...], list[ClaimedRun]] = {}
+# Anything with a run's id, experiment_id, condition, num_cpus and num_gpus (a ClaimedRun, or
+# a queued run's row before its claim).
+R = TypeVar("R")
+
+
+def task_groups(claimed: list[R], sizes: dict[int, int]) -> list[list[R]]:
+    """The claimed (or to be claimed) runs as tasks: consecutive runs (claim order) of one
+    experiment and condition, up to the experiment's seeds_per_task (`sizes`, by experiment
+    id) each; a run's resources are its task's."""
+    groups: list[list[R]] = []
+    open_groups: dict[tuple[Any, ...], list[R]] = {}
     for run in claimed:
         size = sizes.get(run.experiment_id, 1)
         if size <= 1:

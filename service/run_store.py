@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -449,11 +449,14 @@ class RunStore:
         ).all())
 
     # -- claiming ------------------------------------------------------------------------------
-    def claim(self, limit: int, *, unschedulable: Any = None) -> list[ClaimedRun]:
+    def claim(self, limit: int, *, unschedulable: Any = None,
+              take: Callable[[list[Any]], list[Any]] | None = None) -> list[ClaimedRun]:
         """Up to `limit` queued runs in claim order (priority first, then oldest) become
         pending (handed to Ray; `start` makes them running), each with a new attempt.
         `unschedulable(num_cpus, num_gpus)` says why no node can ever hold a run (it then fails
-        now) or None."""
+        now) or None. `take(rows)`, when given, keeps the rows (in claim order, each with the
+        run's id, experiment_id, condition, num_cpus and num_gpus) that are claimed: the
+        dispatcher keeps as many whole tasks as it has room for."""
         candidates = self.session.exec(
             select(Run.id, Run.experiment_id, Run.trainer, Run.condition, Run.seed,
                    Run.num_cpus, Run.num_gpus)
@@ -468,6 +471,8 @@ class RunStore:
             if problems[row.id] is not None:
                 self._fail_unschedulable(row.id, row.experiment_id, problems[row.id])
         schedulable = [row for row in candidates if problems[row.id] is None]
+        if take is not None:
+            schedulable = take(schedulable)
         if not schedulable:
             return []
         # One statement for all: a run a concurrent cancel ended meanwhile is not returned.

@@ -134,7 +134,8 @@ def test_errors_carry_the_status_and_the_api_detail(service: Service, tmp_path: 
 
         readme = tmp_path / "README.md"
         readme.write_text("# not a spec\n")
-        with pytest.raises(ValueError, match=r"expected a \.json, \.yaml or \.yml file"):
+        with pytest.raises(ValueError,
+                           match=r"expected a \.json, \.yaml or \.yml spec file, got README\.md"):
             sg.submit(readme)
 
         slow = sg.submit({"name": "slow", "trainer": "collapse",

@@ -161,6 +161,7 @@ def test_past_the_heavy_read_limit_a_cold_page_is_refused_at_once_and_stored_one
     heavy = api.server.app.state.heavy_reads
     # 120 comparisons: more than a page computed without a slot (stats_store.LIGHT_COMPARISONS)
     experiment_id = store_completed(api, levels=16, seeds=4, rng_seed=1)
+    other_id = store_completed(api, levels=16, seeds=4, rng_seed=2)  # for a cold /compare
     url = f"/experiments/{experiment_id}/stats"
     stored_page = {"metric": "min_l2", "factor": "r", "limit": 5}
     assert api.client.get(url, params=stored_page).status_code == 200  # computed and stored
@@ -186,7 +187,7 @@ def test_past_the_heavy_read_limit_a_cold_page_is_refused_at_once_and_stored_one
         refused = [api.client.get(url, params={"metric": "loss", "factor": "r", "limit": 5,
                                                "offset": 5}),
                    api.client.get(f"/experiments/{experiment_id}/export"),
-                   api.client.get("/compare", params={"a": experiment_id, "b": experiment_id})]
+                   api.client.get("/compare", params={"a": experiment_id, "b": other_id})]
         started = time.monotonic()
         stored = api.client.get(url, params=stored_page)
         health = api.client.get("/healthz")

@@ -120,8 +120,10 @@ def test_a_queue_over_its_cap_gets_429_with_retry_after(start_service) -> None:
     assert int(too_many.headers["retry-after"]) > 0
     assert "SEEDGRID_MAX_QUEUED_RUNS" in too_many.json()["detail"]
     assert stored_rows(service) == before
-    # one slow run in flight and three queued fill the cap; one more does not fit
-    slow = service.submit(spec(seeds=4, config={"n_samples": 64, "steps": 10**7}))
+    # one slow run in flight and three queued fill the cap; one more does not fit (a task per
+    # seed: collapse would otherwise run the four seeds in one task)
+    slow = service.submit(spec(seeds=4, config={"n_samples": 64, "steps": 10**7},
+                               resources={"seeds_per_task": 1}))
     deadline = time.monotonic() + 60
     while service.client.get(f"/experiments/{slow['id']}").json()["counts"]["running"] == 0:
         assert time.monotonic() < deadline
