@@ -49,16 +49,6 @@ def test_compare_keeps_accuracies_within_their_bounds_and_pairs_shared_seeds(
     assert side.comparison.mean_test == "paired t"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
-    else:
-        url = request.getfixturevalue("pg_databases").url()
-    upgrade_database(url)
-    return url
-
-
 def served(url: str, a_id: int, b_id: int) -> ExperimentComparison:
     engine = make_engine(url)
     try:

@@ -5,7 +5,6 @@ module of the service assigning a run's status."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from sqlmodel import Session, select
 
 from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunStatus
-from service.db import AttemptOutcome, Experiment, Run, RunAttempt, make_engine, upgrade_database
+from service.db import AttemptOutcome, Experiment, Run, RunAttempt
 from service.experiments import (
     Conflict,
     NotFound,
@@ -296,21 +295,6 @@ def test_a_cancel_reaches_pending_runs_and_delete_waits_for_them(session: Sessio
     assert purge_deleted(session.get_bind()) == [experiment_id]
     session.expunge_all()
     assert session.get(Experiment, experiment_id) is None
-
-
-@pytest.fixture
-def backend_session(backend: str, tmp_path: Path,
-                    request: pytest.FixtureRequest) -> Iterator[Session]:
-    """A session on a migrated SQLite file or a fresh PostgreSQL database."""
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        url = request.getfixturevalue("pg_databases").url()
-    upgrade_database(url)
-    engine = make_engine(url)
-    with Session(engine) as session:
-        yield session
-    engine.dispose()
 
 
 def stopping_experiment(session: Session, seeds: int) -> int:

@@ -95,17 +95,6 @@ def test_the_spec_chooses_the_scale_and_the_target_ratio_and_a_query_overrides_t
     assert refused.value.errors[0]["loc"] == ["query", "scale"]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh database at the schema's head: a SQLite file, or the local PostgreSQL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
-    else:
-        url = request.getfixturevalue("pg_databases").url()
-    upgrade_database(url)
-    return url
-
-
 def store_collapse_experiment(url: str, levels: int, seeds: int, rng_seed: int) -> int:
     """A completed collapse experiment over `levels` values of r, random min_l2 per run."""
     rng = np.random.default_rng(rng_seed)
