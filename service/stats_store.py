@@ -130,12 +130,17 @@ def stats_json(
         stored = _stored(session, experiment, metric, page)  # another viewer computed it
         if stored is not None:
             return stored
-        light = (ComparisonPlan(grid).total <= LIGHT_COMPARISONS
-                 and experiment.runs_completed <= LIGHT_RUNS)
+        light = is_light(grid, experiment.runs_completed)
         with heavy.slot() if heavy is not None and not light else contextlib.nullcontext():
             return _compute(session=session, experiment=experiment, metric=metric,
                             factor=factor, offset=offset, limit=limit, grid=grid, page=page,
                             scale=scale, target_ratio=analysis.target_ratio)
+
+
+def is_light(grid: dict[str, list[Any]], n_completed: int) -> bool:
+    """Whether an experiment's pages are computed in milliseconds (LIGHT_COMPARISONS,
+    LIGHT_RUNS): no heavy-read slot, no stored Holm families."""
+    return ComparisonPlan(grid).total <= LIGHT_COMPARISONS and n_completed <= LIGHT_RUNS
 
 
 def _stored(session: Session, experiment: Experiment, metric: str, page: str,
@@ -206,8 +211,13 @@ def _family_p_values(*, session: Session, experiment: Experiment, metric: str,
                      seeds: list[int], scale: str, target_ratio: float,
                      n_completed: int) -> FamilyPValues:
     """The stored Holm families of these runs (`n_completed` of them), or computed (by one
-    viewer of this process at a time) and stored."""
+    viewer of this process at a time) and stored; a light experiment's (LIGHT_*), computed in
+    milliseconds, are not stored (a second row written and read for every page of a small
+    experiment cost the load test a fifth of its throughput)."""
     assert experiment.id is not None
+    if is_light(grid, n_completed):
+        return family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
+                               target_ratio=target_ratio)
     page = f"{FAMILIES_PAGE}{scale}"
     stored = _stored(session, experiment, metric, page, n_completed)
     if stored is None:
