@@ -4,8 +4,6 @@ PostgreSQL: a dispatcher that commits in the middle of a read can not make the A
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,20 +11,10 @@ from sqlalchemy import event
 from sqlmodel import Session
 
 from api_schemas import ExperimentSpec, ExperimentStatus, RunStatus
-from service.db import Experiment, make_engine, upgrade_database
+from service.db import Experiment, make_engine
 from service.experiments import create_experiment, experiment_detail, list_experiments
 from service.run_store import AttemptKey, FinishedAttempt, RunStore
 from service.settings import Settings
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
-    else:
-        url = request.getfixturevalue("pg_databases").url()
-    upgrade_database(url)
-    yield url
 
 
 def _running_experiment(url: str) -> int:
