@@ -47,6 +47,12 @@ _Level = (bool | int | float
           | Annotated[str, Field(max_length=_MAX_LEVEL_LENGTH, pattern=_STORABLE_TEXT)] | None)
 
 
+def planned_looks(min_seeds: int, step: int, max_seeds: int) -> int:
+    """K: the looks of a rule from min_seeds to max_seeds seeds per condition in steps of
+    `step` (max_seeds >= min_seeds)."""
+    return 1 + math.ceil((max_seeds - min_seeds) / step)
+
+
 class NamedComparison(BaseModel):
     """One comparison of the experiment's statistics: two levels of a grid factor, pooled over
     the other factors (`within` null) or within one combination of their levels."""
@@ -84,11 +90,12 @@ class AdaptiveSpec(BaseModel):
     @classmethod
     def _alpha_per_look(cls, alpha: float, info: ValidationInfo) -> float:
         """alpha / K must be a level a look can use (the rounds' fields come before alpha)."""
-        rounds = [info.data.get(f) for f in ("min_seeds", "step", "max_seeds")]
-        if any(not isinstance(v, int) for v in rounds):
-            return alpha  # refused on its own field
-        min_seeds, step, max_seeds = rounds
-        looks = 1 + max(0, math.ceil((max_seeds - min_seeds) / step))
+        min_seeds, step, max_seeds = (info.data.get(f) for f in ("min_seeds", "step",
+                                                                  "max_seeds"))
+        if not (isinstance(min_seeds, int) and isinstance(step, int)
+                and isinstance(max_seeds, int)) or max_seeds < min_seeds:
+            return alpha  # refused on its own field, or by _rounds
+        looks = planned_looks(min_seeds, step, max_seeds)
         if alpha / looks < MIN_ALPHA_PER_LOOK and not is_stored(info):
             raise ValueError(f"alpha {alpha:g} over the {looks} planned looks is "
                              f"{alpha / looks:.3g} per look, below {MIN_ALPHA_PER_LOOK:g}: no "
@@ -104,7 +111,7 @@ class AdaptiveSpec(BaseModel):
 
     @property
     def planned_looks(self) -> int:
-        return 1 + math.ceil((self.max_seeds - self.min_seeds) / self.step)
+        return planned_looks(self.min_seeds, self.step, self.max_seeds)
 
     @property
     def alpha_per_look(self) -> float:

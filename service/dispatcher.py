@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import ray
 from ray.exceptions import RayError, TaskCancelledError
@@ -769,9 +769,16 @@ class Dispatcher:
             store.commit()
 
 
-# Anything with a run's id, experiment_id, condition, num_cpus and num_gpus (a ClaimedRun, or
-# a queued run's row before its claim).
-R = TypeVar("R")
+class TaskRun(Protocol):
+    """What task_groups reads of a run: a ClaimedRun, or a queued run's row before its claim."""
+
+    experiment_id: int
+    condition: dict[str, Any]
+    num_cpus: float
+    num_gpus: float
+
+
+R = TypeVar("R", bound=TaskRun)
 
 
 def task_groups(claimed: list[R], sizes: dict[int, int]) -> list[list[R]]:

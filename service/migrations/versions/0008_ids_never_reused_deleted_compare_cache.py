@@ -53,7 +53,8 @@ def _rebuild(*, autoincrement: bool, deleted: sa.Column | None) -> None:
 
 
 def upgrade() -> None:
-    deleted = sa.Column("deleted", sa.Boolean(), nullable=False, server_default=sa.false())
+    deleted: sa.Column[bool] = sa.Column("deleted", sa.Boolean(), nullable=False,
+                                         server_default=sa.false())
     if _sqlite():
         _rebuild(autoincrement=True, deleted=deleted)
     else:
