@@ -139,6 +139,20 @@ class RunStatus(StrEnum):
     # verdict, diagnostics and last metrics are stored; see RunOut.stop.
     stopped = "stopped"
 
+    @classmethod
+    def ended(cls) -> frozenset[RunStatus]:
+        """The statuses a run never leaves once it is in one of them."""
+        return _RUN_ENDED
+
+    @classmethod
+    def active(cls) -> frozenset[RunStatus]:
+        """A run not ended yet: waiting in the queue, handed to Ray, started by a worker."""
+        return _RUN_ACTIVE
+
+    @property
+    def is_ended(self) -> bool:
+        return self in _RUN_ENDED
+
 
 class AttemptOutcome(StrEnum):
     """How one attempt of a run ended."""
@@ -163,6 +177,25 @@ class ExperimentStatus(StrEnum):
     # missing dataset, a device the cluster lacks); the runs' errors say why
     failed = "failed"
     cancelled = "cancelled"
+
+    @classmethod
+    def ended(cls) -> frozenset[ExperimentStatus]:
+        """The statuses of an experiment none of whose runs is queued, pending or running."""
+        return _EXPERIMENT_ENDED
+
+    @classmethod
+    def active(cls) -> frozenset[ExperimentStatus]:
+        return _EXPERIMENT_ACTIVE
+
+    @property
+    def is_ended(self) -> bool:
+        return self in _EXPERIMENT_ENDED
+
+
+_RUN_ACTIVE = frozenset({RunStatus.queued, RunStatus.pending, RunStatus.running})
+_RUN_ENDED = frozenset(RunStatus) - _RUN_ACTIVE
+_EXPERIMENT_ACTIVE = frozenset({ExperimentStatus.queued, ExperimentStatus.running})
+_EXPERIMENT_ENDED = frozenset(ExperimentStatus) - _EXPERIMENT_ACTIVE
 
 
 class ExportFormat(StrEnum):

@@ -8,8 +8,9 @@ is a Bonferroni split of alpha over the planned looks: each look uses a two-side
 confidence 1 - alpha / K, K = 1 + ceil((max_seeds - min_seeds) / step). By the union bound the
 chance that any look excludes the null value when it holds is at most alpha, provided each
 look's interval keeps its level on the data: the variance look inverts the primary
-randomisation test (service.resampling), which does on heavy-tailed and failed-seed metrics,
-where the F interval does not (service.adaptive).
+randomisation test (service.analysis.resampling), which does on heavy-tailed and failed-seed
+metrics,
+where the F interval does not (service.scheduling.adaptive).
 
 Its seeds are the rule's: seeds added by hand would be a look the rule did not count, so an
 adaptive experiment refuses them (409), stopped or not.
@@ -141,7 +142,7 @@ class AdaptiveLook(ResponseModel):
     confidence: float
     excludes_null: bool
     # The interval's test: the primary variance test's name (paired sign-flip or stratified
-    # permutation, service.resampling), "paired t" or "Welch t"; null with no interval.
+    # permutation, service.analysis.resampling), "paired t" or "Welch t"; null with no interval.
     test: str | None = None
     # Why the interval is null or cannot exclude anything, or why seeds that could pair did
     # not.

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import ray
 
-from service.server import BackgroundServer
+from service.api.server import BackgroundServer
 from service.settings import Settings
 from trainers import NullReporter, get_trainer
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from sqlmodel import Session
 
 from api_schemas import ExperimentSpec, RunStatus
-from service.db import make_engine, upgrade_database
 from service.experiments import create_experiment
-from service.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
+from service.scheduling.run_store import AttemptKey, FinishedAttempt, RunStore, StartedAttempt
 from service.settings import Settings
+from service.storage.db import make_engine, upgrade_database
 
 POINTS_PER_RUN = 20
 

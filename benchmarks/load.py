@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from service.server import free_port
+from service.api.server import free_port
 
 ENDED = {"completed", "partial", "failed", "cancelled"}
 

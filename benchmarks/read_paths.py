@@ -37,13 +37,13 @@ from sqlalchemy import insert
 from sqlmodel import Session, select
 
 from api_schemas import MetricPoint, RunStatus
-from service.db import Experiment, Run, make_engine, upgrade_database
-from service.db import RunMetric as MetricRow
+from service.analysis.reports import declared_report, experiment_record, run_record
+from service.analysis.stats import experiment_stats
+from service.api.server import BackgroundServer
 from service.experiments import RUN_DEFAULTS, condition_key
-from service.reports import declared_report, experiment_record, run_record
-from service.server import BackgroundServer
 from service.settings import Settings
-from service.stats import experiment_stats
+from service.storage.db import Experiment, Run, make_engine, upgrade_database
+from service.storage.db import RunMetric as MetricRow
 
 GRID = {"r": [round(0.02 * i, 2) for i in range(10)], "dim": list(range(4, 14))}
 SEEDS = 10

@@ -31,10 +31,10 @@ from scipy import stats
 from sqlmodel import Session
 
 from api_schemas import RunStatus
-from service.app import create_app
-from service.db import Experiment, Run, make_engine, upgrade_database
+from service.api.app import create_app
 from service.experiments import condition_key
 from service.settings import Settings
+from service.storage.db import Experiment, Run, make_engine, upgrade_database
 
 GRID = {"margin_mode": ["clamp", "subtract", "none", "soft"], "depth": [1, 2, 3, 4, 5]}
 CONDITIONS = [{"margin_mode": m, "depth": d} for m in GRID["margin_mode"] for d in GRID["depth"]]

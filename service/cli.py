@@ -151,8 +151,8 @@ def warn_of_the_old_default(settings: Settings) -> None:
 def database_name(settings: Settings) -> str:
     """The database as the commands print it: the default's file, saying it is the default;
     another by its URL (password masked)."""
-    from service.db import masked_url
     from service.settings import default_database_path
+    from service.storage.db import masked_url
 
     if on_default_database(settings):
         return (f"{default_database_path()} (the default; SEEDGRID_DATABASE_URL selects "
@@ -183,8 +183,8 @@ def is_loopback(host: str) -> bool:
 def upgrade_schema(settings: Settings) -> None:
     """Migrate the database to the newest schema (making the default one, and its directory,
     when there is none yet), or stop with one line naming it."""
-    from service.db import INITIAL_REVISION, DatabaseError, upgrade_database
     from service.settings import default_database_path
+    from service.storage.db import INITIAL_REVISION, DatabaseError, upgrade_database
 
     if on_default_database(settings):
         try:
@@ -829,7 +829,7 @@ def connect_ray(settings: Settings) -> None:
     dispatcher's, when a standby takes over; the server's in `seedgrid run`) installs its own
     SIGTERM handler, which aborts the process 3 s after the signal, before Ray is shut down;
     from the main thread, ensure_ray keeps the command's handler."""
-    from service.dispatcher import ensure_ray
+    from service.scheduling.dispatcher import ensure_ray
 
     try:
         ensure_ray(settings)
@@ -901,7 +901,7 @@ def serve(
     with ray_ended_on_exit():
         upgrade_schema(settings)
         if dispatch:
-            from service.app import create_app
+            from service.api.app import create_app
 
             # Ray from the main thread (see connect_ray), also for a standby: it is then ready to
             # take over at once.
@@ -910,7 +910,7 @@ def serve(
                         port=settings.port, log_level=settings.log_level)
         else:
             # Each worker process builds its app from the same SEEDGRID_* environment.
-            uvicorn.run("service.app:create_api_app", factory=True, workers=workers,
+            uvicorn.run("service.api.app:create_api_app", factory=True, workers=workers,
                         host=settings.host, port=settings.port, log_level=settings.log_level)
 
 
@@ -924,8 +924,8 @@ def dispatcher() -> None:
     """
     import threading
 
-    from service.db import make_engine
-    from service.dispatcher import Dispatcher
+    from service.scheduling.dispatcher import Dispatcher
+    from service.storage.db import make_engine
 
     settings = load_settings()
     log_to_stderr(settings.log_level)
@@ -1436,7 +1436,7 @@ def plan(
 ) -> None:
     """How many seeds a variance comparison needs (no service needed; GET /planning/seeds
     answers the same)."""
-    from service.power import seed_plan
+    from service.analysis.power import seed_plan
 
     if (ratio is None) == (seeds is None):
         raise _fail("give exactly one of --ratio (to get the seeds per level) and --seeds (to "
@@ -1477,7 +1477,7 @@ def run(
     spec_file: Path, metric: Annotated[str | None, typer.Option(help="metric to compare")] = None
 ) -> None:
     """Start the service in this process, run one spec to completion, print its statistics."""
-    from service.server import BackgroundServer
+    from service.api.server import BackgroundServer
 
     settings = load_settings()
     refuse_open_exposure(settings, insecure=False)
@@ -1513,7 +1513,7 @@ def db_upgrade(database_url: DatabaseUrlOpt = None) -> None:
 def db_current(database_url: DatabaseUrlOpt = None) -> None:
     """The schema revision the database is at, and the newest one this seedgrid knows. Reads
     only: a SQLite file that does not exist is not made."""
-    from service.db import DatabaseError, database_revision, head_revision
+    from service.storage.db import DatabaseError, database_revision, head_revision
 
     settings = load_settings(database_url=database_url)
     name = database_name(settings)

@@ -31,16 +31,16 @@ from api_schemas import (
     level_key,
 )
 from api_schemas.adaptive import NamedComparison
-from service.db import Experiment, Run, RunAttempt
-from service.run_store import STOPPED_RUN_PREFIX, RunStore, experiment_counts
-from service.security import MAX_ERRORS_SHOWN
+from service.analysis.sources import config_condition, experiment_grid
+from service.analysis.stats import metric_value
+from service.api.security import MAX_ERRORS_SHOWN
+from service.scheduling.run_store import STOPPED_RUN_PREFIX, RunStore, experiment_counts
 from service.settings import Settings
-from service.sources import config_condition, experiment_grid
-from service.stats import metric_value
+from service.storage.db import Experiment, Run, RunAttempt
 from trainers import REGISTRY, Trainer
 
 if TYPE_CHECKING:
-    from service.preflight import ClusterPreflight
+    from service.scheduling.preflight import ClusterPreflight
 
 # Any fixed 64-bit number: the PostgreSQL advisory lock submissions take to count the queue.
 SUBMIT_LOCK_KEY = 0x5EED_6121_D000_0003
@@ -168,7 +168,7 @@ def validate_spec(
 ) -> tuple[Trainer, list[dict[str, Any]]]:
     """Check the spec against its trainer and the operator's limits; return the trainer and
     the conditions in grid order (each once per level of the reserved factor varying_source
-    when the spec asks for a source decomposition: service.sources)."""
+    when the spec asks for a source decomposition: service.analysis.sources)."""
     trainer = REGISTRY.get(spec.trainer)
     if trainer is None:
         raise SpecError(
@@ -240,12 +240,12 @@ def validate_spec(
 
 def stats_grid(spec: ExperimentSpec) -> dict[str, list[Any]]:
     """The grid as the runs and statistics see it: the spec's, and the reserved factor of a
-    source decomposition last (service.sources)."""
+    source decomposition last (service.analysis.sources)."""
     return experiment_grid({"grid": spec.grid, "decompose_sources": spec.decompose_sources})
 
 
 def _source_errors(spec: ExperimentSpec) -> list[dict[str, Any]]:
-    """What the spec's random-source fields cannot mean (service.sources)."""
+    """What the spec's random-source fields cannot mean (service.analysis.sources)."""
     errors = []
     if SOURCE_FACTOR in spec.grid:
         errors.append(_error(["grid", SOURCE_FACTOR], f"{SOURCE_FACTOR!r} is reserved for the "
@@ -486,7 +486,7 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
 
 def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
     """The experiment; NotFound when there is none or it was deleted (its rows may still be
-    being removed: service.purge)."""
+    being removed: service.scheduling.purge)."""
     experiment = session.get(Experiment, experiment_id)
     if experiment is None or experiment.deleted:
         raise NotFound(f"experiment {experiment_id} not found")
@@ -526,7 +526,8 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
 def delete_experiment(*, session: Session, experiment_id: int) -> None:
     """Delete an ended experiment with its runs, attempts, metric points and statistics: it is
     marked deleted, gone for every read from this commit on, and its rows are removed in short
-    batches afterwards (service.purge: the caller wakes the purger). One with a run queued,
+    batches afterwards (service.scheduling.purge: the caller wakes the purger). One with a run
+    queued,
     pending or running is a Conflict (409): its dispatcher would write rows for runs that no
     longer exist; cancel it first."""
     experiment = get_experiment(session=session, experiment_id=experiment_id)
@@ -575,7 +576,7 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
 def stop_message(session: Session, experiment: Experiment) -> str | None:
     """Why the experiment stopped before all its runs had run, or None: its adaptive rule
     stopped on a failed look (the rule's record says so), or its first runs all failed
-    (service.run_store.failure_stop), which stores the reason as the error of each run it
+    (service.scheduling.run_store.failure_stop), which stores the reason as the error of each run it
     cancels, so it is read back from one of them (only an experiment with a failed run can
     have one)."""
     adaptive = experiment.adaptive if isinstance(experiment.adaptive, dict) else {}

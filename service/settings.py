@@ -70,7 +70,8 @@ class Settings(BaseSettings):
     # (Ray would keep it pending for ever). Turn off on an autoscaling cluster, where such a
     # node may still be added.
     fail_infeasible_runs: bool = True
-    # How long a submission waits for its pre-flight (service.preflight: the dataset's files
+    # How long a submission waits for its pre-flight (service.scheduling.preflight: the dataset's
+    # files
     # and the device, checked by one task on a node where its runs will go) before it queues
     # the runs unchecked; 0 turns the pre-flight off.
     preflight_timeout_s: float = Field(10.0, ge=0, le=300)

@@ -19,7 +19,7 @@ import ray
 from sqlalchemy import create_engine, pool, text
 from sqlalchemy.engine import Engine
 
-from service.server import BackgroundServer
+from service.api.server import BackgroundServer
 from service.settings import Settings
 from tests.fake_datasets import write_cifar
 

@@ -96,7 +96,7 @@ def test_no_file_refers_outside_the_repository() -> None:
 def test_the_scan_sees_the_files_it_must_check() -> None:
     """The scan above covers code, tests and docs alike (an empty listing would pass it)."""
     names = {p.relative_to(ROOT).as_posix() for p in repository_files()}
-    for expected in ("README.md", "docs/api.md", "service/app.py", "trainers/collapse.py",
+    for expected in ("README.md", "docs/api.md", "service/api/app.py", "trainers/collapse.py",
                      "tests/test_docs.py"):
         assert expected in names
 

@@ -1,6 +1,6 @@
 """The pre-flight task: one cheap look, on a node where an experiment's runs will go, at what
 would fail every run of its configs before training (the trainer's `preflight`: a dataset's
-files, a GPU). The service sends it before it queues the runs (service.preflight).
+files, a GPU). The service sends it before it queues the runs (service.scheduling.preflight).
 
 It asks Ray for no CPU, so it never waits behind busy workers, and it reads configs the service
 has validated: names (a trainer from the registry, a dataset, a data root of the operator),

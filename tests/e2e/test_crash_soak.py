@@ -39,7 +39,7 @@ import httpx
 import pytest
 import torch
 
-from service.server import free_port
+from service.api.server import free_port
 from tests.cluster import alive_in_sessions, kill_sessions, processes, run_ids_of
 from tests.seedgrid_process import SeedgridProcess
 from trainers import MemoryReporter, get_trainer

@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from service.server import BackgroundServer
+from service.api.server import BackgroundServer
 from service.settings import Settings
 from tests.conftest import ROOT, Service
 

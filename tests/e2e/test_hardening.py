@@ -60,7 +60,7 @@ def guarded(start_service: Callable[..., Service]) -> Iterator[Guarded]:
 
 def table_counts(service: Service) -> tuple[int, int]:
     """Experiments and runs as reads see them: a deleted experiment's rows are removed in the
-    background (service.purge), whatever request comes next."""
+    background (service.scheduling.purge), whatever request comes next."""
     return tuple(  # type: ignore[return-value]
         service.sql(query)[0][0] for query in (
             "SELECT count(*) FROM experiment WHERE NOT deleted",

@@ -29,10 +29,10 @@ import pytest
 from sqlmodel import Session
 
 from api_schemas import ExperimentStatus, RunStatus
-from service.db import Experiment, Run, make_engine
+from service.api.server import BackgroundServer
 from service.experiments import condition_key
-from service.server import BackgroundServer
 from service.settings import Settings
+from service.storage.db import Experiment, Run, make_engine
 
 TOKEN = "http-bounds-token-0123456789abcdef"
 FAST = {"n_samples": 64, "steps": 50}

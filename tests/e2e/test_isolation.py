@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.db import upgrade_database
-from service.lease import make_dispatch_lock
+from service.scheduling.lease import make_dispatch_lock
+from service.storage.db import upgrade_database
 from tests.conftest import Service
 from tests.e2e.test_toy_trainer import wait_for
 from tests.e2e.toy_trainer import ToyTrainer

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api_schemas import RunStatus
-from service.server import BackgroundServer
+from service.api.server import BackgroundServer
 from service.settings import Settings
 from tests.conftest import Service
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.server import BackgroundServer
+from service.api.server import BackgroundServer
 from service.settings import Settings
 from tests.conftest import PostgresDatabases, Service
 

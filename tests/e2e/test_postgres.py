@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 
-from service.db import head_revision
-from service.server import BackgroundServer
+from service.api.server import BackgroundServer
 from service.settings import Settings
+from service.storage.db import head_revision
 from tests.conftest import PostgresDatabases, Service
 from tests.scipy_reference import assert_matches, reference_comparison
 

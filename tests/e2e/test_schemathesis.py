@@ -22,8 +22,8 @@ import pytest
 import schemathesis
 from schemathesis.checks import not_a_server_error
 
-from service.app import create_app
-from service.server import BackgroundServer
+from service.api.app import create_app
+from service.api.server import BackgroundServer
 from service.settings import Settings
 from tests.conftest import PostgresDatabases, Service
 

@@ -27,8 +27,8 @@ import psycopg
 import pytest
 import ray
 
-from service.lease import DISPATCH_LOCK_KEY, FileLock, LockLost, PostgresLock
-from service.server import BackgroundServer, free_port
+from service.api.server import BackgroundServer, free_port
+from service.scheduling.lease import DISPATCH_LOCK_KEY, FileLock, LockLost, PostgresLock
 from service.settings import Settings
 from tests.conftest import PG_ADMIN_DSN, PostgresDatabases, Service
 from tests.seedgrid_process import ROOT, SeedgridProcess
@@ -301,7 +301,7 @@ def test_postgres_lock_is_exclusive_and_dies_with_its_connection(
 HOLD_FILE_LOCK = """
 import sys, time
 from pathlib import Path
-from service.lease import FileLock
+from service.scheduling.lease import FileLock
 assert FileLock(Path(sys.argv[1]), "child:1:cccccc").try_acquire()
 print("held", flush=True)
 time.sleep(60)

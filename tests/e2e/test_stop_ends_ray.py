@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.server import free_port
+from service.api.server import free_port
 from tests.cluster import alive_in_sessions, kill_sessions, run_ids_of
 from tests.seedgrid_process import SeedgridProcess
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session
 
-from service.db import make_engine, upgrade_database
+from service.storage.db import make_engine, upgrade_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

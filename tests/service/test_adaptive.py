@@ -1,4 +1,4 @@
-"""The adaptive stopping rule alone (service.adaptive), simulated without training: whole
+"""The adaptive stopping rule alone (service.scheduling.adaptive), simulated without training: whole
 experiments of the real take_look / next_step under equal variances (or equal means), on the
 data users meet (normal, lognormal, failed seeds; paired and unpaired seeds), stop with a false
 "significant" in at most about alpha of them, while testing each look at the full alpha would
@@ -19,8 +19,8 @@ import pytest
 from scipy import stats
 
 from api_schemas import AdaptiveSpec, AdaptiveState
-from service.adaptive import PAIRED_T, WELCH_T, comparison_strata, next_step, take_look
-from service.resampling import PAIRED_TEST, UNPAIRED_TEST, Stratum
+from service.analysis.resampling import PAIRED_TEST, UNPAIRED_TEST, Stratum
+from service.scheduling.adaptive import PAIRED_T, WELCH_T, comparison_strata, next_step, take_look
 
 ALPHA = 0.05
 # Monte Carlo error of a rate near 0.05 over N_EXPERIMENTS: about 0.005.
@@ -117,7 +117,8 @@ def simulate(spec: AdaptiveSpec, draw: Draw, *, paired: bool, seed: int = 0,
 # the mark.
 PRIMARY_OVERSIZED = pytest.mark.xfail(
     strict=True, reason="the unpaired primary variance test exceeds its level on heavy tails "
-                        "at 6-12 seeds (service.resampling), so the rule exceeds alpha + 0.01")
+                        "at 6-12 seeds (service.analysis.resampling), so the rule exceeds "
+                        "alpha + 0.01")
 
 VARIANCE_NULLS = [
     pytest.param("normal", normal, True, id="normal-paired"),

@@ -11,13 +11,13 @@ import pytest
 from sqlmodel import Session
 
 from api_schemas import AddSeeds, ExperimentSpec, RunStatus
-from service.adaptive import decide_due
-from service.db import Experiment
+from service.analysis.resampling import PAIRED_TEST, UNPAIRED_TEST
+from service.analysis.stats_store import INTERIM_NOTE, stats_json
 from service.experiments import Conflict, add_seeds, create_experiment
-from service.resampling import PAIRED_TEST, UNPAIRED_TEST
-from service.run_store import AttemptKey, FinishedAttempt, RunStore
+from service.scheduling.adaptive import decide_due
+from service.scheduling.run_store import AttemptKey, FinishedAttempt, RunStore
 from service.settings import Settings
-from service.stats_store import INTERIM_NOTE, stats_json
+from service.storage.db import Experiment
 
 SETTINGS = Settings(database_url="sqlite://")
 

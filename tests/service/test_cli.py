@@ -1,6 +1,6 @@
 """The `seedgrid` command: clear one-line errors for bad settings and bad spec files, where
 the client commands look for the service, the tables' factor abbreviations, and what `stats`
-and `compare` show of the primary variance test (against a stats payload of service.stats,
+and `compare` show of the primary variance test (against a stats payload of service.analysis.stats,
 served by a mock transport)."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from api_schemas import Comparison
 from service import cli
+from service.analysis.stats import compare, experiment_stats
 from service.cli import abbreviations
-from service.stats import compare, experiment_stats
 from tests.seedgrid_process import SeedgridProcess
 
 

@@ -1,4 +1,5 @@
-"""GET /compare's logic (service.compare) on a real SQLite file and PostgreSQL: the condition
+"""GET /compare's logic (service.analysis.compare) on a real SQLite file and PostgreSQL: the
+condition
 intervals keep the metric's declared bounds, two experiments that ran the same seeds are
 compared paired, pages are stored like /stats pages, and a 10,000-seed comparison stays within
 a memory bound."""
@@ -14,10 +15,10 @@ from sqlalchemy import insert
 from sqlmodel import Session, select
 
 from api_schemas import ExperimentComparison, ExperimentStatus, RunStatus
-from service.compare import compare_json
-from service.db import CompareCache, Experiment, Run, make_engine, upgrade_database
+from service.analysis.compare import compare_json
 from service.experiments import delete_experiment
-from service.purge import purge_deleted
+from service.scheduling.purge import purge_deleted
+from service.storage.db import CompareCache, Experiment, Run, make_engine, upgrade_database
 from tests.service.test_stats_guidance import store_cff_experiment
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from service.api.server import free_port
 from service.cli import warn_of_the_old_default
-from service.db import head_revision
-from service.server import free_port
 from service.settings import Settings, data_directory, default_database_path
+from service.storage.db import head_revision
 from tests.conftest import ROOT
 from tests.seedgrid_process import SeedgridProcess
 

@@ -23,7 +23,11 @@ from sqlalchemy import Column, Integer, MetaData, create_engine, func, inspect, 
 from sqlmodel import Session, SQLModel, select
 
 from api_schemas import ExperimentSpec
-from service.db import (
+from service.api.server import BackgroundServer
+from service.experiments import cancel_experiment, create_experiment, delete_experiment
+from service.scheduling.purge import purge_deleted
+from service.settings import Settings
+from service.storage.db import (
     INITIAL_REVISION,
     MIGRATIONS_DIR,
     DatabaseError,
@@ -34,10 +38,6 @@ from service.db import (
     make_engine,
     upgrade_database,
 )
-from service.experiments import cancel_experiment, create_experiment, delete_experiment
-from service.purge import purge_deleted
-from service.server import BackgroundServer
-from service.settings import Settings
 from tests.conftest import PostgresDatabases
 
 
@@ -247,7 +247,7 @@ def test_some_seedgrid_tables_without_alembic_version_are_refused(database_url: 
 # Starts, says "ready", waits for "go" on stdin, migrates, prints where the database was.
 START_UP = """
 import sys
-from service.db import upgrade_database
+from service.storage.db import upgrade_database
 print("ready", flush=True)
 sys.stdin.readline()
 print(upgrade_database(sys.argv[1]).before, flush=True)
@@ -352,7 +352,7 @@ def _migrate(database_url: str, revision: str, *, down: bool = False) -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.begin() as connection:
-        if connection.dialect.name == "sqlite":  # as upgrade_database migrates (service.db)
+        if connection.dialect.name == "sqlite":  # as upgrade_database migrates (service.storage.db)
             connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
         config.attributes["connection"] = connection
         (command.downgrade if down else command.upgrade)(config, revision)

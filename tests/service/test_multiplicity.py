@@ -1,4 +1,5 @@
-"""Holm-adjusted p-values (service.multiplicity) against statsmodels and against Holm by hand,
+"""Holm-adjusted p-values (service.analysis.multiplicity) against statsmodels and against Holm by
+hand,
 over whole families whatever page is served."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from scipy import stats as scipy_stats
 from statsmodels.stats import multitest
 
 from api_schemas import Stats
-from service.stats import MAX_ANALYSED_COMPARISONS, experiment_stats
+from service.analysis.stats import MAX_ANALYSED_COMPARISONS, experiment_stats
 
 GRID = {"mode": ["clamp", "subtract", "none", "soft"], "depth": [2, 4]}
 ADJUSTED = ("primary_p", "f_test_p", "brown_forsythe_p", "welch_p", "mean_p")

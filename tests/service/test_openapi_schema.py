@@ -10,7 +10,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from api_schemas import ExperimentSpec, JsonValue
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import Settings
 
 OPENAPI = create_app(Settings(database_url="sqlite://"), dispatch=False).openapi()

@@ -1,4 +1,4 @@
-"""service.power against independent references: the exact F interval against scipy's F
+"""service.analysis.power against independent references: the exact F interval against scipy's F
 quantiles and its coverage in simulation, the F-test's power against a Monte Carlo simulation
 of normal samples, the seeds-needed answer as the smallest n whose simulated power reaches the
 target; the planning endpoint and command (which answer for the primary test, with the
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from service.power import (
+from service.analysis.power import (
     detectable_ratio,
     f_ratio_interval,
     f_test_power,
@@ -26,9 +26,9 @@ from service.power import (
     primary_seeds_needed,
     seeds_needed,
 )
-from service.server import BackgroundServer
+from service.analysis.stats import compare
+from service.api.server import BackgroundServer
 from service.settings import Settings
-from service.stats import compare
 
 ALPHA = 0.05
 
@@ -173,7 +173,7 @@ def test_the_plan_command_prints_the_answer_without_a_service() -> None:
 
 
 def test_a_factor_with_more_than_two_levels_gets_an_omnibus_brown_forsythe_test() -> None:
-    from service.stats import experiment_stats
+    from service.analysis.stats import experiment_stats
 
     rng = np.random.default_rng(3)
     grid = {"r": [0.0, 0.1, 0.2], "stop_gradient": [False, True]}

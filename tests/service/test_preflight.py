@@ -10,7 +10,7 @@ import pytest
 
 from api_schemas import ExperimentSpec
 from service.experiments import condition_key, validate_spec
-from service.preflight import (
+from service.scheduling.preflight import (
     ClusterPreflight,
     Node,
     distinct_checks,

@@ -1,5 +1,5 @@
-"""The planner's power of the primary test (service.power) against the test itself: the
-equivariance shortcut against running service.resampling on explicitly scaled data, the
+"""The planner's power of the primary test (service.analysis.power) against the test itself: the
+equivariance shortcut against running service.analysis.resampling on explicitly scaled data, the
 planned seeds against an independent simulation, the normal approximation against the
 simulation where one takes over from the other."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.power import (
+from service.analysis.power import (
     MAX_SIMULATED_SEEDS,
     PLANNING_SEED,
     approximate_primary_power,
@@ -24,7 +24,7 @@ from service.power import (
     seed_stratum,
     seeds_needed,
 )
-from service.resampling import prepare, randomisation_tests
+from service.analysis.resampling import prepare, randomisation_tests
 
 ALPHA = 0.05
 

@@ -4,7 +4,7 @@ F-test on the same within-cell residuals.
 
 Each row draws two levels from one distribution (the null: equal variances; the b level's mean
 shifted by 3, which a within-cell test must not see), runs the tests through the code /stats
-uses (service.variance.analyse), and counts p < 0.05. `python -m
+uses (service.analysis.variance.analyse), and counts p < 0.05. `python -m
 tests.service.test_primary_test_size` prints the table."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from service import variance
-from service.power import f_test_power
-from service.resampling import Stratum
-from service.variance import Scope
+from service.analysis import variance
+from service.analysis.power import f_test_power
+from service.analysis.resampling import Stratum
+from service.analysis.variance import Scope
 
 ALPHA = 0.05
 REPS = 1000
@@ -164,7 +164,7 @@ def test_the_primary_test_has_power_at_the_ratios_people_care_about() -> None:
     paired, _ = power_at(5.9, 12, 600, rng, correlation=0.9)
     print(f"\npower at ratio 5.9, 12 seeds: primary {primary:.3f} (paired, correlation 0.9: "
           f"{paired:.3f}); F {f_test:.3f}")
-    # the simulation against the F-test's power in closed form (service.power)
+    # the simulation against the F-test's power in closed form (service.analysis.power)
     assert abs(f_test - f_test_power(5.9, 12, 12)) < 0.05
     assert primary >= 0.55
     assert paired > primary  # shared seeds buy power

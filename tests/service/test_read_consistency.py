@@ -11,10 +11,10 @@ from sqlalchemy import event
 from sqlmodel import Session
 
 from api_schemas import ExperimentSpec, ExperimentStatus, RunStatus
-from service.db import Experiment, make_engine
 from service.experiments import create_experiment, experiment_detail, list_experiments
-from service.run_store import AttemptKey, FinishedAttempt, RunStore
+from service.scheduling.run_store import AttemptKey, FinishedAttempt, RunStore
 from service.settings import Settings
+from service.storage.db import Experiment, make_engine
 
 
 def _running_experiment(url: str) -> int:

@@ -15,10 +15,10 @@ from sqlmodel import Session
 
 import trainers
 from api_schemas import RunStatus
-from service.db import Experiment, Run, make_engine
+from service.api.server import BackgroundServer
 from service.experiments import condition_key
-from service.server import BackgroundServer
 from service.settings import Settings
+from service.storage.db import Experiment, Run, make_engine
 from trainers.base import ResourceEstimate, TrainerConfig
 from trainers.reports import CrossRunReport, ExperimentRecord, RunRecord
 from trainers.runtime import RunContext, TrainerBase, TrainOutput

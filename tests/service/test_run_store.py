@@ -12,7 +12,6 @@ import pytest
 from sqlmodel import Session, select
 
 from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunStatus
-from service.db import AttemptOutcome, Experiment, Run, RunAttempt
 from service.experiments import (
     Conflict,
     NotFound,
@@ -22,8 +21,8 @@ from service.experiments import (
     experiment_detail,
     get_experiment,
 )
-from service.purge import purge_deleted
-from service.run_store import (
+from service.scheduling.purge import purge_deleted
+from service.scheduling.run_store import (
     UNSTARTED_LOSSES_ALLOWED,
     AttemptKey,
     FinishedAttempt,
@@ -36,6 +35,7 @@ from service.run_store import (
     retry_decision,
 )
 from service.settings import Settings
+from service.storage.db import AttemptOutcome, Experiment, Run, RunAttempt
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 

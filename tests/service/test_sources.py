@@ -1,4 +1,5 @@
-"""service.sources: the decomposition's arithmetic against scipy and exact hand computations,
+"""service.analysis.sources: the decomposition's arithmetic against scipy and exact hand
+computations,
 which sources each level pins, and the spec's random-source fields through HTTP (a 422 naming
 the field for anything they cannot mean)."""
 
@@ -16,17 +17,17 @@ from scipy import stats
 
 from api_schemas import RANDOM_SOURCES, SOURCE_FACTOR, SOURCE_LEVELS
 from service import cli
-from service.experiments import condition_key
-from service.server import BackgroundServer
-from service.settings import Settings
-from service.sources import (
+from service.analysis.sources import (
     SourcePlan,
     config_condition,
     experiment_grid,
     source_decomposition,
     variance_interval,
 )
-from service.stats import experiment_stats
+from service.analysis.stats import experiment_stats
+from service.api.server import BackgroundServer
+from service.experiments import condition_key
+from service.settings import Settings
 from trainers.random_sources import SOURCES
 
 

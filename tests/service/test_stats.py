@@ -1,4 +1,4 @@
-"""service.stats against independent computations (scipy, enumeration by hand) and the grid
+"""service.analysis.stats against independent computations (scipy, enumeration by hand) and the grid
 structure of docs/api.md: within-cell comparisons, the primary test paired by seed, its
 interval, the log scale and the result cache."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from service import resampling, variance
-from service.stats import ScaleError, compare, condition_stats, experiment_stats
+from service.analysis import resampling, variance
+from service.analysis.stats import ScaleError, compare, condition_stats, experiment_stats
 from tests.scipy_reference import (
     assert_matches,
     reference_comparison,

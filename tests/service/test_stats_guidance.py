@@ -16,11 +16,11 @@ from sqlmodel import Session
 
 from api_schemas import RunStatus
 from service import cli
-from service.db import Experiment, Run, make_engine, upgrade_database
+from service.analysis.stats import compare, condition_stats, experiment_stats
+from service.analysis.stats_store import stats_json
+from service.analysis.variance import MIN_SEEDS_BROWN_FORSYTHE
 from service.experiments import condition_key
-from service.stats import compare, condition_stats, experiment_stats
-from service.stats_store import stats_json
-from service.variance import MIN_SEEDS_BROWN_FORSYTHE
+from service.storage.db import Experiment, Run, make_engine, upgrade_database
 from trainers import REGISTRY
 
 

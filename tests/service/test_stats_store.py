@@ -1,4 +1,5 @@
-"""The stored /stats pages (service.stats_store) on a real SQLite file (and PostgreSQL where
+"""The stored /stats pages (service.analysis.stats_store) on a real SQLite file (and PostgreSQL
+where
 noted): two viewers of a page that is not stored yet get one computation between them, the
 spec's analysis settings (scale, target ratio) reach the comparisons, pages share their stored
 Holm families, and a family is analysed within a memory bound."""
@@ -18,11 +19,11 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from api_schemas import RunStatus
-from service import stats_store, variance
-from service.db import Experiment, Run, make_engine, upgrade_database
+from service.analysis import stats_store, variance
+from service.analysis.stats import experiment_stats
 from service.experiments import SpecError
 from service.limits import Busy, HeavyReads
-from service.stats import experiment_stats
+from service.storage.db import Experiment, Run, make_engine, upgrade_database
 from tests.service.test_stats_guidance import store_cff_experiment
 
 ACCURACIES = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81], "subtract": [0.84, 0.845, 0.842, 0.83,

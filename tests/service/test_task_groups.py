@@ -1,10 +1,10 @@
-"""How the dispatcher turns claimed runs into Ray tasks (service.dispatcher.task_groups):
+"""How the dispatcher turns claimed runs into Ray tasks (service.scheduling.dispatcher.task_groups):
 consecutive runs of one experiment and condition, up to its seeds_per_task each."""
 
 from __future__ import annotations
 
-from service.dispatcher import _seeds_per_task, task_groups
-from service.run_store import ClaimedRun
+from service.scheduling.dispatcher import _seeds_per_task, task_groups
+from service.scheduling.run_store import ClaimedRun
 
 
 def claimed(run_id: int, experiment: int, condition: dict, cpus: float = 1.0) -> ClaimedRun:

@@ -1,0 +1,1 @@
+"""Analysis: the statistics, their sources and caches, reports and export."""

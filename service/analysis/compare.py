@@ -1,0 +1,189 @@
+"""Two experiments side by side (GET /compare): studies grow after the first look, and a
+follow-up experiment (more seeds, a changed base config) is compared condition by condition
+with the first, with the same tests as /stats (service.analysis.stats.compare): paired by seed where
+both ran the same seeds (seed s draws the same random streams in both), the p-values raw (no
+family is adjusted here), and the condition intervals within the metric's declared bounds.
+
+Each page is stored like a page of /stats (service.analysis.stats_store), per (a, b, metric, page)
+in
+`comparecache`, and computed again only when the number of completed runs of a or of b changed
+since: a page of two 10,000-run experiments costs seconds to compute, and every API replica
+then serves the same stored answer. Its rows go with either experiment
+(service.scheduling.purge)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from sqlalchemy import delete
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session, select
+
+from api_schemas import (
+    Comparison,
+    ConditionStats,
+    ExperimentComparison,
+    RunStatus,
+    RunValue,
+    SideBySide,
+)
+from service.analysis.stats import compare, condition_stats, metric_value
+from service.analysis.stats_store import page_lock
+from service.experiments import SpecError, get_experiment, unknown_metric
+from service.limits import HeavyReads
+from service.storage.db import CompareCache, Experiment, Run, utcnow
+from trainers import REGISTRY
+
+log = logging.getLogger("seedgrid.compare")
+
+# Conditions per response: each costs a permutation test and a bootstrap.
+MAX_CONDITIONS_PER_PAGE = 200
+# Bumped when the served comparison gains fields: pages stored by an earlier version are then
+# computed again rather than served without them.
+COMPARE_FORMAT = "v1"
+# Stored pages kept per experiment `a` (the least recently computed go first).
+MAX_STORED_PAGES = 64
+
+# (run id, seed, value) of one completed run
+Value = tuple[int, int, float]
+
+
+def _values(session: Session, experiment: Experiment,
+            metric: str) -> tuple[dict[str, tuple[dict[str, Any], list[Value]]], int]:
+    """condition_key -> (condition, the metric of its completed runs in run order, each with
+    its run id and seed); and how many completed runs were read."""
+    out: dict[str, tuple[dict[str, Any], list[Value]]] = {}
+    rows = session.exec(
+        select(Run.id, Run.seed, Run.condition, Run.condition_key, Run.metrics)
+        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
+        .order_by(Run.id)  # type: ignore[arg-type]
+    ).all()
+    for run_id, seed, condition, key, metrics in rows:
+        value = metric_value(metrics, metric)
+        if value is not None:
+            out.setdefault(key, (condition, []))[1].append((run_id, seed, value))
+    return out, len(rows)
+
+
+def _side(condition: dict[str, Any], key: str, runs: list[Value],
+          bounds: tuple[float, float] | None) -> ConditionStats:
+    stats = condition_stats(condition, key, [value for _, _, value in runs], bounds=bounds)
+    stats.runs = [RunValue(run_id=run_id, seed=seed, value=value)
+                  for run_id, seed, value in runs]
+    return stats
+
+
+def _checked(session: Session, a_id: int, b_id: int,
+             metric: str | None) -> tuple[Experiment, Experiment, str]:
+    """Both experiments (404 when either is gone) and the metric; a 422 naming the query field
+    for experiments of different trainers, an unknown metric, or the same experiment twice."""
+    if a_id == b_id:
+        raise SpecError.query("b", "compare two different experiments")
+    a = get_experiment(session=session, experiment_id=a_id)
+    b = get_experiment(session=session, experiment_id=b_id)
+    if a.trainer != b.trainer:
+        raise SpecError.query("b", f"experiment {b_id} ran trainer {b.trainer!r} and experiment "
+                                f"{a_id} ran {a.trainer!r}: only runs of one trainer compare")
+    metric = metric or a.metric
+    problem = unknown_metric(REGISTRY[a.trainer], metric)
+    if problem:
+        raise SpecError.query("metric", problem)
+    return a, b, metric
+
+
+def compare_json(*, session: Session, a_id: int, b_id: int, metric: str | None, offset: int,
+                 limit: int, heavy: HeavyReads | None = None) -> str:
+    """The page as the JSON text of `api_schemas.ExperimentComparison`: stored, or computed
+    and stored when either experiment completed runs since (the computation in one of
+    `heavy`'s slots: service.limits.Busy, a 503, when none is free)."""
+    a, b, metric = _checked(session, a_id, b_id, metric)
+    page = f"{COMPARE_FORMAT}|{offset}|{limit}"
+    stored = _stored(session, a, b, metric, page)
+    if stored is not None:
+        return stored
+    # one computation per page in this process, keyed apart from a's /stats pages
+    with page_lock(a_id, metric, f"compare|{b_id}|{page}"):
+        stored = _stored(session, a, b, metric, page)  # another viewer computed it
+        if stored is not None:
+            return stored
+        with heavy.slot() if heavy is not None else contextlib.nullcontext():
+            comparison, n_a, n_b = _comparison(session, a, b, metric, offset, limit)
+        payload = comparison.model_dump_json()
+        try:
+            _store(session, a_id, b_id, metric, page, n_a, n_b, payload)
+        except Exception:  # the answer stands; the next request computes it again
+            session.rollback()
+            log.exception("could not store the comparison of experiments %s and %s", a_id, b_id)
+        return payload
+
+
+def _comparison(session: Session, a: Experiment, b: Experiment, metric: str, offset: int,
+                limit: int) -> tuple[ExperimentComparison, int, int]:
+    """The page, and how many completed runs of a and of b it was computed from."""
+    assert a.id is not None and b.id is not None
+    bounds = REGISTRY[a.trainer].metric_bounds.get(metric)
+    (values_a, n_a), (values_b, n_b) = _values(session, a, metric), _values(session, b, metric)
+    shared = [key for key in values_a if key in values_b]
+    if offset > len(shared):
+        raise SpecError.query("offset", f"offset {offset} is past the {len(shared)} shared "
+                                     "conditions")
+    sides = []
+    for key in shared[offset:offset + limit]:
+        condition, runs_a = values_a[key]
+        runs_b = values_b[key][1]
+        sides.append(SideBySide(
+            condition=condition, condition_key=key,
+            a=_side(condition, key, runs_a, bounds), b=_side(condition, key, runs_b, bounds),
+            comparison=Comparison(factor="experiment", a=a.id, b=b.id, within=condition,
+                                  **compare([v for _, _, v in runs_a], [v for _, _, v in runs_b],
+                                            [s for _, s, _ in runs_a],
+                                            [s for _, s, _ in runs_b]))))
+    end = offset + len(sides)
+    return ExperimentComparison(
+        a=a.id, b=b.id, trainer=a.trainer, metric=metric, conditions=sides,
+        total_conditions=len(shared), offset=offset,
+        next_offset=end if end < len(shared) else None,
+        only_in_a=[k for k in values_a if k not in values_b],
+        only_in_b=[k for k in values_b if k not in values_a]), n_a, n_b
+
+
+def _stored(session: Session, a: Experiment, b: Experiment, metric: str,
+            page: str) -> str | None:
+    """The stored page, if it was computed from as many completed runs of each as there are
+    now (kept by the runs store on the experiments' rows: two rows, not a count of runs)."""
+    session.expire(a, ["runs_completed"])
+    session.expire(b, ["runs_completed"])
+    stored = session.execute(
+        select(CompareCache.n_completed_a, CompareCache.n_completed_b, CompareCache.payload)
+        .where(CompareCache.a_id == a.id, CompareCache.b_id == b.id,
+               CompareCache.metric == metric, CompareCache.page == page)
+    ).first()
+    if stored is not None and (stored.n_completed_a, stored.n_completed_b) == (
+            a.runs_completed, b.runs_completed):
+        return str(stored.payload)
+    return None
+
+
+def _store(session: Session, a_id: int, b_id: int, metric: str, page: str, n_a: int, n_b: int,
+           payload: str) -> None:
+    """Insert or replace the stored page (two replicas may compute it at once), then drop a's
+    least recently computed pages past MAX_STORED_PAGES."""
+    values = {"a_id": a_id, "b_id": b_id, "metric": metric, "page": page,
+              "n_completed_a": n_a, "n_completed_b": n_b, "payload": payload,
+              "computed_at": utcnow()}
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(CompareCache).values(**values)
+    session.execute(statement.on_conflict_do_update(
+        index_elements=["a_id", "b_id", "metric", "page"],
+        set_={k: statement.excluded[k]
+              for k in ("n_completed_a", "n_completed_b", "payload", "computed_at")},
+    ))
+    keep = (select(CompareCache.id).where(CompareCache.a_id == a_id)
+            .order_by(CompareCache.computed_at.desc(), CompareCache.id.desc())  # type: ignore[attr-defined]
+            .limit(MAX_STORED_PAGES))
+    session.execute(delete(CompareCache).where(
+        CompareCache.a_id == a_id,
+        CompareCache.id.not_in(keep.scalar_subquery())))  # type: ignore[union-attr]
+    session.commit()

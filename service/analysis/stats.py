@@ -1,0 +1,452 @@
+"""Per-condition summaries and variance comparisons (docs/api.md).
+
+For every grid factor and every pair of its levels (a, b), the metric is compared once pooled
+over every other factor and once within each combination of the other factors. Each comparison
+is measured on within-cell residuals (service.analysis.variance): its primary test is the
+randomisation
+test of service.analysis.resampling, paired by seed where the conditions share seeds; the F-test,
+Brown-Forsythe and Welch are secondary. p-values are Holm-adjusted per factor and across all
+comparisons, over the whole family whatever the page (service.analysis.multiplicity). A factor of
+more
+than two levels also gets an omnibus test.
+
+Per condition: n, mean, variance, the mean's 95% interval (Student's t, or for a bounded metric
+the t interval on the logit scale: logit(m) +- t_{n-1} sem / (m (1 - m)) with m the mean rescaled
+to (0, 1), mapped back, which never crosses a bound), and for a metric with a declared test set
+the binomial test-set error mean_i p_i (1 - p_i) / n_i.
+
+`scale="log"` compares the logarithms of a positive metric: spreads relative to the mean.
+Anything undefined (n < 2, zero variance) is null, never an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from api_schemas import Comparison, ConditionStats, Omnibus, Stats, level_key
+from service.analysis import variance
+from service.analysis.multiplicity import ADJUSTED, Families, FamilyPValues
+from service.analysis.resampling import Stratum
+from service.analysis.variance import Scope
+from trainers.base import binomial_noise_floor
+
+# Seed minimums behind the warnings. Student's t with 1 degree of freedom puts the bound
+# 12.7 standard errors from the mean.
+MIN_SEEDS_MEAN_INTERVAL = 3
+# The test-set error is worth a note once it is this share of the seed variance.
+NOISE_FLOOR_WARNING_SHARE = 0.5
+# Above this many comparisons in an experiment, only the page's are computed (and the families
+# they belong to are not adjusted; Stats.multiplicity says why).
+MAX_ANALYSED_COMPARISONS = 20_000
+# Comparisons analysed at a time. The randomisation tests of a batch hold N_RESAMPLES crossing
+# scales per comparison with their intermediates, about 1 MB each: 20,000 comparisons analysed
+# at once held 16.7 GB; batches keep the working set near 128 MB at the same speed.
+ANALYSIS_BATCH = 128
+
+
+def metric_value(metrics: dict[str, Any], name: str) -> float | None:
+    """A run's final value of metric `name`, or None when it has none that is a number (JSON
+    true and false are not)."""
+    value = metrics.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def condition_stats(condition: dict[str, Any], key: str, values: Sequence[float], *,
+                    bounds: tuple[float, float] | None = None,
+                    test_set_sizes: Sequence[int | None] | None = None) -> ConditionStats:
+    """A condition's summary; `bounds` makes its mean interval respect them, `test_set_sizes`
+    (one per value, None where a run declares none) gives its binomial noise floor."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n == 0:
+        return ConditionStats(
+            condition=condition,
+            condition_key=key,
+            n=0,
+            mean=None,
+            std=None,
+            var=None,
+            min=None,
+            median=None,
+            max=None,
+            ci95=None,
+            values=[],
+        )
+    mean = float(x.mean())
+    if n >= 2:
+        var = float(x.var(ddof=1))
+        std = math.sqrt(var)
+        sem = std / math.sqrt(n)
+        if sem == 0:
+            ci: list[float | None] | None = [mean, mean]
+        elif bounds is not None:
+            ci = bounded_mean_interval(mean, sem, n, bounds)
+        else:
+            lo, hi = stats.t.interval(0.95, n - 1, loc=mean, scale=sem)
+            ci = [_finite(lo), _finite(hi)]
+    else:
+        var = std = None  # type: ignore[assignment]
+        ci = None
+    floor = share = None
+    if test_set_sizes is not None and all(s is not None and s > 0 for s in test_set_sizes):
+        floor = _finite(np.mean(binomial_noise_floor(x, np.asarray(test_set_sizes, float))))
+        share = _finite(floor / var) if floor is not None and var else None
+    return ConditionStats(
+        condition=condition,
+        condition_key=key,
+        n=n,
+        mean=mean,
+        std=_finite(std),
+        var=_finite(var),
+        min=float(x.min()),
+        median=float(np.median(x)),
+        max=float(x.max()),
+        ci95=ci,
+        values=[float(v) for v in x],
+        ci95_method=None if ci is None else (
+            "t" if bounds is None else f"logit-t within [{bounds[0]:g}, {bounds[1]:g}]"),
+        noise_floor_var=floor,
+        noise_floor_share=share,
+        warnings=_condition_warnings(n, share),
+    )
+
+
+def bounded_mean_interval(mean: float, sem: float, n: int,
+                          bounds: tuple[float, float]) -> list[float | None]:
+    """The 95% interval of a bounded metric's mean: Student's t on the logit scale of the mean
+    rescaled to (0, 1), with the delta method's standard error sem / (m (1 - m)), mapped back;
+    strictly inside the bounds. A mean outside them (a metric that broke its declared bounds)
+    gets the t interval clipped to them."""
+    low, high = bounds
+    width = high - low
+    m = (mean - low) / width
+    t = float(stats.t.ppf(0.975, n - 1))
+    if not 0 < m < 1:
+        return [max(low, min(high, mean - t * sem)), max(low, min(high, mean + t * sem))]
+    centre = math.log(m / (1 - m))
+    half = t * (sem / width) / (m * (1 - m))
+    return [low + width * _expit(centre - half), low + width * _expit(centre + half)]
+
+
+def _expit(z: float) -> float:
+    return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
+
+
+def _condition_warnings(n: int, noise_share: float | None) -> list[str]:
+    out = []
+    if n == 1:
+        out.append("one seed: no variance and no ci95 (they need at least 2 seeds)")
+    elif 2 <= n < MIN_SEEDS_MEAN_INTERVAL:
+        t = float(stats.t.ppf(0.975, n - 1))
+        out.append(f"ci95 from {n} seeds: Student's t with {n - 1} degree of freedom puts each "
+                   f"end {t:.3g} standard errors from the mean; it needs "
+                   f"{MIN_SEEDS_MEAN_INTERVAL} or more seeds to say much")
+    if noise_share is not None and noise_share >= NOISE_FLOOR_WARNING_SHARE:
+        out.append(f"p(1 - p)/n_test is {noise_share:.0%} of the seed variance. It is the "
+                   "sampling error of each run's accuracy as an estimate of that run's accuracy "
+                   "on the whole test distribution; every seed here is scored on the same test "
+                   "set, so it is not a floor under the seed-to-seed variance and does not say "
+                   "that the spread is measurement noise")
+    return out
+
+
+# One response carries at most this many comparisons; more are paged (limit, offset).
+MAX_COMPARISONS_PER_PAGE = 2000
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one comparison sits: a factor, two of its levels, the other factors' levels held
+    fixed (None: pooled over them), and its position among the factor's comparisons."""
+
+    factor: str
+    a: Any
+    b: Any
+    within: dict[str, Any] | None
+    index: int
+
+
+class ComparisonPlan:
+    """The comparisons of a grid in their fixed order (factor by factor in grid order, pairs
+    of levels in grid order, pooled first, then within each combination of the other factors),
+    counted and paged without enumerating the ones before the page."""
+
+    def __init__(self, grid: dict[str, list[Any]], factor: str | None = None) -> None:
+        self.grid = grid
+        self.factors = [factor] if factor is not None else list(grid)
+
+    def scopes(self, factor: str) -> int:
+        others = [f for f in self.grid if f != factor]
+        return 1 + math.prod(len(self.grid[f]) for f in others) if others else 1
+
+    def count(self, factor: str) -> int:
+        return math.comb(len(self.grid[factor]), 2) * self.scopes(factor)
+
+    @property
+    def total(self) -> int:
+        return sum(self.count(f) for f in self.factors)
+
+    def page(self, offset: int, limit: int) -> Iterator[Slot]:
+        for factor in self.factors:
+            if limit <= 0:
+                return
+            n = self.count(factor)
+            if offset >= n:
+                offset -= n
+                continue
+            others = [f for f in self.grid if f != factor]
+            scopes: list[dict[str, Any] | None] = [None]
+            scopes += [dict(zip(others, combo, strict=True))
+                       for combo in itertools.product(*(self.grid[f] for f in others))
+                       ] if others else []
+            first_pair, first_scope = divmod(offset, len(scopes))
+            pairs = itertools.islice(itertools.combinations(self.grid[factor], 2), first_pair,
+                                     None)
+            for i, (level_a, level_b) in enumerate(pairs):
+                start = first_scope if i == 0 else 0
+                for s, within in enumerate(scopes[start:], start):
+                    if limit <= 0:
+                        return
+                    yield Slot(factor, level_a, level_b, within,
+                               (first_pair + i) * len(scopes) + s)
+                    limit -= 1
+            offset = 0
+
+
+class RunValues:
+    """The metric's values grouped by condition (with each run's seed) and by (factor, level),
+    in run order, so that every comparison finds its samples by lookup instead of a scan of
+    all runs."""
+
+    def __init__(self, grid: dict[str, list[Any]],
+                 runs: Sequence[tuple[dict[str, Any], str, float]],
+                 seeds: Sequence[int] | None = None) -> None:
+        self.grid = grid
+        self.factors = list(grid)
+        self.by_condition: dict[tuple, list[float]] = {}
+        self.seeds_by_condition: dict[tuple, list[int]] = {}
+        self.by_level: dict[tuple[str, str], list[float]] = {}
+        # per (factor, level): the conditions holding that level, each with its values
+        self.cells: dict[tuple[str, str], list[list[float]]] = {}
+        self._arrays: dict[tuple, tuple[np.ndarray, tuple[int, ...] | None]] = {}
+        for i, (condition, _, value) in enumerate(runs):
+            if any(f not in condition for f in self.factors):
+                continue  # not a condition of this grid
+            key = tuple(level_key(condition[f]) for f in self.factors)
+            cell = self.by_condition.get(key)
+            if cell is None:
+                cell = self.by_condition[key] = []
+                self.seeds_by_condition[key] = []
+                for f, level in zip(self.factors, key, strict=True):
+                    self.cells.setdefault((f, level), []).append(cell)
+            cell.append(value)
+            if seeds is not None:
+                self.seeds_by_condition[key].append(seeds[i])
+            for f, level in zip(self.factors, key, strict=True):
+                self.by_level.setdefault((f, level), []).append(value)
+        self.has_seeds = seeds is not None
+
+    def values(self, factor: str, level: Any, within: dict[str, Any] | None) -> list[float]:
+        if within is None:
+            return self.by_level.get((factor, level_key(level)), [])
+        fixed = {**within, factor: level}
+        return self.by_condition.get(tuple(level_key(fixed[f]) for f in self.factors), [])
+
+    def level_cells(self, factor: str, level: Any) -> list[list[float]]:
+        return self.cells.get((factor, level_key(level)), [])
+
+    def cell(self, levels: dict[str, Any]) -> tuple[np.ndarray, tuple[int, ...] | None]:
+        """One condition's values and their seeds (None when the runs carry none)."""
+        key = tuple(level_key(levels[f]) for f in self.factors)
+        found = self._arrays.get(key)
+        if found is None:
+            seeds = self.seeds_by_condition.get(key, [])
+            found = self._arrays[key] = (
+                np.asarray(self.by_condition.get(key, []), dtype=float),
+                tuple(seeds) if self.has_seeds else None)
+        return found
+
+    def scope(self, slot: Slot) -> Scope:
+        """The strata of one comparison: the two cells within `slot.within`, or the two cells at
+        each combination of the other factors when pooled."""
+        others = [f for f in self.factors if f != slot.factor]
+        combos = ([slot.within] if slot.within is not None else
+                  [dict(zip(others, combo, strict=True))
+                   for combo in itertools.product(*(self.grid[f] for f in others))])
+        strata = []
+        for within in combos:
+            a, a_seeds = self.cell({**within, slot.factor: slot.a})
+            b, b_seeds = self.cell({**within, slot.factor: slot.b})
+            if len(a) or len(b):
+                strata.append(Stratum(a, b, a_seeds, b_seeds))
+        return Scope(tuple(strata), pooled=slot.within is None and bool(others))
+
+
+class ScaleError(ValueError):
+    """scale="log" asked of a metric with values at or below 0."""
+
+
+def on_scale(values: Sequence[float], scale: str) -> list[float]:
+    """The values as compared: themselves, or their natural logarithms (scale "log")."""
+    if scale == "raw":
+        return list(values)
+    bad = sum(1 for v in values if not v > 0)
+    if bad:
+        raise ScaleError(f"scale=log needs positive values; {bad} of {len(values)} are 0 or "
+                         "below")
+    return [math.log(v) for v in values]
+
+
+def run_values(grid: dict[str, list[Any]],
+               runs: Sequence[tuple[dict[str, Any], str, float]],
+               seeds: Sequence[int] | None, scale: str) -> RunValues:
+    """The runs' values on `scale` (ScaleError when "log" meets a value at or below 0), grouped
+    for the comparisons."""
+    scaled = on_scale([value for _, _, value in runs], scale)
+    return RunValues(grid, [(c, k, v) for (c, k, _), v in zip(runs, scaled, strict=True)],
+                     seeds)
+
+
+def analyse_slots(values: RunValues, slots: Sequence[Slot],
+                  target_ratio: float) -> list[dict[str, Any]]:
+    """variance.analyse of each slot's scope, ANALYSIS_BATCH at a time (bounded memory)."""
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(slots), ANALYSIS_BATCH):
+        batch = slots[start:start + ANALYSIS_BATCH]
+        out += variance.analyse([values.scope(slot) for slot in batch],
+                                target_ratio=target_ratio)
+    return out
+
+
+def family_p_values(
+    *, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]],
+    seeds: Sequence[int] | None = None, scale: str = "raw", target_ratio: float = 2.0,
+) -> FamilyPValues:
+    """What every page of an experiment's statistics shares: the raw p-values Holm adjusts
+    (service.analysis.multiplicity.ADJUSTED) of every comparison of each factor whose family fits
+    MAX_ANALYSED_COMPARISONS (taken in grid order), in ComparisonPlan's order. A page needs
+    them all whatever comparisons it shows, so service.analysis.stats_store computes them once per
+    experiment, metric, scale and completed runs, and stores them (the arguments are
+    experiment_stats')."""
+    values = run_values(grid, runs, seeds, scale)
+    everything = ComparisonPlan(grid)
+    raw: FamilyPValues = {}
+    budget = MAX_ANALYSED_COMPARISONS
+    for f in grid:
+        count = everything.count(f)
+        if count > budget:
+            continue
+        budget -= count
+        columns: dict[str, list[float]] = {test: [] for test in ADJUSTED}
+        slots = list(ComparisonPlan(grid, f).page(0, count))
+        for start in range(0, count, ANALYSIS_BATCH):  # each batch's p-values kept, no more
+            batch = slots[start:start + ANALYSIS_BATCH]
+            for result in variance.analyse([values.scope(slot) for slot in batch],
+                                           target_ratio=target_ratio):
+                for test in ADJUSTED:
+                    value = result.get(test)
+                    columns[test].append(math.nan if value is None else float(value))
+        raw[f] = {test: np.asarray(column, dtype=float) for test, column in columns.items()}
+    return raw
+
+
+def experiment_stats(
+    *, metric: str, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]],
+    seeds: Sequence[int] | None = None,
+    factor: str | None = None, offset: int = 0, limit: int | None = None,
+    bounds: tuple[float, float] | None = None,
+    test_set_sizes: Sequence[int | None] | None = None,
+    scale: str = "raw", target_ratio: float = 2.0,
+    family_p: FamilyPValues | None = None,
+) -> Stats:
+    """Statistics of one metric; `runs` holds (condition, condition_key, value) per run and
+    `seeds` (aligned with it) each run's seed, which pairs the conditions that share seeds.
+
+    Every condition's summary, and the comparisons of `factor` (None: of every factor) from
+    `offset`, at most `limit` of them (None: all; the caller bounds the work), with p-values
+    Holm-adjusted over their whole families. `bounds`: the metric's declared range;
+    `test_set_sizes`: per run (aligned with `runs`), its test-set size or None; `scale`: "raw"
+    or "log" (ScaleError when a value is not positive); `target_ratio`: the variance ratio
+    each comparison plans seeds for; `family_p`: family_p_values() of the same arguments, when
+    the caller has them stored (else they are computed here)."""
+    by_key: dict[str, tuple[dict[str, Any], list[float], list[int | None]]] = {}
+    for i, (condition, key, value) in enumerate(runs):
+        entry = by_key.setdefault(key, (condition, [], []))
+        entry[1].append(value)
+        entry[2].append(test_set_sizes[i] if test_set_sizes is not None else None)
+    conditions = [condition_stats(c, k, v, bounds=bounds,
+                                  test_set_sizes=sizes if test_set_sizes is not None else None)
+                  for k, (c, v, sizes) in by_key.items()]
+
+    values = run_values(grid, runs, seeds, scale)
+    if family_p is None:
+        family_p = family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
+                                   target_ratio=target_ratio)
+    plan = ComparisonPlan(grid, factor)
+    total = plan.total
+    limit = total if limit is None else limit
+    page = list(plan.page(offset, limit))
+    # The page's own comparisons only (a family's were computed with it, and variance keeps
+    # them cached by their data).
+    results = analyse_slots(values, page, target_ratio)
+    families = Families(grid, family_p, limit=MAX_ANALYSED_COMPARISONS)
+    comparisons = [
+        Comparison(factor=slot.factor, a=slot.a, b=slot.b, within=slot.within, scale=scale,
+                   **result, **families.for_comparison(slot.factor, slot.index))
+        for slot, result in zip(page, results, strict=True)]
+    end = offset + len(comparisons)
+    omnibus = [omnibus_test(f, grid[f], values) for f in grid
+               if (factor is None or f == factor) and len(grid[f]) > 2]
+    return Stats(metric=metric, conditions=conditions, comparisons=comparisons, factor=factor,
+                 total_comparisons=total, offset=offset,
+                 next_offset=end if end < total else None,
+                 metric_bounds=list(bounds) if bounds is not None else None,
+                 multiplicity=families.families, omnibus=omnibus, scale=scale)
+
+
+def omnibus_test(factor: str, levels: Sequence[Any], values: RunValues) -> Omnibus:
+    """Do the variances of every level of `factor` differ at all, within the cells of the
+    other factors (service.analysis.variance.omnibus)."""
+    others = [f for f in values.factors if f != factor]
+    rows = [[values.cell({**dict(zip(others, combo, strict=True)), factor: level})
+             for level in levels]
+            for combo in itertools.product(*(values.grid[f] for f in others))]
+    primary, bf, name, why = variance.omnibus(rows, len(levels))
+    n = [len(values.values(factor, level, None)) for level in levels]
+    warned = [] if why is None else [f"primary_p is null: {why}"]
+    smallest = min((len(v) for row in rows for v, _ in row if len(v)), default=0)
+    if bf is not None and smallest < variance.MIN_SEEDS_BROWN_FORSYTHE:
+        warned.append(f"brown_forsythe_p with {smallest} seeds in some cell: it needs "
+                      f"{variance.MIN_SEEDS_BROWN_FORSYTHE} per cell (with 2 the deviations "
+                      "from the median are equal; with 3 one is always 0) and has little power "
+                      "below that")
+    return Omnibus(factor=factor, levels=list(levels), n=n, primary_test=name,
+                   primary_p=primary, brown_forsythe_p=bf, warnings=warned)
+
+
+def compare(a_values: Sequence[float], b_values: Sequence[float],
+            a_seeds: Sequence[int] | None = None,
+            b_seeds: Sequence[int] | None = None, *,
+            target_ratio: float = 2.0) -> dict[str, Any]:
+    """The comparison of two samples (one cell each), paired by seed when both carry the same
+    seeds: the fields of api_schemas.Comparison but factor, levels and Holm."""
+    stratum = Stratum(np.asarray(a_values, dtype=float), np.asarray(b_values, dtype=float),
+                      tuple(a_seeds) if a_seeds is not None else None,
+                      tuple(b_seeds) if b_seeds is not None else None)
+    return variance.analyse([Scope((stratum,), pooled=False)], target_ratio=target_ratio)[0]

@@ -1,0 +1,283 @@
+"""The variance statistics of an experiment as the API serves them: one page at a time, stored
+in the database per experiment, metric and page, and recomputed only when the number of
+completed runs changed since they were stored (docs/architecture.md, data flow). Every API replica
+then serves the same stored result, and it survives restarts.
+
+What every page shares, the raw p-values of the Holm families
+(service.analysis.stats.family_p_values,
+up to 20,000 comparisons analysed), is stored the same way as a row of its own, so that another
+page of the same runs computes only its own comparisons. A page computed cold takes one of the
+process's heavy-read slots (service.limits), unless its experiment is small (LIGHT_*); a stored
+page never does.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Row, delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session
+
+from api_schemas import SOURCE_FACTOR, AnalysisSpec, RunStatus, RunValue, Stats
+from service.analysis.multiplicity import FamilyPValues
+from service.analysis.sources import experiment_grid, source_decomposition
+from service.analysis.stats import (
+    MAX_COMPARISONS_PER_PAGE,
+    ComparisonPlan,
+    ScaleError,
+    experiment_stats,
+    family_p_values,
+    metric_value,
+)
+from service.experiments import SpecError, unknown_metric
+from service.limits import HeavyReads
+from service.storage.db import Experiment, Run, StatsCache, utcnow
+from trainers import REGISTRY
+
+log = logging.getLogger("seedgrid.stats")
+
+# Stored pages kept per experiment (a client asking for many different pages cannot grow the
+# table without bound; the least recently computed go first).
+MAX_STORED_PAGES = 64
+
+
+# Bumped when the served statistics gain fields: pages stored by an earlier version are then
+# computed again rather than served without them.
+STATS_FORMAT = "v6"
+# An experiment of at most this many comparisons and completed runs has its pages computed in
+# milliseconds: they take no heavy-read slot (many small experiments ending at once, as in the
+# load test, are not turned away).
+LIGHT_COMPARISONS = 100
+LIGHT_RUNS = 1000
+# The stored row of an experiment's Holm families, per metric and scale, beside its pages (kept
+# out of MAX_STORED_PAGES: every page needs it).
+FAMILIES_PAGE = f"{STATS_FORMAT}|families|"
+
+# One lock per page being computed in this process: two viewers of a page that is not stored
+# yet wait for one computation instead of both computing it.
+_computing: dict[tuple[int, str, str], threading.Lock] = {}
+_computing_guard = threading.Lock()
+
+
+def page_lock(experiment_id: int, metric: str, page: str) -> threading.Lock:
+    """The lock of one page of `experiment_id` being computed in this process
+    (service.analysis.compare
+    takes them too, for its pages: their `page` says so)."""
+    with _computing_guard:
+        if len(_computing) > 1024:  # forget the locks of pages nobody is computing
+            for key in [k for k, lock in _computing.items() if not lock.locked()]:
+                del _computing[key]
+        return _computing.setdefault((experiment_id, metric, page), threading.Lock())
+
+
+INTERIM_NOTE = ("an interim look at an adaptive experiment still adding seeds: these p-values "
+                "are not adjusted for its looks; its rule decides at alpha/K per look "
+                "(experiment.adaptive)")
+
+
+def stats_json(
+    *, session: Session, experiment: Experiment, metric: str | None, factor: str | None,
+    offset: int, limit: int | None, scale: str | None = None, heavy: HeavyReads | None = None,
+) -> str:
+    """The statistics page as the JSON text of `api_schemas.Stats`.
+
+    Refuses (SpecError, a 422 naming the query field) an unknown metric or factor, an offset
+    past the last comparison, and a request for more comparisons than one response carries
+    (MAX_COMPARISONS_PER_PAGE) without paging. A page not stored yet of an experiment past
+    LIGHT_COMPARISONS or LIGHT_RUNS is computed in one of `heavy`'s slots (service.limits.Busy
+    when none is free; None: no limit).
+    """
+    assert experiment.id is not None
+    metric = metric or experiment.metric
+    trainer = REGISTRY[experiment.trainer]
+    problem = unknown_metric(trainer, metric)
+    if problem:
+        raise SpecError.query("metric", problem)
+    grid = experiment_grid(experiment.spec)
+    if factor is not None and factor not in grid:
+        raise SpecError.query("factor", f"{factor!r} is not a factor of experiment "
+                                     f"{experiment.id}; its factors: {', '.join(grid) or 'none'}")
+    plan = ComparisonPlan(grid, factor)
+    total = plan.total
+    if limit is None and total > MAX_COMPARISONS_PER_PAGE:
+        counts = ", ".join(f"{f} {plan.count(f):,}" for f in plan.factors)
+        hint = "" if factor is not None else " or ask for one factor with ?factor="
+        raise SpecError.query(
+            "limit", f"experiment {experiment.id} has {total:,} comparisons ({counts}), more "
+                     f"than the {MAX_COMPARISONS_PER_PAGE:,} one response carries: page them "
+                     f"with ?limit= (at most {MAX_COMPARISONS_PER_PAGE:,}) and ?offset={hint}")
+    if offset > total:
+        raise SpecError.query("offset", f"offset {offset:,} is past the last of the {total:,} "
+                                     "comparisons")
+    analysis = AnalysisSpec.model_validate(experiment.spec.get("analysis") or {})
+    scale = scale or analysis.scale
+    page = (f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
+            f"|{scale}")
+    # An adaptive experiment that has not stopped: its page is stored apart, so that once it
+    # stops (its last look adds no completed run) the interim page is not served as final.
+    if experiment.deciding:
+        page += "|interim"
+    stored = _stored(session, experiment, metric, page)
+    if stored is not None:
+        return stored
+    with page_lock(experiment.id, metric, page):
+        stored = _stored(session, experiment, metric, page)  # another viewer computed it
+        if stored is not None:
+            return stored
+        light = is_light(grid, experiment.runs_completed)
+        with heavy.slot() if heavy is not None and not light else contextlib.nullcontext():
+            return _compute(session=session, experiment=experiment, metric=metric,
+                            factor=factor, offset=offset, limit=limit, grid=grid, page=page,
+                            scale=scale, target_ratio=analysis.target_ratio)
+
+
+def is_light(grid: dict[str, list[Any]], n_completed: int) -> bool:
+    """Whether an experiment's pages are computed in milliseconds (LIGHT_COMPARISONS,
+    LIGHT_RUNS): no heavy-read slot, no stored Holm families."""
+    return ComparisonPlan(grid).total <= LIGHT_COMPARISONS and n_completed <= LIGHT_RUNS
+
+
+def _stored(session: Session, experiment: Experiment, metric: str, page: str,
+            n_completed: int | None = None) -> str | None:
+    """The stored page, if it was computed from as many completed runs as there are now (or
+    as `n_completed`, the runs a computation read)."""
+    if n_completed is None:
+        session.expire(experiment, ["runs_completed"])
+        # kept by the runs store with every status change: one row, not a count over the runs
+        n_completed = experiment.runs_completed
+    stored = session.execute(
+        select(StatsCache.n_completed, StatsCache.payload).where(
+            StatsCache.experiment_id == experiment.id, StatsCache.metric == metric,
+            StatsCache.page == page)
+    ).first()
+    if stored is not None and stored.n_completed == n_completed:
+        return str(stored.payload)
+    return None
+
+
+def _compute(*, session: Session, experiment: Experiment, metric: str, factor: str | None,
+             offset: int, limit: int | None, grid: dict[str, list[Any]], page: str, scale: str,
+             target_ratio: float) -> str:
+    assert experiment.id is not None
+    trainer = REGISTRY[experiment.trainer]
+
+    # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
+    # it stopped at, not comparable with a run trained to the end.
+    rows = session.execute(
+        select(Run.id, Run.seed, Run.condition, Run.condition_key, Run.metrics, Run.diagnostics)
+        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
+        .order_by(Run.id)
+    ).all()
+    kept = [(row, value) for row in rows
+            if (value := metric_value(row.metrics, metric)) is not None]
+    values = [(row.condition, row.condition_key, value) for row, value in kept]
+    sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row, _ in kept]
+    seeds = [row.seed for row, _ in kept]
+    try:
+        family_p = _family_p_values(session=session, experiment=experiment, metric=metric,
+                                    grid=grid, runs=values, seeds=seeds, scale=scale,
+                                    target_ratio=target_ratio, n_completed=len(rows))
+        stats = experiment_stats(
+            metric=metric, grid=grid, runs=values, seeds=seeds,
+            factor=factor, offset=offset, limit=limit, bounds=trainer.metric_bounds.get(metric),
+            test_set_sizes=sizes if any(s is not None for s in sizes) else None,
+            scale=scale, target_ratio=target_ratio, family_p=family_p)
+    except ScaleError as error:
+        raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
+    _attach_runs(stats, kept)
+    if SOURCE_FACTOR in grid:
+        stats.source_decomposition = source_decomposition(grid, values)
+    stats.n_completed = len(rows)
+    interim = bool(experiment.deciding)
+    stats.interim, stats.interim_note = interim, INTERIM_NOTE if interim else None
+    stats.computed_at = utcnow()
+    payload = stats.model_dump_json()
+    try:
+        _store(session, experiment.id, metric, page, len(rows), payload)
+    except Exception:  # the answer stands; the next request computes it again
+        session.rollback()
+        log.exception("could not store the statistics of experiment %s", experiment.id)
+    return payload
+
+
+def _family_p_values(*, session: Session, experiment: Experiment, metric: str,
+                     grid: dict[str, list[Any]], runs: list[tuple[Any, str, float]],
+                     seeds: list[int], scale: str, target_ratio: float,
+                     n_completed: int) -> FamilyPValues:
+    """The stored Holm families of these runs (`n_completed` of them), or computed (by one
+    viewer of this process at a time) and stored; a light experiment's (LIGHT_*), computed in
+    milliseconds, are not stored (a second row written and read for every page of a small
+    experiment cost the load test a fifth of its throughput)."""
+    assert experiment.id is not None
+    if is_light(grid, n_completed):
+        return family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
+                               target_ratio=target_ratio)
+    page = f"{FAMILIES_PAGE}{scale}"
+    stored = _stored(session, experiment, metric, page, n_completed)
+    if stored is None:
+        with page_lock(experiment.id, metric, page):
+            stored = _stored(session, experiment, metric, page, n_completed)
+            if stored is None:
+                family_p = family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
+                                           target_ratio=target_ratio)
+                try:
+                    _store(session, experiment.id, metric, page, n_completed,
+                           _encode_families(family_p))
+                except Exception:  # the page stands; the next one computes them again
+                    session.rollback()
+                    log.exception("could not store the Holm families of experiment %s",
+                                  experiment.id)
+                return family_p
+    return _decode_families(stored)
+
+
+def _encode_families(family_p: FamilyPValues) -> str:
+    # float64 bytes in base64: exact, and about half the size of the numbers as JSON text
+    return json.dumps({f: {test: base64.b64encode(p.astype("<f8").tobytes()).decode("ascii")
+                           for test, p in tests.items()} for f, tests in family_p.items()})
+
+
+def _decode_families(payload: str) -> FamilyPValues:
+    return {f: {test: np.frombuffer(base64.b64decode(p), dtype="<f8").copy()
+                for test, p in tests.items()} for f, tests in json.loads(payload).items()}
+
+
+def _attach_runs(stats: Stats, kept: Sequence[tuple[Row[Any], float]]) -> None:
+    """Each condition's values again with the run id and seed behind each one, in the order of
+    `values` (both follow the runs' order), so that a client can tell which seed gave what."""
+    by_key: dict[str, list[RunValue]] = {}
+    for row, value in kept:
+        by_key.setdefault(row.condition_key, []).append(
+            RunValue(run_id=row.id, seed=row.seed, value=value))
+    for condition in stats.conditions:
+        condition.runs = by_key.get(condition.condition_key, [])
+
+
+def _store(session: Session, experiment_id: int, metric: str, page: str, n_completed: int,
+           payload: str) -> None:
+    """Insert or replace the stored page (two replicas may compute it at once), then drop the
+    experiment's least recently computed pages past MAX_STORED_PAGES."""
+    values = {"experiment_id": experiment_id, "metric": metric, "page": page,
+              "n_completed": n_completed, "payload": payload, "computed_at": utcnow()}
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(StatsCache).values(**values)
+    session.execute(statement.on_conflict_do_update(
+        index_elements=["experiment_id", "metric", "page"],
+        set_={k: statement.excluded[k] for k in ("n_completed", "payload", "computed_at")},
+    ))
+    families = StatsCache.page.startswith(FAMILIES_PAGE)  # type: ignore[attr-defined]
+    keep = (select(StatsCache.id).where(StatsCache.experiment_id == experiment_id, ~families)
+            .order_by(StatsCache.computed_at.desc(), StatsCache.id.desc())  # type: ignore[union-attr]
+            .limit(MAX_STORED_PAGES))
+    session.execute(delete(StatsCache).where(
+        StatsCache.experiment_id == experiment_id, ~families,
+        StatsCache.id.not_in(keep.scalar_subquery())))  # type: ignore[union-attr]
+    session.commit()

@@ -1,0 +1,1 @@
+"""The HTTP API: the app, its routes and dependencies, security, the dashboard."""

@@ -1,1 +1,0 @@
-"""Alembic migrations of seedgrid's schema, shipped inside the package (see service.db)."""

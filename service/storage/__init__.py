@@ -1,0 +1,1 @@
+"""Storage: the tables, the engine and the schema migrations."""
