@@ -43,6 +43,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from api_schemas import first_line
+from api_schemas.pages import COMPARE_PAGE
+from service.client import http_url
 from service.spec_file import SpecFileError, load_spec_file
 
 if TYPE_CHECKING:  # the client commands need no settings: SQLAlchemy's import is 0.2 s
@@ -65,7 +67,6 @@ ACTIVE = ("queued", "pending", "running")
 # Run statuses that mean something went wrong: `submit --wait`, `run` and `watch` exit 1.
 TROUBLE = ("failed", "diverged")
 # Wildcard listening addresses a client reaches on the same machine's loopback.
-WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
 UrlOpt = Annotated[str | None, typer.Option(
     "--url", envvar="SEEDGRID_URL", show_default=False,
     help="seedgrid API address [default: SEEDGRID_URL, else http://SEEDGRID_HOST:SEEDGRID_PORT "
@@ -222,12 +223,9 @@ def default_url() -> tuple[str, str]:
     port_text = os.environ.get("SEEDGRID_PORT", "8000").strip()
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise _fail(f"SEEDGRID_PORT: expected a port number from 1 to 65535, got {port_text!r}")
-    host = WILDCARD_HOSTS.get(host, host).strip("[]")
-    if ":" in host:  # an IPv6 address
-        host = f"[{host}]"
     given = [name for name in ("SEEDGRID_HOST", "SEEDGRID_PORT") if name in os.environ]
     source = " and ".join(given) if given else "the default address"
-    return f"http://{host}:{int(port_text)}", source
+    return http_url(host, int(port_text)), source
 
 
 class ApiClient(httpx.Client):
@@ -1029,7 +1027,7 @@ def compare(
     """Two experiments of one trainer side by side, condition by condition: the means with
     their test, the variance ratio with the primary test (raw p-values: not adjusted for the
     conditions compared)."""
-    params: dict[str, Any] = {"a": a, "b": b, "limit": 200}
+    params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
     if metric:
         params["metric"] = metric
     columns = ("condition", "n a/b", "mean a", "mean b", "mean test", "mean p", "var a/b",

@@ -48,6 +48,13 @@ from api_schemas import (
     Stats,
     TrainerInfo,
 )
+from api_schemas.pages import (
+    COMPARE_PAGE,
+    COMPARISONS_PAGE,
+    EXPERIMENTS_PAGE,
+    POINTS_PAGE,
+    RUNS_PAGE,
+)
 from service.spec_file import load_spec_file
 
 if TYPE_CHECKING:
@@ -56,11 +63,6 @@ if TYPE_CHECKING:
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # Page sizes asked for: each list endpoint's maximum.
-RUNS_PAGE = 1000
-POINTS_PAGE = 10_000
-COMPARISONS_PAGE = 2000
-EXPERIMENTS_PAGE = 1000
-COMPARE_PAGE = 500
 ENDED = {ExperimentStatus.completed, ExperimentStatus.partial, ExperimentStatus.failed,
          ExperimentStatus.cancelled}
 # A run not ended yet: waiting in the queue, handed to Ray, started by a worker.
@@ -97,9 +99,22 @@ def default_url() -> str:
     if url:
         return url
     host = os.environ.get("SEEDGRID_HOST", "").strip() or DEFAULT_HOST
-    if host in {"0.0.0.0", "::"}:
-        host = DEFAULT_HOST
     port = os.environ.get("SEEDGRID_PORT", "").strip() or str(DEFAULT_PORT)
+    return http_url(host, port)
+
+
+# Where a client reaches a service listening on every address (the IPv6 wildcard on IPv6
+# loopback: a service bound to :: alone may take no IPv4).
+WILDCARD_HOSTS = {"0.0.0.0": DEFAULT_HOST, "::": "::1", "[::]": "::1", "": DEFAULT_HOST}
+
+
+def http_url(host: str, port: int | str) -> str:
+    """The URL of a service listening on `host`:`port`: a wildcard host is reached on
+    loopback, an IPv6 address goes in brackets (http://[::1]:8000)."""
+    host = host.strip()
+    host = WILDCARD_HOSTS.get(host, host).strip("[]")
+    if ":" in host:
+        host = f"[{host}]"
     return f"http://{host}:{port}"
 
 

@@ -29,6 +29,7 @@ from api_schemas import (
     RunValue,
     SideBySide,
 )
+from api_schemas.pages import COMPARE_PAGE
 from service.analysis.stats import compare, condition_stats, metric_value
 from service.analysis.stats_store import page_lock
 from service.experiments import SpecError, get_experiment, unknown_metric
@@ -39,7 +40,7 @@ from trainers import REGISTRY
 log = logging.getLogger("seedgrid.compare")
 
 # Conditions per response: each costs a permutation test and a bootstrap.
-MAX_CONDITIONS_PER_PAGE = 200
+MAX_CONDITIONS_PER_PAGE = COMPARE_PAGE
 # Bumped when the served comparison gains fields: pages stored by an earlier version are then
 # computed again rather than served without them.
 COMPARE_FORMAT = "v1"

@@ -31,6 +31,7 @@ import numpy as np
 from scipy import stats
 
 from api_schemas import Comparison, ConditionStats, Omnibus, Stats, level_key
+from api_schemas.pages import COMPARISONS_PAGE
 from service.analysis import variance
 from service.analysis.multiplicity import ADJUSTED, Families, FamilyPValues
 from service.analysis.resampling import Stratum
@@ -167,7 +168,7 @@ def _condition_warnings(n: int, noise_share: float | None) -> list[str]:
 
 
 # One response carries at most this many comparisons; more are paged (limit, offset).
-MAX_COMPARISONS_PER_PAGE = 2000
+MAX_COMPARISONS_PER_PAGE = COMPARISONS_PAGE
 
 
 @dataclass(frozen=True)

@@ -158,3 +158,23 @@ def test_url_and_token_come_from_the_environment(
     with Client(token="not-the-token-0123456789") as wrong, pytest.raises(ApiError) as refused:
         wrong.experiments()
     assert refused.value.status_code == 401 and refused.value.detail == "invalid bearer token"
+
+
+def test_compare_of_two_experiments_is_what_the_api_serves(service: Service,
+                                                           tmp_path: Path) -> None:
+    """Client.compare pages /compare with a page size the server allows (it once asked for 500
+    conditions a page where /compare allows 200, and every call was a 422)."""
+    spec_file = tmp_path / "spec.yaml"
+    ids = []
+    with Client(service.server.url) as sg:
+        for name in ("compare-a", "compare-b"):
+            spec_file.write_text(yaml.safe_dump({
+                "name": name, "trainer": "collapse", "config": FAST,
+                "grid": {"stop_gradient": [False, True]}, "seeds": 3, "metric": "min_l2"}))
+            ids.append(sg.submit(spec_file).id)
+        for experiment_id in ids:
+            assert sg.wait(experiment_id, progress=False, timeout_s=120).counts.completed == 6
+        compared = sg.compare(*ids)
+    served = service.client.get("/compare", params={"a": ids[0], "b": ids[1]}).json()
+    assert compared.total_conditions == served["total_conditions"] == 2
+    assert compared.model_dump(mode="json") == {**served, "next_offset": None}

@@ -22,6 +22,7 @@ from trainers.data import (
     prepare_splits,
 )
 from trainers.data.augment import random_crop
+from trainers.data.sources import downloads_allowed
 from trainers.random_sources import random_sources
 
 WRITERS = {
@@ -268,6 +269,24 @@ def test_malformed_data_roots_are_refused_naming_the_entry(text: str) -> None:
 
     with pytest.raises(ValueError, match="SEEDGRID_DATA_ROOTS"):
         parse_data_roots(text)
+
+
+@pytest.mark.parametrize("value", ["on", "ON", "yes", "Y", "1", "true", "t", "off", "no", "0",
+                                   "false", "F", "n"])
+def test_the_workers_read_allow_download_as_the_service_does(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SEEDGRID_ALLOW_DOWNLOAD=on was "yes" to the service's settings and "no" to the workers:
+    a spec asking to download was accepted and every one of its runs failed."""
+    from service.settings import Settings
+
+    monkeypatch.setenv("SEEDGRID_ALLOW_DOWNLOAD", value)
+    assert downloads_allowed() is Settings().allow_download
+
+
+def test_a_value_allow_download_cannot_mean_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEEDGRID_ALLOW_DOWNLOAD", "maybe")
+    with pytest.raises(DatasetUnavailable, match="SEEDGRID_ALLOW_DOWNLOAD.*'maybe'"):
+        downloads_allowed()
 
 
 def test_download_needs_the_operators_leave(tmp_path: Path,

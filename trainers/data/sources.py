@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import TypeAdapter, ValidationError
 
 from api_schemas.data_roots import parse_data_roots
 
@@ -167,8 +168,18 @@ def data_root(name: str | None = None) -> Path:
 
 
 def downloads_allowed() -> bool:
-    """Whether the operator lets runs download dataset files (SEEDGRID_ALLOW_DOWNLOAD)."""
-    return os.environ.get("SEEDGRID_ALLOW_DOWNLOAD", "").strip().lower() in {"1", "true", "yes"}
+    """Whether the operator lets runs download dataset files (SEEDGRID_ALLOW_DOWNLOAD), read as
+    the service's settings read it (pydantic's booleans: 1/0, true/false, yes/no, on/off, y/n,
+    t/f), so that a spec the service accepts for downloading is downloaded by the workers."""
+    value = os.environ.get("SEEDGRID_ALLOW_DOWNLOAD", "").strip()
+    if not value:
+        return False
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        raise DatasetUnavailable(
+            f"SEEDGRID_ALLOW_DOWNLOAD on this worker: expected a boolean (1/0, true/false, yes/no, "
+            f"on/off), got {value!r}") from None
 
 
 # ---------------------------------------------------------------------------------------------

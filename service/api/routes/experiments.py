@@ -25,6 +25,7 @@ from api_schemas import (
     SeedsAdded,
     Stats,
 )
+from api_schemas.pages import EXPERIMENTS_PAGE, RUNS_PAGE
 from service import experiments as logic
 from service.analysis import export
 from service.analysis.stats import MAX_COMPARISONS_PER_PAGE
@@ -34,7 +35,7 @@ from service.api.routes.errors import BODY_TOO_LARGE, HEAVY_READS, NO_EXPERIMENT
 from service.api.routes.paging import Offset, link_next
 
 # Runs per page of GET /experiments/{id}/runs.
-MAX_RUNS_PAGE = 1000
+MAX_RUNS_PAGE = RUNS_PAGE
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
@@ -76,7 +77,7 @@ def list_experiments(
     name: Annotated[str | None, Query(
         max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT,
         description="only experiments whose name contains this text (case-insensitive)")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    limit: Annotated[int, Query(ge=1, le=EXPERIMENTS_PAGE)] = 50,
     offset: Offset = 0,
 ) -> list[ExperimentSummary]:
     page = logic.list_experiments(session=session, status=status, name=name, limit=limit,

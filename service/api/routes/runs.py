@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import select
 
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, MetricPoint, RunDetail
+from api_schemas.pages import POINTS_PAGE
 from service import experiments as logic
 from service.api.deps import MAX_INT_COLUMN, RunId, SessionDep
 from service.api.routes.errors import errors
@@ -19,7 +20,7 @@ router = APIRouter(prefix="/runs", tags=["runs"])
 
 NO_RUN = "No run with this id"
 # Metric points per page of GET /runs/{id}/metrics.
-MAX_POINTS_PAGE = 10_000
+MAX_POINTS_PAGE = POINTS_PAGE
 
 
 @router.get("/{run_id}", response_model=RunDetail, operation_id="get_run",
