@@ -75,7 +75,8 @@ import yaml  # noqa: E402
 
 from trainers import get_trainer  # noqa: E402
 from trainers.data import load_for  # noqa: E402
-from trainers.data.sources import TORCHVISION_DATASETS, DatasetUnavailable  # noqa: E402
+from trainers.data.catalogue import TORCHVISION_DATASETS  # noqa: E402
+from trainers.data.sources import DatasetUnavailable  # noqa: E402
 from trainers.runtime import TrainerBase  # noqa: E402
 
 MODES = ("single", "processes", "run_seeds")

@@ -13,8 +13,8 @@ operator's environment can name them, never a spec.
 from __future__ import annotations
 
 import importlib
-import os
 
+from api_schemas import environment
 from trainers.base import (
     MemoryReporter,
     NullReporter,
@@ -22,14 +22,18 @@ from trainers.base import (
     ResourceEstimate,
     RunResult,
     RunWarning,
-    Trainer,
     TrainerConfig,
 )
 from trainers.cff import CFFTrainer
 from trainers.collapse import CollapseTrainer
 from trainers.feedback import FeedbackTrainer
+from trainers.runtime import TrainerBase
 from trainers.ssl import SSLTrainer
 from trainers.ssl_sim import SSLSimTrainer
+
+# The one trainer interface: every trainer is a TrainerBase (trainers/runtime.py), whose class
+# attributes and methods are what the service and the workers call.
+Trainer = TrainerBase
 
 REGISTRY: dict[str, Trainer] = {
     t.name: t for t in (CollapseTrainer(), CFFTrainer(), SSLTrainer(), SSLSimTrainer(),
@@ -37,7 +41,7 @@ REGISTRY: dict[str, Trainer] = {
 }
 
 
-TRAINER_MODULES_ENV = "SEEDGRID_TRAINER_MODULES"
+TRAINER_MODULES_ENV = environment.TRAINER_MODULES
 
 
 class UnknownTrainerError(KeyError):
@@ -77,7 +81,7 @@ def get_trainer(name: str) -> Trainer:
         ) from None
 
 
-load_trainer_modules(os.environ.get(TRAINER_MODULES_ENV, ""))
+load_trainer_modules(environment.text(TRAINER_MODULES_ENV))
 
 __all__ = [
     "REGISTRY",

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pydantic
-
-from trainers.reports import CrossRunReport
 
 
 @runtime_checkable
@@ -142,83 +139,6 @@ class RunResult:
             "provenance": self.provenance,
             "finished": self.finished,
         }
-
-
-class Trainer(Protocol):
-    name: ClassVar[str]
-    description: ClassVar[str]
-    paper: ClassVar[str]
-    Config: ClassVar[type[pydantic.BaseModel]]
-    metrics: ClassVar[tuple[str, ...]]
-    diagnostics: ClassVar[tuple[str, ...]]
-    primary_metric: ClassVar[str]
-    # Reports over the runs of a whole experiment, served at /experiments/{id}/reports/{name}.
-    reports: ClassVar[tuple[CrossRunReport[Any], ...]]
-
-    # A logged or final value of this metric that is not finite ends the run as diverged
-    # (None: the trainer has no such metric).
-    divergence_metric: ClassVar[str | None]
-    # Metrics with a known range (low, high), say (0, 1) for an accuracy.
-    metric_bounds: ClassVar[dict[str, tuple[float, float]]]
-
-    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
-        """{accuracy-like metric: test examples it averages} for one run, from its stored
-        diagnostics (the binomial noise floor of /stats)."""
-        ...
-    # The checks a run can be asked to stop on (an experiment spec's stop_on_checks).
-    stop_checks: ClassVar[tuple[str, ...]]
-    # Seed-batched tasks: the seeds one task runs when a spec's resources.seeds_per_task is
-    # left out, the most it may ask for, and whether the seeds run as one batched computation
-    # (else one after another in the task's process).
-    seeds_per_task_default: ClassVar[int]
-    max_seeds_per_task: ClassVar[int]
-    batched: ClassVar[bool]
-
-    def run(self, config: Any, seed: int, reporter: Reporter, *,
-            threads: int | None = None, source_seeds: dict[str, int] | None = None,
-            stop_on_checks: Collection[str] = ()) -> RunResult:
-        """One run of `config` with `seed`: metric curves go to `reporter`, which can stop it;
-        `threads` sets torch's thread count (the run's CPUs); `source_seeds` pins random
-        sources to other seeds; the run ends early when one of
-        `stop_on_checks` (a subset of `stop_checks`) fires. trainers.runtime.TrainerBase
-        implements it for every trainer."""
-        ...
-
-    def run_seeds(self, config: Any, seeds: Sequence[int], reporters: Sequence[Reporter], *,
-                  threads: int | None = None,
-                  source_seeds: Sequence[dict[str, int] | None] | None = None,
-                  stop_on_checks: Collection[str] = (),
-                  on_done: Callable[[int, RunResult | Exception], None] | None = None,
-                  on_start: Callable[[int], None] | None = None,
-                  ) -> list[RunResult | Exception]:
-        """K seeds of `config` in one task, one reporter each: a result (or the exception that
-        ended that seed alone) per seed, in order; `on_start` hears of each seed's index as it
-        begins training, `on_done` as it ends."""
-        ...
-
-    def estimate(self, config: Any) -> ResourceEstimate:
-        """Peak memory and logged points of one run, by arithmetic on the config alone (no
-        model, no data, no allocation): cheap enough to call for every grid condition."""
-        ...
-
-    def resolve_config(self, config: Any) -> Any:
-        """`config` with every field whose default is null set to the value a run of it uses
-        (collapse's `steps`: 4000 or 20000): the config `run` and `run_seeds` train with, and
-        the one the service shows as the run's. trainers.runtime.TrainerBase implements it
-        from the config's `resolved_fields`."""
-        ...
-
-    def preflight_inputs(self, config: Any) -> dict[str, Any]:
-        """The config values `preflight` reads where a machine could refuse them (a device, a
-        dataset's files): configs with equal inputs are checked once, and a config with none
-        needs no check on the cluster."""
-        ...
-
-    def preflight(self, config: Any) -> list[PreflightProblem]:
-        """What would make every run of `config` on this machine fail before it trains: cheap
-        looks (does the file exist, is there a GPU), nothing loaded, trained or unpickled. The
-        service runs it on a node of the cluster before it queues an experiment's runs."""
-        ...
 
 
 class TrainerConfig(pydantic.BaseModel):

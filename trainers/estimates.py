@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from trainers.data import DataConfig
 from trainers.data.augment import AugmentPlan
-from trainers.data.sources import NATIVE_SIZE
+from trainers.data.catalogue import CATALOGUE
 
 FLOAT32 = 4
 FLOAT64 = 8
@@ -104,25 +104,9 @@ def vit_block_largest_floats(tokens: int, width: int, heads: int, mlp_ratio: int
 # ---------------------------------------------------------------------------------------------
 # datasets
 
-# Training and test images as decoded (digits: a fixed 20% stratified test split of 1,797).
-DATASET_SPLITS: dict[str, tuple[int, int]] = {
-    "digits": (1_442, 355),
-    "cifar10": (50_000, 10_000),
-    "cifar100": (50_000, 10_000),
-    "svhn": (73_257, 26_032),
-    "mnist": (60_000, 10_000),
-    "fashion_mnist": (60_000, 10_000),
-}
-DATASET_CHANNELS = {"digits": 1, "synthetic": 3, "cifar10": 3, "cifar100": 3, "svhn": 3,
-                    "mnist": 1, "fashion_mnist": 1}
-DATASET_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "svhn": 10, "mnist": 10,
-                   "fashion_mnist": 10}
-# Datasets normalised with published constants; the others get channel statistics computed on
-# their training images at load (trainers/data/sources.py `_channel_stats`).
-PUBLISHED_NORMALISATION = ("cifar10", "cifar100")
 # The largest reference crop padding of any dataset, as a fraction of the side (CIFAR-10's
 # 12/32): an upper bound of the padding of the shared crop pipeline.
-MAX_CROP_PADDING_FRACTION = 12 / 32
+MAX_CROP_PADDING_FRACTION = max(d.crop_padding_fraction for d in CATALOGUE.values())
 
 
 @dataclass(frozen=True)
@@ -144,17 +128,16 @@ class DatasetShape:
 
 
 def dataset_shape(config: DataConfig) -> DatasetShape:
-    name = config.dataset
-    if name == "synthetic":
+    entry = CATALOGUE[config.dataset]
+    if entry.splits is None or entry.num_classes is None:  # synthetic: its config says
         k = config.synthetic_classes
         n_train, n_test = k * config.synthetic_train_per_class, k * config.synthetic_test_per_class
         classes = k
     else:
-        (n_train, n_test), classes = DATASET_SPLITS[name], DATASET_CLASSES[name]
-    native_channels = DATASET_CHANNELS[name]
-    channels = 3 if config.rgb and native_channels == 1 else native_channels
+        (n_train, n_test), classes = entry.splits, entry.num_classes
+    channels = 3 if config.rgb and entry.channels == 1 else entry.channels
     side = config.resolved_image_size
-    return DatasetShape(n_train, n_test, channels, side, native_channels, NATIVE_SIZE[name],
+    return DatasetShape(n_train, n_test, channels, side, entry.channels, entry.native_size,
                         classes)
 
 
@@ -188,7 +171,7 @@ def dataset_decode_bytes(config: DataConfig, shape: DatasetShape) -> int:
         per_image = native + 3 * shape.native_channels * shape.side**2
         resize = FLOAT32 * shape.n_train * per_image
     stats = 0
-    if config.dataset not in PUBLISHED_NORMALISATION:
+    if CATALOGUE[config.dataset].mean is None:  # channel statistics computed at load
         stats = 2 * FLOAT64 * shape.n_train * shape.image_elements
     return raw + max(resize, stats)
 

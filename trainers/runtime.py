@@ -442,7 +442,8 @@ class TrainerBase(ABC):
 
     @abstractmethod
     def estimate(self, config: Any) -> ResourceEstimate:
-        """Peak memory and logged points of one run, by arithmetic on the config alone."""
+        """Peak memory and logged points of one run, by arithmetic on the config alone (no
+        model, no data, no allocation): cheap enough to call for every grid condition."""
 
     def provenance(self, run: RunContext) -> dict[str, Any]:
         """What identifies the code, the platform and the inputs of a result."""

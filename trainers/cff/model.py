@@ -113,9 +113,9 @@ def build_layers(
 
 
 def build_head(width: int, num_classes: int, generator: torch.Generator) -> nn.Sequential:
-    head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, num_classes))
-    init_linear(head[1], generator)
-    return head
+    linear = nn.Linear(width, num_classes)
+    init_linear(linear, generator)
+    return nn.Sequential(nn.LayerNorm(width), linear)
 
 
 def encode(layers: nn.ModuleList, x: torch.Tensor, patch: int) -> torch.Tensor:

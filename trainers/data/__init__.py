@@ -24,11 +24,13 @@ from api_schemas import MAX_SEED
 from api_schemas.data_roots import ROOT_NAME
 from trainers.base import PreflightProblem, TrainerConfig
 from trainers.data.augment import AugmentPlan, augment, normalize
-from trainers.data.sources import (
+from trainers.data.catalogue import (
     CROP_PADDING_FRACTION,
     DATASETS,
     NATIVE_SIZE,
     TORCHVISION_DATASETS,
+)
+from trainers.data.sources import (
     DatasetUnavailable,
     ImageData,
     data_root,

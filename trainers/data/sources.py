@@ -7,7 +7,6 @@ runs a Ray worker process executes one after another read and decode a dataset o
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,14 +16,18 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import TypeAdapter, ValidationError
 
-from api_schemas.data_roots import parse_data_roots
+from api_schemas import environment
+from trainers.data.catalogue import (
+    CATALOGUE,
+    CROP_PADDING_FRACTION,
+    DATASETS,
+    NATIVE_SIZE,
+    TORCHVISION_DATASETS,
+)
 
 DEFAULT_DATA_ROOT = Path("~/.cache/seedgrid/data").expanduser()
 
-TORCHVISION_DATASETS = ("cifar10", "cifar100", "svhn", "fashion_mnist", "mnist")
-DATASETS = ("digits", "synthetic", *TORCHVISION_DATASETS)
 
 
 class DatasetUnavailable(RuntimeError):
@@ -74,91 +77,12 @@ class ImageData:
             return self._copies[str(device)]
 
 
-@dataclass(frozen=True)
-class _Spec:
-    """Facts about a torchvision dataset: layout, where to get it, normalisation."""
-
-    folder_hint: str
-    files: tuple[str, ...]
-    url: str
-    num_classes: int
-    hflip: bool
-    crop_padding_fraction: float
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-
-
-_SPECS: dict[str, _Spec] = {
-    "cifar10": _Spec(
-        "cifar-10-batches-py",
-        (*(f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)),
-         "cifar-10-batches-py/test_batch"),
-        "https://www.cs.toronto.edu/~kriz/cifar.html",
-        10,
-        True,
-        12 / 32,  # CFF's CIFAR-10 padding (paper spec section 3, mirrored quirk)
-        (0.4914, 0.4822, 0.4465),
-        (0.2023, 0.1994, 0.2010),  # CFF's constants, not the true std (0.247, ...)
-    ),
-    "cifar100": _Spec(
-        "cifar-100-python",
-        ("cifar-100-python/train", "cifar-100-python/test"),
-        "https://www.cs.toronto.edu/~kriz/cifar.html",
-        100,
-        True,
-        4 / 32,
-        (0.5071, 0.4865, 0.4409),
-        (0.2673, 0.2564, 0.2762),
-    ),
-    "svhn": _Spec(
-        ".",
-        ("train_32x32.mat", "test_32x32.mat"),
-        "http://ufldl.stanford.edu/housenumbers/ (format 2: train_32x32.mat, test_32x32.mat)",
-        10,
-        False,
-        4 / 32,
-    ),
-    "fashion_mnist": _Spec(
-        "FashionMNIST/raw",
-        tuple(
-            f"FashionMNIST/raw/{f}"
-            for f in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-        ),
-        "https://github.com/zalandoresearch/fashion-mnist (gunzip the four files)",
-        10,
-        True,
-        4 / 32,
-    ),
-    "mnist": _Spec(
-        "MNIST/raw",
-        tuple(
-            f"MNIST/raw/{f}"
-            for f in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-        ),
-        "https://yann.lecun.com/exdb/mnist/ (gunzip the four files)",
-        10,
-        False,
-        4 / 32,
-    ),
-}
-
-NATIVE_SIZE = {"digits": 8, "synthetic": 16, "cifar10": 32, "cifar100": 32, "svhn": 32,
-               "fashion_mnist": 28, "mnist": 28}
-# Each dataset's reference crop padding as a fraction of the image side (DataConfig's
-# `crop_padding` when it is left null).
-CROP_PADDING_FRACTION = {"digits": 1 / 8, "synthetic": 1 / 8,
-                         **{name: spec.crop_padding_fraction for name, spec in _SPECS.items()}}
-
-
 def data_root(name: str | None = None) -> Path:
     """The directory a run reads datasets from: the operator's root called `name`
     (SEEDGRID_DATA_ROOTS), or with no name $SEEDGRID_DATA_ROOT, else ~/.cache/seedgrid/data."""
     if name is None:
-        env = os.environ.get("SEEDGRID_DATA_ROOT")
-        return Path(env).expanduser() if env else DEFAULT_DATA_ROOT
-    roots = parse_data_roots(os.environ.get("SEEDGRID_DATA_ROOTS", ""))
+        return environment.default_data_root() or DEFAULT_DATA_ROOT
+    roots = environment.data_roots()
     if name not in roots:
         known = ", ".join(sorted(roots)) or "none"
         raise DatasetUnavailable(
@@ -171,15 +95,11 @@ def downloads_allowed() -> bool:
     """Whether the operator lets runs download dataset files (SEEDGRID_ALLOW_DOWNLOAD), read as
     the service's settings read it (pydantic's booleans: 1/0, true/false, yes/no, on/off, y/n,
     t/f), so that a spec the service accepts for downloading is downloaded by the workers."""
-    value = os.environ.get("SEEDGRID_ALLOW_DOWNLOAD", "").strip()
-    if not value:
-        return False
     try:
-        return TypeAdapter(bool).validate_python(value)
-    except ValidationError:
-        raise DatasetUnavailable(
-            f"SEEDGRID_ALLOW_DOWNLOAD on this worker: expected a boolean (1/0, true/false, yes/no, "
-            f"on/off), got {value!r}") from None
+        return environment.flag(environment.ALLOW_DOWNLOAD)
+    except environment.BadVariable as exc:
+        raise DatasetUnavailable(f"{exc.name} on this worker: expected {exc.expected}, "
+                                 f"got {exc.value!r}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,8 +124,8 @@ def _torchvision_class(name: str) -> type:
                 return all((folder / f).is_file() for f, _ in self.train_list + self.test_list)
 
             def _load_meta(self) -> None:  # class names are not needed
-                self.classes = []
-                self.class_to_idx = {}
+                self.classes: list[str] = []
+                self.class_to_idx: dict[str, int] = {}
 
         return _Cifar
     if name == "svhn":
@@ -221,7 +141,7 @@ def _torchvision_class(name: str) -> type:
 def missing_files(name: str, root: Path) -> list[str]:
     """The files of torchvision dataset `name` that are not under `root` (paths relative to
     it), found by looking, not reading: what a run of it would fail on before training."""
-    return [f for f in _SPECS[name].files if not (root / f).is_file()]
+    return [f for f in CATALOGUE[name].files if not (root / f).is_file()]
 
 
 def operator_name(root: Path) -> str | None:
@@ -231,7 +151,7 @@ def operator_name(root: Path) -> str | None:
     if root == data_root(None):
         return "the default data root"
     try:
-        roots = parse_data_roots(os.environ.get("SEEDGRID_DATA_ROOTS", ""))
+        roots = environment.data_roots()
     except ValueError:  # the service refuses such settings at start; a worker may still have them
         roots = {}
     return next((f"data root {name!r}" for name, path in roots.items() if path == root), None)
@@ -242,7 +162,7 @@ def dataset_not_found(name: str, root: Path, missing: list[str]) -> DatasetUnava
     operator's root is named by its name and the files relative to it: the message reaches
     clients (a pre-flight's 422, a run's error), and the operator's directories are not theirs
     to know."""
-    spec = _SPECS[name]
+    spec = CATALOGUE[name]
     named = operator_name(root)
     files = missing if named else [str(root / m) for m in missing]
     shown = ", ".join(files[:3]) + (" ..." if len(files) > 3 else "")
@@ -257,7 +177,7 @@ def dataset_not_found(name: str, root: Path, missing: list[str]) -> DatasetUnava
 
 
 def _load_torchvision(name: str, root: Path, download: bool) -> tuple[np.ndarray, ...]:
-    spec = _SPECS[name]
+    spec = CATALOGUE[name]
     missing = missing_files(name, root)
     if missing and not download:
         raise dataset_not_found(name, root, missing)
@@ -299,16 +219,17 @@ def _as_arrays(name: str, ds: object) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_arrays(name: str, root: Path, x: np.ndarray, y: np.ndarray, split: str) -> None:
-    spec = _SPECS[name]
-    channels, side = (1, 28) if name in ("mnist", "fashion_mnist") else (3, 32)
+    spec = CATALOGUE[name]
+    channels, side, classes = spec.channels, spec.native_size, spec.num_classes
+    assert classes is not None  # a dataset read from files has a fixed number of classes
     problem = None
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (channels, side, side):
         problem = f"images of shape {x.shape[1:]} and dtype {x.dtype}, expected " \
                   f"{(channels, side, side)} uint8"
     elif len(x) != len(y) or len(x) == 0:
         problem = f"{len(x)} images but {len(y)} labels"
-    elif y.min() < 0 or y.max() >= spec.num_classes:
-        problem = f"labels outside 0..{spec.num_classes - 1}"
+    elif y.min() < 0 or y.max() >= classes:
+        problem = f"labels outside 0..{classes - 1}"
     if problem:
         raise DatasetUnavailable(f"dataset {name!r} under {root}: {split} split has {problem}")
 
@@ -400,17 +321,12 @@ _loads = {"count": 0}
 
 def cache_limit_bytes() -> int:
     """The cache's bound in bytes: SEEDGRID_DATASET_CACHE_GB on the worker, else 8 GiB."""
-    value = os.environ.get("SEEDGRID_DATASET_CACHE_GB", "").strip()
-    if not value:
-        return DEFAULT_CACHE_BYTES
     try:
-        gigabytes = float(value)
-    except ValueError:
-        gigabytes = -1.0
-    if not gigabytes >= 0:
+        gigabytes = environment.non_negative(environment.DATASET_CACHE_GB)
+    except environment.BadVariable as exc:
         raise DatasetUnavailable(
-            f"SEEDGRID_DATASET_CACHE_GB={value!r} on this worker is not a number of GB >= 0")
-    return int(gigabytes * 2**30)
+            f"{exc.name}={exc.value!r} on this worker is not a number of GB >= 0") from None
+    return DEFAULT_CACHE_BYTES if gigabytes is None else int(gigabytes * 2**30)
 
 
 def dataset_bytes(data: ImageData) -> int:
@@ -479,23 +395,20 @@ def _build(
         "digits": _load_digits,
         "synthetic": lambda: synthetic_images(*synthetic),
     }
+    entry = CATALOGUE[name]
     if name in loaders:
         train_x, train_y, test_x, test_y = loaders[name]()
-        num_classes = synthetic[0] if name == "synthetic" else 10
-        hflip = False
     else:
         assert root is not None
         train_x, train_y, test_x, test_y = _load_torchvision(name, root, download)
         _check_arrays(name, root, train_x, train_y, "train")
         _check_arrays(name, root, test_x, test_y, "test")
-        spec = _SPECS[name]
-        num_classes, hflip = spec.num_classes, spec.hflip
+    num_classes = synthetic[0] if entry.num_classes is None else entry.num_classes
     tx, sx = _to_size(train_x, size, name), _to_size(test_x, size, name)
     if rgb and tx.shape[1] == 1:
         tx, sx = tx.expand(-1, 3, -1, -1).contiguous(), sx.expand(-1, 3, -1, -1).contiguous()
-    spec_stats = _SPECS.get(name)
-    if spec_stats is not None and spec_stats.mean is not None and spec_stats.std is not None:
-        mean, std = spec_stats.mean, spec_stats.std
+    if entry.mean is not None and entry.std is not None:
+        mean, std = entry.mean, entry.std
     else:
         mean, std = _channel_stats(tx)
     return ImageData(
@@ -507,6 +420,6 @@ def _build(
         num_classes=num_classes,
         mean=mean,
         std=std,
-        hflip=hflip,
+        hflip=entry.hflip,
         crop_padding_fraction=CROP_PADDING_FRACTION[name],
     )

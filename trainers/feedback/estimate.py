@@ -202,7 +202,7 @@ def feedback_estimate(config: FeedbackConfig) -> ResourceEstimate:
         batch_data = Term(augmented_batch_bytes(config, shape, batch) if copies > 2
                           else FLOAT32 * copies * batch * sample, ("batch_size", "image_size"))
         setup = [decode_phase(config, shape)]
-    act_fields = ("batch_size", "width", "depth")
+    act_fields: tuple[str, ...] = ("batch_size", "width", "depth")
     if tokens > 1:
         act_fields += ("image_size", "patch", "heads")
     passes = 2 if method == "bp" else 1

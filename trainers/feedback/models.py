@@ -125,13 +125,13 @@ def build_model(config: FeedbackConfig, input_shape: tuple[int, ...], num_classe
         channels, side, _ = input_shape
         tokens = (side // config.patch) ** 2
         embed: nn.Module = PatchEmbedding(channels * config.patch**2, tokens, d, config.patch)
-        branches = nn.ModuleList(ViTBranch(d, config.heads, config.mlp_ratio)
-                                 for _ in range(config.depth))
+        branches: list[MLPBranch | ViTBranch] = [ViTBranch(d, config.heads, config.mlp_ratio)
+                                                 for _ in range(config.depth)]
     else:
         embed = FlatEmbedding(math.prod(input_shape), d)
-        branches = nn.ModuleList(MLPBranch(d, config.activation) for _ in range(config.depth))
+        branches = [MLPBranch(d, config.activation) for _ in range(config.depth)]
     out_norm = nn.Identity() if config.arch == "studentnet" else nn.LayerNorm(d)
-    model = ResidualNet(embed, branches, out_norm, nn.Linear(d, num_classes),
+    model = ResidualNet(embed, nn.ModuleList(branches), out_norm, nn.Linear(d, num_classes),
                         cls_token=config.arch == "vit_mini")
     for module in model.modules():
         if isinstance(module, nn.Linear):
