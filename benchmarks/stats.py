@@ -32,8 +32,8 @@ from sqlmodel import Session
 
 from api_schemas import RunStatus
 from service.api.app import create_app
-from service.experiments import condition_key
 from service.settings import Settings
+from service.specs import condition_key
 from service.storage.db import Experiment, Run, make_engine, upgrade_database
 
 GRID = {"margin_mode": ["clamp", "subtract", "none", "soft"], "depth": [1, 2, 3, 4, 5]}

@@ -18,8 +18,9 @@ import logging
 from typing import Any
 
 from sqlalchemy import delete
+from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from api_schemas import (
     Comparison,
@@ -32,9 +33,11 @@ from api_schemas import (
 from api_schemas.pages import COMPARE_PAGE
 from service.analysis.stats import compare, condition_stats, metric_value
 from service.analysis.stats_store import page_lock
-from service.experiments import SpecError, get_experiment, unknown_metric
+from service.errors import SpecError
 from service.limits import HeavyReads
+from service.specs import unknown_metric
 from service.storage.db import CompareCache, Experiment, Run, utcnow
+from service.storage.lookup import get_experiment
 from trainers import REGISTRY
 
 log = logging.getLogger("seedgrid.compare")
@@ -56,10 +59,11 @@ def _values(session: Session, experiment: Experiment,
     """condition_key -> (condition, the metric of its completed runs in run order, each with
     its run id and seed); and how many completed runs were read."""
     out: dict[str, tuple[dict[str, Any], list[Value]]] = {}
-    rows = session.exec(
-        select(Run.id, Run.seed, Run.condition, Run.condition_key, Run.metrics)
-        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
-        .order_by(Run.id)  # type: ignore[arg-type]
+    rows = session.execute(
+        sa_select(col(Run.id), col(Run.seed), col(Run.condition), col(Run.condition_key),
+                  col(Run.metrics))
+        .where(col(Run.experiment_id) == experiment.id, col(Run.status) == RunStatus.completed)
+        .order_by(col(Run.id))
     ).all()
     for run_id, seed, condition, key, metrics in rows:
         value = metric_value(metrics, metric)
@@ -181,10 +185,10 @@ def _store(session: Session, a_id: int, b_id: int, metric: str, page: str, n_a: 
         set_={k: statement.excluded[k]
               for k in ("n_completed_a", "n_completed_b", "payload", "computed_at")},
     ))
-    keep = (select(CompareCache.id).where(CompareCache.a_id == a_id)
-            .order_by(CompareCache.computed_at.desc(), CompareCache.id.desc())  # type: ignore[attr-defined]
+    keep = (select(col(CompareCache.id)).where(col(CompareCache.a_id) == a_id)
+            .order_by(col(CompareCache.computed_at).desc(), col(CompareCache.id).desc())
             .limit(MAX_STORED_PAGES))
     session.execute(delete(CompareCache).where(
-        CompareCache.a_id == a_id,
-        CompareCache.id.not_in(keep.scalar_subquery())))  # type: ignore[union-attr]
+        col(CompareCache.a_id) == a_id,
+        col(CompareCache.id).not_in(keep.scalar_subquery())))
     session.commit()

@@ -27,16 +27,16 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from api_schemas import ExportFormat, ExportWhat
-from service.analysis.sources import experiment_grid
-from service.experiments import NotFound
+from service.errors import NotFound
+from service.specs import experiment_grid
 from service.storage.db import Experiment, Run, RunMetric
 
 # Runs per page and metric points per batch read from the database.
@@ -88,14 +88,14 @@ class Snapshot:
         self.connection.close()  # rolls the read transaction back
 
 
-def _run_pages(snapshot: Snapshot, experiment_id: int, *columns: Any) -> Iterator[list[Any]]:
+def _run_pages(snapshot: Snapshot, experiment_id: int, *columns: Any) -> Iterator[Sequence[Any]]:
     """The experiment's runs in id order, a page at a time (keyset on the id)."""
     last_id = 0
     while True:
         page = snapshot.session.execute(
-            select(Run.id, *columns)
-            .where(Run.experiment_id == experiment_id, Run.id > last_id)  # type: ignore[operator]
-            .order_by(Run.id).limit(RUNS_PAGE)  # type: ignore[arg-type]
+            select(col(Run.id), *columns)
+            .where(col(Run.experiment_id) == experiment_id, col(Run.id) > last_id)
+            .order_by(col(Run.id)).limit(RUNS_PAGE)
         ).all()
         if not page:
             return
@@ -158,11 +158,11 @@ class CurvesTable:
         after: tuple[int, int] = (-1, 0)
         while True:
             batch = self.snapshot.session.execute(
-                select(RunMetric.id, RunMetric.step, RunMetric.epoch, RunMetric.name,
-                       RunMetric.value)
-                .where(RunMetric.run_id == run_id,
-                       tuple_(RunMetric.step, RunMetric.id) > tuple_(*after))
-                .order_by(RunMetric.step, RunMetric.id)  # type: ignore[arg-type]
+                select(col(RunMetric.id), col(RunMetric.step), col(RunMetric.epoch),
+                       col(RunMetric.name), col(RunMetric.value))
+                .where(col(RunMetric.run_id) == run_id,
+                       tuple_(col(RunMetric.step), col(RunMetric.id)) > tuple_(*after))
+                .order_by(col(RunMetric.step), col(RunMetric.id))
                 .limit(POINTS_BATCH)
             ).all()
             if not batch:

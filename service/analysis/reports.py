@@ -10,9 +10,10 @@ from pydantic import BaseModel
 from sqlmodel import Session, select
 
 from api_schemas import RunStatus
-from service.analysis.sources import config_condition, experiment_grid
-from service.experiments import NotFound, get_experiment
+from service.errors import NotFound
+from service.specs import config_condition, experiment_grid
 from service.storage.db import Experiment, Run
+from service.storage.lookup import get_experiment
 from trainers import REGISTRY, Trainer
 from trainers.reports import CrossRunReport, ExperimentRecord, RunRecord
 

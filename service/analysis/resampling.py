@@ -332,7 +332,7 @@ def _draw(pairs: int, sizes: Sequence[tuple[int, int]], rows: int,
 
 def _is_observed(flips: np.ndarray, choices: Sequence[np.ndarray],
                  sizes: Sequence[tuple[int, int]]) -> np.ndarray:
-    same = ~flips.any(axis=1)
+    same = np.asarray(~flips.any(axis=1))
     for choice, (n_a, _) in zip(choices, sizes, strict=True):
         same &= choice[:, :n_a].all(axis=1)
     return same

@@ -47,6 +47,7 @@ from api_schemas import (
     SourceVariance,
 )
 from service.analysis.stats import RunValues
+from service.specs import first_seed
 
 # Which sources follow the run's seed in each level of the decomposition factor.
 VARYING: dict[str, frozenset[str]] = {
@@ -59,25 +60,6 @@ VARYING: dict[str, frozenset[str]] = {
 # The levels whose variances add up to (about) the all-varying one.
 TRAINING_SOURCES = ("init", "data", "augment")
 assert set(VARYING) == set(SOURCE_LEVELS)
-
-
-def experiment_grid(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """The stored spec's grid as the statistics see it: with the reserved factor (last) when the
-    spec asked for a decomposition."""
-    grid = dict(spec.get("grid", {}))
-    if spec.get("decompose_sources"):
-        grid[SOURCE_FACTOR] = list(SOURCE_LEVELS)
-    return grid
-
-
-def config_condition(condition: Mapping[str, Any]) -> dict[str, Any]:
-    """A run's condition without the reserved factor: the part that is trainer config."""
-    return {k: v for k, v in condition.items() if k != SOURCE_FACTOR}
-
-
-def first_seed(seeds: int | list[int]) -> int:
-    """The first seed of a spec's `seeds` (n means 0..n-1)."""
-    return 0 if isinstance(seeds, int) else seeds[0]
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Row, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from api_schemas import SOURCE_FACTOR, AnalysisSpec, RunStatus, RunValue, Stats
 from service.analysis.multiplicity import FamilyPValues
-from service.analysis.sources import experiment_grid, source_decomposition
+from service.analysis.sources import source_decomposition
 from service.analysis.stats import (
     MAX_COMPARISONS_PER_PAGE,
     ComparisonPlan,
@@ -37,8 +37,9 @@ from service.analysis.stats import (
     family_p_values,
     metric_value,
 )
-from service.experiments import SpecError, unknown_metric
+from service.errors import SpecError
 from service.limits import HeavyReads
+from service.specs import experiment_grid, unknown_metric
 from service.storage.db import Experiment, Run, StatsCache, utcnow
 from trainers import REGISTRY
 
@@ -154,9 +155,9 @@ def _stored(session: Session, experiment: Experiment, metric: str, page: str,
         # kept by the runs store with every status change: one row, not a count over the runs
         n_completed = experiment.runs_completed
     stored = session.execute(
-        select(StatsCache.n_completed, StatsCache.payload).where(
-            StatsCache.experiment_id == experiment.id, StatsCache.metric == metric,
-            StatsCache.page == page)
+        select(col(StatsCache.n_completed), col(StatsCache.payload)).where(
+            col(StatsCache.experiment_id) == experiment.id, col(StatsCache.metric) == metric,
+            col(StatsCache.page) == page)
     ).first()
     if stored is not None and stored.n_completed == n_completed:
         return str(stored.payload)
@@ -172,9 +173,10 @@ def _compute(*, session: Session, experiment: Experiment, metric: str, factor: s
     # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
     # it stopped at, not comparable with a run trained to the end.
     rows = session.execute(
-        select(Run.id, Run.seed, Run.condition, Run.condition_key, Run.metrics, Run.diagnostics)
-        .where(Run.experiment_id == experiment.id, Run.status == RunStatus.completed)
-        .order_by(Run.id)
+        select(col(Run.id), col(Run.seed), col(Run.condition), col(Run.condition_key),
+               col(Run.metrics), col(Run.diagnostics))
+        .where(col(Run.experiment_id) == experiment.id, col(Run.status) == RunStatus.completed)
+        .order_by(col(Run.id))
     ).all()
     kept = [(row, value) for row in rows
             if (value := metric_value(row.metrics, metric)) is not None]
@@ -273,11 +275,12 @@ def _store(session: Session, experiment_id: int, metric: str, page: str, n_compl
         index_elements=["experiment_id", "metric", "page"],
         set_={k: statement.excluded[k] for k in ("n_completed", "payload", "computed_at")},
     ))
-    families = StatsCache.page.startswith(FAMILIES_PAGE)  # type: ignore[attr-defined]
-    keep = (select(StatsCache.id).where(StatsCache.experiment_id == experiment_id, ~families)
-            .order_by(StatsCache.computed_at.desc(), StatsCache.id.desc())  # type: ignore[union-attr]
+    families = col(StatsCache.page).startswith(FAMILIES_PAGE)
+    keep = (select(col(StatsCache.id))
+            .where(col(StatsCache.experiment_id) == experiment_id, ~families)
+            .order_by(col(StatsCache.computed_at).desc(), col(StatsCache.id).desc())
             .limit(MAX_STORED_PAGES))
     session.execute(delete(StatsCache).where(
-        StatsCache.experiment_id == experiment_id, ~families,
-        StatsCache.id.not_in(keep.scalar_subquery())))  # type: ignore[union-attr]
+        col(StatsCache.experiment_id) == experiment_id, ~families,
+        col(StatsCache.id).not_in(keep.scalar_subquery())))
     session.commit()

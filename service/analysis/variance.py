@@ -107,8 +107,9 @@ def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[
     usable = {i: resampling.usable_strata(scopes[i].strata) for i in todo}
     pairings = {i: resampling.pairing(usable[i]) for i in todo}
     preps = {i: resampling.prepare(usable[i], pairings[i]) for i in todo}
-    tested = [i for i in todo if preps[i] is not None]
-    results = dict(zip(tested, resampling.randomisation_tests([preps[i] for i in tested]),
+    ready = {i: prep for i, prep in preps.items() if prep is not None}
+    tested = list(ready)
+    results = dict(zip(tested, resampling.randomisation_tests([ready[i] for i in tested]),
                        strict=True))
     for i in todo:
         out[i] = _fields(scopes[i], usable[i], pairings[i], preps[i], results.get(i),

@@ -16,7 +16,7 @@ from service.api.routes import compare, experiments, planning, runs, system
 from service.api.routes.reports import reports_router
 from service.api.routes.ui import public_paths, ui_router
 from service.api.security import RequestGuard, capped_errors, declare_bearer_auth, is_loopback
-from service.experiments import Conflict, NotFound, QueueFull, SpecError
+from service.errors import Conflict, NotFound, QueueFull, SpecError
 from service.limits import Busy, HeavyPaths, HeavyReads, busy_response
 from service.scheduling.dispatcher import Dispatcher
 from service.scheduling.preflight import ClusterPreflight

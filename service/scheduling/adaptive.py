@@ -54,17 +54,11 @@ from api_schemas import (
 from api_schemas.adaptive import NamedComparison
 from service.analysis.resampling import Stratum, prepare, randomisation_test, usable_strata
 from service.analysis.stats import metric_value
-from service.experiments import (
-    QueueFull,
-    count_queue,
-    grid_conditions,
-    recount_queue,
-    run_defaults,
-    seed_runs,
-    stats_grid,
-)
+from service.errors import QueueFull
+from service.scheduling.admission import count_queue, recount_queue
 from service.scheduling.run_store import RunStore
 from service.settings import Settings
+from service.specs import grid_conditions, run_defaults, seed_runs, stats_grid
 from service.storage.db import Experiment, Run, database_trouble
 
 log = logging.getLogger("seedgrid.adaptive")

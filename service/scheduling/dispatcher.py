@@ -39,8 +39,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from api_schemas import RunStatus, storable_text
-from service.analysis.sources import SourcePlan, config_condition
-from service.experiments import seeds_per_task
+from service.analysis.sources import SourcePlan
 from service.scheduling.adaptive import decide_due
 from service.scheduling.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
 from service.scheduling.metrics import DispatcherMetrics
@@ -52,6 +51,7 @@ from service.scheduling.run_store import (
     StartedAttempt,
 )
 from service.settings import Settings
+from service.specs import config_condition, seeds_per_task
 from service.storage.db import database_trouble, masked_url
 from trainers import REGISTRY
 from workers import run_task

@@ -34,10 +34,9 @@ from ray.exceptions import GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from api_schemas import ExperimentSpec
-from service.analysis.sources import config_condition
-from service.experiments import Refusals
 from service.scheduling.dispatcher import ensure_ray
 from service.settings import Settings
+from service.specs import Refusals, config_condition
 from trainers import Trainer
 from workers.preflight import preflight_task
 

@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.types import TypeDecorator
-from sqlmodel import AutoString, Field, SQLModel, create_engine
+from sqlmodel import AutoString, Field, SQLModel, col, create_engine
 
 from api_schemas import AttemptOutcome, ExperimentStatus, RunStatus
 
@@ -159,7 +159,7 @@ class Run(SQLModel, table=True):
 
 # The claim order (priority first, then oldest) read straight off an index, with no sort of
 # every queued run.
-Index("ix_run_claim", Run.status, Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
+Index("ix_run_claim", col(Run.status), col(Run.priority).desc(), col(Run.id))
 
 
 class RunAttempt(SQLModel, table=True):

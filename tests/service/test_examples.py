@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from api_schemas import ExperimentSpec
-from service.analysis.sources import config_condition
 from service.experiments import validate_spec
 from service.settings import Settings
+from service.specs import config_condition
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 

@@ -17,17 +17,12 @@ from scipy import stats
 
 from api_schemas import RANDOM_SOURCES, SOURCE_FACTOR, SOURCE_LEVELS
 from service import cli
-from service.analysis.sources import (
-    SourcePlan,
-    config_condition,
-    experiment_grid,
-    source_decomposition,
-    variance_interval,
-)
+from service.analysis.sources import SourcePlan, source_decomposition, variance_interval
 from service.analysis.stats import experiment_stats
 from service.api.server import BackgroundServer
 from service.experiments import condition_key
 from service.settings import Settings
+from service.specs import config_condition, experiment_grid
 from trainers.random_sources import SOURCES
 
 

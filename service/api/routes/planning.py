@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from api_schemas import SeedPlan
 from service.analysis.power import DEFAULT_ALPHA, DEFAULT_POWER, seed_plan
-from service.experiments import SpecError
+from service.errors import SpecError
 
 router = APIRouter(prefix="/planning", tags=["planning"])
 

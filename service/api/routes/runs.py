@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import select
+from sqlmodel import col
 
 from api_schemas import MAX_KEY_LENGTH, STORABLE_TEXT, MetricPoint, RunDetail
 from api_schemas.pages import POINTS_PAGE
@@ -48,14 +49,14 @@ def get_run_metrics(
     """One page of a run's points in step order (then in the order they were stored);
     `name` keeps one metric, `since_step` the points from that step on."""
     logic.get_run(session=session, run_id=run_id)
-    query = select(MetricRow.step, MetricRow.epoch, MetricRow.name, MetricRow.value).where(
-        MetricRow.run_id == run_id)
+    query = select(col(MetricRow.step), col(MetricRow.epoch), col(MetricRow.name),
+                   col(MetricRow.value)).where(col(MetricRow.run_id) == run_id)
     if name is not None:
-        query = query.where(MetricRow.name == name)
+        query = query.where(col(MetricRow.name) == name)
     if since_step is not None:
-        query = query.where(MetricRow.step >= since_step)
+        query = query.where(col(MetricRow.step) >= since_step)
     rows = session.execute(
-        query.order_by(MetricRow.step, MetricRow.id).offset(offset).limit(limit)  # type: ignore[arg-type]
+        query.order_by(col(MetricRow.step), col(MetricRow.id)).offset(offset).limit(limit)
     ).all()
     # Plain rows to JSON: building a model object per point cost most of the time of a page.
     body = json.dumps([{"step": s, "epoch": e, "name": n, "value": v} for s, e, n, v in rows],

@@ -1,0 +1,157 @@
+"""What the API shows of experiments and runs: stored rows mapped to the response models."""
+
+from __future__ import annotations
+
+import pydantic
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from api_schemas import (
+    AttemptOut,
+    ExperimentDetail,
+    ExperimentSpec,
+    ExperimentStatus,
+    ExperimentSummary,
+    RunDetail,
+    RunOut,
+    RunStatus,
+    RunStop,
+)
+from service.analysis.stats import metric_value
+from service.scheduling.run_store import STOPPED_RUN_PREFIX, experiment_counts
+from service.specs import (
+    run_config,
+)
+from service.storage.db import Experiment, Run, RunAttempt
+from service.storage.lookup import get_experiment, get_run
+
+
+def experiment_summary(experiment: Experiment) -> ExperimentSummary:
+    assert experiment.id is not None
+    return ExperimentSummary(
+        id=experiment.id,
+        name=experiment.name,
+        trainer=experiment.trainer,
+        status=experiment.status,
+        counts=experiment_counts(experiment),
+        n_runs=experiment.n_runs,
+        created_at=experiment.created_at,
+        finished_at=experiment.finished_at,
+    )
+
+
+def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDetail:
+    # Status and counts come from one row: one snapshot, never a status beside counts read
+    # after a dispatcher commit.
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    summary = experiment_summary(experiment)
+    return ExperimentDetail(
+        **summary.model_dump(),
+        spec=ExperimentSpec.stored(experiment.spec),
+        n_conditions=experiment.n_conditions,
+        adaptive=experiment.adaptive,
+        message=stop_message(session, experiment),
+    )
+
+
+def stop_message(session: Session, experiment: Experiment) -> str | None:
+    """Why the experiment stopped before all its runs had run, or None: its adaptive rule
+    stopped on a failed look (the rule's record says so), or its first runs all failed
+    (service.scheduling.run_store.failure_stop), which stores the reason as the error of each run it
+    cancels, so it is read back from one of them (only an experiment with a failed run can
+    have one)."""
+    adaptive = experiment.adaptive if isinstance(experiment.adaptive, dict) else {}
+    if adaptive.get("error"):  # its rule stopped because a look failed
+        return adaptive.get("stop_reason")
+    if not experiment.runs_failed:
+        return None
+    error = session.exec(
+        select(Run.error).where(Run.experiment_id == experiment.id,
+                                col(Run.error).startswith(STOPPED_RUN_PREFIX, autoescape=True))
+        .limit(1)
+    ).first()
+    return error.removeprefix(STOPPED_RUN_PREFIX) if error else None
+
+
+def list_experiments(
+    *, session: Session, status: ExperimentStatus | None, limit: int, offset: int,
+    name: str | None = None,
+) -> list[ExperimentSummary]:
+    """One page of experiments, newest first, optionally only those in `status` and those
+    whose name contains `name` (case-insensitive)."""
+    query = (select(Experiment).where(Experiment.deleted == False)  # noqa: E712
+             .order_by(Experiment.id.desc()))  # type: ignore[union-attr]
+    if status is not None:
+        query = query.where(Experiment.status == status)
+    if name:
+        # LIKE's own wildcards in the text are matched literally
+        pattern = name.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = query.where(func.lower(Experiment.name).like(f"%{pattern}%", escape="\\"))
+    experiments = session.exec(query.offset(offset).limit(limit)).all()
+    return [experiment_summary(experiment) for experiment in experiments]
+
+
+def run_out(run: Run) -> RunOut:
+    assert run.id is not None
+    return RunOut(
+        id=run.id,
+        experiment_id=run.experiment_id,
+        condition=run.condition,
+        condition_key=run.condition_key,
+        seed=run.seed,
+        status=run.status,
+        attempts=run.attempts,
+        # as the statistics read them: what is stored and is not a number is null
+        metrics={name: metric_value(run.metrics, name) for name in run.metrics},
+        diagnostics=run.diagnostics,
+        warnings=run.warnings,
+        error=run.error,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        stop=run_stop(run),
+    )
+
+
+def run_stop(run: Run) -> RunStop | None:
+    """A stopped run's stop, which its worker stored in the diagnostics ("stop"); None for any
+    other status, or when what is stored there is not a stop (read as it is, never a 500)."""
+    if run.status != RunStatus.stopped:
+        return None
+    try:
+        return RunStop.model_validate(run.diagnostics.get("stop"))
+    except pydantic.ValidationError:
+        return None
+
+
+def list_runs(
+    *, session: Session, experiment_id: int, status: RunStatus | None = None, limit: int,
+    offset: int = 0,
+) -> list[RunOut]:
+    """One page of an experiment's runs in id order, optionally only those in `status`."""
+    get_experiment(session=session, experiment_id=experiment_id)
+    query = select(Run).where(Run.experiment_id == experiment_id)
+    if status is not None:
+        query = query.where(Run.status == status)
+    runs = session.exec(query.order_by(Run.id).offset(offset).limit(limit)).all()  # type: ignore[arg-type]
+    return [run_out(r) for r in runs]
+
+
+def run_detail(*, session: Session, run_id: int) -> RunDetail:
+    run = get_run(session=session, run_id=run_id)
+    experiment = get_experiment(session=session, experiment_id=run.experiment_id)
+    attempts = session.exec(
+        select(RunAttempt).where(RunAttempt.run_id == run_id).order_by(RunAttempt.attempt)  # type: ignore[arg-type]
+    ).all()
+    provenance = {
+        **run.provenance,
+        "ray_node_id": run.node_id,
+        "ray_worker_id": run.worker_id,
+        "worker_pid": run.worker_pid,
+    }
+    return RunDetail(
+        **run_out(run).model_dump(),
+        config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition,
+                          run.provenance.get("config")),
+        provenance=provenance,
+        attempt_history=[AttemptOut.model_validate(a, from_attributes=True) for a in attempts],
+    )

@@ -1,0 +1,154 @@
+"""What a spec means, shared by every part of the service that reads one: conditions and their
+keys, the grid the statistics see, the seeds a task runs, the config a run trains with, and the
+messages that name what a spec gets wrong."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pydantic
+
+from api_schemas import SOURCE_FACTOR, SOURCE_LEVELS, ExperimentSpec
+from service.errors import body_error
+from trainers import REGISTRY, Trainer
+
+
+def format_level(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def condition_key(condition: dict[str, Any]) -> str:
+    """Canonical `field=value,field=value` string, fields sorted."""
+    return ",".join(f"{k}={format_level(condition[k])}" for k in sorted(condition))
+
+
+def unknown_metric(trainer: Trainer, metric: str) -> str | None:
+    """Why `metric` is not one the statistics can compare, or None. A diagnostic is refused
+    too: it is stored per run (GET /runs/{id}), not in the final metrics the statistics read,
+    so asking for one would give empty tables."""
+    if metric in trainer.metrics:
+        return None
+    known = f"known metrics: {', '.join(trainer.metrics)}"
+    if metric in trainer.diagnostics:
+        return (f"{metric!r} is a diagnostic of trainer {trainer.name!r} (shown per run, in "
+                f"GET /runs/{{id}}), not a metric the statistics compare; {known}")
+    close = difflib.get_close_matches(metric, trainer.metrics, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    only_diagnostics = [d for d in trainer.diagnostics if d not in trainer.metrics]
+    diagnostics = (f"; diagnostics (per run, not compared): {', '.join(only_diagnostics)}"
+                   if only_diagnostics else "")
+    return f"unknown metric {metric!r} of trainer {trainer.name!r}{hint}; {known}{diagnostics}"
+
+
+def unknown_field(trainer: Trainer, field: str) -> str:
+    """The message for a config field the trainer does not have: the closest valid name (a
+    typo is the usual cause) and every valid one."""
+    fields = list(trainer.Config.model_fields)
+    close = difflib.get_close_matches(field, fields, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown config field {field!r} of trainer {trainer.name!r}{hint}; valid fields: "
+            f"{', '.join(fields)}")
+
+
+def grid_conditions(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The conditions of a grid, in grid order: the cartesian product of its levels."""
+    names = list(grid)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def experiment_grid(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The stored spec's grid as the statistics see it: with the reserved factor (last) when the
+    spec asked for a decomposition."""
+    grid = dict(spec.get("grid", {}))
+    if spec.get("decompose_sources"):
+        grid[SOURCE_FACTOR] = list(SOURCE_LEVELS)
+    return grid
+
+def config_condition(condition: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's condition without the reserved factor: the part that is trainer config."""
+    return {k: v for k, v in condition.items() if k != SOURCE_FACTOR}
+
+def first_seed(seeds: int | list[int]) -> int:
+    """The first seed of a spec's `seeds` (n means 0..n-1)."""
+    return 0 if isinstance(seeds, int) else seeds[0]
+
+
+def stats_grid(spec: ExperimentSpec) -> dict[str, list[Any]]:
+    """The grid as the runs and statistics see it: the spec's, and the reserved factor of a
+    source decomposition last (service.analysis.sources)."""
+    return experiment_grid({"grid": spec.grid, "decompose_sources": spec.decompose_sources})
+
+
+def seeds_per_task(trainer: Trainer, spec: ExperimentSpec | dict[str, Any]) -> int:
+    """How many seeds of a condition one task runs: the spec's resources.seeds_per_task, else
+    the trainer's default (a stored spec is a dict)."""
+    if isinstance(spec, dict):
+        asked = (spec.get("resources") or {}).get("seeds_per_task")
+    else:
+        asked = spec.resources.seeds_per_task
+    return asked if asked is not None else trainer.seeds_per_task_default
+
+
+def seed_runs(conditions: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
+    return [{"condition_key": condition_key(condition), "condition": condition, "seed": seed}
+            for condition in conditions for seed in seeds]
+
+
+def run_defaults(spec: ExperimentSpec) -> dict[str, Any]:
+    """What every run of the spec shares."""
+    return {"trainer": spec.trainer, "priority": spec.priority, "max_retries": spec.max_retries,
+            "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus}
+
+
+def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any],
+               ran: Any = None) -> dict[str, Any]:
+    """A run's full config, every field with the value a run of it uses (defaults filled in,
+    and the null ones resolved by the trainer's `resolve_config`, the function its training
+    runs with): the config its worker recorded running with (`ran`, from the provenance),
+    else the experiment's base config with the run's condition; as stored when the trainer no
+    longer accepts it (a retired field, say)."""
+    merged = ran if isinstance(ran, dict) and ran else {**base, **config_condition(condition)}
+    trainer = REGISTRY.get(trainer_name)
+    if trainer is None:
+        return merged
+    try:
+        config = trainer.Config.model_validate(merged)
+    except pydantic.ValidationError:
+        return merged
+    return trainer.resolve_config(config).model_dump(mode="json")
+
+
+class Refusals:
+    """Per kind of refusal, the field it names and the conditions it hit (the first few are
+    listed in the message, the rest counted), so that a 10,000-condition grid gives one error
+    per kind, not 10,000."""
+
+    SHOWN = 3
+
+    def __init__(self, spec: ExperimentSpec) -> None:
+        self.spec = spec
+        self.found: dict[tuple[str, str], tuple[str, list[str]]] = {}
+
+    def named(self, fields: tuple[str, ...]) -> str:
+        """The field a refusal is filed under: the first of `fields` that is a grid axis (what
+        differs between the conditions), else the first."""
+        return next((f for f in fields if f in self.spec.grid), fields[0])
+
+    def add(self, kind: str, field: str, message: str, condition: dict[str, Any]) -> None:
+        _, hit = self.found.setdefault((kind, field), (message, []))
+        hit.append(condition_key(condition))
+
+    def errors(self) -> list[dict[str, Any]]:
+        out = []
+        for (_, field), (message, hit) in self.found.items():
+            where = ["grid", field] if field in self.spec.grid else ["config", field]
+            if self.spec.grid:
+                shown = "; ".join(hit[: self.SHOWN])
+                more = f" and {len(hit) - self.SHOWN} more" if len(hit) > self.SHOWN else ""
+                message = f"{message} (conditions: {shown}{more})"
+            out.append(body_error(where, message))
+        return out
