@@ -123,7 +123,8 @@ def protocol_seconds(n_runs: int) -> float:
     """The protocol report of n_runs feedback runs (half of them frozen-block baselines)."""
     grid = {"method": ["bp", "dfa"], "frozen_blocks": [False, True]}
     experiment = Experiment(id=1, name="p", trainer="feedback", metric="test_accuracy",
-                            spec={"grid": grid, "config": {}}, n_conditions=4, n_runs=n_runs)
+                            spec={"name": "p", "trainer": "feedback", "grid": grid},
+                            n_conditions=4, n_runs=n_runs)
     runs = []
     for i in range(n_runs):
         condition = {"method": grid["method"][i % 2], "frozen_blocks": bool(i // 2 % 2)}

@@ -62,7 +62,8 @@ def write_experiment(url: str, runs: int) -> tuple[int, dict[str, list[float]]]:
     values: dict[str, list[float]] = {}
     with Session(engine) as session:
         experiment = Experiment(name="bench-stats", trainer="cff", metric="test_accuracy",
-                                spec={"config": {}, "grid": GRID}, n_conditions=len(CONDITIONS),
+                                spec={"name": "bench-stats", "trainer": "cff", "grid": GRID},
+                                n_conditions=len(CONDITIONS),
                                 n_runs=runs, runs_completed=runs)
         session.add(experiment)
         session.commit()

@@ -60,14 +60,6 @@ def grid_conditions(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
-def experiment_grid(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """The stored spec's grid as the statistics see it: with the reserved factor (last) when the
-    spec asked for a decomposition."""
-    grid = dict(spec.get("grid", {}))
-    if spec.get("decompose_sources"):
-        grid[SOURCE_FACTOR] = list(SOURCE_LEVELS)
-    return grid
-
 def config_condition(condition: Mapping[str, Any]) -> dict[str, Any]:
     """A run's condition without the reserved factor: the part that is trainer config."""
     return {k: v for k, v in condition.items() if k != SOURCE_FACTOR}
@@ -80,16 +72,16 @@ def first_seed(seeds: int | list[int]) -> int:
 def stats_grid(spec: ExperimentSpec) -> dict[str, list[Any]]:
     """The grid as the runs and statistics see it: the spec's, and the reserved factor of a
     source decomposition last (service.analysis.sources)."""
-    return experiment_grid({"grid": spec.grid, "decompose_sources": spec.decompose_sources})
+    grid = dict(spec.grid)
+    if spec.decompose_sources:
+        grid[SOURCE_FACTOR] = list(SOURCE_LEVELS)
+    return grid
 
 
-def seeds_per_task(trainer: Trainer, spec: ExperimentSpec | dict[str, Any]) -> int:
+def seeds_per_task(trainer: Trainer, spec: ExperimentSpec) -> int:
     """How many seeds of a condition one task runs: the spec's resources.seeds_per_task, else
-    the trainer's default (a stored spec is a dict)."""
-    if isinstance(spec, dict):
-        asked = (spec.get("resources") or {}).get("seeds_per_task")
-    else:
-        asked = spec.resources.seeds_per_task
+    the trainer's default."""
+    asked = spec.resources.seeds_per_task
     return asked if asked is not None else trainer.seeds_per_task_default
 
 
@@ -104,15 +96,22 @@ def run_defaults(spec: ExperimentSpec) -> dict[str, Any]:
             "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus}
 
 
-def run_config(trainer_name: str, base: dict[str, Any], condition: dict[str, Any],
+def merged_config(base: Mapping[str, Any], condition: Mapping[str, Any]) -> dict[str, Any]:
+    """The config one run of `condition` trains with, as given: the experiment's base config
+    with the condition's fields over it (the reserved factor is not config). The one place a
+    base config and a condition are merged."""
+    return {**base, **config_condition(condition)}
+
+
+def run_config(spec: ExperimentSpec, condition: Mapping[str, Any],
                ran: Any = None) -> dict[str, Any]:
     """A run's full config, every field with the value a run of it uses (defaults filled in,
     and the null ones resolved by the trainer's `resolve_config`, the function its training
     runs with): the config its worker recorded running with (`ran`, from the provenance),
-    else the experiment's base config with the run's condition; as stored when the trainer no
+    else the spec's base config with the run's condition; as stored when the trainer no
     longer accepts it (a retired field, say)."""
-    merged = ran if isinstance(ran, dict) and ran else {**base, **config_condition(condition)}
-    trainer = REGISTRY.get(trainer_name)
+    merged = ran if isinstance(ran, dict) and ran else merged_config(spec.config, condition)
+    trainer = REGISTRY.get(spec.trainer)
     if trainer is None:
         return merged
     try:

@@ -36,7 +36,7 @@ from sqlmodel import Session, col
 
 from api_schemas import ExportFormat, ExportWhat
 from service.errors import NotFound
-from service.specs import experiment_grid
+from service.specs import stats_grid
 from service.storage.db import Experiment, Run, RunMetric
 
 # Runs per page and metric points per batch read from the database.
@@ -113,7 +113,7 @@ class RunsTable:
         self.snapshot = snapshot
         self.experiment_id = experiment.id
         taken = {*RUN_COLUMNS, *RUN_TAIL_COLUMNS}
-        grid = experiment_grid(experiment.spec)
+        grid = stats_grid(experiment.stored_spec)
         self.factors = {f: _unique(f, taken, "condition_") for f in grid}
         metric_names: dict[str, None] = {}
         wide_metrics: set[str] = set()

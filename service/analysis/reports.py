@@ -11,7 +11,7 @@ from sqlmodel import Session, select
 
 from api_schemas import RunStatus
 from service.errors import NotFound
-from service.specs import config_condition, experiment_grid
+from service.specs import merged_config, stats_grid
 from service.storage.db import Experiment, Run
 from service.storage.lookup import get_experiment
 from trainers import REGISTRY, Trainer
@@ -62,9 +62,9 @@ def reports_by_name(trainers: Iterable[Trainer]) -> dict[str, list[CrossRunRepor
 
 def experiment_record(experiment: Experiment) -> ExperimentRecord:
     assert experiment.id is not None
+    spec = experiment.stored_spec
     return ExperimentRecord(id=experiment.id, name=experiment.name, trainer=experiment.trainer,
-                            config=experiment.spec.get("config", {}),
-                            grid=experiment_grid(experiment.spec))
+                            config=spec.config, grid=stats_grid(spec))
 
 
 def run_record(run: Run, *, base_config: Mapping[str, Any]) -> RunRecord:
@@ -73,6 +73,6 @@ def run_record(run: Run, *, base_config: Mapping[str, Any]) -> RunRecord:
     assert run.id is not None
     return RunRecord(id=run.id, condition=run.condition, condition_key=run.condition_key,
                      seed=run.seed, status=RunStatus(run.status),
-                     config={**base_config, **config_condition(run.condition)},
+                     config=merged_config(base_config, run.condition),
                      metrics=run.metrics,
                      diagnostics=run.diagnostics)

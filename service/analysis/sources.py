@@ -43,6 +43,7 @@ from api_schemas import (
     RANDOM_SOURCES,
     SOURCE_FACTOR,
     SOURCE_LEVELS,
+    ExperimentSpec,
     SourceDecomposition,
     SourceVariance,
 )
@@ -71,12 +72,11 @@ class SourcePlan:
     decomposition_seed: int | None = None
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any]) -> SourcePlan:
-        """The plan of a stored spec (validated when it was submitted)."""
-        decomposition_seed = (first_seed(spec.get("seeds", 3)) if spec.get("decompose_sources")
-                              else None)
-        return cls(pinned=dict(spec.get("seed_sources", {})),
-                   decomposition_seed=decomposition_seed)
+    def of(cls, spec: ExperimentSpec) -> SourcePlan:
+        """The plan of an experiment's spec."""
+        decomposition_seed = first_seed(spec.seeds) if spec.decompose_sources else None
+        pinned: dict[str, int] = {source: seed for source, seed in spec.seed_sources.items()}
+        return cls(pinned=pinned, decomposition_seed=decomposition_seed)
 
     def source_seeds(self, condition: Mapping[str, Any]) -> dict[str, int]:
         """The sources one run of `condition` takes from another seed than its own."""

@@ -26,7 +26,7 @@ from sqlalchemy import Row, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
-from api_schemas import SOURCE_FACTOR, AnalysisSpec, RunStatus, RunValue, Stats
+from api_schemas import SOURCE_FACTOR, RunStatus, RunValue, Stats
 from service.analysis.multiplicity import FamilyPValues
 from service.analysis.sources import source_decomposition
 from service.analysis.stats import (
@@ -39,7 +39,7 @@ from service.analysis.stats import (
 )
 from service.errors import SpecError
 from service.limits import HeavyReads
-from service.specs import experiment_grid, unknown_metric
+from service.specs import stats_grid, unknown_metric
 from service.storage.db import Experiment, Run, StatsCache, utcnow
 from trainers import REGISTRY
 
@@ -102,7 +102,8 @@ def stats_json(
     problem = unknown_metric(trainer, metric)
     if problem:
         raise SpecError.query("metric", problem)
-    grid = experiment_grid(experiment.spec)
+    spec = experiment.stored_spec
+    grid = stats_grid(spec)
     if factor is not None and factor not in grid:
         raise SpecError.query("factor", f"{factor!r} is not a factor of experiment "
                                      f"{experiment.id}; its factors: {', '.join(grid) or 'none'}")
@@ -118,8 +119,7 @@ def stats_json(
     if offset > total:
         raise SpecError.query("offset", f"offset {offset:,} is past the last of the {total:,} "
                                      "comparisons")
-    analysis = AnalysisSpec.model_validate(experiment.spec.get("analysis") or {})
-    scale = scale or analysis.scale
+    scale = scale or spec.analysis.scale
     page = (f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
             f"|{scale}")
     # An adaptive experiment that has not stopped: its page is stored apart, so that once it
@@ -137,7 +137,7 @@ def stats_json(
         with heavy.slot() if heavy is not None and not light else contextlib.nullcontext():
             return _compute(session=session, experiment=experiment, metric=metric,
                             factor=factor, offset=offset, limit=limit, grid=grid, page=page,
-                            scale=scale, target_ratio=analysis.target_ratio)
+                            scale=scale, target_ratio=spec.analysis.target_ratio)
 
 
 def is_light(grid: dict[str, list[Any]], n_completed: int) -> bool:

@@ -106,7 +106,7 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
         if repeated:
             raise SpecError([body_error(["seeds"], f"experiment {experiment_id} has seeds "
                                     f"{repeated[:10]} already")])
-    spec = ExperimentSpec.stored(experiment.spec)
+    spec = experiment.stored_spec
     conditions = grid_conditions(stats_grid(spec))
     adding = len(conditions) * len(seeds)
     if experiment.n_runs + adding > settings.max_runs_per_experiment:

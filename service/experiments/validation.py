@@ -25,6 +25,7 @@ from service.specs import (
     Refusals,
     condition_key,
     grid_conditions,
+    merged_config,
     seeds_per_task,
     stats_grid,
     unknown_field,
@@ -139,7 +140,7 @@ def validate_spec(
     refusals = Refusals(spec)
     for condition in conditions:
         try:
-            config = trainer.Config.model_validate({**spec.config, **condition})
+            config = trainer.Config.model_validate(merged_config(spec.config, condition))
         except pydantic.ValidationError as exc:
             errors += [body_error(["grid"], f"condition {condition_key(condition)}: {e['msg']}")
                        for e in exc.errors(include_url=False)]

@@ -9,7 +9,6 @@ from sqlmodel import Session, col, select
 from api_schemas import (
     AttemptOut,
     ExperimentDetail,
-    ExperimentSpec,
     ExperimentStatus,
     ExperimentSummary,
     RunDetail,
@@ -47,7 +46,7 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
     summary = experiment_summary(experiment)
     return ExperimentDetail(
         **summary.model_dump(),
-        spec=ExperimentSpec.stored(experiment.spec),
+        spec=experiment.stored_spec,
         n_conditions=experiment.n_conditions,
         adaptive=experiment.adaptive,
         message=stop_message(session, experiment),
@@ -150,8 +149,7 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
     }
     return RunDetail(
         **run_out(run).model_dump(),
-        config=run_config(run.trainer, experiment.spec.get("config", {}), run.condition,
-                          run.provenance.get("config")),
+        config=run_config(experiment.stored_spec, run.condition, run.provenance.get("config")),
         provenance=provenance,
         attempt_history=[AttemptOut.model_validate(a, from_attributes=True) for a in attempts],
     )

@@ -45,7 +45,6 @@ from api_schemas import (
     AdaptiveLook,
     AdaptiveSpec,
     AdaptiveState,
-    ExperimentSpec,
     RunStatus,
     first_line,
     level_key,
@@ -242,7 +241,7 @@ def _decide(session: Session, experiment_id: int, settings: Settings) -> int:
     experiment = session.get(Experiment, experiment_id, populate_existing=True)
     if experiment is None or not experiment.deciding:
         return 0
-    spec = ExperimentSpec.stored(experiment.spec)
+    spec = experiment.stored_spec
     rule = spec.adaptive
     assert rule is not None and experiment.adaptive is not None
     state = AdaptiveState.model_validate(experiment.adaptive)
@@ -317,7 +316,7 @@ def stop_on_error(session: Session, experiment_id: int, error: BaseException) ->
         state = AdaptiveState.model_validate(recorded)
     except ValueError:  # a record this version cannot read: a new one, from the rule if it can
         try:
-            rule = ExperimentSpec.stored(experiment.spec).adaptive
+            rule = experiment.stored_spec.adaptive
         except ValueError:
             rule = None
         state = (AdaptiveState.start(rule) if rule is not None else

@@ -38,7 +38,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
-from api_schemas import RunStatus, storable_text
+from api_schemas import ExperimentSpec, RunStatus, storable_text
 from service.analysis.sources import SourcePlan
 from service.scheduling.adaptive import decide_due
 from service.scheduling.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
@@ -51,7 +51,7 @@ from service.scheduling.run_store import (
     StartedAttempt,
 )
 from service.settings import Settings
-from service.specs import config_condition, seeds_per_task
+from service.specs import merged_config, seeds_per_task
 from service.storage.db import database_trouble, masked_url
 from trainers import REGISTRY
 from workers import run_task
@@ -575,7 +575,7 @@ class Dispatcher:
         if isinstance(template, str):
             raise ValueError(template)
         first = group[0]
-        config = {**template.config, **config_condition(first.condition)}
+        config = merged_config(template.config, first.condition)
         # Ray titles the worker process after its task: "seedgrid-run-7" or, for a
         # seed-batched task, "seedgrid-run-7,8,9,10"
         name = "seedgrid-run-" + ",".join(str(run.id) for run in group)
@@ -608,11 +608,12 @@ class Dispatcher:
         while it has runs in flight: a spec never changes. A spec that cannot make a template
         gives the reason instead, and only that experiment's runs fail."""
         missing = experiment_ids - set(self._templates)
-        for i, spec in store.specs(missing).items():
+        for i, stored in store.specs(missing).items():
             try:
+                spec = ExperimentSpec.stored(stored)
                 self._templates[i] = RunTemplate(
-                    config=dict(spec.get("config", {})), sources=SourcePlan.of(spec),
-                    stop_on_checks=tuple(spec.get("stop_on_checks", ())),
+                    config=dict(spec.config), sources=SourcePlan.of(spec),
+                    stop_on_checks=tuple(spec.stop_on_checks),
                     seeds_per_task=_seeds_per_task(spec))
             except Exception as exc:  # a spec stored by an older version, say
                 self._templates[i] = storable_text(
@@ -808,10 +809,10 @@ def _task_size(template: RunTemplate | str) -> int:
     return template.seeds_per_task if isinstance(template, RunTemplate) else 1
 
 
-def _seeds_per_task(spec: dict[str, Any]) -> int:
-    """The stored spec's seeds per task (1 for a trainer this process does not know: its runs
-    fail on the worker anyway)."""
-    trainer = REGISTRY.get(spec.get("trainer", ""))
+def _seeds_per_task(spec: ExperimentSpec) -> int:
+    """The spec's seeds per task (1 for a trainer this process does not know: its runs fail
+    on the worker anyway)."""
+    trainer = REGISTRY.get(spec.trainer)
     return seeds_per_task(trainer, spec) if trainer is not None else 1
 
 

@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from api_schemas import ExperimentSpec
 from service.scheduling.dispatcher import ensure_ray
 from service.settings import Settings
-from service.specs import Refusals, config_condition
+from service.specs import Refusals, merged_config
 from trainers import Trainer
 from workers.preflight import preflight_task
 
@@ -91,7 +91,7 @@ def distinct_checks(trainer: Trainer, spec: ExperimentSpec,
     conditions with nothing to check are left out."""
     checks: dict[str, Check] = {}
     for condition in conditions:
-        config = trainer.Config.model_validate({**spec.config, **config_condition(condition)})
+        config = trainer.Config.model_validate(merged_config(spec.config, condition))
         inputs = trainer.preflight_inputs(config)
         if inputs:
             key = json.dumps(inputs, sort_keys=True)

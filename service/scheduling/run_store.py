@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import pydantic
 from sqlalchemy import bindparam, case, delete, func, insert, or_, update
 from sqlmodel import Session, select
 
@@ -139,8 +140,6 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
     return ExperimentStatus.queued
 
 
-# A spec stored before stop_after_failures existed stops at the default.
-STOP_AFTER_FAILURES_DEFAULT: int = ExperimentSpec.model_fields["stop_after_failures"].default
 # The error of a run the first-failures stop cancelled starts with this; the rest is the
 # experiment's message (service.experiments.stop_message reads it back).
 STOPPED_RUN_PREFIX = "cancelled: the experiment "
@@ -292,9 +291,11 @@ class RunStore:
             return  # a run ended otherwise (the usual case): the spec is not read
         spec, adaptive = self.session.execute(
             select(Experiment.spec, Experiment.adaptive).where(this)).one()
-        stop_after = spec.get("stop_after_failures", STOP_AFTER_FAILURES_DEFAULT)
-        if not isinstance(stop_after, int) or not failure_stop(counts=counts,
-                                                               stop_after=stop_after):
+        try:
+            stop_after = ExperimentSpec.stored(spec).stop_after_failures
+        except pydantic.ValidationError:
+            return  # a spec this version cannot read stops nothing
+        if not failure_stop(counts=counts, stop_after=stop_after):
             return
         errors = self.session.exec(
             select(Run.error).where(Run.experiment_id == experiment_id,

@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import AutoString, Field, SQLModel, col, create_engine
 
-from api_schemas import AttemptOutcome, ExperimentStatus, RunStatus
+from api_schemas import AttemptOutcome, ExperimentSpec, ExperimentStatus, RunStatus
 
 
 def utcnow() -> datetime:
@@ -84,6 +84,7 @@ class Experiment(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str
     trainer: str
+    # The spec as submitted (ExperimentSpec.model_dump); read it as `stored_spec`, not by key.
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     metric: str
     status: ExperimentStatus = status_column(ExperimentStatus, default=ExperimentStatus.queued,
@@ -114,6 +115,13 @@ class Experiment(SQLModel, table=True):
     # short
     # batches (a delete in one transaction held SQLite's write lock for as long as it took).
     deleted: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+
+    @property
+    def stored_spec(self) -> ExperimentSpec:
+        """The spec as the model it was submitted as (ExperimentSpec.stored, built from the
+        stored JSON): the one form every reader of a stored spec uses, fields typed and
+        defaulted, never read by key."""
+        return ExperimentSpec.stored(self.spec)
 
 
 class Run(SQLModel, table=True):

@@ -86,7 +86,8 @@ def store_completed(api: Api, levels: int, seeds: int, rng_seed: int) -> int:
     engine = make_engine(f"sqlite:///{api.db_path}")
     with Session(engine) as session:
         experiment = Experiment(name="stored", trainer="collapse", metric="min_l2",
-                                spec={"config": {}, "grid": grid}, n_conditions=levels,
+                                spec={"name": "stored", "trainer": "collapse", "grid": grid},
+                                n_conditions=levels,
                                 n_runs=n_runs, runs_completed=n_runs,
                                 status=ExperimentStatus.completed)
         session.add(experiment)

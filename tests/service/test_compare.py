@@ -125,7 +125,7 @@ def test_a_compare_of_two_10000_seed_experiments_stays_within_a_memory_bound(
     with Session(engine) as session:
         for name in ("a", "b"):
             experiment = Experiment(name=name, trainer="collapse", metric="min_l2",
-                                    spec={"config": {}, "grid": {}}, n_conditions=1,
+                                    spec={"name": name, "trainer": "collapse"}, n_conditions=1,
                                     n_runs=10_000, runs_completed=10_000,
                                     status=ExperimentStatus.completed)
             session.add(experiment)

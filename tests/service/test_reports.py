@@ -106,7 +106,8 @@ def store(database_url: str, trainer: str, runs: list[tuple[dict[str, Any], int,
     engine = make_engine(database_url)
     with Session(engine) as session:
         experiment = Experiment(name="reports", trainer=trainer, metric="loss",
-                                spec={"config": {"depth": 3}, "grid": {"width": [4, 8]}},
+                                spec={"name": "reports", "trainer": trainer, "config": {"depth": 3},
+                                      "grid": {"width": [4, 8]}},
                                 n_conditions=2, n_runs=len(runs))
         session.add(experiment)
         session.commit()

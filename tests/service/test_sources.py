@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from api_schemas import RANDOM_SOURCES, SOURCE_FACTOR, SOURCE_LEVELS
+from api_schemas import RANDOM_SOURCES, SOURCE_FACTOR, SOURCE_LEVELS, ExperimentSpec
 from service import cli
 from service.analysis.sources import SourcePlan, source_decomposition, variance_interval
 from service.analysis.stats import experiment_stats
 from service.api.server import BackgroundServer
 from service.experiments import condition_key
 from service.settings import Settings
-from service.specs import config_condition, experiment_grid
+from service.specs import config_condition, stats_grid
 from trainers.random_sources import SOURCES
 
 
@@ -118,10 +118,11 @@ def test_a_decomposition_with_too_few_seeds_or_no_all_level_gives_nulls() -> Non
 
 
 def test_each_level_pins_every_source_but_the_ones_it_varies_to_the_first_seed() -> None:
-    spec = {"grid": {"lr": [0.1]}, "seeds": [7, 3, 9], "decompose_sources": True}
+    spec = ExperimentSpec.stored({"name": "s", "trainer": "cff", "grid": {"lr": [0.1]},
+                                  "seeds": [7, 3, 9], "decompose_sources": True})
     plan = SourcePlan.of(spec)
     assert plan.decomposition_seed == 7
-    assert experiment_grid(spec) == {"lr": [0.1], SOURCE_FACTOR: list(SOURCE_LEVELS)}
+    assert stats_grid(spec) == {"lr": [0.1], SOURCE_FACTOR: list(SOURCE_LEVELS)}
     seeds = {level: plan.source_seeds({"lr": 0.1, SOURCE_FACTOR: level})
              for level in SOURCE_LEVELS}
     assert seeds == {
@@ -131,15 +132,18 @@ def test_each_level_pins_every_source_but_the_ones_it_varies_to_the_first_seed()
         "all": {},
         "none": {"init": 7, "data": 7, "augment": 7, "evaluate": 7},
     }
-    assert SourcePlan.of({"seeds": 4, "decompose_sources": True}).decomposition_seed == 0
+    four = ExperimentSpec.stored({"name": "s", "trainer": "cff", "seeds": 4,
+                                  "decompose_sources": True})
+    assert SourcePlan.of(four).decomposition_seed == 0
     assert config_condition({"lr": 0.1, SOURCE_FACTOR: "init"}) == {"lr": 0.1}
 
 
 def test_pinned_sources_apply_to_every_run_and_no_factor_is_added() -> None:
-    spec = {"grid": {"lr": [0.1, 0.2]}, "seeds": 3, "seed_sources": {"data": 0}}
+    spec = ExperimentSpec.stored({"name": "s", "trainer": "cff", "grid": {"lr": [0.1, 0.2]},
+                                  "seeds": 3, "seed_sources": {"data": 0}})
     plan = SourcePlan.of(spec)
     assert plan.source_seeds({"lr": 0.2}) == {"data": 0}
-    assert experiment_grid(spec) == {"lr": [0.1, 0.2]}
+    assert stats_grid(spec) == {"lr": [0.1, 0.2]}
 
 
 @pytest.fixture

@@ -125,7 +125,8 @@ def store_cff_experiment(url: str, accuracies: dict[str, list[float]], n_test: i
     with Session(engine) as session:
         n_runs = sum(len(v) for v in accuracies.values())
         experiment = Experiment(name="noise", trainer="cff", metric="test_accuracy",
-                                spec={"config": {}, "grid": {"margin_mode": list(accuracies)}},
+                                spec={"name": "noise", "trainer": "cff",
+                                      "grid": {"margin_mode": list(accuracies)}},
                                 n_conditions=len(accuracies), n_runs=n_runs,
                                 runs_completed=n_runs)
         session.add(experiment)

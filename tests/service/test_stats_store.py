@@ -103,7 +103,8 @@ def store_collapse_experiment(url: str, levels: int, seeds: int, rng_seed: int) 
     engine = make_engine(url)
     with Session(engine) as session:
         experiment = Experiment(name="levels", trainer="collapse", metric="min_l2",
-                                spec={"config": {}, "grid": grid}, n_conditions=levels,
+                                spec={"name": "levels", "trainer": "collapse", "grid": grid},
+                                n_conditions=levels,
                                 n_runs=levels * seeds, runs_completed=levels * seeds)
         session.add(experiment)
         session.commit()

@@ -3,6 +3,9 @@ consecutive runs of one experiment and condition, up to its seeds_per_task each.
 
 from __future__ import annotations
 
+from typing import Any
+
+from api_schemas import ExperimentSpec
 from service.scheduling.dispatcher import _seeds_per_task, task_groups
 from service.scheduling.run_store import ClaimedRun
 
@@ -37,7 +40,10 @@ def test_a_stored_spec_takes_its_trainers_default_unless_it_says() -> None:
     from trainers import get_trainer
 
     default = get_trainer("collapse").seeds_per_task_default
-    assert _seeds_per_task({"trainer": "collapse"}) == default
-    assert _seeds_per_task({"trainer": "collapse", "resources": {"seeds_per_task": 3}}) == 3
-    assert _seeds_per_task({"trainer": "collapse", "resources": {"num_cpus": 1.0}}) == default
-    assert _seeds_per_task({"trainer": "no-such-trainer"}) == 1
+    def stored(**spec: Any) -> ExperimentSpec:
+        return ExperimentSpec.stored({"name": "t", **spec})
+
+    assert _seeds_per_task(stored(trainer="collapse")) == default
+    assert _seeds_per_task(stored(trainer="collapse", resources={"seeds_per_task": 3})) == 3
+    assert _seeds_per_task(stored(trainer="collapse", resources={"num_cpus": 1.0})) == default
+    assert _seeds_per_task(stored(trainer="no-such-trainer")) == 1
