@@ -707,18 +707,18 @@ class Dispatcher:
                     self.metrics.dispatch_latency.observe(now - task.claimed_at)
                     harvest.started.append((flight, message))
             elif isinstance(message, MetricBatch):
-                flight = task.runs.get(message.index)
-                if flight is not None:
+                batched = task.runs.get(message.index)
+                if batched is not None:
                     harvest.metrics += [
-                        {"run_id": flight.run_id, "step": s, "epoch": e, "name": n, "value": v}
+                        {"run_id": batched.run_id, "step": s, "epoch": e, "name": n, "value": v}
                         for s, e, n, v in message.points
                     ]
             elif isinstance(message, Result):
-                flight = task.runs.pop(message.index, None)
-                if flight is not None:
-                    harvest.results.append((flight, message.storable()))
-                    del self.in_flight[flight.run_id]
-                    began = (flight.started_at if flight.started_at is not None
+                ended = task.runs.pop(message.index, None)
+                if ended is not None:
+                    harvest.results.append((ended, message.storable()))
+                    del self.in_flight[ended.run_id]
+                    began = (ended.started_at if ended.started_at is not None
                              else task.claimed_at)
                     self.metrics.run_duration.labels(task.trainer).observe(
                         time.monotonic() - began)
@@ -774,10 +774,14 @@ class Dispatcher:
 class TaskRun(Protocol):
     """What task_groups reads of a run: a ClaimedRun, or a queued run's row before its claim."""
 
-    experiment_id: int
-    condition: dict[str, Any]
-    num_cpus: float
-    num_gpus: float
+    @property
+    def experiment_id(self) -> int: ...
+    @property
+    def condition(self) -> dict[str, Any]: ...
+    @property
+    def num_cpus(self) -> float: ...
+    @property
+    def num_gpus(self) -> float: ...
 
 
 R = TypeVar("R", bound=TaskRun)

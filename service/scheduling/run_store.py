@@ -45,7 +45,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, case, delete, func, insert, or_, update
-from sqlmodel import Session, select
+from sqlalchemy import select as sa_select
+from sqlalchemy.engine import CursorResult, Result
+from sqlmodel import Session, col, select
 
 from api_schemas import (
     ExperimentCounts,
@@ -76,6 +78,18 @@ HELD = (RunStatus.pending, RunStatus.running)
 # What a worker's result can end a run as.
 RESULT_STATUSES = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
                              RunStatus.diverged})
+
+
+def changed(result: Result[Any]) -> int:
+    """How many rows the UPDATE or DELETE whose result this is changed."""
+    if not isinstance(result, CursorResult):
+        raise TypeError(f"not the result of an UPDATE or DELETE: {type(result).__name__}")
+    return result.rowcount
+
+
+def ids(rows: Iterable[int | None]) -> list[int]:
+    """The ids read from a primary key column (typed nullable: never null once stored)."""
+    return [i for i in rows if i is not None]
 
 
 def cancelled_error(held: RunStatus) -> str:
@@ -169,6 +183,19 @@ def failure_stop_message(n_failed: int, errors: Sequence[str | None]) -> str:
 
 
 @dataclass(frozen=True)
+class QueuedRun:
+    """A queued run the store may claim: what deciding its task needs."""
+
+    id: int
+    experiment_id: int
+    trainer: str
+    condition: dict[str, Any]
+    seed: int
+    num_cpus: float
+    num_gpus: float
+
+
+@dataclass(frozen=True)
 class ClaimedRun:
     """A queued run the store just made `pending`, with what its task needs."""
 
@@ -217,9 +244,9 @@ class FinishedAttempt:
 
 # The per-run writes of a dispatcher pass as Core statements run once per batch (executemany):
 # building an ORM statement per run cost more than the database's work.
-RUN = Run.__table__  # type: ignore[attr-defined]
-ATTEMPT = RunAttempt.__table__  # type: ignore[attr-defined]
-METRIC = RunMetric.__table__  # type: ignore[attr-defined]
+RUN = Run.metadata.tables["run"]
+ATTEMPT = RunAttempt.metadata.tables["runattempt"]
+METRIC = RunMetric.metadata.tables["metricpoint"]
 _THIS_ATTEMPT = (RUN.c.id == bindparam("b_run"), RUN.c.attempts == bindparam("b_attempt"))
 _START_RUN = update(RUN).where(*_THIS_ATTEMPT).values(
     started_at=bindparam("v_started_at"), node_id=bindparam("v_node_id"),
@@ -268,7 +295,7 @@ class RunStore:
             moves = {count_column(s).key: count_column(s) + n
                      for s, n in self._moves.get(experiment_id, Counter()).items() if n}
             if moves:
-                self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
+                self.session.execute(update(Experiment).where(col(Experiment.id) == experiment_id)
                                      .values(**moves).execution_options(synchronize_session=False))
             if experiment_id in self._failed:
                 self._stop_after_failures(experiment_id)
@@ -283,41 +310,41 @@ class RunStore:
         and the dispatcher is asked to cancel those no worker has started (runs a worker is
         running may finish), each with the reason as its error. An adaptive experiment's
         rounds end with it."""
-        this = Experiment.id == experiment_id
-        read = self._read_counts(experiment_id, Experiment.cancel_requested)
+        this = col(Experiment.id) == experiment_id
+        read = self._read_counts(experiment_id, col(Experiment.cancel_requested))
         if read is None or read[0].cancel_requested:
             return
         counts = read[1]
         if not failure_stop(counts=counts, stop_after=1):
             return  # a run ended otherwise (the usual case): the spec is not read
         spec, adaptive = self.session.execute(
-            select(Experiment.spec, Experiment.adaptive).where(this)).one()
+            select(col(Experiment.spec), col(Experiment.adaptive)).where(this)).one()
         stop_after = spec.get("stop_after_failures", STOP_AFTER_FAILURES_DEFAULT)
         if not isinstance(stop_after, int) or not failure_stop(counts=counts,
                                                                stop_after=stop_after):
             return
         errors = self.session.exec(
-            select(Run.error).where(Run.experiment_id == experiment_id,
-                                    Run.status == RunStatus.failed)
-            .order_by(Run.finished_at, Run.id).limit(counts.failed)  # type: ignore[arg-type]
+            select(col(Run.error)).where(col(Run.experiment_id) == experiment_id,
+                                    col(Run.status) == RunStatus.failed)
+            .order_by(col(Run.finished_at), col(Run.id)).limit(counts.failed)
         ).all()
         message = failure_stop_message(counts.failed, errors)
         error = storable_text(STOPPED_RUN_PREFIX + message)
-        mine = Run.experiment_id == experiment_id
-        cancelled = self.session.execute(
-            update(Run).where(mine, Run.status == RunStatus.queued)
+        mine = col(Run.experiment_id) == experiment_id
+        cancelled = changed(self.session.execute(
+            update(Run).where(mine, col(Run.status) == RunStatus.queued)
             .values(status=RunStatus.cancelled, finished_at=utcnow(), error=error)
-        ).rowcount
-        flagged = self.session.execute(
-            update(Run).where(mine, Run.status == RunStatus.pending,
-                              Run.cancel_requested == False)  # noqa: E712
+        ))
+        flagged = changed(self.session.execute(
+            update(Run).where(mine, col(Run.status) == RunStatus.pending,
+                              col(Run.cancel_requested) == False)  # noqa: E712
             .values(cancel_requested=True, error=error)
-        ).rowcount
+        ))
         if not cancelled and not flagged:
             return
         values: dict[str, Any] = {
-            "runs_queued": Experiment.runs_queued - cancelled,
-            "runs_cancelled": Experiment.runs_cancelled + cancelled}
+            "runs_queued": col(Experiment.runs_queued) - cancelled,
+            "runs_cancelled": col(Experiment.runs_cancelled) + cancelled}
         if adaptive is not None:
             values |= {"deciding": False, "adaptive": {**adaptive, "stop_reason": message,
                                                        "significant": False}}
@@ -332,7 +359,7 @@ class RunStore:
         gone."""
         row = self.session.execute(
             select(*columns, *(count_column(s) for s in RunStatus))
-            .where(Experiment.id == experiment_id)
+            .where(col(Experiment.id) == experiment_id)
         ).first()
         if row is None:
             return None
@@ -340,8 +367,9 @@ class RunStore:
                                         for i, s in enumerate(RunStatus)})
 
     def _refresh_status(self, experiment_id: int) -> None:
-        read = self._read_counts(experiment_id, Experiment.n_runs, Experiment.cancel_requested,
-                                 Experiment.finished_at, Experiment.deciding)
+        read = self._read_counts(experiment_id, col(Experiment.n_runs),
+                                 col(Experiment.cancel_requested),
+                                 col(Experiment.finished_at), col(Experiment.deciding))
         if read is None:
             return
         row, counts = read
@@ -353,7 +381,7 @@ class RunStore:
             values["finished_at"] = utcnow()
         elif not ended and row.finished_at is not None:
             values["finished_at"] = None  # seeds were added to an ended experiment
-        self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
+        self.session.execute(update(Experiment).where(col(Experiment.id) == experiment_id)
                              .values(**values).execution_options(synchronize_session=False))
 
     def lock_experiments(self, experiment_ids: Iterable[int]) -> None:
@@ -369,13 +397,13 @@ class RunStore:
             return
         if self.session.get_bind().dialect.name == "postgresql":
             self.session.execute(
-                select(Experiment.id).where(Experiment.id.in_(ids))  # type: ignore[union-attr]
-                .order_by(Experiment.id).with_for_update()
+                select(col(Experiment.id)).where(col(Experiment.id).in_(ids))
+                .order_by(col(Experiment.id)).with_for_update()
             )
         else:
             self.session.execute(
-                update(Experiment).where(Experiment.id.in_(ids))  # type: ignore[union-attr]
-                .values(priority=Experiment.priority)
+                update(Experiment).where(col(Experiment.id).in_(ids))
+                .values(priority=col(Experiment.priority))
                 .execution_options(synchronize_session=False))
 
     # -- creating and reading ------------------------------------------------------------------
@@ -395,8 +423,8 @@ class RunStore:
         assert experiment.id is not None
         self.create_runs(experiment, rows, shared)
         self.session.execute(
-            update(Experiment).where(Experiment.id == experiment.id)
-            .values(n_runs=Experiment.n_runs + len(rows))
+            update(Experiment).where(col(Experiment.id) == experiment.id)
+            .values(n_runs=col(Experiment.n_runs) + len(rows))
             .execution_options(synchronize_session=False))
         self._moves[experiment.id][RunStatus.queued] += len(rows)
         self._touched.add(experiment.id)
@@ -404,79 +432,82 @@ class RunStore:
     def due_decisions(self) -> list[int]:
         """Adaptive experiments whose next look is due: deciding, with no run queued, pending
         or running (their cancel included: the look then records the stop)."""
-        return list(self.session.exec(
-            select(Experiment.id).where(
-                Experiment.deciding == True,  # noqa: E712
+        return ids(self.session.exec(
+            select(col(Experiment.id)).where(
+                col(Experiment.deciding) == True,  # noqa: E712
                 count_column(RunStatus.queued) == 0, count_column(RunStatus.pending) == 0,
                 count_column(RunStatus.running) == 0)
-            .order_by(Experiment.id)
+            .order_by(col(Experiment.id))
         ).all())
 
     def record_look(self, experiment_id: int, state: dict[str, Any], *, stopped: bool) -> None:
         """Store an adaptive experiment's record after a look; `stopped` ends its rounds (its
         status then follows from its runs like any experiment's)."""
         self.session.execute(
-            update(Experiment).where(Experiment.id == experiment_id)
+            update(Experiment).where(col(Experiment.id) == experiment_id)
             .values(adaptive=state, deciding=not stopped)
             .execution_options(synchronize_session=False))
         self._touched.add(experiment_id)
 
     def next_queued_experiments(self, limit: int) -> list[int]:
         """The experiments of the next `limit` queued runs in claim order."""
-        runs = (select(Run.experiment_id).where(Run.status == RunStatus.queued)
-                .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
+        runs = (select(col(Run.experiment_id)).where(col(Run.status) == RunStatus.queued)
+                .order_by(col(Run.priority).desc(), col(Run.id))
                 .limit(limit).subquery())
         return sorted(self.session.exec(select(runs.c.experiment_id).distinct()).all())
 
     def queued_runs(self) -> int:
         return self.session.exec(
-            select(func.count()).select_from(Run).where(Run.status == RunStatus.queued)
+            select(func.count()).select_from(Run).where(col(Run.status) == RunStatus.queued)
         ).one()
 
     def specs(self, experiment_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
         """Each experiment's stored spec (its base config, how its runs seed their sources)."""
         rows = self.session.exec(
-            select(Experiment.id, Experiment.spec)
-            .where(Experiment.id.in_(sorted(experiment_ids)))  # type: ignore[union-attr]
+            select(col(Experiment.id), col(Experiment.spec))
+            .where(col(Experiment.id).in_(sorted(experiment_ids)))
         ).all()
-        return dict(rows)
+        return {i: spec for i, spec in rows if i is not None}
 
     def cancel_requested(self, run_ids: Iterable[int]) -> list[int]:
         """Of these runs, the ones a cancel was asked for."""
-        return list(self.session.exec(
-            select(Run.id).where(Run.id.in_(list(run_ids)),  # type: ignore[union-attr]
-                                 Run.cancel_requested == True)  # noqa: E712
+        return ids(self.session.exec(
+            select(col(Run.id)).where(col(Run.id).in_(list(run_ids)),
+                                 col(Run.cancel_requested) == True)  # noqa: E712
         ).all())
 
     # -- claiming ------------------------------------------------------------------------------
-    def claim(self, limit: int, *, unschedulable: Any = None,
-              take: Callable[[list[Any]], list[Any]] | None = None) -> list[ClaimedRun]:
+    def claim(self, limit: int, *,
+              unschedulable: Callable[[float, float], str | None] | None = None,
+              take: Callable[[list[QueuedRun]], list[QueuedRun]] | None = None
+              ) -> list[ClaimedRun]:
         """Up to `limit` queued runs in claim order (priority first, then oldest) become
         pending (handed to Ray; `start` makes them running), each with a new attempt.
         `unschedulable(num_cpus, num_gpus)` says why no node can ever hold a run (it then fails
         now) or None. `take(rows)`, when given, keeps the rows (in claim order, each with the
         run's id, experiment_id, condition, num_cpus and num_gpus) that are claimed: the
         dispatcher keeps as many whole tasks as it has room for."""
-        candidates = self.session.exec(
-            select(Run.id, Run.experiment_id, Run.trainer, Run.condition, Run.seed,
-                   Run.num_cpus, Run.num_gpus)
-            .where(Run.status == RunStatus.queued)
-            .order_by(Run.priority.desc(), Run.id)  # type: ignore[attr-defined]
+        candidates = [QueuedRun(*row) for row in self.session.execute(
+            sa_select(RUN.c.id, RUN.c.experiment_id, RUN.c.trainer, RUN.c.condition, RUN.c.seed,
+                   RUN.c.num_cpus, RUN.c.num_gpus)
+            .where(RUN.c.status == RunStatus.queued)
+            .order_by(RUN.c.priority.desc(), RUN.c.id)
             .limit(limit)
-        ).all()
+        ).all()]
         self.lock_experiments(row.experiment_id for row in candidates)
         problems = {row.id: unschedulable(row.num_cpus, row.num_gpus) if unschedulable else None
                     for row in candidates}
         for row in candidates:
-            if problems[row.id] is not None:
-                self._fail_unschedulable(row.id, row.experiment_id, problems[row.id])
+            problem = problems[row.id]
+            if problem is not None:
+                self._fail_unschedulable(row.id, row.experiment_id, problem)
         schedulable = [row for row in candidates if problems[row.id] is None]
         if take is not None:
             schedulable = take(schedulable)
         if not schedulable:
             return []
         # One statement for all: a run a concurrent cancel ended meanwhile is not returned.
-        attempts = dict(self.session.execute(
+        attempts: dict[int, int] = dict(self.session.execute(
             update(RUN).where(RUN.c.id.in_([row.id for row in schedulable]),
                               RUN.c.status == RunStatus.queued)
             .values(status=RunStatus.pending, attempts=RUN.c.attempts + 1,
@@ -594,12 +625,12 @@ class RunStore:
         or for a cancel, whether the run had started."""
         for held in HELD:
             # a cancel keeps an error already set (the first-failures stop's reason)
-            error = func.coalesce(Run.error, cancelled_error(held)) if cancelled else reason
-            moved = self.session.execute(
-                update(Run).where(Run.id == attempt.run_id, Run.status == held,
-                                  Run.attempts == attempt.attempt)
+            error = func.coalesce(col(Run.error), cancelled_error(held)) if cancelled else reason
+            moved = changed(self.session.execute(
+                update(Run).where(col(Run.id) == attempt.run_id, col(Run.status) == held,
+                                  col(Run.attempts) == attempt.attempt)
                 .values(status=status, finished_at=utcnow(), error=error)
-            ).rowcount
+            ))
             if moved:
                 self._moved(attempt.experiment_id, held, status)
                 self._end_attempt(attempt, outcome, reason)
@@ -632,7 +663,7 @@ class RunStore:
                                        unstarted_losses=unstarted)
         if status == RunStatus.queued:
             # the next attempt logs its own curves
-            self.session.execute(delete(RunMetric).where(RunMetric.run_id == run.id))
+            self.session.execute(delete(RunMetric).where(col(RunMetric.run_id) == run.id))
         else:
             # a cancel keeps the reason a first-failures stop gave the run
             keep = status == RunStatus.cancelled and run.error is not None
@@ -646,20 +677,20 @@ class RunStore:
         (or ends cancelled when a cancel was asked), not charged an attempt."""
         for attempt in attempts:
             for held in HELD:
-                this_attempt = (Run.id == attempt.run_id, Run.status == held,
-                                Run.attempts == attempt.attempt)
-                cancelled = self.session.execute(
-                    update(Run).where(*this_attempt, Run.cancel_requested == True)  # noqa: E712
+                this_attempt = (col(Run.id) == attempt.run_id, col(Run.status) == held,
+                                col(Run.attempts) == attempt.attempt)
+                cancelled = changed(self.session.execute(
+                    update(Run).where(*this_attempt, col(Run.cancel_requested) == True)  # noqa: E712
                     .values(status=RunStatus.cancelled, finished_at=utcnow(),
-                            error=func.coalesce(Run.error, cancelled_error(held)))
-                ).rowcount
-                requeued = self.session.execute(
-                    update(Run).where(*this_attempt, Run.cancel_requested == False)  # noqa: E712
+                            error=func.coalesce(col(Run.error), cancelled_error(held)))
+                ))
+                requeued = changed(self.session.execute(
+                    update(Run).where(*this_attempt, col(Run.cancel_requested) == False)  # noqa: E712
                     .values(status=RunStatus.queued)
-                ).rowcount
+                ))
                 self._moved(attempt.experiment_id, held, RunStatus.cancelled, cancelled)
                 self._moved(attempt.experiment_id, held, RunStatus.queued, requeued)
-            self.session.execute(delete(RunMetric).where(RunMetric.run_id == attempt.run_id))
+            self.session.execute(delete(RunMetric).where(col(RunMetric.run_id) == attempt.run_id))
             self._end_attempt(attempt, AttemptOutcome.interrupted, reason)
 
     def requeue_orphans(self, kept: dict[int, int]) -> list[int]:
@@ -668,16 +699,16 @@ class RunStore:
         `retry_decision`). An attempt no worker reported starting (it waited in Ray's queue
         when its dispatcher died) is recorded interrupted, not charged: a service that crashes
         a few times in a row must not fail runs that never ran. Returns the orphans' ids."""
-        held = Run.status.in_(HELD)  # type: ignore[attr-defined]
+        held = col(Run.status).in_(HELD)
         self.lock_experiments(self.session.exec(
-            select(Run.experiment_id).where(held).distinct()).all())
+            select(col(Run.experiment_id)).where(held).distinct()).all())
         running = self.session.exec(select(Run).where(held)).all()
         orphans = [run for run in running if kept.get(run.id or -1) != run.attempts]
         now = utcnow()
         for run in orphans:
-            unfinished = (RunAttempt.run_id == run.id, RunAttempt.finished_at.is_(None))  # type: ignore[union-attr]
+            unfinished = (col(RunAttempt.run_id) == run.id, col(RunAttempt.finished_at).is_(None))
             self.session.execute(
-                update(RunAttempt).where(*unfinished, RunAttempt.worker_pid.is_(None))  # type: ignore[union-attr]
+                update(RunAttempt).where(*unfinished, col(RunAttempt.worker_pid).is_(None))
                 .values(outcome=AttemptOutcome.interrupted, error=ORPHANED, finished_at=now))
             self.session.execute(
                 update(RunAttempt).where(*unfinished)
@@ -690,8 +721,8 @@ class RunStore:
     def _end_attempt(self, attempt: AttemptKey, outcome: AttemptOutcome,
                      error: str | None) -> None:
         self.session.execute(
-            update(RunAttempt).where(RunAttempt.run_id == attempt.run_id,
-                                     RunAttempt.attempt == attempt.attempt)
+            update(RunAttempt).where(col(RunAttempt.run_id) == attempt.run_id,
+                                     col(RunAttempt.attempt) == attempt.attempt)
             .values(outcome=outcome, error=error, finished_at=utcnow())
         )
 
@@ -702,11 +733,11 @@ class RunStore:
         if not run_ids:
             return {}
         rows = self.session.execute(
-            select(RunAttempt.run_id, func.count(),
-                   func.count(case((RunAttempt.worker_pid.is_(None), 1))))  # type: ignore[union-attr]
-            .where(RunAttempt.run_id.in_(run_ids),  # type: ignore[attr-defined]
-                   RunAttempt.outcome == AttemptOutcome.interrupted)
-            .group_by(RunAttempt.run_id)
+            select(col(RunAttempt.run_id), func.count(),
+                   func.count(case((col(RunAttempt.worker_pid).is_(None), 1))))
+            .where(col(RunAttempt.run_id).in_(run_ids),
+                   col(RunAttempt.outcome) == AttemptOutcome.interrupted)
+            .group_by(col(RunAttempt.run_id))
         ).all()
         return {run_id: (count, unstarted) for run_id, count, unstarted in rows}
 
@@ -717,17 +748,18 @@ class RunStore:
         pending run's task is dropped from Ray's queue, a running one's stops)."""
         assert experiment.id is not None
         self.lock_experiments([experiment.id])
-        cancelled = self.session.execute(
-            update(Run).where(Run.experiment_id == experiment.id, Run.status == RunStatus.queued)
+        cancelled = changed(self.session.execute(
+            update(Run).where(col(Run.experiment_id) == experiment.id,
+                              col(Run.status) == RunStatus.queued)
             .values(status=RunStatus.cancelled, finished_at=now or utcnow(),
                     error="cancelled before start")
-        ).rowcount
+        ))
         self.session.execute(
-            update(Run).where(Run.experiment_id == experiment.id,
-                              Run.status.in_(HELD))  # type: ignore[attr-defined]
+            update(Run).where(col(Run.experiment_id) == experiment.id,
+                              col(Run.status).in_(HELD))
             .values(cancel_requested=True)
         )
-        self.session.execute(update(Experiment).where(Experiment.id == experiment.id)
+        self.session.execute(update(Experiment).where(col(Experiment.id) == experiment.id)
                              .values(cancel_requested=True)
                              .execution_options(synchronize_session=False))
         self._moved(experiment.id, RunStatus.queued, RunStatus.cancelled, cancelled)
@@ -739,7 +771,7 @@ class RunStore:
         one due,
         is off. The caller has locked the experiment and checked that no run of it is queued,
         pending or running."""
-        self.session.execute(update(Experiment).where(Experiment.id == experiment_id)
+        self.session.execute(update(Experiment).where(col(Experiment.id) == experiment_id)
                              .values(deleted=True, deciding=False)
                              .execution_options(synchronize_session=False))
         self._touched.discard(experiment_id)
@@ -749,32 +781,35 @@ class RunStore:
         keys): its metric points, then attempts, then runs; once none is left, its stored
         statistics and comparisons with its row. True when its row is gone (the caller commits
         after each step: each is one short transaction)."""
-        runs = select(Run.id).where(Run.experiment_id == experiment_id)
-        for table, mine in ((RunMetric, RunMetric.run_id.in_(runs)),  # type: ignore[attr-defined]
-                            (RunAttempt, RunAttempt.run_id.in_(runs)),  # type: ignore[attr-defined]
-                            (Run, Run.experiment_id == experiment_id)):
-            batch = select(table.id).where(mine).limit(limit).scalar_subquery()  # type: ignore[attr-defined]
-            if self.session.execute(delete(table).where(table.id.in_(batch))).rowcount:  # type: ignore[attr-defined]
+        runs = select(col(Run.id)).where(col(Run.experiment_id) == experiment_id)
+        tables: tuple[tuple[type[RunMetric | RunAttempt | Run], Any, Any], ...] = (
+            (RunMetric, col(RunMetric.id), col(RunMetric.run_id).in_(runs)),
+            (RunAttempt, col(RunAttempt.id), col(RunAttempt.run_id).in_(runs)),
+            (Run, col(Run.id), col(Run.experiment_id) == experiment_id))
+        for table, id_column, mine in tables:
+            batch = sa_select(id_column).where(mine).limit(limit).scalar_subquery()
+            if changed(self.session.execute(delete(table).where(id_column.in_(batch)))):
                 return False
-        self.session.execute(delete(StatsCache).where(StatsCache.experiment_id == experiment_id))
+        self.session.execute(delete(StatsCache)
+                             .where(col(StatsCache.experiment_id) == experiment_id))
         self.session.execute(delete(CompareCache).where(
-            or_(CompareCache.a_id == experiment_id, CompareCache.b_id == experiment_id)))
-        self.session.execute(delete(Experiment).where(Experiment.id == experiment_id,
-                                                      Experiment.deleted == True))  # noqa: E712
+            or_(col(CompareCache.a_id) == experiment_id, col(CompareCache.b_id) == experiment_id)))
+        self.session.execute(delete(Experiment).where(col(Experiment.id) == experiment_id,
+                                                      col(Experiment.deleted) == True))  # noqa: E712
         return True
 
     def deleted_experiments(self) -> list[int]:
         """The experiments marked deleted whose rows are not all removed yet."""
-        return list(self.session.exec(
-            select(Experiment.id).where(Experiment.deleted == True)  # noqa: E712
-            .order_by(Experiment.id)).all())
+        return ids(self.session.exec(
+            select(col(Experiment.id)).where(col(Experiment.deleted) == True)  # noqa: E712
+            .order_by(col(Experiment.id))).all())
 
 
 def recount(session: Session, experiment_id: int) -> ExperimentCounts:
     """An experiment's run counts counted from its runs (what the kept counts must equal)."""
     rows = session.exec(
-        select(Run.status, func.count()).where(Run.experiment_id == experiment_id)
-        .group_by(Run.status)
+        select(col(Run.status), func.count()).where(col(Run.experiment_id) == experiment_id)
+        .group_by(col(Run.status))
     ).all()
     counts: Counter[str] = Counter({RunStatus(status).value: n for status, n in rows})
     return ExperimentCounts(**counts)
