@@ -26,6 +26,7 @@ from service.scheduling.run_rules import (
     ORPHANED,
     RESULT_STATUSES,
     cancelled_error,
+    check_move,
     retry_decision,
 )
 from service.storage.db import AttemptOutcome, Run, RunAttempt, RunMetric, utcnow
@@ -60,6 +61,11 @@ class RunMoves(RunReads):
         self._failed: set[int] = set()
 
     def _moved(self, experiment_id: int, old: RunStatus, new: RunStatus, n: int = 1) -> None:
+        """`n` runs of the experiment moved from `old` to `new` in this transaction: counted
+        for `commit`, each move checked against RunStatus.moves() (IllegalRunMove: the
+        transaction must not commit)."""
+        if n:
+            check_move(old, new)
         if n and old != new:
             self._moves[experiment_id][old] -= n
             self._moves[experiment_id][new] += n

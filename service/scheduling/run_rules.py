@@ -9,18 +9,30 @@ from collections.abc import Sequence
 from api_schemas import ExperimentCounts, ExperimentSpec, ExperimentStatus, RunStatus, first_line
 
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
-ENDED = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
-                   RunStatus.diverged, RunStatus.cancelled})
-# A run a dispatcher holds: handed to Ray (pending) or started by a worker (running).
-HELD = (RunStatus.pending, RunStatus.running)
-# What a worker's result can end a run as.
-RESULT_STATUSES = frozenset({RunStatus.completed, RunStatus.stopped, RunStatus.failed,
-                             RunStatus.diverged})
+# A run a dispatcher holds: handed to Ray (pending) or started by a worker (running), in that
+# order.
+HELD = tuple(s for s in RunStatus if s in RunStatus.active() and s != RunStatus.queued)
+# What a worker's result can end a run as: every end but a cancel.
+RESULT_STATUSES = RunStatus.ended() - {RunStatus.cancelled}
+
+
+class IllegalRunMove(RuntimeError):
+    """The runs store was about to move a run where RunStatus.moves() does not allow: a bug in
+    the store, never the caller's request."""
+
+
+def check_move(old: RunStatus, new: RunStatus) -> None:
+    """Raise IllegalRunMove unless a run in `old` may move to `new` (RunStatus.moves())."""
+    if not old.may_move_to(new):
+        allowed = ", ".join(sorted(RunStatus.moves()[old])) or "nothing: it has ended"
+        raise IllegalRunMove(f"internal error: the runs store moved a run from {old.value} to "
+                             f"{new.value}; a {old.value} run may move to {allowed}")
 
 
 def cancelled_error(held: RunStatus) -> str:
     """The error of a pending or running run that ends cancelled."""
     return "cancelled before start" if held == RunStatus.pending else "cancelled while running"
+
 
 # An attempt lost before any worker reported starting it (its task waited in Ray's queue, or
 # was one of a sequential task's later seeds) is not charged: whatever killed the worker, it was
@@ -82,9 +94,7 @@ def failure_stop(*, counts: ExperimentCounts, stop_after: int) -> bool:
     stopped or diverged, and none was cancelled: a cancel, or this stop, came first), while
     some are still queued, pending or running. A lost worker's retry is not an end; a run lost
     on every attempt is a failure."""
-    ended = (counts.completed + counts.stopped + counts.diverged + counts.cancelled
-             + counts.failed)
-    return (stop_after > 0 and counts.failed >= stop_after and ended == counts.failed
+    return (stop_after > 0 and counts.failed >= stop_after and counts.ended == counts.failed
             and counts.active > 0)
 
 

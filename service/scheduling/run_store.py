@@ -47,7 +47,7 @@ from sqlalchemy import delete, insert, or_, update
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 
-from api_schemas import ExperimentStatus, RunStatus, storable_text
+from api_schemas import RunStatus, storable_text
 from service.scheduling.run_moves import RunMoves
 from service.scheduling.run_reads import changed, count_column, experiment_counts, recount
 from service.scheduling.run_records import (
@@ -62,6 +62,8 @@ from service.scheduling.run_rules import (
     STOP_AFTER_FAILURES_DEFAULT,
     STOPPED_RUN_PREFIX,
     UNSTARTED_LOSSES_ALLOWED,
+    IllegalRunMove,
+    check_move,
     experiment_status,
     failure_stop,
     failure_stop_message,
@@ -79,9 +81,9 @@ from service.storage.db import (
 
 # The store's vocabulary, importable from here as before the store was split.
 __all__ = [
-    "UNSTARTED_LOSSES_ALLOWED", "AttemptKey", "ClaimedRun", "FinishedAttempt", "QueuedRun",
-    "RunStore", "StartedAttempt", "experiment_counts", "experiment_status", "failure_stop",
-    "recount", "retry_decision",
+    "UNSTARTED_LOSSES_ALLOWED", "AttemptKey", "ClaimedRun", "FinishedAttempt", "IllegalRunMove",
+    "QueuedRun", "RunStore", "StartedAttempt", "experiment_counts", "experiment_status",
+    "failure_stop", "recount", "retry_decision",
 ]
 
 log = logging.getLogger("seedgrid.runs")
@@ -138,6 +140,7 @@ class RunStore(RunMoves):
         message = failure_stop_message(counts.failed, errors)
         error = storable_text(STOPPED_RUN_PREFIX + message)
         mine = col(Run.experiment_id) == experiment_id
+        check_move(RunStatus.queued, RunStatus.cancelled)  # counted below, not by _moved
         cancelled = changed(self.session.execute(
             update(Run).where(mine, col(Run.status) == RunStatus.queued)
             .values(status=RunStatus.cancelled, finished_at=utcnow(), error=error)
@@ -170,7 +173,7 @@ class RunStore(RunMoves):
         status = experiment_status(cancel_requested=row.cancel_requested, n_runs=row.n_runs,
                                    counts=counts, deciding=row.deciding)
         values: dict[str, Any] = {"status": status}
-        ended = status not in (ExperimentStatus.queued, ExperimentStatus.running)
+        ended = status.is_ended
         if ended and counts.active == 0 and row.finished_at is None:
             values["finished_at"] = utcnow()
         elif not ended and row.finished_at is not None:
