@@ -1,9 +1,9 @@
-"""How the dispatcher turns claimed runs into Ray tasks (service.scheduling.dispatcher.task_groups):
+"""How the dispatcher turns claimed runs into Ray tasks (service.scheduling.flights.task_groups):
 consecutive runs of one experiment and condition, up to its seeds_per_task each."""
 
 from __future__ import annotations
 
-from service.scheduling.dispatcher import _seeds_per_task, task_groups
+from service.scheduling.flights import spec_seeds_per_task, task_groups
 from service.scheduling.run_store import ClaimedRun
 
 
@@ -16,7 +16,7 @@ def ids(groups: list[list[ClaimedRun]]) -> list[list[int]]:
     return [[run.id for run in group] for group in groups]
 
 
-def test_runs_of_one_condition_share_tasks_of_at_most_seeds_per_task() -> None:
+def test_runs_of_one_condition_share_tasks_of_at_mostspec_seeds_per_task() -> None:
     a, b = {"r": 0.1}, {"r": 0.3}
     runs = [claimed(i, 1, a) for i in range(1, 6)] + [claimed(i, 1, b) for i in range(6, 9)]
     assert ids(task_groups(runs, {1: 2})) == [[1, 2], [3, 4], [5], [6, 7], [8]]
@@ -37,7 +37,7 @@ def test_a_stored_spec_takes_its_trainers_default_unless_it_says() -> None:
     from trainers import get_trainer
 
     default = get_trainer("collapse").seeds_per_task_default
-    assert _seeds_per_task({"trainer": "collapse"}) == default
-    assert _seeds_per_task({"trainer": "collapse", "resources": {"seeds_per_task": 3}}) == 3
-    assert _seeds_per_task({"trainer": "collapse", "resources": {"num_cpus": 1.0}}) == default
-    assert _seeds_per_task({"trainer": "no-such-trainer"}) == 1
+    assert spec_seeds_per_task({"trainer": "collapse"}) == default
+    assert spec_seeds_per_task({"trainer": "collapse", "resources": {"seeds_per_task": 3}}) == 3
+    assert spec_seeds_per_task({"trainer": "collapse", "resources": {"num_cpus": 1.0}}) == default
+    assert spec_seeds_per_task({"trainer": "no-such-trainer"}) == 1
