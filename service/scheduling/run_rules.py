@@ -84,7 +84,7 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
 # A spec stored before stop_after_failures existed stops at the default.
 STOP_AFTER_FAILURES_DEFAULT: int = ExperimentSpec.model_fields["stop_after_failures"].default
 # The error of a run the first-failures stop cancelled starts with this; the rest is the
-# experiment's message (service.experiments.stop_message reads it back).
+# experiment's message, which the runs store also records as the experiment's stop_message.
 STOPPED_RUN_PREFIX = "cancelled: the experiment "
 
 

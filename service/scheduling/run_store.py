@@ -154,7 +154,9 @@ class RunStore(RunMoves):
             return
         values: dict[str, Any] = {
             "runs_queued": col(Experiment.runs_queued) - cancelled,
-            "runs_cancelled": col(Experiment.runs_cancelled) + cancelled}
+            "runs_cancelled": col(Experiment.runs_cancelled) + cancelled,
+            # the message as its runs' errors carry it (storable_text may have shortened it)
+            "stop_message": error.removeprefix(STOPPED_RUN_PREFIX)}
         if adaptive is not None:
             values |= {"deciding": False, "adaptive": {**adaptive, "stop_reason": message,
                                                        "significant": False}}

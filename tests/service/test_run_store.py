@@ -439,6 +439,7 @@ def test_the_first_failures_stop_their_experiment_alone(backend_session: Session
         Run.experiment_id == experiment_id)).all()}
     assert {i for i, r in runs.items() if r.status == RunStatus.cancelled} == {6, 7, 8}
     assert all(runs[i].error == f"cancelled: the experiment {reason}" for i in (5, 6, 7, 8))
+    assert experiment.stop_message == reason  # the experiment's own record of it
     assert runs[5].cancel_requested and runs[5].status == RunStatus.pending  # not started
     assert not runs[4].cancel_requested and runs[4].error is None  # a worker runs it
     assert experiment_detail(session=session, experiment_id=experiment_id).message == reason
