@@ -30,6 +30,13 @@ the dispatcher to cancel those a worker has not started, each with the reason as
 experiment's `message`), in the transaction that stored the last of those failures. Decided per
 experiment, from its own counts: no other experiment's runs are touched.
 
+The store is one class over modules: run_rules (the decisions, no database: the retry policy,
+an experiment's status, the first-failures stop), run_records (what callers pass and get),
+run_reads (locks and reads), run_moves (the moves of attempts: claim, start, finish, lose,
+interrupt); RunStore here adds commit, the counts and statuses, the first-failures stop,
+creating, cancelling and deleting. Every move is checked against RunStatus.moves() (the state
+machine above as a table); one outside it raises IllegalRunMove before anything commits.
+
 Concurrency: the dispatcher and the API's cancel both lock an experiment's row before its runs'
 (`lock_experiments`), in id order, so the two never deadlock on PostgreSQL; SQLite locks the
 whole database.
