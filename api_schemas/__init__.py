@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -153,6 +155,18 @@ class RunStatus(StrEnum):
     def is_ended(self) -> bool:
         return self in _RUN_ENDED
 
+    @classmethod
+    def moves(cls) -> Mapping[RunStatus, frozenset[RunStatus]]:
+        """The runs store's state machine (service.scheduling.run_store): per status, the
+        statuses a run in it may move to. A queued run is claimed (pending), fails (no node can
+        hold it) or is cancelled; a pending or running one starts (pending only), ends with
+        its result, is cancelled, fails, or goes back to the queue (lost and retried, or its
+        dispatcher stopped); an ended run moves no more."""
+        return _RUN_MOVES
+
+    def may_move_to(self, new: RunStatus) -> bool:
+        return new in _RUN_MOVES[self]
+
 
 class AttemptOutcome(StrEnum):
     """How one attempt of a run ended."""
@@ -194,6 +208,14 @@ class ExperimentStatus(StrEnum):
 
 _RUN_ACTIVE = frozenset({RunStatus.queued, RunStatus.pending, RunStatus.running})
 _RUN_ENDED = frozenset(RunStatus) - _RUN_ACTIVE
+# What a worker's result can end a run as: every end but a cancel.
+_RUN_RESULTS = _RUN_ENDED - {RunStatus.cancelled}
+_RUN_MOVES: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType({
+    RunStatus.queued: frozenset({RunStatus.pending, RunStatus.failed, RunStatus.cancelled}),
+    RunStatus.pending: _RUN_RESULTS | {RunStatus.running, RunStatus.cancelled, RunStatus.queued},
+    RunStatus.running: _RUN_RESULTS | {RunStatus.cancelled, RunStatus.queued},
+    **{status: frozenset() for status in _RUN_ENDED},
+})
 _EXPERIMENT_ACTIVE = frozenset({ExperimentStatus.queued, ExperimentStatus.running})
 _EXPERIMENT_ENDED = frozenset(ExperimentStatus) - _EXPERIMENT_ACTIVE
 
@@ -501,6 +523,11 @@ class ExperimentCounts(ResponseModel):
     def active(self) -> int:
         """The runs not ended: queued, pending or running."""
         return self.queued + self.pending + self.running
+
+    @property
+    def ended(self) -> int:
+        """The runs ended, however (RunStatus.ended())."""
+        return sum(getattr(self, status.value) for status in RunStatus.ended())
 
 
 class ExperimentSummary(ResponseModel):

@@ -827,7 +827,7 @@ def connect_ray(settings: Settings) -> None:
     dispatcher's, when a standby takes over; the server's in `seedgrid run`) installs its own
     SIGTERM handler, which aborts the process 3 s after the signal, before Ray is shut down;
     from the main thread, ensure_ray keeps the command's handler."""
-    from service.scheduling.dispatcher import ensure_ray
+    from service.scheduling.ray_helpers import ensure_ray
 
     try:
         ensure_ray(settings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pydantic
 from sqlalchemy import func
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from api_schemas import (
     AttemptOut,
@@ -17,7 +17,7 @@ from api_schemas import (
     RunStop,
 )
 from service.analysis.stats import metric_value
-from service.scheduling.run_store import STOPPED_RUN_PREFIX, experiment_counts
+from service.scheduling.run_store import experiment_counts
 from service.specs import (
     run_config,
 )
@@ -49,27 +49,19 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         spec=experiment.stored_spec,
         n_conditions=experiment.n_conditions,
         adaptive=experiment.adaptive,
-        message=stop_message(session, experiment),
+        message=stop_message(experiment),
     )
 
 
-def stop_message(session: Session, experiment: Experiment) -> str | None:
+def stop_message(experiment: Experiment) -> str | None:
     """Why the experiment stopped before all its runs had run, or None: its adaptive rule
     stopped on a failed look (the rule's record says so), or its first runs all failed
-    (service.scheduling.run_store.failure_stop), which stores the reason as the error of each run it
-    cancels, so it is read back from one of them (only an experiment with a failed run can
-    have one)."""
+    (service.scheduling.run_rules.failure_stop), which the runs store records as the
+    experiment's stop_message."""
     adaptive = experiment.adaptive if isinstance(experiment.adaptive, dict) else {}
     if adaptive.get("error"):  # its rule stopped because a look failed
         return adaptive.get("stop_reason")
-    if not experiment.runs_failed:
-        return None
-    error = session.exec(
-        select(Run.error).where(Run.experiment_id == experiment.id,
-                                col(Run.error).startswith(STOPPED_RUN_PREFIX, autoescape=True))
-        .limit(1)
-    ).first()
-    return error.removeprefix(STOPPED_RUN_PREFIX) if error else None
+    return experiment.stop_message
 
 
 def list_experiments(

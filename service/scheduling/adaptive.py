@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from api_schemas import (
     AdaptiveLook,
@@ -249,8 +249,9 @@ def _decide(session: Session, experiment_id: int, settings: Settings) -> int:
     taken = 0
     if state.next_round is None:
         rows = session.exec(
-            select(Run.condition, Run.seed, Run.metrics)
-            .where(Run.experiment_id == experiment_id, Run.status == RunStatus.completed)
+            select(col(Run.condition), col(Run.seed), col(Run.metrics))
+            .where(col(Run.experiment_id) == experiment_id,
+                   col(Run.status) == RunStatus.completed)
         ).all()
         strata = comparison_strata(grid, rule.comparison, [
             (condition, seed, value) for condition, seed, metrics in rows

@@ -23,47 +23,29 @@ task's life to its driver's, so none of them could outlive this process anyway.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import signal
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
 
 import ray
-from ray.exceptions import RayError, TaskCancelledError
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
-from sqlmodel import Session
 
-from api_schemas import ExperimentSpec, RunStatus, storable_text
-from service.analysis.sources import SourcePlan
+from api_schemas import DispatcherState, storable_text
 from service.scheduling.adaptive import decide_due
+from service.scheduling.flights import Harvest, InFlight, RunTemplate, tasks_of
+from service.scheduling.harvesting import Harvesting
+from service.scheduling.launching import Launching
 from service.scheduling.lease import DispatchLock, LockLost, dispatcher_identity, make_dispatch_lock
 from service.scheduling.metrics import DispatcherMetrics
-from service.scheduling.run_store import (
-    AttemptKey,
-    ClaimedRun,
-    FinishedAttempt,
-    RunStore,
-    StartedAttempt,
-)
+from service.scheduling.ray_helpers import ensure_ray, error_line
+from service.scheduling.run_store import AttemptKey, RunStore
 from service.settings import Settings
-from service.specs import merged_config, seeds_per_task
-from service.storage.db import database_trouble, masked_url
-from trainers import REGISTRY
-from workers import run_task
-from workers.messages import MetricBatch, Result, Started
+from service.storage.db import masked_url
 
 log = logging.getLogger("seedgrid.dispatcher")
 
-# After a cooperative cancel, how long a task gets before it is killed.
-FORCE_CANCEL_AFTER_S = 15.0
-CANCEL_CHECK_INTERVAL_S = 0.25
-# How often the dispatcher re-reads the nodes' resources for the feasibility check.
-NODE_CHECK_INTERVAL_S = 5.0
 # How often a standby tries the lock: the bound on a takeover's delay once the holder is gone.
 STANDBY_POLL_S = 0.5
 # How often the active dispatcher confirms it still holds the lock when it has nothing to write.
@@ -72,120 +54,11 @@ LOCK_CHECK_INTERVAL_S = 1.0
 LOOK_CHECK_INTERVAL_S = 0.5
 
 
-def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]]) -> str | None:
-    """Why no node in `nodes` ((CPUs, GPUs) each) can ever hold a run asking for these, or
-    None when one can (or when nothing is known about the nodes)."""
-    if not nodes or any(c >= num_cpus and g >= num_gpus for c, g in nodes):
-        return None
-    cpus, gpus = max(c for c, _ in nodes), max(g for _, g in nodes)
-    return (f"no node of the Ray cluster can hold this run: it asks for num_cpus={num_cpus:g}, "
-            f"num_gpus={num_gpus:g}, and the largest nodes have {cpus:g} CPUs and {gpus:g} GPUs "
-            f"(set SEEDGRID_FAIL_INFEASIBLE_RUNS=false on an autoscaling cluster)")
+class Dispatcher(Launching, Harvesting):
+    """The dispatcher: its life cycle, the lock, taking over and stopping, and the loop; the
+    parts it is made of launch tasks (service.scheduling.launching) and harvest them
+    (service.scheduling.harvesting)."""
 
-
-def ensure_ray(settings: Settings) -> None:
-    """Join the configured cluster, or start a local Ray, once per process."""
-    if ray.is_initialized():
-        return
-    # ray.init makes SIGTERM exit the process at once; keep the handler we had (uvicorn's, the
-    # dispatcher command's), so that SIGTERM still stops seedgrid cleanly.
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
-    try:
-        if settings.ray_address:
-            ray.init(address=settings.ray_address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-@dataclass(eq=False)
-class TaskFlight:
-    """One Ray task in flight: the seeds of one condition it runs (one, or a seed-batched
-    task's), by their index in the task, while they have no result."""
-
-    generator: Any
-    trainer: str
-    # time.monotonic() at the claim: the dispatch latency (/metrics)
-    claimed_at: float
-    runs: dict[int, InFlight] = field(default_factory=dict)
-    cancel_sent_at: float | None = None
-    # the task's first Started (where it runs)
-    started: Started | None = None
-
-
-@dataclass(eq=False)
-class InFlight:
-    """One run in flight: its attempt, and the task (and place in it) that runs it."""
-
-    run_id: int
-    experiment_id: int
-    attempt: int
-    task: TaskFlight
-    index: int = 0
-    # time.monotonic() at its seed's Started: the run's duration (/metrics)
-    started_at: float | None = None
-
-    @property
-    def key(self) -> AttemptKey:
-        return AttemptKey(run_id=self.run_id, experiment_id=self.experiment_id,
-                          attempt=self.attempt)
-
-    @property
-    def generator(self) -> Any:
-        return self.task.generator
-
-    @property
-    def started(self) -> Started | None:
-        return self.task.started
-
-
-def tasks_of(flights: Any) -> list[TaskFlight]:
-    """The distinct tasks of some flights, in first-seen order."""
-    return list({id(f.task): f.task for f in flights}.values())
-
-
-@dataclass(frozen=True)
-class RunTemplate:
-    """What every run of one experiment shares: the base config, how its runs seed their
-    random sources, the checks on which a run ends early and the seeds one task runs."""
-
-    config: dict[str, Any]
-    sources: SourcePlan
-    stop_on_checks: tuple[str, ...]
-    seeds_per_task: int = 1
-
-
-@dataclass
-class Harvest:
-    """Everything one pump read from Ray, written in one transaction."""
-
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    started: list[tuple[InFlight, Started]] = field(default_factory=list)
-    results: list[tuple[InFlight, Result]] = field(default_factory=list)
-    lost: list[tuple[InFlight, str]] = field(default_factory=list)
-    cancelled: list[InFlight] = field(default_factory=list)
-    # every flight something above came from, by run id
-    flights: dict[int, InFlight] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.metrics or self.started or self.results or self.lost or self.cancelled)
-
-    def only(self, run_ids: set[int]) -> Harvest:
-        """The part of this harvest about the given runs."""
-        return Harvest(
-            metrics=[m for m in self.metrics if m["run_id"] in run_ids],
-            started=[(f, m) for f, m in self.started if f.run_id in run_ids],
-            results=[(f, m) for f, m in self.results if f.run_id in run_ids],
-            lost=[(f, r) for f, r in self.lost if f.run_id in run_ids],
-            cancelled=[f for f in self.cancelled if f.run_id in run_ids],
-            flights={i: f for i, f in self.flights.items() if i in run_ids},
-        )
-
-
-class Dispatcher:
     def __init__(
         self, settings: Settings, engine: Engine, *, lock: DispatchLock | None = None,
         metrics: DispatcherMetrics | None = None,
@@ -219,15 +92,17 @@ class Dispatcher:
         self.step_errors = 0
         self.last_step_error: str | None = None
         self.failing = False
-        # "active" (holds the lock and dispatches), "standby" (waits for the lock) or "stopped"
-        self.state = "stopped"
+        # active (holds the lock and dispatches), standby (waits for the lock) or stopped; the
+        # value /healthz serves (never `absent`: that is an API without a dispatcher)
+        self.state: DispatcherState = DispatcherState.stopped
 
     # -- life cycle ----------------------------------------------------------------------------
+
     def start(self) -> None:
         """Take the lock now if it is free (then Ray is up and orphans re-queued on return);
         otherwise stand by in the background."""
         self._stop.clear()
-        self.state = "standby"
+        self.state = DispatcherState.standby
         acquired = self._try_acquire()
         if acquired is False or (acquired and not self._activate()):
             self._announce_standby()
@@ -242,7 +117,7 @@ class Dispatcher:
             self._thread.join(timeout_s)
         else:
             self.lock.close()
-            self.state = "stopped"
+            self.state = DispatcherState.stopped
 
     @property
     def alive(self) -> bool:
@@ -251,7 +126,7 @@ class Dispatcher:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self.state == "active":
+                if self.state == DispatcherState.active:
                     self._dispatch()
                 else:
                     self._stand_by()
@@ -262,6 +137,7 @@ class Dispatcher:
             self._shut_down()
 
     # -- the lock ------------------------------------------------------------------------------
+
     def _try_acquire(self) -> bool | None:
         """Whether this process holds the lock now; None when the database did not answer."""
         try:
@@ -269,7 +145,7 @@ class Dispatcher:
         except (DBAPIError, OSError) as exc:
             if not self._database_unreachable:
                 log.warning("cannot take the dispatch lock (%s); retrying every %s s",
-                            _first_line(exc), STANDBY_POLL_S)
+                            error_line(exc), STANDBY_POLL_S)
                 self._database_unreachable = True
             return None
         self._database_unreachable = False
@@ -292,7 +168,7 @@ class Dispatcher:
             log.warning("took the dispatch lock but could not take over (%s); standing by", exc)
             self.lock.drop()
             return False
-        self.state = "active"
+        self.state = DispatcherState.active
         self._standby_announced = False
         self._last_lock_check = time.monotonic()
         log.info("dispatcher %s is active on %s", self.identity,
@@ -322,15 +198,12 @@ class Dispatcher:
         """Stop dispatching at once. What is in flight stays in Ray until this process takes
         the lock back (then it is kept) or sees that another dispatcher holds it."""
         self.lock.drop()
-        self.state = "standby"
+        self.state = DispatcherState.standby
         log.error("dispatcher %s lost the dispatch lock (%s) and stopped dispatching; %d runs "
                   "are left in Ray", self.identity, reason, len(self.in_flight))
 
-    def _session(self) -> Session:
-        """A session for the holder's work; on PostgreSQL it runs on the lock's connection."""
-        return Session(bind=self.lock.bind(self.engine))
-
     # -- taking over and stopping --------------------------------------------------------------
+
     def requeue_orphans(self) -> int:
         """Runs pending or running that this process is not running go back to the queue.
 
@@ -359,7 +232,7 @@ class Dispatcher:
         return len(orphans)
 
     def _shut_down(self) -> None:
-        was_active = self.state == "active"
+        was_active = self.state == DispatcherState.active
         if was_active:
             try:
                 self._save_and_interrupt()
@@ -367,7 +240,7 @@ class Dispatcher:
                 log.exception("could not put the runs in flight back in the queue")
         self._cancel_in_ray("the dispatcher stopped", force=True)
         self.lock.close()
-        self.state = "stopped"
+        self.state = DispatcherState.stopped
         log.info("dispatcher %s stopped%s", self.identity,
                  " and released the dispatch lock" if was_active else "")
 
@@ -403,6 +276,7 @@ class Dispatcher:
         self._unsaved = None
 
     # -- the loop ------------------------------------------------------------------------------
+
     def _dispatch(self) -> None:
         while not self._stop.is_set():
             try:
@@ -422,7 +296,7 @@ class Dispatcher:
                     return
                 self.error = exc
                 self.step_errors += 1
-                self.last_step_error = storable_text(f"{type(exc).__name__}: {_first_line(exc)}",
+                self.last_step_error = storable_text(f"{type(exc).__name__}: {error_line(exc)}",
                                                      1000)
                 self.failing = True
                 self.metrics.step_errors.inc()
@@ -456,366 +330,3 @@ class Dispatcher:
         self._last_look_check = now
         with self._session() as session:
             decide_due(session, settings=self.settings)
-
-    def _save_unsaved(self) -> None:
-        """Write the harvest read from Ray. When its transaction fails, write it run by run, so
-        that one run whose rows the database refuses can neither hold back nor fail another:
-        that run alone ends `failed`, with the reason stored. A failure of the database itself
-        (a dropped connection, a lock) keeps what is unwritten for the next loop."""
-        harvest = self._unsaved
-        if harvest is None:
-            return
-        try:
-            self._persist(harvest)
-        except Exception as exc:
-            self.lock.check()  # a lost lock is not the harvest's fault: LockLost, keep it
-            if database_trouble(exc):
-                raise  # kept; the loop pauses and writes it again
-            self._persist_run_by_run(harvest)
-        self._unsaved = None
-
-    def _persist_run_by_run(self, harvest: Harvest) -> None:
-        """Each run's part of `harvest` in its own transaction; a part the database refuses ends
-        its run `failed`. What is not written yet (database trouble, a lost lock) stays unsaved,
-        never a part already written: that would store its points twice."""
-        remaining = set(harvest.flights)
-        trouble: Exception | None = None
-        try:
-            for run_id, flight in list(harvest.flights.items()):
-                try:
-                    self._persist(harvest.only({run_id}))
-                except Exception as exc:
-                    self.lock.check()
-                    if database_trouble(exc):
-                        trouble = exc
-                        continue
-                    reason = f"its results could not be stored: {_first_line(exc)}"
-                    log.error("run %s: %s", run_id, reason)
-                    self._fail_unstorable(flight, storable_text(reason))
-                remaining.discard(run_id)
-        finally:
-            self._unsaved = harvest.only(remaining) if remaining else None
-        if trouble is not None:
-            raise trouble
-
-    def _fail_unstorable(self, flight: InFlight, reason: str) -> None:
-        """The run's rows cannot be stored: end it `failed` with `reason` (not retried: the
-        same config would send the same rows again) and stop its task. In a seed-batched task
-        the other seeds go on: only the failed seed's messages are ignored from now on, and
-        the task is stopped once none of its seeds is left."""
-        if self.in_flight.pop(flight.run_id, None) is not None:
-            flight.task.runs.pop(flight.index, None)
-            if not flight.task.runs:
-                ray.cancel(flight.generator, force=True)
-        try:
-            with self._session() as session:
-                store = RunStore(session)
-                store.lock_experiments([flight.experiment_id])
-                store.fail(flight.key, reason)
-                store.commit()
-        except Exception:  # the next dispatcher to take the lock re-queues it as an orphan
-            log.exception("run %s: could not store its failure either", flight.run_id)
-
-    def _fill(self) -> int:
-        free = self.max_in_flight - len(tasks_of(self.in_flight.values()))
-        if free <= 0:
-            return 0
-        nodes = self._node_capacities()
-        # Only an experiment with runs in flight keeps its template: such an experiment cannot
-        # be deleted, so no cached spec outlives its row (the others are read again when their
-        # runs are claimed, in the claim's transaction).
-        live = {flight.experiment_id for flight in self.in_flight.values()}
-        self._templates = {i: t for i, t in self._templates.items() if i in live}
-        with self._session() as session:
-            store = RunStore(session)
-            # max_in_flight counts tasks: room for `free` tasks as large as those of the
-            # experiments next in the queue, so that a seed-batched experiment's first claim
-            # (after a restart too) makes whole tasks of its seeds_per_task.
-            upcoming = self._run_templates(store, set(store.next_queued_experiments(free)))
-            factor = max([_task_size(t) for t in upcoming.values()], default=1)
-
-            def whole_tasks(rows: list[Any]) -> list[Any]:
-                """The runs of the first `free` tasks the candidates make, no more: one task
-                slot is one task, however many seeds it runs."""
-                sizes = {i: _task_size(t) for i, t in self._run_templates(
-                    store, {row.experiment_id for row in rows}).items()}
-                return [row for group in task_groups(rows, sizes)[:free] for row in group]
-
-            claimed = store.claim(free * factor, take=whole_tasks,
-                                  unschedulable=lambda cpus, gpus: infeasible(cpus, gpus, nodes))
-            templates = self._run_templates(store, {run.experiment_id for run in claimed})
-            store.commit()
-        refused: list[tuple[ClaimedRun, str]] = []
-        for group in task_groups(claimed, {i: _task_size(t) for i, t in templates.items()}):
-            try:
-                task = self._submit(group, templates[group[0].experiment_id])
-            except Exception as exc:  # this task's runs fail; the other tasks go on
-                reason = storable_text(f"its task could not be submitted to Ray: "
-                                       f"{type(exc).__name__}: {_first_line(exc)}")
-                template = templates[group[0].experiment_id]
-                reason = template if isinstance(template, str) else reason
-                log.error("runs %s: %s", ",".join(str(run.id) for run in group), reason)
-                refused += [(run, reason) for run in group]
-                continue
-            for index, run in enumerate(group):
-                flight = InFlight(run_id=run.id, experiment_id=run.experiment_id,
-                                  attempt=run.attempt, task=task, index=index)
-                task.runs[index] = flight
-                self.in_flight[run.id] = flight
-        if refused:
-            self._refused += [(AttemptKey(run_id=run.id, experiment_id=run.experiment_id,
-                                          attempt=run.attempt), reason)
-                              for run, reason in refused]
-            self._store_refused()
-        return len(claimed)
-
-    def _submit(self, group: list[ClaimedRun], template: RunTemplate | str) -> TaskFlight:
-        """One Ray task for a group of claimed runs (one condition's seeds); raises when the
-        experiment's spec cannot make one or Ray refuses it."""
-        if isinstance(template, str):
-            raise ValueError(template)
-        first = group[0]
-        config = merged_config(template.config, first.condition)
-        # Ray titles the worker process after its task: "seedgrid-run-7" or, for a
-        # seed-batched task, "seedgrid-run-7,8,9,10"
-        name = "seedgrid-run-" + ",".join(str(run.id) for run in group)
-        generator = run_task.options(
-            num_cpus=first.num_cpus, num_gpus=first.num_gpus, name=name
-        ).remote(first.trainer, config, [run.seed for run in group],
-                 self.settings.metrics_batch_interval_s,
-                 [template.sources.source_seeds(run.condition) for run in group],
-                 template.stop_on_checks)
-        return TaskFlight(generator=generator, trainer=first.trainer,
-                          claimed_at=time.monotonic())
-
-    def _store_refused(self) -> None:
-        """End the claimed runs Ray refused a task for `failed`, with the reason (not retried:
-        the same spec would be refused again), so that none stays pending outside Ray. Kept
-        for the next pass when the database does not answer."""
-        if not self._refused:
-            return
-        with self._session() as session:
-            store = RunStore(session)
-            store.lock_experiments(key.experiment_id for key, _ in self._refused)
-            for key, reason in self._refused:
-                store.fail(key, reason)
-            store.commit()
-        self._refused = []
-
-    def _run_templates(self, store: RunStore, experiment_ids: set[int]
-                       ) -> dict[int, RunTemplate | str]:
-        """What the runs of each experiment share (from its spec, stored once), read once
-        while it has runs in flight: a spec never changes. A spec that cannot make a template
-        gives the reason instead, and only that experiment's runs fail."""
-        missing = experiment_ids - set(self._templates)
-        for i, stored in store.specs(missing).items():
-            try:
-                spec = ExperimentSpec.stored(stored)
-                self._templates[i] = RunTemplate(
-                    config=dict(spec.config), sources=SourcePlan.of(spec),
-                    stop_on_checks=tuple(spec.stop_on_checks),
-                    seeds_per_task=_seeds_per_task(spec))
-            except Exception as exc:  # a spec stored by an older version, say
-                self._templates[i] = storable_text(
-                    f"its stored spec cannot make a task: {type(exc).__name__}: "
-                    f"{_first_line(exc)}")
-        return {i: self._templates[i] for i in experiment_ids if i in self._templates}
-
-    def _node_capacities(self) -> list[tuple[float, float]]:
-        """(CPUs, GPUs) of every alive Ray node, refreshed every few seconds; empty when the
-        check is off."""
-        if not self.settings.fail_infeasible_runs:
-            return []
-        now = time.monotonic()
-        if now - self._nodes_checked_at > NODE_CHECK_INTERVAL_S:
-            self._nodes = [
-                (float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)))
-                for n in ray.nodes() if n.get("Alive")
-            ]
-            self._nodes_checked_at = now
-        return self._nodes
-
-    def _forward_cancellations(self) -> None:
-        now = time.monotonic()
-        if not self.in_flight or now - self._last_cancel_check < CANCEL_CHECK_INTERVAL_S:
-            return
-        self._last_cancel_check = now
-        with self._session() as session:
-            ids = RunStore(session).cancel_requested(self.in_flight)
-        # A cancel ends every seed of a task (an experiment's cancel asks it of all its runs).
-        for task in tasks_of(self.in_flight[i] for i in ids if i in self.in_flight):
-            if task.cancel_sent_at is None:
-                ray.cancel(task.generator)
-                task.cancel_sent_at = now
-            elif now - task.cancel_sent_at > FORCE_CANCEL_AFTER_S:
-                ray.cancel(task.generator, force=True)
-
-    def _pump(self, timeout_s: float) -> Harvest:
-        harvest = Harvest()
-        if not self.in_flight:
-            if timeout_s:
-                self._stop.wait(timeout_s)
-            return harvest
-        tasks = tasks_of(self.in_flight.values())
-        by_generator = {id(task.generator): task for task in tasks}
-        generators = [task.generator for task in tasks]
-        ready, _ = ray.wait(generators, num_returns=1, timeout=timeout_s)
-        if ready:
-            ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
-        for generator in ready:
-            task = by_generator[id(generator)]
-            harvest.flights.update({f.run_id: f for f in task.runs.values()})
-            try:
-                self._drain(task, harvest)
-            except Exception as exc:  # a message this process cannot read: this task only
-                log.exception("cannot read the messages of task %s", task.runs)
-                self._lose(task, harvest, storable_text(
-                    f"its messages could not be read: {type(exc).__name__}: {_first_line(exc)}"))
-        return harvest
-
-    def _drain(self, task: TaskFlight, harvest: Harvest) -> None:
-        """Read every message the task has ready now."""
-        generator = task.generator
-        while True:
-            try:
-                ref = next(generator)
-                message = ray.get(ref)
-            except StopIteration:
-                self._lose(task, harvest, "the task ended without a result")
-                return
-            except TaskCancelledError:
-                self._end_cancelled(task, harvest)
-                return
-            except RayError as exc:
-                # After a cancel, a worker that ends (forced, or the worker ending itself when
-                # its trainer outlasts the grace: workers.task) ends its runs cancelled.
-                if (task.cancel_sent_at is not None
-                        or isinstance(getattr(exc, "cause", None), TaskCancelledError)):
-                    self._end_cancelled(task, harvest)
-                else:
-                    self._lose(task, harvest,
-                               storable_text(f"{type(exc).__name__}: {_first_line(exc)}"))
-                return
-            if isinstance(message, Started):
-                now = time.monotonic()
-                if task.started is None:
-                    task.started = message
-                # the seeds that began now: all of them, or (a task running its seeds one
-                # after another) each in turn; one dispatch per run attempt
-                indices = task.runs.keys() if message.indices is None else message.indices
-                for flight in [task.runs[i] for i in indices if i in task.runs]:
-                    flight.started_at = now
-                    self.metrics.dispatch_latency.observe(now - task.claimed_at)
-                    harvest.started.append((flight, message))
-            elif isinstance(message, MetricBatch):
-                flight = task.runs.get(message.index)
-                if flight is not None:
-                    harvest.metrics += [
-                        {"run_id": flight.run_id, "step": s, "epoch": e, "name": n, "value": v}
-                        for s, e, n, v in message.points
-                    ]
-            elif isinstance(message, Result):
-                flight = task.runs.pop(message.index, None)
-                if flight is not None:
-                    harvest.results.append((flight, message.storable()))
-                    del self.in_flight[flight.run_id]
-                    began = (flight.started_at if flight.started_at is not None
-                             else task.claimed_at)
-                    self.metrics.run_duration.labels(task.trainer).observe(
-                        time.monotonic() - began)
-                if not task.runs:
-                    return
-            if not generator.next_ready():
-                return
-
-    def _end_cancelled(self, task: TaskFlight, harvest: Harvest) -> None:
-        """The task was cancelled: every seed of it without a result ends cancelled."""
-        for flight in task.runs.values():
-            harvest.cancelled.append(flight)
-            del self.in_flight[flight.run_id]
-        task.runs.clear()
-
-    def _lose(self, task: TaskFlight, harvest: Harvest, reason: str) -> None:
-        """The task died without a result for some seeds: its worker or node is gone (the runs
-        store retries or fails each of those runs when the harvest is written; the seeds that
-        sent their result are kept)."""
-        if not task.runs:
-            return
-        for flight in task.runs.values():
-            harvest.lost.append((flight, reason))
-            del self.in_flight[flight.run_id]
-        task.runs.clear()
-        self.metrics.worker_losses.inc()
-
-    # -- persistence ---------------------------------------------------------------------------
-    def _persist(self, harvest: Harvest) -> None:
-        with self._session() as session:
-            store = RunStore(session)
-            store.lock_experiments(flight.experiment_id for flight in harvest.flights.values())
-            store.start([StartedAttempt(key=flight.key, node_id=started.node_id,
-                                        worker_id=started.worker_id, pid=started.pid)
-                         for flight, started in harvest.started])
-            store.record_points(harvest.metrics)
-            store.finish([FinishedAttempt(
-                key=flight.key, status=result.status, metrics=result.metrics,
-                diagnostics=result.diagnostics, warnings=result.warnings,
-                # where it ran and who stored it, beside what the trainer recorded
-                provenance={**result.provenance,
-                            "hostname": flight.started.hostname if flight.started else None,
-                            "attempt": flight.attempt, "dispatcher": self.identity},
-                error=result.error) for flight, result in harvest.results])
-            for flight in harvest.cancelled:
-                store.end_cancelled(flight.key)
-            for flight, reason in harvest.lost:
-                if store.lose(flight.key, reason) is RunStatus.queued:
-                    log.warning("run %s was lost (%s); retrying", flight.run_id, reason)
-            store.commit()
-
-
-class TaskRun(Protocol):
-    """What task_groups reads of a run: a ClaimedRun, or a queued run's row before its claim."""
-
-    experiment_id: int
-    condition: dict[str, Any]
-    num_cpus: float
-    num_gpus: float
-
-
-R = TypeVar("R", bound=TaskRun)
-
-
-def task_groups(claimed: list[R], sizes: dict[int, int]) -> list[list[R]]:
-    """The claimed (or to be claimed) runs as tasks: consecutive runs (claim order) of one
-    experiment and condition, up to the experiment's seeds_per_task (`sizes`, by experiment
-    id) each; a run's resources are its task's."""
-    groups: list[list[R]] = []
-    open_groups: dict[tuple[Any, ...], list[R]] = {}
-    for run in claimed:
-        size = sizes.get(run.experiment_id, 1)
-        if size <= 1:
-            groups.append([run])
-            continue
-        key = (run.experiment_id, json.dumps(run.condition, sort_keys=True), run.num_cpus,
-               run.num_gpus)
-        group = open_groups.get(key)
-        if group is None or len(group) >= size:
-            group = open_groups[key] = []
-            groups.append(group)
-        group.append(run)
-    return groups
-
-
-def _task_size(template: RunTemplate | str) -> int:
-    return template.seeds_per_task if isinstance(template, RunTemplate) else 1
-
-
-def _seeds_per_task(spec: ExperimentSpec) -> int:
-    """The spec's seeds per task (1 for a trainer this process does not know: its runs fail
-    on the worker anyway)."""
-    trainer = REGISTRY.get(spec.trainer)
-    return seeds_per_task(trainer, spec) if trainer is not None else 1
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -303,6 +303,8 @@ def make_dispatch_lock(database_url: str, identity: str) -> DispatchLock:
     return FileLock(Path(database).resolve(), identity)
 
 
-def _first_line(exc: DBAPIError) -> str:
-    text_ = str(exc.orig).strip()
-    return text_.splitlines()[0] if text_ else type(exc.orig).__name__
+def _first_line(exc: DBAPIError | PendingRollbackError) -> str:
+    """The first line of the driver's error (a PendingRollbackError has none: its own)."""
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    text_ = str(cause).strip()
+    return text_.splitlines()[0] if text_ else type(cause).__name__

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from api_schemas import RunStatus
 from service.storage.db import Experiment
@@ -69,7 +69,8 @@ def database_families(session: Session) -> list[Metric]:
     """Runs by status and the queue depth, summed over the experiments' run counters."""
     columns = [func.coalesce(func.sum(getattr(Experiment, f"runs_{status.value}")), 0)
                for status in RunStatus]
-    totals = session.execute(select(*columns).where(Experiment.deleted == False)).one()  # noqa: E712
+    totals = session.execute(
+        select(*columns).where(col(Experiment.deleted) == False)).one()  # noqa: E712
     by_status = dict(zip(RunStatus, (int(t) for t in totals), strict=True))
     runs = GaugeMetricFamily("seedgrid_runs", "Runs by status, over every experiment",
                              labels=["status"])

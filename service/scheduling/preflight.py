@@ -34,7 +34,7 @@ from ray.exceptions import GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from api_schemas import ExperimentSpec
-from service.scheduling.dispatcher import ensure_ray
+from service.scheduling.ray_helpers import ensure_ray
 from service.settings import Settings
 from service.specs import Refusals, merged_config
 from trainers import Trainer

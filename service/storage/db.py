@@ -115,6 +115,9 @@ class Experiment(SQLModel, table=True):
     # short
     # batches (a delete in one transaction held SQLite's write lock for as long as it took).
     deleted: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    # Why its first runs all failed and it stopped (service.scheduling.run_store's failure
+    # stop), or null; migration 0009 added it, read before from its cancelled runs' errors.
+    stop_message: str | None = None
 
     @property
     def stored_spec(self) -> ExperimentSpec:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.scheduling.dispatcher import infeasible
+from service.scheduling.ray_helpers import infeasible
 
 
 def test_a_request_is_feasible_when_one_node_has_both_cpus_and_gpus() -> None:

@@ -19,12 +19,17 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Integer, MetaData, create_engine, func, inspect, pool
+from sqlalchemy import Column, Integer, MetaData, create_engine, func, inspect, pool, text
 from sqlmodel import Session, SQLModel, select
 
 from api_schemas import ExperimentSpec
 from service.api.server import BackgroundServer
-from service.experiments import cancel_experiment, create_experiment, delete_experiment
+from service.experiments import (
+    cancel_experiment,
+    create_experiment,
+    delete_experiment,
+    experiment_detail,
+)
 from service.scheduling.purge import purge_deleted
 from service.settings import Settings
 from service.storage.db import (
@@ -635,7 +640,8 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     before = _rows(database_url)
     assert upgrade_database(database_url).before == "0007"
     after = _rows(database_url)
-    assert after["experiment"] == [(*row, False) for row in before["experiment"]]
+    # 0008's deleted, and 0009's stop_message (no run of these was stopped)
+    assert after["experiment"] == [(*row, False, None) for row in before["experiment"]]
     assert {t: r for t, r in after.items() if t != "experiment"} == {
         t: r for t, r in before.items() if t != "experiment"}
     assert metadata_diffs(database_url, SQLModel.metadata) == []
@@ -687,3 +693,66 @@ def test_0008_downgrade_removes_what_a_purge_left_and_gives_ids_back_their_old_r
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
     assert _rows(database_url)["run"] == rows["run"]
+
+
+STOPPED = "cancelled: the experiment "  # the prefix of a run error the first-failures stop set
+
+
+def test_0009_gives_a_stopped_experiment_its_stop_message_from_its_runs_errors(
+        database_url: str) -> None:
+    """0009 moves the first-failures stop's message from the errors of the runs it cancelled
+    (kept as they are) into the experiment's stop_message, read as the service read it: only
+    of an experiment with a failed run, the prefix stripped; the other experiments get none."""
+    _migrate(database_url, "0008")
+    message = "stopped after its first 2 runs failed: RuntimeError: boom"
+    # name, runs_failed, then its runs' status and error
+    experiments = [
+        ("stopped", 2, [("failed", "RuntimeError: boom"), ("failed", "RuntimeError: boom"),
+                        ("cancelled", STOPPED + message), ("cancelled", STOPPED + message)]),
+        ("cancelled", 0, [("cancelled", "cancelled before start")]),
+        ("no-failure", 0, [("completed", STOPPED + "is a trainer's own words")]),
+        ("failed", 1, [("failed", "RuntimeError: boom"), ("completed", None)]),
+    ]
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        for name, failed, runs in experiments:
+            spec = json.dumps({"name": name, "trainer": "collapse", "config": {"steps": 50}})
+            connection.execute(text(
+                "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+                "n_conditions, n_runs, cancel_requested, created_at, runs_failed) VALUES "
+                "(:name, 'collapse', :spec, 'min_l2', 'failed', 0, 1, :n, false, "
+                "'2026-01-01 00:00:00', :failed)"),
+                {"name": name, "spec": spec, "n": len(runs), "failed": failed})
+            for seed, (status, error) in enumerate(runs):
+                connection.execute(text(
+                    "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
+                    "status, priority, attempts, max_retries, num_cpus, num_gpus, "
+                    "cancel_requested, metrics, diagnostics, warnings, provenance, error, "
+                    "created_at) SELECT id, '', '{}', :seed, 'collapse', :status, 0, 1, 2, 1, "
+                    "0, false, '{}', '{}', '[]', '{}', :error, '2026-01-01 00:00:00' "
+                    "FROM experiment WHERE name = :name"),
+                    {"seed": seed, "status": status, "error": error, "name": name})
+    engine.dispose()
+    errors_before = _rows(database_url)["run"]
+    assert upgrade_database(database_url).before == "0008"
+
+    def stop_messages() -> dict[str, str | None]:
+        engine = make_engine(database_url)
+        with engine.connect() as connection:
+            found = dict(connection.exec_driver_sql(
+                "SELECT name, stop_message FROM experiment").all())
+        engine.dispose()
+        return found
+
+    assert stop_messages() == {"stopped": message, "cancelled": None, "no-failure": None,
+                               "failed": None}
+    assert _rows(database_url)["run"] == errors_before  # the runs' errors are kept
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        assert [experiment_detail(session=session, experiment_id=i).message
+                for i in (1, 2, 3, 4)] == [message, None, None, None]
+    engine.dispose()
+    _migrate(database_url, "0008", down=True)
+    upgrade_database(database_url)
+    assert stop_messages()["stopped"] == message
+    assert metadata_diffs(database_url, SQLModel.metadata) == []

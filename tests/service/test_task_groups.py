@@ -1,4 +1,4 @@
-"""How the dispatcher turns claimed runs into Ray tasks (service.scheduling.dispatcher.task_groups):
+"""How the dispatcher turns claimed runs into Ray tasks (service.scheduling.flights.task_groups):
 consecutive runs of one experiment and condition, up to its seeds_per_task each."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from api_schemas import ExperimentSpec
-from service.scheduling.dispatcher import _seeds_per_task, task_groups
+from service.scheduling.flights import spec_seeds_per_task, task_groups
 from service.scheduling.run_store import ClaimedRun
 
 
@@ -43,7 +43,7 @@ def test_a_stored_spec_takes_its_trainers_default_unless_it_says() -> None:
     def stored(**spec: Any) -> ExperimentSpec:
         return ExperimentSpec.stored({"name": "t", **spec})
 
-    assert _seeds_per_task(stored(trainer="collapse")) == default
-    assert _seeds_per_task(stored(trainer="collapse", resources={"seeds_per_task": 3})) == 3
-    assert _seeds_per_task(stored(trainer="collapse", resources={"num_cpus": 1.0})) == default
-    assert _seeds_per_task(stored(trainer="no-such-trainer")) == 1
+    assert spec_seeds_per_task(stored(trainer="collapse")) == default
+    assert spec_seeds_per_task(stored(trainer="collapse", resources={"seeds_per_task": 3})) == 3
+    assert spec_seeds_per_task(stored(trainer="collapse", resources={"num_cpus": 1.0})) == default
+    assert spec_seeds_per_task(stored(trainer="no-such-trainer")) == 1

@@ -79,7 +79,7 @@ def get_health(request: Request, session: SessionDep) -> Health:
                   database_error=database_error, ray=ray_state, cluster_resources=resources,
                   version=seedgrid_version(),
                   dispatcher=(DispatcherState.absent if dispatcher is None
-                              else DispatcherState(dispatcher.state)),
+                              else dispatcher.state),
                   dispatcher_step_errors=0 if dispatcher is None else dispatcher.step_errors,
                   dispatcher_error=dispatcher.last_step_error if failing else None)
 

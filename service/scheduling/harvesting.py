@@ -1,0 +1,225 @@
+"""A dispatcher's harvesting (service.scheduling.dispatcher): forward cancels to Ray, read what
+the tasks in flight streamed, and store it in one transaction, or run by run when the database
+refuses a run's rows."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import ray
+from ray.exceptions import RayError, TaskCancelledError
+
+from api_schemas import RunStatus, storable_text
+from service.scheduling.dispatcher_base import DispatcherBase
+from service.scheduling.flights import Harvest, InFlight, TaskFlight, tasks_of
+from service.scheduling.ray_helpers import error_line
+from service.scheduling.run_store import FinishedAttempt, RunStore, StartedAttempt
+from service.storage.db import database_trouble
+from workers.messages import MetricBatch, Result, Started
+
+log = logging.getLogger("seedgrid.dispatcher")
+
+# After a cooperative cancel, how long a task gets before it is killed.
+FORCE_CANCEL_AFTER_S = 15.0
+CANCEL_CHECK_INTERVAL_S = 0.25
+
+
+class Harvesting(DispatcherBase):
+    """Reading from Ray and storing."""
+
+    def _forward_cancellations(self) -> None:
+        now = time.monotonic()
+        if not self.in_flight or now - self._last_cancel_check < CANCEL_CHECK_INTERVAL_S:
+            return
+        self._last_cancel_check = now
+        with self._session() as session:
+            ids = RunStore(session).cancel_requested(self.in_flight)
+        # A cancel ends every seed of a task (an experiment's cancel asks it of all its runs).
+        for task in tasks_of(self.in_flight[i] for i in ids if i in self.in_flight):
+            if task.cancel_sent_at is None:
+                ray.cancel(task.generator)
+                task.cancel_sent_at = now
+            elif now - task.cancel_sent_at > FORCE_CANCEL_AFTER_S:
+                ray.cancel(task.generator, force=True)
+
+    def _pump(self, timeout_s: float) -> Harvest:
+        harvest = Harvest()
+        if not self.in_flight:
+            if timeout_s:
+                self._stop.wait(timeout_s)
+            return harvest
+        tasks = tasks_of(self.in_flight.values())
+        by_generator = {id(task.generator): task for task in tasks}
+        generators = [task.generator for task in tasks]
+        ready, _ = ray.wait(generators, num_returns=1, timeout=timeout_s)
+        if ready:
+            ready, _ = ray.wait(generators, num_returns=len(generators), timeout=0)
+        for generator in ready:
+            task = by_generator[id(generator)]
+            harvest.flights.update({f.run_id: f for f in task.runs.values()})
+            try:
+                self._drain(task, harvest)
+            except Exception as exc:  # a message this process cannot read: this task only
+                log.exception("cannot read the messages of task %s", task.runs)
+                self._lose(task, harvest, storable_text(
+                    f"its messages could not be read: {type(exc).__name__}: {error_line(exc)}"))
+        return harvest
+
+    def _drain(self, task: TaskFlight, harvest: Harvest) -> None:
+        """Read every message the task has ready now."""
+        generator = task.generator
+        while True:
+            try:
+                ref = next(generator)
+                message = ray.get(ref)
+            except StopIteration:
+                self._lose(task, harvest, "the task ended without a result")
+                return
+            except TaskCancelledError:
+                self._end_cancelled(task, harvest)
+                return
+            except RayError as exc:
+                # After a cancel, a worker that ends (forced, or the worker ending itself when
+                # its trainer outlasts the grace: workers.task) ends its runs cancelled.
+                if (task.cancel_sent_at is not None
+                        or isinstance(getattr(exc, "cause", None), TaskCancelledError)):
+                    self._end_cancelled(task, harvest)
+                else:
+                    self._lose(task, harvest,
+                               storable_text(f"{type(exc).__name__}: {error_line(exc)}"))
+                return
+            if isinstance(message, Started):
+                now = time.monotonic()
+                if task.started is None:
+                    task.started = message
+                # the seeds that began now: all of them, or (a task running its seeds one
+                # after another) each in turn; one dispatch per run attempt
+                indices = task.runs.keys() if message.indices is None else message.indices
+                for flight in [task.runs[i] for i in indices if i in task.runs]:
+                    flight.started_at = now
+                    self.metrics.dispatch_latency.observe(now - task.claimed_at)
+                    harvest.started.append((flight, message))
+            elif isinstance(message, MetricBatch):
+                batched = task.runs.get(message.index)
+                if batched is not None:
+                    harvest.metrics += [
+                        {"run_id": batched.run_id, "step": s, "epoch": e, "name": n, "value": v}
+                        for s, e, n, v in message.points
+                    ]
+            elif isinstance(message, Result):
+                ended = task.runs.pop(message.index, None)
+                if ended is not None:
+                    harvest.results.append((ended, message.storable()))
+                    del self.in_flight[ended.run_id]
+                    began = (ended.started_at if ended.started_at is not None
+                             else task.claimed_at)
+                    self.metrics.run_duration.labels(task.trainer).observe(
+                        time.monotonic() - began)
+                if not task.runs:
+                    return
+            if not generator.next_ready():
+                return
+
+    def _end_cancelled(self, task: TaskFlight, harvest: Harvest) -> None:
+        """The task was cancelled: every seed of it without a result ends cancelled."""
+        for flight in task.runs.values():
+            harvest.cancelled.append(flight)
+            del self.in_flight[flight.run_id]
+        task.runs.clear()
+
+    def _lose(self, task: TaskFlight, harvest: Harvest, reason: str) -> None:
+        """The task died without a result for some seeds: its worker or node is gone (the runs
+        store retries or fails each of those runs when the harvest is written; the seeds that
+        sent their result are kept)."""
+        if not task.runs:
+            return
+        for flight in task.runs.values():
+            harvest.lost.append((flight, reason))
+            del self.in_flight[flight.run_id]
+        task.runs.clear()
+        self.metrics.worker_losses.inc()
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def _persist(self, harvest: Harvest) -> None:
+        with self._session() as session:
+            store = RunStore(session)
+            store.lock_experiments(flight.experiment_id for flight in harvest.flights.values())
+            store.start([StartedAttempt(key=flight.key, node_id=started.node_id,
+                                        worker_id=started.worker_id, pid=started.pid)
+                         for flight, started in harvest.started])
+            store.record_points(harvest.metrics)
+            store.finish([FinishedAttempt(
+                key=flight.key, status=result.status, metrics=result.metrics,
+                diagnostics=result.diagnostics, warnings=result.warnings,
+                # where it ran and who stored it, beside what the trainer recorded
+                provenance={**result.provenance,
+                            "hostname": flight.started.hostname if flight.started else None,
+                            "attempt": flight.attempt, "dispatcher": self.identity},
+                error=result.error) for flight, result in harvest.results])
+            for flight in harvest.cancelled:
+                store.end_cancelled(flight.key)
+            for flight, reason in harvest.lost:
+                if store.lose(flight.key, reason) is RunStatus.queued:
+                    log.warning("run %s was lost (%s); retrying", flight.run_id, reason)
+            store.commit()
+
+    def _save_unsaved(self) -> None:
+        """Write the harvest read from Ray. When its transaction fails, write it run by run, so
+        that one run whose rows the database refuses can neither hold back nor fail another:
+        that run alone ends `failed`, with the reason stored. A failure of the database itself
+        (a dropped connection, a lock) keeps what is unwritten for the next loop."""
+        harvest = self._unsaved
+        if harvest is None:
+            return
+        try:
+            self._persist(harvest)
+        except Exception as exc:
+            self.lock.check()  # a lost lock is not the harvest's fault: LockLost, keep it
+            if database_trouble(exc):
+                raise  # kept; the loop pauses and writes it again
+            self._persist_run_by_run(harvest)
+        self._unsaved = None
+
+    def _persist_run_by_run(self, harvest: Harvest) -> None:
+        """Each run's part of `harvest` in its own transaction; a part the database refuses ends
+        its run `failed`. What is not written yet (database trouble, a lost lock) stays unsaved,
+        never a part already written: that would store its points twice."""
+        remaining = set(harvest.flights)
+        trouble: Exception | None = None
+        try:
+            for run_id, flight in list(harvest.flights.items()):
+                try:
+                    self._persist(harvest.only({run_id}))
+                except Exception as exc:
+                    self.lock.check()
+                    if database_trouble(exc):
+                        trouble = exc
+                        continue
+                    reason = f"its results could not be stored: {error_line(exc)}"
+                    log.error("run %s: %s", run_id, reason)
+                    self._fail_unstorable(flight, storable_text(reason))
+                remaining.discard(run_id)
+        finally:
+            self._unsaved = harvest.only(remaining) if remaining else None
+        if trouble is not None:
+            raise trouble
+
+    def _fail_unstorable(self, flight: InFlight, reason: str) -> None:
+        """The run's rows cannot be stored: end it `failed` with `reason` (not retried: the
+        same config would send the same rows again) and stop its task. In a seed-batched task
+        the other seeds go on: only the failed seed's messages are ignored from now on, and
+        the task is stopped once none of its seeds is left."""
+        if self.in_flight.pop(flight.run_id, None) is not None:
+            flight.task.runs.pop(flight.index, None)
+            if not flight.task.runs:
+                ray.cancel(flight.generator, force=True)
+        try:
+            with self._session() as session:
+                store = RunStore(session)
+                store.lock_experiments([flight.experiment_id])
+                store.fail(flight.key, reason)
+                store.commit()
+        except Exception:  # the next dispatcher to take the lock re-queues it as an orphan
+            log.exception("run %s: could not store its failure either", flight.run_id)

@@ -1,0 +1,45 @@
+"""The dispatcher's (and the pre-flight's) dealings with Ray itself: joining it, and whether
+a run's resources fit any of its nodes; one line of an exception for a run's error."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import ray
+
+from service.settings import Settings
+
+
+def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]]) -> str | None:
+    """Why no node in `nodes` ((CPUs, GPUs) each) can ever hold a run asking for these, or
+    None when one can (or when nothing is known about the nodes)."""
+    if not nodes or any(c >= num_cpus and g >= num_gpus for c, g in nodes):
+        return None
+    cpus, gpus = max(c for c, _ in nodes), max(g for _, g in nodes)
+    return (f"no node of the Ray cluster can hold this run: it asks for num_cpus={num_cpus:g}, "
+            f"num_gpus={num_gpus:g}, and the largest nodes have {cpus:g} CPUs and {gpus:g} GPUs "
+            f"(set SEEDGRID_FAIL_INFEASIBLE_RUNS=false on an autoscaling cluster)")
+
+
+def ensure_ray(settings: Settings) -> None:
+    """Join the configured cluster, or start a local Ray, once per process."""
+    if ray.is_initialized():
+        return
+    # ray.init makes SIGTERM exit the process at once; keep the handler we had (uvicorn's, the
+    # dispatcher command's), so that SIGTERM still stops seedgrid cleanly.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    try:
+        if settings.ray_address:
+            ray.init(address=settings.ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an exception (of the driver's error, for a database one)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
