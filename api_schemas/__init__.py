@@ -156,6 +156,12 @@ class RunStatus(StrEnum):
         return self in _RUN_ENDED
 
     @classmethod
+    def succeeded(cls) -> frozenset[RunStatus]:
+        """The ends a spec asks for: completed, or stopped by a check it named (both carry the
+        run's result)."""
+        return _RUN_SUCCEEDED
+
+    @classmethod
     def moves(cls) -> Mapping[RunStatus, frozenset[RunStatus]]:
         """The runs store's state machine (service.scheduling.run_store): per status, the
         statuses a run in it may move to. A queued run is claimed (pending), fails (no node can
@@ -208,6 +214,7 @@ class ExperimentStatus(StrEnum):
 
 _RUN_ACTIVE = frozenset({RunStatus.queued, RunStatus.pending, RunStatus.running})
 _RUN_ENDED = frozenset(RunStatus) - _RUN_ACTIVE
+_RUN_SUCCEEDED = frozenset({RunStatus.completed, RunStatus.stopped})
 # What a worker's result can end a run as: every end but a cancel.
 _RUN_RESULTS = _RUN_ENDED - {RunStatus.cancelled}
 _RUN_MOVES: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType({

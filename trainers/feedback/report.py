@@ -102,7 +102,7 @@ def protocol_report(experiment: ExperimentRecord, runs: Sequence[RunRecord]) -> 
     one)."""
     frozen_axis = FROZEN_AXIS in experiment.grid
     ignores = set(BASELINE_IGNORES) | {FROZEN_AXIS}
-    ended = [r for r in runs if r.status in (RunStatus.completed, RunStatus.stopped)]
+    ended = [r for r in runs if r.status in RunStatus.succeeded()]
     baselines = FrozenRuns(runs, ignores)
     audited = [run_protocol(r, baselines, frozen_axis=frozen_axis) for r in ended]
     return ProtocolReport(
