@@ -73,6 +73,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from api_schemas import environment  # noqa: E402
 from trainers import get_trainer  # noqa: E402
 from trainers.data import load_for  # noqa: E402
 from trainers.data.catalogue import TORCHVISION_DATASETS  # noqa: E402
@@ -674,10 +675,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         fake = missing_datasets((config for config, _ in plain.values()), smoke=args.smoke)
         env = dict(os.environ)
         if fake:
-            roots = os.environ.get("SEEDGRID_DATA_ROOTS", "")
-            env["SEEDGRID_DATA_ROOTS"] = ",".join(filter(None, [
+            roots = environment.text(environment.DATA_ROOTS)
+            env[environment.DATA_ROOTS] = ",".join(filter(None, [
                 roots, f"{FAKE_ROOT_NAME}={fake_dir}"]))
-            os.environ["SEEDGRID_DATA_ROOTS"] = env["SEEDGRID_DATA_ROOTS"]
+            os.environ[environment.DATA_ROOTS] = env[environment.DATA_ROOTS]
         if args.precision is not None:
             taking = [n for n, (c, _) in plain.items() if hasattr(c, "precision")]
             note(f"--precision {args.precision}: "
