@@ -126,7 +126,7 @@ def default_url() -> str:
 
 def default_address() -> tuple[str, str]:
     """default_url() and where it came from: SEEDGRID_URL, the variables of SEEDGRID_HOST and
-    SEEDGRID_PORT that are set, or the default address. An SEEDGRID_PORT that is no port number
+    SEEDGRID_PORT that are set, or the default address. A SEEDGRID_PORT that is no port number
     raises environment.BadVariable."""
     url = environment.text(environment.URL)
     if url:
@@ -435,17 +435,16 @@ class Client:
             time.sleep(wait)
             retry, waited_s = retry + 1, waited_s + wait
 
-    def pages(self, path: str, limit: int, params: Mapping[str, Any] | None = None,
-              most: int | None = None) -> Iterator[Any]:
-        """Every item of a paged list (or its first `most`): pages of `limit` (the endpoint's
-        page size, api_schemas.pages) from offset 0 until one comes back short."""
+    def pages(self, path: str, limit: int, params: Mapping[str, Any] | None = None
+              ) -> Iterator[Any]:
+        """Every item of a paged list: pages of `limit` (the endpoint's page size,
+        api_schemas.pages) from offset 0 until one comes back short."""
         offset = 0
-        while most is None or offset < most:
-            size = limit if most is None else min(limit, most - offset)
+        while True:
             page = self.request("GET", path,
-                                params={**(params or {}), "limit": size, "offset": offset})
+                                params={**(params or {}), "limit": limit, "offset": offset})
             yield from page
-            if len(page) < size:
+            if len(page) < limit:
                 return
             offset += len(page)
 
