@@ -13,18 +13,23 @@ It speaks HTTP only and imports nothing of the service but the contract (api_sch
 works against any deployment. Answers are the api_schemas models; a refusal raises ApiError with
 the status code and the API's detail. A 503 (the database locked or unreachable, every
 heavy-read slot taken) or a 429 (the queue full) did nothing, so the request is sent again
-after the answer's Retry-After, up to `retries` times, before it is raised. pandas is imported
-only when a DataFrame is built.
+after the answer's Retry-After, up to `retries` times and `max_retry_wait_s` seconds of waiting
+in all, before it is raised. pandas is imported only when a DataFrame is built.
+
+It is also the `seedgrid` command's way to the service (service/cli): `request` (the JSON
+answer as served), `pages` (every item of a paged list) and `export` (a file streamed to disk)
+are the one HTTP layer, with one URL rule, one token header and one retry policy.
 """
 
 from __future__ import annotations
 
-import json
+import email.utils
 import math
-import os
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -47,6 +52,7 @@ from api_schemas import (
     SeedsAdded,
     Stats,
     TrainerInfo,
+    environment,
 )
 from api_schemas.pages import (
     COMPARE_PAGE,
@@ -62,28 +68,34 @@ if TYPE_CHECKING:
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-# Page sizes asked for: each list endpoint's maximum.
-ENDED = {ExperimentStatus.completed, ExperimentStatus.partial, ExperimentStatus.failed,
-         ExperimentStatus.cancelled}
-# A run not ended yet: waiting in the queue, handed to Ray, started by a worker.
-ACTIVE = (RunStatus.queued, RunStatus.pending, RunStatus.running)
 POINT_COLUMNS = ["step", "epoch", "name", "value"]
-# Answers that say "not now, nothing was done": sent again after their Retry-After.
+# Answers that say "not now, nothing was done": sent again after their Retry-After, up to
+# MAX_RETRIES times and MAX_RETRY_WAIT_S of waiting in all; an answer that asks for a longer
+# wait than is left is raised at once.
 RETRIED_STATUSES = frozenset({429, 503})
-# The wait when an answer gives no usable Retry-After, and the longest one honoured.
-DEFAULT_RETRY_AFTER_S = 5.0
-MAX_RETRY_AFTER_S = 60.0
+MAX_RETRIES = 3
+MAX_RETRY_WAIT_S = 60.0
+# The wait when such an answer gives no Retry-After that can be read.
+DEFAULT_RETRY_AFTER_S = 1.0
 
 
 class ApiError(Exception):
     """The API refused a request: `status_code` and the API's `detail` (a sentence, or for a
-    422 the list of {loc, msg, type} naming each invalid field)."""
+    422 the list of {loc, msg, type} naming each invalid field). A 503 or 429 raised once its
+    retries are used up says how many were made (`retries`), how long they waited in all
+    (`waited_s`) and the wait the last answer asked for (`retry_after_s`; None for an answer
+    that is not retried)."""
 
-    def __init__(self, method: str, path: str, status_code: int, detail: Any) -> None:
+    def __init__(self, method: str, path: str, status_code: int, detail: Any, *,
+                 retries: int = 0, waited_s: float = 0.0,
+                 retry_after_s: float | None = None) -> None:
         self.method = method
         self.path = path
         self.status_code = status_code
         self.detail = detail
+        self.retries = retries
+        self.waited_s = waited_s
+        self.retry_after_s = retry_after_s
         if isinstance(detail, list):
             shown = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
                               for e in detail if isinstance(e, dict))
@@ -92,15 +104,41 @@ class ApiError(Exception):
         super().__init__(f"{method} {path}: {status_code} {shown}")
 
 
+class Unreachable(ConnectionError):
+    """No answer from the API at `url` (refused, timed out, cut off): `error` is httpx's."""
+
+    def __init__(self, url: str, error: httpx.HTTPError) -> None:
+        self.url = url
+        self.error = error
+        super().__init__(f"cannot reach the seedgrid API at {url}: {error}")
+
+
+# Called before each retry with the answer retried (its `retries`: the retries made before
+# this one) and the seconds that will be waited.
+RetryHook = Callable[[ApiError, float], None]
+
+
 def default_url() -> str:
     """SEEDGRID_URL, else the address `seedgrid serve` listens on (SEEDGRID_HOST and
     SEEDGRID_PORT; a wildcard host is reached on loopback)."""
-    url = os.environ.get("SEEDGRID_URL", "").strip()
+    return default_address()[0]
+
+
+def default_address() -> tuple[str, str]:
+    """default_url() and where it came from: SEEDGRID_URL, the variables of SEEDGRID_HOST and
+    SEEDGRID_PORT that are set, or the default address. A SEEDGRID_PORT that is no port number
+    raises environment.BadVariable."""
+    url = environment.text(environment.URL)
     if url:
-        return url
-    host = os.environ.get("SEEDGRID_HOST", "").strip() or DEFAULT_HOST
-    port = os.environ.get("SEEDGRID_PORT", "").strip() or str(DEFAULT_PORT)
-    return http_url(host, port)
+        return url, environment.URL
+    host = environment.text(environment.HOST) or DEFAULT_HOST
+    port_text = environment.text(environment.PORT) or str(DEFAULT_PORT)
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise environment.BadVariable(environment.PORT, port_text,
+                                      "a port number from 1 to 65535")
+    given = [name for name in (environment.HOST, environment.PORT) if environment.is_set(name)]
+    source = " and ".join(given) if given else "the default address"
+    return http_url(host, int(port_text)), source
 
 
 # Where a client reaches a service listening on every address (the IPv6 wildcard on IPv6
@@ -133,17 +171,33 @@ class StatsFrames:
 
 
 class Client:
-    """The seedgrid API over HTTP. `url` defaults to `default_url()`, `token` to
-    SEEDGRID_API_TOKEN (none: no Authorization header); a 503 or 429 answer is retried
-    `retries` times, each after its Retry-After (at most MAX_RETRY_AFTER_S)."""
+    """The seedgrid API over HTTP. `url` defaults to `default_url()` (`url_source` says where
+    it came from, for messages), `token` to SEEDGRID_API_TOKEN (none: no Authorization header).
+    A 503 or 429 answer is sent again after its Retry-After, `retries` times and
+    `max_retry_wait_s` of waiting in all (`on_retry` is told before each); `transport` replaces
+    the network (httpx.MockTransport, in tests)."""
 
     def __init__(self, url: str | None = None, token: str | None = None, *,
-                 timeout_s: float = 60.0, retries: int = 3) -> None:
-        self.url = url or default_url()
+                 timeout_s: float = 60.0, retries: int = MAX_RETRIES,
+                 max_retry_wait_s: float = MAX_RETRY_WAIT_S, on_retry: RetryHook | None = None,
+                 url_source: str = "the url given",
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if url:
+            self.url, self.url_source = url, url_source
+        else:
+            self.url, self.url_source = default_address()
         self.retries = retries
-        token = token if token is not None else os.environ.get("SEEDGRID_API_TOKEN", "").strip()
+        self.max_retry_wait_s = max_retry_wait_s
+        self.on_retry = on_retry
+        token = token if token is not None else environment.text(environment.API_TOKEN)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers,
+                                  transport=transport)
+
+    @property
+    def base_url(self) -> str:
+        """The URL requests go to, as httpx holds it (with its trailing slash)."""
+        return str(self._http.base_url)
 
     def close(self) -> None:
         self._http.close()
@@ -165,17 +219,17 @@ class Client:
             body = load_spec_file(Path(spec))
         else:
             body = dict(spec)
-        return ExperimentCreated.model_validate(self._json("POST", "/experiments", json=body))
+        return ExperimentCreated.model_validate(self.request("POST", "/experiments", json=body))
 
     def experiment(self, experiment_id: int) -> ExperimentDetail:
-        return ExperimentDetail.model_validate(self._json("GET", f"/experiments/{experiment_id}"))
+        return ExperimentDetail.model_validate(self.request("GET", f"/experiments/{experiment_id}"))
 
     def experiments(self, status: ExperimentStatus | str | None = None
                     ) -> list[ExperimentSummary]:
         """Every experiment (newest first), optionally of one status."""
         params = {} if status is None else {"status": str(status)}
         return [ExperimentSummary.model_validate(e)
-                for e in self._pages("/experiments", EXPERIMENTS_PAGE, params)]
+                for e in self.pages("/experiments", EXPERIMENTS_PAGE, params)]
 
     def wait(self, experiment_id: int, *, progress: bool = True, poll_s: float = 0.5,
              timeout_s: float | None = None) -> ExperimentDetail:
@@ -193,7 +247,8 @@ class Client:
             task = bar.add_task(detail.name, total=detail.n_runs, counts="")
             while True:
                 counts = detail.counts.model_dump()
-                ended = sum(n for status, n in counts.items() if status not in ACTIVE)
+                ended = sum(n for status, n in counts.items()
+                            if status not in RunStatus.active())
                 # an adaptive experiment's total grows with each round
                 bar.update(task, total=detail.n_runs, completed=ended,
                            counts=", ".join(f"{s} {n}" for s, n in counts.items() if n))
@@ -204,14 +259,14 @@ class Client:
 
     def cancel(self, experiment_id: int) -> ExperimentDetail:
         return ExperimentDetail.model_validate(
-            self._json("POST", f"/experiments/{experiment_id}/cancel"))
+            self.request("POST", f"/experiments/{experiment_id}/cancel"))
 
     def add_seeds(self, experiment_id: int, seeds: int | list[int]) -> SeedsAdded:
         """More seeds for every condition: a count (the next unused seeds) or explicit seeds."""
         body = AddSeeds.model_validate({"seeds": seeds}).model_dump(mode="json",
                                                                     exclude_unset=True)
         return SeedsAdded.model_validate(
-            self._json("POST", f"/experiments/{experiment_id}/seeds", json=body))
+            self.request("POST", f"/experiments/{experiment_id}/seeds", json=body))
 
     # -- runs ----------------------------------------------------------------------------------
     def run_list(self, experiment_id: int, status: RunStatus | str | None = None
@@ -219,7 +274,7 @@ class Client:
         """Every run of the experiment as the API's models, in run order."""
         params = {} if status is None else {"status": str(status)}
         return [RunOut.model_validate(r) for r in
-                self._pages(f"/experiments/{experiment_id}/runs", RUNS_PAGE, params)]
+                self.pages(f"/experiments/{experiment_id}/runs", RUNS_PAGE, params)]
 
     def runs(self, experiment_id: int, status: RunStatus | str | None = None) -> pd.DataFrame:
         """One row per run: id, seed, status, condition_key, one column per grid factor, each
@@ -240,7 +295,7 @@ class Client:
         return pd.DataFrame(rows)
 
     def run(self, run_id: int) -> RunDetail:
-        return RunDetail.model_validate(self._json("GET", f"/runs/{run_id}"))
+        return RunDetail.model_validate(self.request("GET", f"/runs/{run_id}"))
 
     def curves(self, experiment_id: int | None = None, *, run_ids: list[int] | None = None,
                name: str | None = None) -> pd.DataFrame:
@@ -255,7 +310,7 @@ class Client:
                               else [self.run(i) for i in run_ids or []])
         frames = []
         for run in runs:
-            points = list(self._pages(f"/runs/{run.id}/metrics", POINTS_PAGE,
+            points = list(self.pages(f"/runs/{run.id}/metrics", POINTS_PAGE,
                                       {} if name is None else {"name": name}))
             head: dict[str, Any] = {"run_id": run.id, "seed": run.seed,
                                     "condition_key": run.condition_key}
@@ -284,11 +339,11 @@ class Client:
             if value is not None:
                 params[name] = value
         path = f"/experiments/{experiment_id}/stats"
-        stats = Stats.model_validate(self._json("GET", path, params=params))
+        stats = Stats.model_validate(self.request("GET", path, params=params))
         comparisons = list(stats.comparisons)
         while stats.next_offset is not None:
             page = Stats.model_validate(
-                self._json("GET", path, params={**params, "offset": stats.next_offset}))
+                self.request("GET", path, params={**params, "offset": stats.next_offset}))
             comparisons += page.comparisons
             stats = stats.model_copy(update={"next_offset": page.next_offset})
         stats = stats.model_copy(update={"comparisons": comparisons, "offset": 0})
@@ -308,10 +363,10 @@ class Client:
         params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
         if metric is not None:
             params["metric"] = metric
-        result = ExperimentComparison.model_validate(self._json("GET", "/compare", params=params))
+        result = ExperimentComparison.model_validate(self.request("GET", "/compare", params=params))
         conditions = list(result.conditions)
         while result.next_offset is not None:
-            page = ExperimentComparison.model_validate(self._json(
+            page = ExperimentComparison.model_validate(self.request(
                 "GET", "/compare", params={**params, "offset": result.next_offset}))
             conditions += page.conditions
             result = result.model_copy(update={"next_offset": page.next_offset})
@@ -319,54 +374,137 @@ class Client:
 
     # -- the service ---------------------------------------------------------------------------
     def trainers(self) -> list[TrainerInfo]:
-        return [TrainerInfo.model_validate(t) for t in self._json("GET", "/trainers")]
+        return [TrainerInfo.model_validate(t) for t in self.request("GET", "/trainers")]
 
     def health(self) -> Health:
-        return Health.model_validate(self._json("GET", "/healthz"))
+        return Health.model_validate(self.request("GET", "/healthz"))
+
+    # -- exports -------------------------------------------------------------------------------
+    def export(self, experiment_id: int, target: str | Path, file_format: str = "csv",
+               what: str = "runs") -> int:
+        """GET /experiments/{id}/export (`what`: runs or curves; `file_format`: csv or parquet)
+        streamed into `target`, through a temporary file beside it, so that a broken download
+        never leaves a truncated file under the name asked for; the bytes written. An OSError
+        of the file is raised as it is."""
+        target = Path(target)
+        partial = target.with_name(target.name + ".part")
+        written = 0
+        with self.stream("GET", f"/experiments/{experiment_id}/export",
+                         params={"format": file_format, "what": what}) as response:
+            try:
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        written += out.write(chunk)
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+        partial.replace(target)
+        return written
 
     # -- HTTP ----------------------------------------------------------------------------------
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        for attempt in range(self.retries + 1):
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The API's JSON answer as served (None for an empty one), after the retries a 503 or
+        429 asks for; ApiError for an error answer, Unreachable when none comes."""
+        retry, waited_s = 0, 0.0
+        while True:
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.HTTPError as exc:
-                raise ConnectionError(
-                    f"cannot reach the seedgrid API at {self.url}: {exc}") from exc
-            if response.status_code not in RETRIED_STATUSES or attempt == self.retries:
-                break
-            time.sleep(retry_after_s(response))
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except (json.JSONDecodeError, AttributeError):
-                detail = response.text
-            raise ApiError(method, path, response.status_code, detail)
-        return response.json()
+                raise Unreachable(self.url, exc) from exc
+            if response.status_code < 400:
+                return response.json() if response.content else None
+            wait = self._retry_wait(method, path, response, retry, waited_s)
+            time.sleep(wait)
+            retry, waited_s = retry + 1, waited_s + wait
 
-    def _pages(self, path: str, limit: int, params: Mapping[str, Any]) -> Iterator[Any]:
-        """Every item of a paged list: pages of `limit` from offset 0 until one comes back
-        short."""
+    @contextmanager
+    def stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        """A response whose body is read as it comes, after request()'s retries; an error
+        answer raises ApiError, a connection lost before or while reading Unreachable."""
+        retry, waited_s = 0, 0.0
+        while True:
+            try:
+                with self._http.stream(method, path, **kwargs) as response:
+                    if response.status_code < 400:
+                        yield response
+                        return
+                    response.read()
+            except httpx.HTTPError as exc:
+                raise Unreachable(self.url, exc) from exc
+            wait = self._retry_wait(method, path, response, retry, waited_s)
+            time.sleep(wait)
+            retry, waited_s = retry + 1, waited_s + wait
+
+    def pages(self, path: str, limit: int, params: Mapping[str, Any] | None = None
+              ) -> Iterator[Any]:
+        """Every item of a paged list: pages of `limit` (the endpoint's page size,
+        api_schemas.pages) from offset 0 until one comes back short."""
         offset = 0
         while True:
-            page = self._json("GET", path, params={**params, "limit": limit, "offset": offset})
+            page = self.request("GET", path,
+                                params={**(params or {}), "limit": limit, "offset": offset})
             yield from page
             if len(page) < limit:
                 return
             offset += len(page)
 
+    def _retry_wait(self, method: str, path: str, response: httpx.Response, retry: int,
+                    waited_s: float) -> float:
+        """The seconds to wait before sending a refused request again, after telling
+        `on_retry`; raises the answer as an ApiError when it is not one to retry, or when the
+        retries or their time are used up."""
+        error = ApiError(method, path, response.status_code, error_detail(response))
+        if response.status_code not in RETRIED_STATUSES:
+            raise error
+        wait = retry_after_s(response)
+        if retry >= self.retries or waited_s + wait > self.max_retry_wait_s:
+            error.retries, error.waited_s, error.retry_after_s = retry, waited_s, wait
+            raise error
+        error.retries = retry
+        if self.on_retry is not None:
+            self.on_retry(error, wait)
+        return wait
+
 
 def retry_after_s(response: httpx.Response) -> float:
-    """The seconds an answer's Retry-After asks for (a number; a date or nothing: the
-    default), at most MAX_RETRY_AFTER_S."""
+    """The wait an answer asks for: its Retry-After, in seconds or as an HTTP date;
+    DEFAULT_RETRY_AFTER_S when it has none that can be read."""
+    value = response.headers.get("Retry-After", "").strip()
     try:
-        wait = float(response.headers.get("retry-after", ""))
+        seconds = float(value)
     except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else DEFAULT_RETRY_AFTER_S
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return DEFAULT_RETRY_AFTER_S
-    return min(max(wait, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(wait) else DEFAULT_RETRY_AFTER_S
+    if when.tzinfo is None:  # "-0000": UTC, the zone of every HTTP date
+        when = when.replace(tzinfo=UTC)
+    return float(max(0, math.ceil((when - datetime.now(UTC)).total_seconds())))
+
+
+def error_detail(response: httpx.Response) -> Any:
+    """An error answer's `detail`, or the first line of its text when it is not the API's JSON
+    (a proxy's page)."""
+    try:
+        body = response.json()
+    except ValueError:
+        lines = response.text.strip().splitlines()
+        return lines[0] if lines else response.reason_phrase
+    return body.get("detail") if isinstance(body, dict) else body
+
+
+def has_ended(status: ExperimentStatus | str, counts: Mapping[str, int]) -> bool:
+    """Whether an experiment is over: its status one that has ended, and none of its runs
+    (`counts`: runs per run status) still active."""
+    return (status in ExperimentStatus.ended()
+            and not any(counts.get(s, 0) for s in RunStatus.active()))
 
 
 def _ended(detail: ExperimentDetail) -> bool:
-    return detail.status in ENDED and not any(getattr(detail.counts, s) for s in ACTIVE)
+    return has_ended(detail.status, detail.counts.model_dump())
 
 
 def _sleep_or_time_out(poll_s: float, deadline: float | None, detail: ExperimentDetail) -> None:

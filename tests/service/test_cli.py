@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 from api_schemas import Comparison
 from service import cli
 from service.analysis.stats import compare, experiment_stats
-from service.cli import abbreviations
+from service.cli import abbreviations, remote, render
+from service.client import Client
 from tests.seedgrid_process import SeedgridProcess
 
 
@@ -152,9 +153,9 @@ def holm_mark(p: float) -> str:
 def test_the_compact_table_shows_the_primary_test_and_its_holm_p_per_factor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     stats = stats_payload()
-    monkeypatch.setattr(cli, "console", Console(width=160, record=True))
+    monkeypatch.setattr(render, "console", Console(width=160, record=True))
     cli.print_stats(stats)
-    shown = cli.console.export_text()
+    shown = render.console.export_text()
     assert max(len(line) for line in shown.splitlines()) <= cli.COMPACT_WIDTH
     # the title (wrapped at the table's width) names the test and the adjustment
     assert ("variance comparisons of loss: var_a / var_b within cells, primary test; Holm p "
@@ -183,9 +184,9 @@ def test_the_compact_table_shows_the_primary_test_and_its_holm_p_per_factor(
     # 2 seeds: no ratio is rejected, so the interval runs to infinity
     few = stats_payload(seeds=2)
     assert few["comparisons"][0]["primary_ci95"][1] is None
-    monkeypatch.setattr(cli, "console", Console(width=160, record=True))
+    monkeypatch.setattr(render, "console", Console(width=160, record=True))
     cli.print_stats(few)
-    _, rows = comparison_table(cli.console.export_text())
+    _, rows = comparison_table(render.console.export_text())
     assert rows[0][5] == f"[{few['comparisons'][0]['primary_ci95'][0]:.2g}, inf]"
 
 
@@ -201,11 +202,11 @@ def mock_service(monkeypatch: pytest.MonkeyPatch, answers: Handler) -> list[http
         sent.append(request)
         return httpx.Response(200, json=answers[request.url.path])
 
-    def client(url: str | None, timeout_s: float) -> cli.ApiClient:
-        return cli.ApiClient(base_url="http://seedgrid.test", transport=httpx.MockTransport(handle))
+    def client(url: str | None, timeout_s: float) -> Client:
+        return Client("http://seedgrid.test", transport=httpx.MockTransport(handle))
 
-    monkeypatch.setattr(cli, "_client", client)
-    monkeypatch.setattr(cli, "console", Console(width=100, record=True))
+    monkeypatch.setattr(remote, "connect", client)
+    monkeypatch.setattr(render, "console", Console(width=100, record=True))
     return sent
 
 
@@ -223,14 +224,14 @@ def test_stats_asks_for_the_scale_and_says_first_that_p_values_are_interim(
     assert result.exit_code == 0, result.output
     (asked,) = [r for r in sent if r.url.path.endswith("/stats")]
     assert asked.url.params["scale"] == "log"
-    shown = cli.console.export_text()
+    shown = render.console.export_text()
     assert shown.index(stats["interim_note"]) < shown.index("per-condition loss")
     assert "variance comparisons of loss (log scale)" in shown
 
     # --all: every p-value says whether it is raw or which family Holm adjusted it over
-    monkeypatch.setattr(cli, "console", Console(width=200, record=True))
+    monkeypatch.setattr(render, "console", Console(width=200, record=True))
     assert CliRunner().invoke(cli.app, ["stats", "7", "--all"]).exit_code == 0
-    everything = cli.console.export_text()
+    everything = render.console.export_text()
     first = stats["comparisons"][0]
     assert f"  primary_p: {first['primary_p']:.6g} (raw)" in everything
     assert (f"  primary_p_holm_factor: {first['primary_p_holm_factor']:.6g} "
@@ -260,7 +261,7 @@ def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
     mock_service(monkeypatch, {"/compare": body})
     result = CliRunner().invoke(cli.app, ["compare", "1", "2"])
     assert result.exit_code == 0, result.output
-    shown = cli.console.export_text()
+    shown = render.console.export_text()
     assert "raw p-values, not adjusted for the conditions compared" in shown
     t = side["comparison"]
     assert t["pairing"] == "paired" and t["mean_test"] == "paired t"

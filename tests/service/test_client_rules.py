@@ -4,12 +4,13 @@ declares in its OpenAPI schema."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from api_schemas import pages
 from service import cli
 from service.api.app import create_app
-from service.client import default_url
+from service.client import ApiError, Client, default_url
 from service.settings import Settings
 
 OPENAPI = create_app(Settings(database_url="sqlite://"), dispatch=False).openapi()
@@ -45,3 +46,31 @@ def limit_maximum(path: str) -> int:
 ])
 def test_the_page_sizes_clients_ask_for_are_the_servers_bounds(path: str, page: int) -> None:
     assert limit_maximum(path) == page
+
+
+def test_the_retry_policy_waits_the_retry_after_and_stops_past_its_time() -> None:
+    """The one policy of the client and the CLI: a 503 or 429 is sent again after its
+    Retry-After, and raised at once when it asks for more than the retries may wait in all."""
+    answers = {"/experiments/1": [(503, "0"), (429, "0"), (200, None)],
+               "/experiments/2": [(429, "3600")]}
+    sent: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        queue = answers[request.url.path]
+        status, wait = queue.pop(0) if len(queue) > 1 else queue[0]
+        headers = {"Retry-After": wait} if wait is not None else {}
+        return httpx.Response(status, headers=headers, json={"detail": "busy"}
+                              if status >= 400 else {"id": 1})
+
+    told: list[tuple[int, int, float]] = []
+    with Client("http://seedgrid.test", transport=httpx.MockTransport(handle),
+                on_retry=lambda error, wait: told.append((error.status_code, error.retries,
+                                                          wait))) as client:
+        assert client.request("GET", "/experiments/1") == {"id": 1}
+        assert told == [(503, 0, 0.0), (429, 1, 0.0)]
+        with pytest.raises(ApiError) as refused:
+            client.request("GET", "/experiments/2")
+    assert (refused.value.status_code, refused.value.retries) == (429, 0)
+    assert refused.value.retry_after_s == 3600.0
+    assert sent.count("/experiments/2") == 1

@@ -209,9 +209,9 @@ def test_every_comparison_of_three_seeds_has_a_finite_f_interval() -> None:
 def test_the_compact_cli_view_fits_100_columns_and_all_shows_every_field(
         monkeypatch: pytest.MonkeyPatch) -> None:
     stats = bundled_like_stats()
-    monkeypatch.setattr(cli, "console", Console(width=160, record=True))
+    monkeypatch.setattr(cli.render, "console", Console(width=160, record=True))
     cli.print_stats(stats)
-    compact = cli.console.export_text()
+    compact = cli.render.console.export_text()
     assert max(len(line) for line in compact.splitlines()) <= 100
     for column in ("pairing", "var ratio", "primary ci95", "Holm p"):
         assert column in compact
@@ -221,9 +221,9 @@ def test_the_compact_cli_view_fits_100_columns_and_all_shows_every_field(
     assert first["within"] is None  # pooled over r: its ratio is the within-cell one
     assert f"{first['var_ratio']:.3g}" in compact.split()
     assert f"{first['marginal_var_ratio']:.3g}" not in compact.split()
-    monkeypatch.setattr(cli, "console", Console(width=160, record=True))
+    monkeypatch.setattr(cli.render, "console", Console(width=160, record=True))
     cli.print_stats(stats, full=True)
-    everything = cli.console.export_text()
+    everything = cli.render.console.export_text()
     for field in first:
         if field not in {"factor", "a", "b", "within", "warnings"}:
             assert f"  {field}: " in everything, field

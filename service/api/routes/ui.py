@@ -8,6 +8,8 @@ that the pages work on a cluster without internet access.
 
 from __future__ import annotations
 
+import html
+import json
 from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
@@ -15,6 +17,8 @@ from importlib.resources.abc import Traversable
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from api_schemas import ExperimentStatus, RunStatus
 
 DASHBOARD_URL = "/ui"
 DOCS_URL = "/docs"
@@ -53,6 +57,27 @@ DOCS_ASSET_REWRITES = {
 }
 
 
+# Where index.html takes the statuses its script needs (a <meta> content: the page's policy runs
+# no inline script).
+STATUSES_MARKER = "__SEEDGRID_STATUSES__"
+
+
+def dashboard_statuses() -> dict[str, list[str]]:
+    """What the dashboard knows of statuses, from the enums rather than restated in its script:
+    every experiment status (its filter), and the active ones of runs and of experiments."""
+    return {"experiment": [s.value for s in ExperimentStatus],
+            "experiment_active": [s.value for s in ExperimentStatus
+                                  if s in ExperimentStatus.active()],
+            "run_active": [s.value for s in RunStatus if s in RunStatus.active()]}
+
+
+@cache
+def dashboard_page() -> str:
+    """index.html with the statuses written into it."""
+    page = _dashboard_file("index.html").read_text(encoding="utf-8")
+    return page.replace(STATUSES_MARKER, html.escape(json.dumps(dashboard_statuses())))
+
+
 def _dashboard_file(name: str) -> Traversable:
     return files("service.api.ui").joinpath("static", name)
 
@@ -77,8 +102,7 @@ def ui_router(app: FastAPI) -> APIRouter:
 
     @router.get(DASHBOARD_URL, response_class=HTMLResponse)
     def dashboard() -> Response:
-        return HTMLResponse(_dashboard_file("index.html").read_text(encoding="utf-8"),
-                            headers=DASHBOARD_HEADERS)
+        return HTMLResponse(dashboard_page(), headers=DASHBOARD_HEADERS)
 
     @router.get(f"{DASHBOARD_URL}/", response_class=RedirectResponse)
     def dashboard_slash() -> Response:

@@ -13,8 +13,12 @@ const RUNS_PAGE = 1000;
 const MAX_RUN_PAGES = 10;
 const POINTS_PAGE = 10000;
 const MAX_RUN_POINT_PAGES = 5;
-// Statuses of a run (or an experiment) not ended yet; `pending`: handed to Ray, no worker yet.
-const ACTIVE = new Set(["queued", "pending", "running"]);
+// The statuses of the service's enums (api_schemas' RunStatus and ExperimentStatus), which the
+// route serving this page writes into its <meta name="seedgrid-statuses">: every experiment
+// status, and those of a run and of an experiment not ended yet (`pending`: handed to Ray, no
+// worker yet).
+const STATUSES = JSON.parse(document.querySelector('meta[name="seedgrid-statuses"]').content);
+const ACTIVE = new Set([...STATUSES.run_active, ...STATUSES.experiment_active]);
 const COLORS = ["#2456a6", "#d1495b", "#2a9d8f", "#e9a23b", "#7b4fb5", "#5b8c2a", "#c2417f",
   "#3d7ea6", "#8c6d31", "#555555"];
 
@@ -100,7 +104,7 @@ function statusBadge(status) {
 }
 
 function progress(counts, total) {
-  const done = total - (counts.queued || 0) - (counts.pending || 0) - (counts.running || 0);
+  const done = total - STATUSES.run_active.reduce((n, s) => n + (counts[s] || 0), 0);
   const share = total ? (100 * done) / total : 0;
   return el("span", {}, el("span", { class: "bar" }, el("span", { style: `width:${share}%` })),
     `${done}/${total}`);
@@ -407,7 +411,7 @@ async function showList() {
   const nameFilter = el("input", { type: "search", placeholder: "filter by name",
     "data-role": "name-filter", value: listState.name });
   const statusFilter = el("select", { "data-role": "status-filter" },
-    ["", "queued", "running", "completed", "partial", "failed", "cancelled"].map((s) =>
+    ["", ...STATUSES.experiment].map((s) =>
       el("option", { value: s, selected: s === listState.status, text: s || "any status" })));
   const note = el("span", { class: "muted" });
   const body = el("tbody");

@@ -1,0 +1,74 @@
+"""The `seedgrid` command line: serve, dispatcher, `run` (all in one process), the client
+commands (submit, list, status, runs, watch, stats, protocol, compare, cancel, delete, export,
+trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
+
+Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
+rows); the tables fold long condition keys at their commas, never cutting a key or a number,
+so they stay whole at 80 columns. The client commands reach the service through
+service.client.Client, which asks again after the Retry-After of a 503 or 429, a bounded
+number of times.
+
+The parts: server (the commands that run the service), commands and inspect (the client
+commands), follow (watch and the report after it), remote (the client and its errors as
+one-line exits), render (what is printed), common (options and errors every command shares).
+The commands are registered here, in the order `seedgrid --help` lists them."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from service.cli import commands, inspect, server
+from service.cli.remote import default_url
+from service.cli.render import (
+    COMPACT_WIDTH,
+    abbreviations,
+    console,
+    err,
+    print_all_stats,
+    print_stats,
+    print_stats_csv,
+    print_table,
+)
+from service.cli.server import warn_of_the_old_default
+from service.client import MAX_RETRIES
+
+__all__ = ["COMPACT_WIDTH", "MAX_RETRIES", "abbreviations", "app", "console", "db_app",
+           "default_url", "err", "main", "print_all_stats", "print_stats", "print_stats_csv",
+           "print_table", "warn_of_the_old_default"]
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="seedgrid: does an implementation choice change the seed-to-seed variance?",
+)
+db_app = typer.Typer(no_args_is_help=True, help="The database schema: apply and show migrations.")
+app.add_typer(db_app, name="db")
+
+app.command()(server.serve)
+app.command()(server.dispatcher)
+app.command()(commands.submit)
+app.command()(commands.status)
+app.command("add-seeds")(commands.add_seeds)
+app.command()(inspect.compare)
+app.command()(inspect.stats)
+app.command("list")(commands.list_experiments)
+app.command()(commands.runs)
+app.command("watch")(commands.watch_command)
+app.command()(commands.cancel)
+app.command()(commands.delete)
+app.command()(inspect.protocol)
+app.command()(commands.export)
+app.command()(inspect.trainers)
+app.command()(inspect.plan)
+app.command()(server.run)
+db_app.command("upgrade")(server.db_upgrade)
+db_app.command("current")(server.db_current)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

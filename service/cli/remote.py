@@ -1,0 +1,105 @@
+"""The client commands' one way to the service: a service.client.Client (its URL rule, token
+header, pager and Retry-After policy), whose errors stop the command with one line: where the
+service was looked for when it cannot be reached, the API's detail when it refuses (each
+invalid field of a 422), and how long the retries of a 503 or 429 waited."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+
+import service.cli.render as render
+from api_schemas import environment
+from service.cli.common import fail
+from service.client import MAX_RETRIES, ApiError, Client, Unreachable, default_address
+
+# Where an address given to a command came from.
+URL_OPTION = "--url or SEEDGRID_URL"
+
+
+def default_url() -> tuple[str, str]:
+    """The address `seedgrid serve` listens on by this environment's settings (the client's
+    rule: http://SEEDGRID_HOST:SEEDGRID_PORT, a wildcard host reached on loopback), and where
+    it came from; a bad SEEDGRID_PORT stops the command."""
+    try:
+        return default_address()
+    except environment.BadVariable as exc:
+        raise fail(str(exc)) from None
+
+
+def connect(url: str | None, timeout_s: float) -> Client:
+    """A client of the service at `url` (else default_url()) that says each retry on stderr."""
+    source = URL_OPTION
+    if url is None:
+        url, source = default_url()
+    return Client(url, timeout_s=timeout_s, url_source=source, on_retry=_say_retry)
+
+
+def ask(client: Client, method: str, path: str, **kwargs: Any) -> Any:
+    """The API's JSON answer; an error answer stops the command with one message, after the
+    retries a 503 or 429 asks for."""
+    with _stop_on_errors(client):
+        return client.request(method, path, **kwargs)
+
+
+def pages(client: Client, path: str, limit: int, params: dict[str, Any] | None = None
+          ) -> Iterator[Any]:
+    """Every item of a paged list endpoint, a page of `limit` at a time."""
+    with _stop_on_errors(client):
+        yield from client.pages(path, limit, params)
+
+
+def export(client: Client, experiment_id: int, target: Path, file_format: str,
+           what: str) -> int:
+    """The experiment's export written to `target` (Client.export); the bytes written."""
+    try:
+        return client.export(experiment_id, target, file_format, what)
+    except Unreachable as exc:
+        raise fail(f"cannot export from the seedgrid API at {client.base_url}: "
+                   f"{exc.error}") from None
+    except ApiError as exc:
+        raise refused(exc, fields=False) from None
+    except OSError as exc:
+        raise fail(f"cannot write {target}: {exc.strerror}") from None
+
+
+@contextmanager
+def _stop_on_errors(client: Client) -> Iterator[None]:
+    try:
+        yield
+    except Unreachable as exc:
+        raise fail(f"cannot reach the seedgrid API at {client.base_url} (from "
+                   f"{client.url_source}; set --url or SEEDGRID_URL to reach another): "
+                   f"{exc.error}") from None
+    except ApiError as exc:
+        raise refused(exc) from None
+
+
+def _answer(error: ApiError) -> str:
+    return f"{error.method} {error.path}: {error.status_code} {error.detail}"
+
+
+def refused(error: ApiError, fields: bool = True) -> typer.Exit:
+    """The exit of a command the API refused: a 503 or 429 after its retries, with what they
+    waited; with `fields`, a 422's invalid fields one a line."""
+    if error.retry_after_s is not None:
+        tried = (f" (after {error.retries} retries over {error.waited_s:.0f} s)"
+                 if error.retries else "")
+        return fail(f"{_answer(error)}{tried}; it asks to retry in {error.retry_after_s:g} s")
+    if error.status_code == 422 and fields:
+        detail = error.detail
+        lines = ([f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
+                 if isinstance(detail, list) else [f"  {detail}"])
+        what = ("the spec was rejected" if (error.method, error.path) == ("POST", "/experiments")
+                else f"{error.method} {error.path} was refused")
+        return fail(f"{what}:\n" + "\n".join(lines))
+    return fail(_answer(error))
+
+
+def _say_retry(error: ApiError, wait_s: float) -> None:
+    render.err.print(f"{_answer(error)}; retrying in {wait_s:g} s ({error.retries + 1} of "
+                     f"{MAX_RETRIES})", markup=False, soft_wrap=True)
