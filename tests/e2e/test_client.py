@@ -1,4 +1,4 @@
-"""The Python client (service/client.py) end to end over HTTP: a YAML spec submitted, waited
+"""The Python client (service/client/) end to end over HTTP: a YAML spec submitted, waited
 for, and its runs, statistics and curves read as DataFrames equal to what the API serves.
 
 Every test here runs twice: on a SQLite file and on a fresh PostgreSQL database."""

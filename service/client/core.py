@@ -1,35 +1,12 @@
-"""A Python client of the seedgrid API: submit, wait, and read runs, statistics and curves as
-pandas DataFrames.
-
-    from service.client import Client
-
-    with Client() as sg:                      # SEEDGRID_URL and SEEDGRID_API_TOKEN, or arguments
-        created = sg.submit("examples/collapse_stopgrad.yaml")
-        sg.wait(created.id)                   # a progress bar until every run has ended
-        conditions, comparisons = sg.stats(created.id)
-        curves = sg.curves(created.id, name="min_l2")
-
-It speaks HTTP only and imports nothing of the service but the contract (api_schemas), so it
-works against any deployment. Answers are the api_schemas models; a refusal raises ApiError with
-the status code and the API's detail. A 503 (the database locked or unreachable, every
-heavy-read slot taken) or a 429 (the queue full) did nothing, so the request is sent again
-after the answer's Retry-After, up to `retries` times and `max_retry_wait_s` seconds of waiting
-in all, before it is raised. pandas is imported only when a DataFrame is built.
-
-It is also the `seedgrid` command's way to the service (service/cli): `request` (the JSON
-answer as served), `pages` (every item of a paged list) and `export` (a file streamed to disk)
-are the one HTTP layer, with one URL rule, one token header and one retry policy.
-"""
+"""The Client class (service.client): the API's calls, the one pager and the one retry policy,
+answers as api_schemas models or pandas DataFrames."""
 
 from __future__ import annotations
 
-import email.utils
-import math
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -61,99 +38,23 @@ from api_schemas.pages import (
     POINTS_PAGE,
     RUNS_PAGE,
 )
+from service.client.http import (
+    MAX_RETRIES,
+    MAX_RETRY_WAIT_S,
+    RETRIED_STATUSES,
+    ApiError,
+    RetryHook,
+    Unreachable,
+    default_address,
+    error_detail,
+    retry_after_s,
+)
 from service.spec_file import load_spec_file
 
 if TYPE_CHECKING:
     import pandas as pd
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
 POINT_COLUMNS = ["step", "epoch", "name", "value"]
-# Answers that say "not now, nothing was done": sent again after their Retry-After, up to
-# MAX_RETRIES times and MAX_RETRY_WAIT_S of waiting in all; an answer that asks for a longer
-# wait than is left is raised at once.
-RETRIED_STATUSES = frozenset({429, 503})
-MAX_RETRIES = 3
-MAX_RETRY_WAIT_S = 60.0
-# The wait when such an answer gives no Retry-After that can be read.
-DEFAULT_RETRY_AFTER_S = 1.0
-
-
-class ApiError(Exception):
-    """The API refused a request: `status_code` and the API's `detail` (a sentence, or for a
-    422 the list of {loc, msg, type} naming each invalid field). A 503 or 429 raised once its
-    retries are used up says how many were made (`retries`), how long they waited in all
-    (`waited_s`) and the wait the last answer asked for (`retry_after_s`; None for an answer
-    that is not retried)."""
-
-    def __init__(self, method: str, path: str, status_code: int, detail: Any, *,
-                 retries: int = 0, waited_s: float = 0.0,
-                 retry_after_s: float | None = None) -> None:
-        self.method = method
-        self.path = path
-        self.status_code = status_code
-        self.detail = detail
-        self.retries = retries
-        self.waited_s = waited_s
-        self.retry_after_s = retry_after_s
-        if isinstance(detail, list):
-            shown = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
-                              for e in detail if isinstance(e, dict))
-        else:
-            shown = str(detail)
-        super().__init__(f"{method} {path}: {status_code} {shown}")
-
-
-class Unreachable(ConnectionError):
-    """No answer from the API at `url` (refused, timed out, cut off): `error` is httpx's."""
-
-    def __init__(self, url: str, error: httpx.HTTPError) -> None:
-        self.url = url
-        self.error = error
-        super().__init__(f"cannot reach the seedgrid API at {url}: {error}")
-
-
-# Called before each retry with the answer retried (its `retries`: the retries made before
-# this one) and the seconds that will be waited.
-RetryHook = Callable[[ApiError, float], None]
-
-
-def default_url() -> str:
-    """SEEDGRID_URL, else the address `seedgrid serve` listens on (SEEDGRID_HOST and
-    SEEDGRID_PORT; a wildcard host is reached on loopback)."""
-    return default_address()[0]
-
-
-def default_address() -> tuple[str, str]:
-    """default_url() and where it came from: SEEDGRID_URL, the variables of SEEDGRID_HOST and
-    SEEDGRID_PORT that are set, or the default address. A SEEDGRID_PORT that is no port number
-    raises environment.BadVariable."""
-    url = environment.text(environment.URL)
-    if url:
-        return url, environment.URL
-    host = environment.text(environment.HOST) or DEFAULT_HOST
-    port_text = environment.text(environment.PORT) or str(DEFAULT_PORT)
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise environment.BadVariable(environment.PORT, port_text,
-                                      "a port number from 1 to 65535")
-    given = [name for name in (environment.HOST, environment.PORT) if environment.is_set(name)]
-    source = " and ".join(given) if given else "the default address"
-    return http_url(host, int(port_text)), source
-
-
-# Where a client reaches a service listening on every address (the IPv6 wildcard on IPv6
-# loopback: a service bound to :: alone may take no IPv4).
-WILDCARD_HOSTS = {"0.0.0.0": DEFAULT_HOST, "::": "::1", "[::]": "::1", "": DEFAULT_HOST}
-
-
-def http_url(host: str, port: int | str) -> str:
-    """The URL of a service listening on `host`:`port`: a wildcard host is reached on
-    loopback, an IPv6 address goes in brackets (http://[::1]:8000)."""
-    host = host.strip()
-    host = WILDCARD_HOSTS.get(host, host).strip("[]")
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -464,36 +365,6 @@ class Client:
         if self.on_retry is not None:
             self.on_retry(error, wait)
         return wait
-
-
-def retry_after_s(response: httpx.Response) -> float:
-    """The wait an answer asks for: its Retry-After, in seconds or as an HTTP date;
-    DEFAULT_RETRY_AFTER_S when it has none that can be read."""
-    value = response.headers.get("Retry-After", "").strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else DEFAULT_RETRY_AFTER_S
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return DEFAULT_RETRY_AFTER_S
-    if when.tzinfo is None:  # "-0000": UTC, the zone of every HTTP date
-        when = when.replace(tzinfo=UTC)
-    return float(max(0, math.ceil((when - datetime.now(UTC)).total_seconds())))
-
-
-def error_detail(response: httpx.Response) -> Any:
-    """An error answer's `detail`, or the first line of its text when it is not the API's JSON
-    (a proxy's page)."""
-    try:
-        body = response.json()
-    except ValueError:
-        lines = response.text.strip().splitlines()
-        return lines[0] if lines else response.reason_phrase
-    return body.get("detail") if isinstance(body, dict) else body
 
 
 def has_ended(status: ExperimentStatus | str, counts: Mapping[str, int]) -> bool:
