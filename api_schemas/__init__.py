@@ -162,6 +162,12 @@ class RunStatus(StrEnum):
         return _RUN_SUCCEEDED
 
     @classmethod
+    def went_wrong(cls) -> tuple[RunStatus, ...]:
+        """The ends that say the training went wrong, in the enum's order: failed, diverged (a
+        cancel was asked for; a stop is a result)."""
+        return _RUN_WENT_WRONG
+
+    @classmethod
     def moves(cls) -> Mapping[RunStatus, frozenset[RunStatus]]:
         """The runs store's state machine (service.scheduling.run_store): per status, the
         statuses a run in it may move to. A queued run is claimed (pending), fails (no node can
@@ -215,6 +221,7 @@ class ExperimentStatus(StrEnum):
 _RUN_ACTIVE = frozenset({RunStatus.queued, RunStatus.pending, RunStatus.running})
 _RUN_ENDED = frozenset(RunStatus) - _RUN_ACTIVE
 _RUN_SUCCEEDED = frozenset({RunStatus.completed, RunStatus.stopped})
+_RUN_WENT_WRONG = (RunStatus.failed, RunStatus.diverged)
 # What a worker's result can end a run as: every end but a cancel.
 _RUN_RESULTS = _RUN_ENDED - {RunStatus.cancelled}
 _RUN_MOVES: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType({
@@ -535,6 +542,16 @@ class ExperimentCounts(ResponseModel):
     def ended(self) -> int:
         """The runs ended, however (RunStatus.ended())."""
         return sum(getattr(self, status.value) for status in RunStatus.ended())
+
+    @property
+    def succeeded(self) -> int:
+        """The runs that ended as their spec asked (RunStatus.succeeded())."""
+        return sum(getattr(self, status.value) for status in RunStatus.succeeded())
+
+    @property
+    def went_wrong(self) -> int:
+        """The runs that failed or diverged (RunStatus.went_wrong())."""
+        return sum(getattr(self, status.value) for status in RunStatus.went_wrong())
 
 
 class ExperimentSummary(ResponseModel):

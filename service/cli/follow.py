@@ -27,10 +27,6 @@ from service.cli.render import (
 )
 from service.client import Client, has_ended
 
-# Run statuses that mean something went wrong: `submit --wait`, `run` and `watch` exit 1.
-TROUBLE = (RunStatus.failed, RunStatus.diverged)
-
-
 # Per-condition progress is shown up to this many conditions (and runs, read each poll).
 MAX_WATCHED_CONDITIONS = 24
 MAX_WATCHED_RUNS = 2000
@@ -98,7 +94,7 @@ def trouble_summary(client: Client, experiment_id: int) -> int:
     """Each distinct error of the failed and diverged runs once, with how many runs it hit;
     the number of such runs."""
     errors: Counter[tuple[str, str]] = Counter()
-    for status in TROUBLE:
+    for status in RunStatus.went_wrong():
         for run in remote.pages(client, f"/experiments/{experiment_id}/runs", RUNS_PAGE,
                                 {"status": str(status)}):
             errors[(str(status), first_line(run["error"]))] += 1
@@ -115,7 +111,7 @@ def report(client: Client, experiment_id: int, metric: str | None = None,
     diverged, once with its count; the number of failed and diverged runs."""
     detail = remote.ask(client, "GET", f"/experiments/{experiment_id}")
     params = {k: v for k, v in (("metric", metric), ("scale", scale)) if v}
-    trouble = sum(detail["counts"][s] for s in TROUBLE)
+    trouble = sum(detail["counts"][s] for s in RunStatus.went_wrong())
     if mode != "table":
         stats = remote.ask(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
         print_json(stats) if mode == "json" else print_stats_csv(stats)

@@ -70,10 +70,10 @@ def experiment_status(*, cancel_requested: bool, n_runs: int, counts: Experiment
     if counts.active == 0 and deciding:
         return ExperimentStatus.running
     if counts.active == 0:
-        succeeded = counts.completed + counts.stopped
+        succeeded = counts.succeeded
         if succeeded == n_runs:
             return ExperimentStatus.completed
-        if succeeded == 0 and counts.failed + counts.diverged > 0:
+        if succeeded == 0 and counts.went_wrong > 0:
             return ExperimentStatus.failed
         return ExperimentStatus.partial
     if any(getattr(counts, s.value) for s in RunStatus if s != RunStatus.queued):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlmodel import Session
 
-from api_schemas import RunStatus
+from api_schemas import ExperimentCounts, RunStatus
 from service.scheduling import run_moves, run_store
 from service.scheduling.run_rules import IllegalRunMove, check_move
 from service.scheduling.run_store import AttemptKey, RunStore, StartedAttempt
@@ -102,6 +102,15 @@ def test_the_table_ends_where_the_enums_say() -> None:
     assert set(RunStatus.moves()) == set(RunStatus)
     assert all(RunStatus.queued not in RunStatus.moves()[s] or s in RunStatus.active()
                for s in RunStatus)
+
+
+def test_an_end_is_a_success_something_gone_wrong_or_a_cancel() -> None:
+    succeeded, wrong = RunStatus.succeeded(), set(RunStatus.went_wrong())
+    assert succeeded | wrong | {RunStatus.cancelled} == RunStatus.ended()
+    assert not succeeded & wrong and RunStatus.cancelled not in succeeded | wrong
+    assert list(RunStatus.went_wrong()) == [s for s in RunStatus if s in wrong]
+    counts = ExperimentCounts(completed=2, stopped=1, failed=4, diverged=8, cancelled=16)
+    assert (counts.succeeded, counts.went_wrong, counts.ended) == (3, 12, 31)
 
 
 @pytest.mark.parametrize(("old", "new"), [
