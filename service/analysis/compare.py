@@ -31,7 +31,8 @@ from api_schemas import (
     SideBySide,
 )
 from api_schemas.pages import COMPARE_PAGE
-from service.analysis.stats import compare, condition_stats, metric_value
+from service.analysis.conditions import condition_stats, metric_value
+from service.analysis.stats import compare
 from service.analysis.stats_store import page_lock
 from service.errors import SpecError
 from service.limits import HeavyReads

@@ -27,6 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
 from api_schemas import SOURCE_FACTOR, RunStatus, RunValue, Stats
+from service.analysis.conditions import metric_value
 from service.analysis.multiplicity import FamilyPValues
 from service.analysis.sources import source_decomposition
 from service.analysis.stats import (
@@ -35,7 +36,6 @@ from service.analysis.stats import (
     ScaleError,
     experiment_stats,
     family_p_values,
-    metric_value,
 )
 from service.errors import SpecError
 from service.limits import HeavyReads

@@ -1,5 +1,5 @@
 """One variance comparison of two levels, on within-cell residuals (docs/api.md "Variance
-comparisons"), and the omnibus test of a factor's levels.
+comparisons"); the omnibus test of a factor's levels is service.analysis.omnibus.
 
 A comparison's samples are strata (service.analysis.resampling.Stratum): for a comparison within a
 cell
@@ -28,7 +28,6 @@ cells it joined. Anything undefined (fewer than 2 seeds, zero variance) is null,
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,13 +37,15 @@ import numpy as np
 from scipy import special
 
 from service.analysis import resampling
-from service.analysis.power import f_ratio_interval, primary_detectable_ratio, primary_seeds_needed
+from service.analysis.power import f_ratio_interval
+from service.analysis.primary_power import primary_detectable_ratio, primary_seeds_needed
 from service.analysis.resampling import Prepared, Stratum
 from service.lru import LruCache
 
 # Seed minimums behind the warnings. Brown-Forsythe: with 2 seeds both absolute deviations from
 # the median are equal, with 3 one is always 0; 5 is the smallest n at which neither dominates.
 MIN_SEEDS_BROWN_FORSYTHE = 5
+# Student's t with 1 degree of freedom puts the bound 12.7 standard errors from the mean.
 MIN_SEEDS_MEAN_INTERVAL = 3
 # A ratio interval whose high end is more than 10^3 times its low end says little.
 MAX_RATIO_INTERVAL_DECADES = 3.0
@@ -84,7 +85,7 @@ class Scope:
         return h.digest()
 
 
-def _finite(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
     if value is None:
         return None
     value = float(value)
@@ -92,7 +93,7 @@ def _finite(value: Any) -> float | None:
 
 
 def _interval(values: Sequence[float | None]) -> list[float | None]:
-    return [_finite(v) for v in values]
+    return [finite(v) for v in values]
 
 
 def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[str, Any]]:
@@ -130,12 +131,12 @@ def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
         "target_ratio": target_ratio,
     }
     if len(a_all) and len(b_all):
-        out["mean_diff"] = _finite(a_all.mean() - b_all.mean())
+        out["mean_diff"] = finite(a_all.mean() - b_all.mean())
     if scope.pooled:
         if len(a_all) >= 2 and len(b_all) >= 2:
             marginal_a, marginal_b = float(a_all.var(ddof=1)), float(b_all.var(ddof=1))
             out.update(marginal_var_a=marginal_a, marginal_var_b=marginal_b,
-                       marginal_var_ratio=_finite(marginal_a / marginal_b)
+                       marginal_var_ratio=finite(marginal_a / marginal_b)
                        if marginal_b > 0 else None)
     _welch(out, a_all, b_all)
     if usable:
@@ -172,7 +173,7 @@ def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
     # Planning answers for uncorrelated seeds (correlation only adds power to a paired test),
     # so that an experiment's comparisons share a few cached simulations.
     paired = out["pairing"] == "paired"
-    out["detectable_ratio"] = _finite(primary_detectable_ratio(
+    out["detectable_ratio"] = finite(primary_detectable_ratio(
         (out["dof_a"] or 0) + 1, (out["dof_b"] or 0) + 1, paired=paired))
     out["seeds_for_target_ratio"] = primary_seeds_needed(target_ratio, paired=paired)
     out["warnings"] = comparison_warnings(out, scope, len(usable))
@@ -195,7 +196,7 @@ def _welch(out: dict[str, Any], a: np.ndarray, b: np.ndarray) -> None:
     se = math.sqrt(se_a + se_b)
     dof = (se_a + se_b) ** 2 / (se_a**2 / (len(a) - 1) + se_b**2 / (len(b) - 1))
     diff = float(a.mean() - b.mean())
-    out["welch_p"] = _finite(2 * special.stdtr(dof, -abs(diff) / se))
+    out["welch_p"] = finite(2 * special.stdtr(dof, -abs(diff) / se))
     half = float(special.stdtrit(dof, 0.975)) * se
     out["welch_ci95"] = [diff - half, diff + half]
 
@@ -222,7 +223,7 @@ def _paired_t(out: dict[str, Any], ordered: Sequence[tuple[np.ndarray, np.ndarra
         out["mean_diff_ci95"] = [mean, mean]
         return
     se = sd / math.sqrt(n)
-    out["mean_p"] = _finite(2 * special.stdtr(n - 1, -abs(mean) / se))
+    out["mean_p"] = finite(2 * special.stdtr(n - 1, -abs(mean) / se))
     half = float(special.stdtrit(n - 1, 0.975)) * se
     out["mean_diff_ci95"] = [mean - half, mean + half]
 
@@ -232,10 +233,10 @@ def _brown_forsythe(strata: Sequence[Stratum]) -> float | None:
     side, scipy.stats.levene(center="median"))."""
     dev_a = np.concatenate([np.abs(s.a - np.median(s.a)) for s in strata])
     dev_b = np.concatenate([np.abs(s.b - np.median(s.b)) for s in strata])
-    return _one_way_anova([dev_a, dev_b])
+    return one_way_anova([dev_a, dev_b])
 
 
-def _one_way_anova(groups: Sequence[np.ndarray]) -> float | None:
+def one_way_anova(groups: Sequence[np.ndarray]) -> float | None:
     """The p of scipy.stats.f_oneway(*groups), written out; None when nothing varies."""
     n = np.array([len(g) for g in groups], dtype=float)
     means = np.array([g.mean() for g in groups])
@@ -245,7 +246,7 @@ def _one_way_anova(groups: Sequence[np.ndarray]) -> float | None:
     dof_between, dof_within = len(groups) - 1, n.sum() - len(groups)
     if within <= 0 or dof_within <= 0:
         return None
-    return _finite(special.fdtrc(dof_between, dof_within,
+    return finite(special.fdtrc(dof_between, dof_within,
                                  (between / dof_between) / (within / dof_within)))
 
 
@@ -316,113 +317,3 @@ def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> li
         out.append(f"mean_diff_ci95 from {seeds}: about 1 degree of freedom below "
                    f"{MIN_SEEDS_MEAN_INTERVAL} seeds per level, so very wide")
     return out
-
-
-# Omnibus: permutations of the levels' values within blocks; bounded work.
-OMNIBUS_RESAMPLES = 1999
-MAX_OMNIBUS_ENTRIES = 40_000_000  # resamples x values x levels
-
-
-OmnibusResult = tuple[float | None, float | None, str | None, str | None]
-_omnibus_results: LruCache[OmnibusResult] = LruCache(max_items=RESULT_CACHE_SIZE // 100)
-
-
-def omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]],
-            levels: int) -> OmnibusResult:
-    """_omnibus, cached by the cells' data (a poll recomputes it only when a cell changed)."""
-    h = hashlib.blake2b(repr((levels, len(cells_by_combo))).encode(), digest_size=20)
-    for row in cells_by_combo:
-        for values, seeds in row:
-            h.update(np.asarray(values, dtype=np.float64).tobytes())
-            h.update(repr(seeds).encode() + b"|")
-    key = h.digest()
-    result = _omnibus_results.get(key)
-    if result is None:
-        result = _omnibus(cells_by_combo, levels)
-        _omnibus_results.put(key, result)
-    return result
-
-
-def _omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]],
-             levels: int) -> OmnibusResult:
-    """(primary p, Brown-Forsythe p, the primary test's name, why null) of "every level of the
-    factor has one variance", from its cells at each combination of the other factors (each
-    row: one (values, seeds) per level, in level order).
-
-    The primary test permutes squared deviations from the cell medians within blocks: a block
-    is a combination of the other factors (unpaired), or one seed of it when every level there
-    ran the same seeds (paired); the statistic is sum_k N_k (log m_k - log m)^2 with m_k level
-    k's mean squared deviation and m the overall one."""
-    rows = [row for row in cells_by_combo if all(len(v) >= 2 for v, _ in row)]
-    if not rows:
-        return None, None, None, "no combination of the other factors has 2 seeds in every level"
-    dev_abs = [np.concatenate([np.abs(row[k][0] - np.median(row[k][0])) for row in rows])
-               for k in range(levels)]
-    bf = _one_way_anova(dev_abs)
-    paired = all(row[0][1] is not None and all(
-        sorted(seeds or ()) == sorted(row[0][1] or ()) and len(set(seeds or ())) == len(seeds or ())
-        for _, seeds in row) for row in rows)
-    rng = np.random.default_rng(resampling.RESAMPLING_SEED)
-    resampled = np.zeros((OMNIBUS_RESAMPLES, levels))  # each level's sum of deviations
-    observed = np.zeros(levels)
-    counts = np.zeros(levels)
-    if paired:
-        # one block per (combination, seed): its `levels` values shuffled among the levels
-        deviations = np.concatenate([np.stack(
-            [(v[np.argsort(seeds)] - np.median(v)) ** 2 for v, seeds in row],  # type: ignore[arg-type]
-            axis=1) for row in rows])
-        n_values = deviations.size
-        if OMNIBUS_RESAMPLES * n_values > MAX_OMNIBUS_ENTRIES:
-            return None, bf, None, _too_many(n_values, levels)
-        resampled = _shuffled_level_sums(deviations, rng)
-        observed = deviations.sum(axis=0)
-        counts[:] = len(deviations)
-    else:
-        n_values = sum(len(v) for row in rows for v, _ in row)
-        if OMNIBUS_RESAMPLES * n_values * levels > MAX_OMNIBUS_ENTRIES:
-            return None, bf, None, _too_many(n_values, levels)
-        for row in rows:  # one block per combination of the other factors
-            parts = [resampling.drop_structural_zero((v - np.median(v)) ** 2) for v, _ in row]
-            values = np.concatenate(parts)
-            labels = np.concatenate([np.full(len(p), k) for k, p in enumerate(parts)])
-            shuffled = rng.permuted(np.broadcast_to(labels, (OMNIBUS_RESAMPLES, len(labels))),
-                                    axis=1)
-            for k in range(levels):
-                resampled[:, k] += (values * (shuffled == k)).sum(axis=1)
-                observed[k] += parts[k].sum()
-                counts[k] += len(parts[k])
-    name = ("paired permutation test (levels shuffled within each seed) of squared deviations "
-            "from the cell median" if paired else
-            "stratified permutation test of squared deviations from the cell median")
-    if observed.sum() <= 0:
-        return None, bf, name, "no level varies"
-
-    def spread(sums: np.ndarray) -> np.ndarray:
-        """sum_k N_k (log m_k - log m)^2, m the N-weighted mean of the log m_k."""
-        with np.errstate(all="ignore"):
-            logs = np.log(sums / counts)
-            centre = (counts * logs).sum(axis=-1, keepdims=True) / counts.sum()
-            value = (counts * (logs - centre) ** 2).sum(axis=-1)
-        return np.where(np.isnan(value), np.inf, value)
-
-    statistic = float(spread(observed))
-    p = (1 + int(np.sum(spread(resampled) >= statistic * (1 - 1e-9)))) / (OMNIBUS_RESAMPLES + 1)
-    return _finite(p), bf, name, None
-
-
-def _shuffled_level_sums(deviations: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Per resample, each level's sum of `deviations` (blocks x levels) after shuffling every
-    block's values among the levels: a permutation drawn by index from the table of all of
-    them when there are few levels (cheaper than sorting random keys)."""
-    blocks, levels = deviations.shape
-    if math.factorial(levels) <= 720:
-        table = np.array(list(itertools.permutations(range(levels))))
-        order = table[rng.integers(0, len(table), size=(OMNIBUS_RESAMPLES, blocks))]
-    else:
-        order = np.argsort(rng.random((OMNIBUS_RESAMPLES, blocks, levels)), axis=2)
-    return np.take_along_axis(deviations[None], order, axis=2).sum(axis=1)
-
-
-def _too_many(n_values: int, levels: int) -> str:
-    return (f"{n_values:,} values in {levels} levels: more than the omnibus permutation test "
-            "does within bounded work")

@@ -230,7 +230,7 @@ def plan(
 ) -> None:
     """How many seeds a variance comparison needs (no service needed; GET /planning/seeds
     answers the same)."""
-    from service.analysis.power import seed_plan
+    from service.analysis.primary_power import seed_plan
 
     if (ratio is None) == (seeds is None):
         raise fail("give exactly one of --ratio (to get the seeds per level) and --seeds (to "

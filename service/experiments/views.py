@@ -16,7 +16,7 @@ from api_schemas import (
     RunStatus,
     RunStop,
 )
-from service.analysis.stats import metric_value
+from service.analysis.conditions import metric_value
 from service.scheduling.run_store import experiment_counts
 from service.specs import (
     run_config,

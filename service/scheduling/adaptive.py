@@ -51,8 +51,8 @@ from api_schemas import (
     storable_text,
 )
 from api_schemas.adaptive import NamedComparison
+from service.analysis.conditions import metric_value
 from service.analysis.resampling import Stratum, prepare, randomisation_test, usable_strata
-from service.analysis.stats import metric_value
 from service.errors import QueueFull
 from service.scheduling.admission import count_queue, recount_queue
 from service.scheduling.run_store import RunStore

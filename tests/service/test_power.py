@@ -18,14 +18,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from service.analysis.power import (
-    detectable_ratio,
-    f_ratio_interval,
-    f_test_power,
-    primary_detectable_ratio,
-    primary_seeds_needed,
-    seeds_needed,
-)
+from service.analysis.power import detectable_ratio, f_ratio_interval, f_test_power, seeds_needed
+from service.analysis.primary_power import primary_detectable_ratio, primary_seeds_needed
 from service.analysis.stats import compare
 from service.api.server import BackgroundServer
 from service.settings import Settings

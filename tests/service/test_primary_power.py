@@ -1,7 +1,7 @@
-"""The planner's power of the primary test (service.analysis.power) against the test itself: the
-equivariance shortcut against running service.analysis.resampling on explicitly scaled data, the
-planned seeds against an independent simulation, the normal approximation against the
-simulation where one takes over from the other."""
+"""The planner's power of the primary test (service.analysis.primary_power) against the test
+itself: the equivariance shortcut against running service.analysis.resampling on explicitly
+scaled data, the planned seeds against an independent simulation, the normal approximation
+against the simulation where one takes over from the other."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.analysis.power import (
+from service.analysis.power import seeds_needed
+from service.analysis.primary_power import (
     MAX_SIMULATED_SEEDS,
     PLANNING_SEED,
     approximate_primary_power,
@@ -22,7 +23,6 @@ from service.analysis.power import (
     primary_seeds_needed,
     seed_plan,
     seed_stratum,
-    seeds_needed,
 )
 from service.analysis.resampling import prepare, randomisation_tests
 

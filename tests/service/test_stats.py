@@ -12,7 +12,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from service.analysis import resampling, variance
-from service.analysis.stats import ScaleError, compare, condition_stats, experiment_stats
+from service.analysis.conditions import condition_stats
+from service.analysis.stats import ScaleError, compare, experiment_stats
 from tests.scipy_reference import (
     assert_matches,
     reference_comparison,

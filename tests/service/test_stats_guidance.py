@@ -16,7 +16,8 @@ from sqlmodel import Session
 
 from api_schemas import RunStatus
 from service import cli
-from service.analysis.stats import compare, condition_stats, experiment_stats
+from service.analysis.conditions import condition_stats
+from service.analysis.stats import compare, experiment_stats
 from service.analysis.stats_store import stats_json
 from service.analysis.variance import MIN_SEEDS_BROWN_FORSYTHE
 from service.experiments import condition_key

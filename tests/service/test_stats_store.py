@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from api_schemas import RunStatus
-from service.analysis import stats_store, variance
+from service.analysis import omnibus, stats_store, variance
 from service.analysis.stats import experiment_stats
 from service.experiments import SpecError
 from service.limits import Busy, HeavyReads
@@ -132,7 +132,7 @@ def test_pages_share_the_stored_holm_families(database_url: str,
 
     # what a fresh process holds: nothing computed
     variance._results.clear()
-    variance._omnibus_results.clear()
+    omnibus._omnibus_results.clear()
     analysed: list[int] = []
     real = variance.analyse
 

@@ -1,0 +1,433 @@
+"""The power of the primary test (service.analysis.resampling) on normal seeds, which plans a
+study (GET /planning/seeds); the F-test's closed forms are in service.analysis.power.
+
+The primary test's power has no closed form, so it is simulated on normal seeds (the F-test's
+model too, so the two answers compare; the test's level holds without normality):
+- SIMULATIONS datasets of n_a and n_b standard normal values from PLANNING_SEED; with paired
+  seeds, seed i draws both sides' i-th value, correlated `correlation`, and the strata carry the
+  seeds, so service.analysis.resampling decides the pairing as it does for real runs (5 or fewer
+  shared
+  seeds get the unpaired test);
+- each dataset's interval of var_a / var_b at confidence 1 - alpha from the test's own crossing
+  scales (SIMULATION_RESAMPLES re-assignments, the service uses more: a planning answer needs
+  the rejection rate, not a stable p-value);
+- the test is equivariant: multiplying a's values by sqrt(r) multiplies every crossing scale by
+  r, so the test of ratio 1 on data whose true ratio is r rejects exactly when 1 / r lies
+  outside the interval of the ratio-1 data. One simulation answers every ratio:
+  power(r) = P(low > 1 / r) + P(high < 1 / r).
+Each (n_a, n_b, pairing, correlation, alpha) is simulated once per process (0.1-0.3 s on a busy
+2-core machine).
+
+Above MAX_SIMULATED_SEEDS seeds on either side a normal approximation replaces the simulation.
+To first order the test is a self-normalised sum. Paired: sign flips of
+delta_i = d_a,i - d_b,i reject when |sum delta| > q sqrt(sum delta^2); unpaired: permutations
+reject when |mean_a - mean_b| > q sqrt(h G), G the pooled deviations' variance and
+h = N / (N - 1) (1/n_a + 1/n_b). q is the re-assignment distribution's quantile, z_{1-alpha/2}
+corrected by Cornish-Fisher for its shape (sign flips are platykurtic, excess kurtosis
+-2 sum delta^4 / (sum delta^2)^2; a permutation's shape is that of sampling without replacement
+from the pool). The statistic's numerator and its own spread move together (a large d_a raises
+both), so the power is P(V > 0) for V = numerator - q spread by the delta method over the sample
+moments of d (and d^2), whose moments are those of chi-square(1) variables: d = var x chi2_1,
+and delta is a quadratic form in two independent normals (its eigenvalues give its cumulants);
+centring on the median rather than the true centre is left out (an O(1/n) effect). Leaving out
+the spread's randomness or the quantile's correction makes the detectable ratio 3-5% too large
+at 40 seeds; with both it is within 2% of the simulation there (tests/service/
+test_primary_power.py holds it to 3%). Below about 25 seeds the delta method fails (the d^2
+terms dominate), which is why it takes over only above 40.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy import optimize, special
+
+from api_schemas import SeedPlan
+from service.analysis.power import (
+    DEFAULT_ALPHA,
+    DEFAULT_POWER,
+    MAX_SEEDS_PER_LEVEL,
+    detectable_ratio,
+    seeds_needed,
+)
+from service.analysis.resampling import (
+    MIN_DISTINCT_ASSIGNMENTS,
+    PAIRED_TEST,
+    UNPAIRED_TEST,
+    Stratum,
+    _roots,
+    assignments,
+    from_crossings,
+)
+
+SIMULATIONS = 1000
+SIMULATION_RESAMPLES = 999
+# Datasets whose crossing scales are found at once: the temporaries stay in cache (twice as
+# fast as all 1,000 at once).
+ROOTS_CHUNK = 50
+PLANNING_SEED = 1
+# More seeds than this on either side: the normal approximation (module docstring).
+MAX_SIMULATED_SEEDS = 40
+MAX_DETECTABLE_RATIO = 1e12
+# Up to this many seeds per level the power jumps up and down with n (see
+# primary_seeds_needed).
+FEW_SEEDS = 8
+# Simulated, log(detectable ratio) falls about as 1 / sqrt(n - SHAPE_OFFSET) (4.3 at 6 seeds,
+# 2.5 at 10, 1.5 at 20, 0.97 at 40, unpaired at correlation 0): the seed search's jumps.
+SHAPE_OFFSET = 5
+
+
+def _check_pairing(paired: bool, correlation: float) -> None:
+    if not -1 < correlation < 1:
+        raise ValueError(f"correlation must lie in (-1, 1), got {correlation}")
+    if correlation and not paired:
+        raise ValueError("a correlation between conditions needs paired seeds")
+
+
+def normal_seeds(n_a: int, n_b: int, *, paired: bool, correlation: float,
+                 simulations: int = SIMULATIONS,
+                 seed: int = PLANNING_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """`simulations` datasets of standard normal values, one per row of each side; with paired
+    seeds the first min(n_a, n_b) seeds' values on the two sides have correlation
+    `correlation`."""
+    _check_pairing(paired, correlation)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((simulations, n_a))
+    b = rng.standard_normal((simulations, n_b))
+    shared = min(n_a, n_b) if paired else 0
+    b[:, :shared] = (correlation * a[:, :shared]
+                     + math.sqrt(1 - correlation**2) * b[:, :shared])
+    return a, b
+
+
+def seed_stratum(a: np.ndarray, b: np.ndarray, *, paired: bool) -> Stratum:
+    """One comparison's stratum: with paired seeds, seed i ran in both conditions."""
+    if not paired:
+        return Stratum(a, b)
+    return Stratum(a, b, tuple(range(len(a))), tuple(range(len(b))))
+
+
+def _deviations(x: np.ndarray, drop_zero: bool) -> np.ndarray:
+    """Each row's squared deviations from its median, as service.analysis.resampling takes them (for
+    the unpaired test, its structural zero or tie left out: resampling.drop_structural_zero)."""
+    d = (x - np.median(x, axis=1, keepdims=True)) ** 2
+    if not drop_zero or (d.shape[1] % 2 == 0 and d.shape[1] != 4):
+        return d
+    keep = np.ones(d.shape, dtype=bool)
+    keep[np.arange(len(d)), np.argmin(d, axis=1)] = False
+    return d[keep].reshape(len(d), -1)
+
+
+@dataclass(frozen=True)
+class NullIntervals:
+    """The primary test's intervals of var_a / var_b on simulated equal-variance data."""
+
+    paired_test: bool  # the paired sign-flip test ran (else the unpaired permutation test)
+    lows: np.ndarray  # sorted
+    highs: np.ndarray  # sorted
+
+    def power(self, ratio: float) -> float:
+        """The rejection rate at true ratio `ratio`: 1 / ratio outside the null intervals."""
+        x = 1 / ratio
+        below = len(self.lows) - int(np.searchsorted(self.lows, x, side="right"))
+        above = int(np.searchsorted(self.highs, x, side="left"))
+        return (below + above) / len(self.lows)
+
+    def detectable_ratio(self, power: float) -> float:
+        """The smallest ratio > 1 rejected at rate `power` (1.0 when the test rejects that
+        often at ratio 1; inf when no ratio up to MAX_DETECTABLE_RATIO is). The rate rises
+        only where 1 / ratio passes a low end, so the answer is one of the 1 / low."""
+        if self.power(1.0) >= power:
+            return 1.0
+        x = self.lows[::-1]  # descending: ratios 1 / x ascending
+        at_or_above = len(x) - np.searchsorted(self.lows, x, side="left")
+        above = np.searchsorted(self.highs, x, side="left")
+        reached = ((at_or_above + above) / len(x) >= power) & (x < 1) & (
+            x >= 1 / MAX_DETECTABLE_RATIO)
+        return float(1 / x[np.argmax(reached)]) if reached.any() else math.inf
+
+
+@lru_cache(maxsize=1024)
+def null_intervals(n_a: int, n_b: int, paired: bool, correlation: float,
+                   alpha: float) -> NullIntervals:
+    """The primary test's (1 - alpha) intervals on SIMULATIONS normal datasets of equal
+    variances: the test's own steps, vectorised over the datasets (one matrix product)."""
+    a, b = normal_seeds(n_a, n_b, paired=paired, correlation=correlation)
+    paired_test = prepare_is_paired(n_a, n_b, paired, correlation)
+    d_a, d_b = _deviations(a, not paired_test), _deviations(b, not paired_test)
+    layout = (n_a,) if paired_test else (0, d_a.shape[1], d_b.shape[1])
+    matrix, exact = assignments(layout, SIMULATION_RESAMPLES)
+    scale = (d_a.sum(axis=1) + d_b.sum(axis=1)) / (d_a.shape[1] + d_b.shape[1])
+    d_a, d_b = d_a / scale[:, None], d_b / scale[:, None]
+    total_a, total_b = d_a.sum(axis=1), d_b.sum(axis=1)
+    # The interval's ends are order statistics of a dataset's crossing scales: their ranks, as
+    # the test takes them, read off crossings 1, 2, ..., m.
+    low_rank, high_rank = from_crossings(np.arange(1.0, len(matrix) + 1)[:, None], exact,
+                                         confidence=1 - alpha)[0].interval
+    if not math.isfinite(high_rank):  # too few re-assignments: no ratio is ever excluded
+        return NullIntervals(paired_test=paired_test, lows=np.zeros(len(a)),
+                             highs=np.full(len(a), math.inf))
+    if paired_test:  # as service.analysis.resampling: a column per pair, 1 where it swaps
+        u, v = total_a[:, None] - d_a @ matrix.T, d_b @ matrix.T
+    else:
+        kept = d_a.shape[1]
+        u, v = d_a @ matrix[:, :kept].T, d_b @ matrix[:, kept:].T
+    ranks = [int(low_rank) - 1, int(high_rank) - 1]
+    ends = np.empty((len(a), 2))
+    for start in range(0, len(a), ROOTS_CHUNK):
+        rows = slice(start, start + ROOTS_CHUNK)
+        crossings = _roots(u[rows], v[rows], total_a[rows, None], total_b[rows, None])
+        ends[rows] = np.partition(crossings, ranks, axis=1)[:, ranks]
+    lows, highs = np.sort(ends[:, 0]), np.sort(ends[:, 1])
+    lows.flags.writeable = highs.flags.writeable = False  # cached and shared
+    return NullIntervals(paired_test=paired_test, lows=lows, highs=highs)
+
+
+def _cornish_fisher(z: float, skewness: float, excess_kurtosis: float) -> float:
+    """The upper z-quantile of a distribution with these shape cumulants, to second order."""
+    return (z + (z * z - 1) * skewness / 6 + (z**3 - 3 * z) * excess_kurtosis / 24
+            - (2 * z**3 - 5 * z) * skewness**2 / 36)
+
+
+def _difference_moments(ratio: float, correlation: float) -> tuple[float, float, float, float]:
+    """E delta^k, k = 1..4, of delta = X^2 - Y^2 for X, Y normal with variances ratio and 1 and
+    correlation `correlation`: a quadratic form in two independent standard normals, so delta
+    = l1 chi2_1 + l2 chi2_1 with l the eigenvalues of its matrix (trace ratio - 1, determinant
+    -ratio (1 - correlation^2)) and cumulants 2^(k-1) (k-1)! (l1^k + l2^k)."""
+    trace, det = ratio - 1, -ratio * (1 - correlation**2)
+    root = math.sqrt(trace * trace - 4 * det)
+    eigen = ((trace + root) / 2, (trace - root) / 2)
+    k1, k2, k3, k4 = (2 ** (j - 1) * math.factorial(j - 1) * sum(x**j for x in eigen)
+                      for j in range(1, 5))
+    return (k1, k2 + k1**2, k3 + 3 * k2 * k1 + k1**3,
+            k4 + 4 * k3 * k1 + 3 * k2**2 + 6 * k2 * k1**2 + k1**4)
+
+
+def _reject_probability(mean: float, gradient: np.ndarray, covariance: np.ndarray) -> float:
+    """P(V > 0) for V normal with this mean and the delta method's variance."""
+    return float(special.ndtr(mean / math.sqrt(float(gradient @ covariance @ gradient))))
+
+
+def approximate_primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool = False,
+                              correlation: float = 0.0,
+                              alpha: float = DEFAULT_ALPHA) -> float:
+    """The primary test's power at var_a / var_b = `ratio` by the normal approximation (module
+    docstring); within a few percent of the simulation from MAX_SIMULATED_SEEDS seeds per side.
+    Shared seeds of unequal counts get the unpaired test, and the approximation then ignores
+    their correlation (which only makes that test conservative)."""
+    _check_pairing(paired, correlation)
+    r, z = ratio, float(special.ndtri(1 - alpha / 2))
+    power = 0.0
+    if prepare_is_paired(n_a, n_b, paired, correlation):
+        # Sign flips of delta_i = d_a,i - d_b,i: reject when +-sum(delta) > q sqrt(sum(delta^2))
+        # (the flips' spread), q the flips' quantile (symmetric, excess kurtosis
+        # -2 sum(delta^4) / sum(delta^2)^2).
+        n = n_a
+        m1, m2, m3, m4 = _difference_moments(r, correlation)
+        covariance = np.array([[m2 - m1**2, m3 - m1 * m2], [m3 - m1 * m2, m4 - m2**2]]) / n
+        q = _cornish_fisher(z, 0.0, -2 * m4 / (n * m2**2))
+        for sign in (1, -1):  # V = +-mean(delta) - q sqrt(mean(delta^2) / n)
+            gradient = np.array([sign, -q / (2 * math.sqrt(n * m2))])
+            power += _reject_probability(sign * m1 - q * math.sqrt(m2 / n), gradient,
+                                         covariance)
+        return power
+    # A permutation of the pooled deviations (an odd side's structural zero left out): reject
+    # when +-(mean_a - mean_b) > q sqrt(h G), G the pooled deviations' variance and q the
+    # permutation distribution's quantile (its skewness and kurtosis those of a sample drawn
+    # without replacement from the pool).
+    k_a, k_b = n_a - n_a % 2, n_b - n_b % 2
+    total = k_a + k_b
+    h = total / (total - 1) * (1 / k_a + 1 / k_b)
+    double_factorial = (1, 1, 3, 15, 105)  # E chi2_1^j
+    raw = [(k_a * r**j + k_b) / total * double_factorial[j] for j in range(5)]
+    pooled_mean, pooled_variance = raw[1], raw[2] - raw[1] ** 2
+    mu3 = raw[3] - 3 * pooled_mean * raw[2] + 2 * pooled_mean**3
+    mu4 = raw[4] - 4 * pooled_mean * raw[3] + 6 * pooled_mean**2 * raw[2] - 3 * pooled_mean**4
+    share = k_a / total
+    spread = total * share * (1 - share)
+    skewness = mu3 / pooled_variance**1.5 * (1 - 2 * share) / math.sqrt(spread)
+    excess_kurtosis = (mu4 / pooled_variance**2 - 3) * (1 - 6 * share * (1 - share)) / spread
+
+    # (mean d_a, mean d_a^2, mean d_b, mean d_b^2), d = scale chi2_1 on each side
+    covariance = np.zeros((4, 4))
+    for i, (scale, n) in enumerate(((r, n_a), (1.0, n_b))):
+        covariance[2 * i:2 * i + 2, 2 * i:2 * i + 2] = np.array(
+            [[2 * scale**2, 12 * scale**3], [12 * scale**3, 96 * scale**4]]) / n
+    for sign in (1, -1):  # V = +-(mean_a - mean_b) - q sqrt(h G)
+        q = _cornish_fisher(z, sign * skewness, excess_kurtosis)
+        c = q * math.sqrt(h) / (2 * math.sqrt(pooled_variance))
+        gradient = np.array([sign + 2 * c * pooled_mean * k_a / total, -c * k_a / total,
+                             -sign + 2 * c * pooled_mean * k_b / total, -c * k_b / total])
+        power += _reject_probability(sign * (r - 1) - q * math.sqrt(h * pooled_variance),
+                                     gradient, covariance)
+    return power
+
+
+def prepare_is_paired(n_a: int, n_b: int, paired: bool, correlation: float = 0.0) -> bool:
+    """Whether service.analysis.resampling runs the paired test on n_a and n_b seeds (shared when
+    `paired`): the same seeds on both sides, enough of them to sign-flip (its pairing rule;
+    the correlation does not decide it)."""
+    return paired and n_a == n_b and 2**n_a >= MIN_DISTINCT_ASSIGNMENTS
+
+
+def primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool = False,
+                  correlation: float = 0.0, alpha: float = DEFAULT_ALPHA) -> float:
+    """The primary test's power at var_a / var_b = `ratio` on normal seeds: simulated up to
+    MAX_SIMULATED_SEEDS seeds per side, approximated above (0 below 2 seeds: no test)."""
+    _check_pairing(paired, correlation)
+    if n_a < 2 or n_b < 2:
+        return 0.0
+    if max(n_a, n_b) > MAX_SIMULATED_SEEDS:
+        return approximate_primary_power(ratio, n_a, n_b, paired=paired,
+                                         correlation=correlation, alpha=alpha)
+    return null_intervals(n_a, n_b, paired, correlation, alpha).power(ratio)
+
+
+@lru_cache(maxsize=4096)
+def primary_detectable_ratio(n_a: int, n_b: int, *, paired: bool = False,
+                             correlation: float = 0.0, alpha: float = DEFAULT_ALPHA,
+                             power: float = DEFAULT_POWER) -> float:
+    """The smallest var_a / var_b > 1 that the primary test detects with `power` on normal
+    seeds, n_a and n_b per level (shared by the two levels when `paired`, their values
+    correlated `correlation`); math.inf when none up to MAX_DETECTABLE_RATIO is."""
+    _check_pairing(paired, correlation)
+    if n_a < 2 or n_b < 2:
+        return math.inf
+    if max(n_a, n_b) <= MAX_SIMULATED_SEEDS:
+        return null_intervals(n_a, n_b, paired, correlation, alpha).detectable_ratio(power)
+    target = lambda r: approximate_primary_power(  # noqa: E731
+        r, n_a, n_b, paired=paired, correlation=correlation, alpha=alpha) - power
+    if target(1.0) >= 0:
+        return 1.0
+    high = 2.0
+    while target(high) < 0:
+        high *= 2
+        if high > MAX_DETECTABLE_RATIO:
+            return math.inf
+    return float(optimize.brentq(target, 1.0, high, xtol=1e-10, rtol=1e-10))
+
+
+def _seeds_for(log_ratio: float, anchors: list[tuple[int, float]]) -> int:
+    """Where log(detectable ratio) falls to `log_ratio`, from the last one or two (n, log of the
+    detectable ratio) known: it falls about as 1 / sqrt(n - offset), the offset fitted through
+    two anchors (SHAPE_OFFSET from one)."""
+    n_last, log_last = anchors[-1]
+    offset: float = SHAPE_OFFSET
+    if len(anchors) > 1:
+        n_before, log_before = anchors[-2]
+        squared = (log_last / log_before) ** 2
+        if squared != 1:
+            fitted = (n_before - squared * n_last) / (1 - squared)
+            offset = fitted if fitted < min(n_last, n_before) else SHAPE_OFFSET
+    n = offset + (n_last - offset) * (log_last / log_ratio) ** 2
+    return min(max(math.ceil(n), 2), MAX_SIMULATED_SEEDS)
+
+
+@lru_cache(maxsize=4096)
+def primary_seeds_needed(ratio: float, *, paired: bool = False, correlation: float = 0.0,
+                         alpha: float = DEFAULT_ALPHA,
+                         power: float = DEFAULT_POWER) -> int | None:
+    """The smallest number of seeds per level (the same for both, shared when `paired`) at
+    which the primary test detects `ratio` (or its inverse) with `power` on normal seeds; None
+    above MAX_SEEDS_PER_LEVEL.
+
+    Where the approximation needs more than MAX_SIMULATED_SEEDS + 1 seeds it answers alone.
+    Else the search jumps by the detectable ratio's shape in n (_seeds_for), anchored at the
+    approximation's MAX_SIMULATED_SEEDS + 1 and then at each simulated n, and steps to the
+    first n that reaches `power`: two to four simulations, each cached. Power rises
+    with n except at a handful of seeds (the pairing rule's step at 6, an odd side's
+    structural zero), so below FEW_SEEDS every smaller n is tried too."""
+    _check_pairing(paired, correlation)
+    rho = max(ratio, 1 / ratio)
+    if rho == 1.0:
+        return None
+
+    def reaches(n: int) -> bool:
+        return primary_power(rho, n, n, paired=paired, correlation=correlation,
+                             alpha=alpha) >= power
+
+    def detectable(n: int) -> float:
+        return primary_detectable_ratio(n, n, paired=paired, correlation=correlation,
+                                        alpha=alpha, power=power)
+
+    if not reaches(MAX_SEEDS_PER_LEVEL):
+        return None
+    beyond = MAX_SIMULATED_SEEDS + 1
+    if not reaches(beyond):  # the approximation's answer: its power rises with n
+        low, high = beyond + 1, MAX_SEEDS_PER_LEVEL
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if reaches(middle) else (middle + 1, high)
+        return low
+    anchors = [(beyond, math.log(detectable(beyond)))]
+    n = _seeds_for(math.log(rho), anchors)
+    for _ in range(3):
+        simulated = detectable(n)
+        if simulated <= 1:  # reached already at ratio 1 (power at most alpha)
+            break
+        if math.isfinite(simulated):
+            anchors.append((n, math.log(simulated)))
+        jump = _seeds_for(math.log(rho), anchors) if math.isfinite(simulated) else n + 1
+        if jump == n:
+            break
+        n = jump
+    if reaches(n):
+        while n > 2 and reaches(n - 1):
+            n -= 1
+    else:
+        while not reaches(n):  # ends by MAX_SIMULATED_SEEDS + 1, which reaches
+            n += 1
+    if n <= FEW_SEEDS:
+        n = next((m for m in range(2, n) if reaches(m)), n)
+    return n
+
+
+def _method(seeds: int, *, paired: bool, correlation: float) -> str:
+    """The test that runs on `seeds` seeds per level, and how its power was found."""
+    paired_test = prepare_is_paired(seeds, seeds, paired, correlation)
+    test = PAIRED_TEST if paired_test else UNPAIRED_TEST
+    if paired and not paired_test:
+        test += " (too few shared seeds to sign-flip)"
+    model = (f"normal seeds whose values correlate {correlation:g} between the levels"
+             if correlation else "normal seeds")
+    source = ("a normal approximation above 40 seeds per level" if seeds > MAX_SIMULATED_SEEDS
+              else f"simulated on {SIMULATIONS:,} datasets")
+    return (f"{test}, the primary test, two-sided at level alpha with the same seeds per level; "
+            f"power on {model}, {source}")
+
+
+def seed_plan(*, ratio: float | None, seeds: int | None, alpha: float = DEFAULT_ALPHA,
+              power: float = DEFAULT_POWER, paired: bool = True,
+              correlation: float = 0.0) -> SeedPlan:
+    """The planning answer for the primary test: seeds per level for `ratio`, or the ratio
+    `seeds` detect; with the F-test's answer beside it (what normality would promise)."""
+    _check_pairing(paired, correlation)
+    planned: float | None
+    f_test_ratio: float | None
+    if ratio is not None:
+        needed = primary_seeds_needed(ratio, paired=paired, correlation=correlation,
+                                      alpha=alpha, power=power)
+        planned, f_test_ratio = ratio, ratio
+        f_test_seeds = seeds_needed(ratio, alpha, power)
+        note = None if needed is not None else (
+            "no study detects a ratio of 1" if ratio == 1 else
+            f"more than {MAX_SEEDS_PER_LEVEL:,} seeds per level")
+        method_seeds = needed if needed is not None else MAX_SEEDS_PER_LEVEL
+    else:
+        assert seeds is not None
+        needed, f_test_seeds, method_seeds = seeds, seeds, seeds
+        detectable = primary_detectable_ratio(seeds, seeds, paired=paired,
+                                              correlation=correlation, alpha=alpha,
+                                              power=power)
+        f_detectable = detectable_ratio(seeds, seeds, alpha, power)
+        planned = detectable if math.isfinite(detectable) else None
+        f_test_ratio = f_detectable if math.isfinite(f_detectable) else None
+        note = None if planned is not None else "no ratio below 1e12 reaches that power"
+    return SeedPlan(method=_method(method_seeds, paired=paired, correlation=correlation),
+                    alpha=alpha, power=power, paired=paired,
+                    correlation=correlation if paired else None, ratio=planned,
+                    seeds_per_level=needed, note=note, f_test_ratio=f_test_ratio,
+                    f_test_seeds_per_level=f_test_seeds)
