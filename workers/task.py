@@ -9,8 +9,10 @@ computation for a batched trainer, else one after another; a seed's `Result` is 
 that seed has ended, so that a task lost later keeps the seeds it finished.
 
 The trainer runs in a thread of the worker process while the generator forwards the metric
-batches it logs, so that the caller (the dispatcher) sees curves while the run goes on. The
-worker never opens the database. Cancellation (`ray.cancel` on the generator) arrives as
+batches it logs, so that the caller (the dispatcher) sees curves while the run goes on
+(`SeedTask`: the trainer's side puts the seeds' starts and outcomes on a queue that the
+generator alone reads, and logs points into per-seed reporters behind locks). The worker
+never opens the database. Cancellation (`ray.cancel` on the generator) arrives as
 KeyboardInterrupt in the generator: the reporters then answer should_stop() = True, the trainer
 returns at its next check (the loop contract of trainers.runtime: within about a second), and
 the interrupt propagates so that Ray reports the task cancelled: a cancel ends every seed, and
@@ -22,11 +24,14 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 import ray
@@ -44,22 +49,28 @@ CANCEL_GRACE_S = 10.0
 
 
 class StreamingReporter:
-    """Buffers one seed's logged points for the generator. The seeds of one task share the
-    stop event: a cancel stops them all."""
+    """Buffers one seed's logged points for the generator, behind a lock (the trainer's thread
+    logs, the generator's drains). The seeds of one task share the stop event: a cancel stops
+    them all."""
 
     def __init__(self, stop_requested: threading.Event | None = None) -> None:
         self._lock = threading.Lock()
         self._points: list[Point] = []
         self.stop_requested = stop_requested or threading.Event()
-        # The last logged point with every value finite: a failed run's metrics.
-        self.last_finite: dict[str, float] = {}
+        self._last_finite: dict[str, float] = {}
+
+    @property
+    def last_finite(self) -> dict[str, float]:
+        """The last logged point with every value finite: a failed run's metrics."""
+        with self._lock:
+            return dict(self._last_finite)
 
     def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None:
         values = {name: float(v) for name, v in metrics.items()}
-        if all(math.isfinite(v) for v in values.values()):
-            self.last_finite = values
         rows = [(step, epoch, n, v if math.isfinite(v) else None) for n, v in values.items()]
         with self._lock:
+            if all(math.isfinite(v) for v in values.values()):
+                self._last_finite = values
             self._points.extend(rows)
 
     def should_stop(self) -> bool:
@@ -129,112 +140,194 @@ def execute_seeds(
     one condition this task runs (one: the trainer's single-run path, `Trainer.run`; more: its
     `run_seeds`). `source_seeds`: per seed, random sources pinned to other seeds (source name ->
     seed; checked by trainers.random_sources, a bad one fails the run). `stop_on_checks`: the
-    spec's checks on which a run ends early (status `stopped`)."""
-    seeds = list(seeds)
-    pins = list(source_seeds) if source_seeds is not None else [None] * len(seeds)
-    if not seeds or len(pins) != len(seeds):
-        raise ValueError("a task needs at least one seed, and one source_seeds entry per seed")
-    context = ray.get_runtime_context() if ray.is_initialized() else None
+    spec's checks on which a run ends early (status `stopped`). See `SeedTask`."""
+    yield from SeedTask(trainer_name, config, seeds, batch_interval_s, source_seeds,
+                        stop_on_checks).messages()
 
-    def began(indices: tuple[int, ...] | None) -> Started:
+
+@dataclass(frozen=True, slots=True)
+class _TrainerFound:
+    """The trainer thread found the trainer: its divergence metric names a divergence."""
+
+    divergence_metric: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _SeedStarted:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _SeedDone:
+    index: int
+    outcome: RunResult | BaseException
+    seconds: float  # since the task began training
+
+
+@dataclass(frozen=True, slots=True)
+class _TrainerEnded:
+    """The trainer thread's last event: the exception that ended it, if any."""
+
+    error: BaseException | None
+
+
+_Event = _TrainerFound | _SeedStarted | _SeedDone | _TrainerEnded
+
+
+class SeedTask:
+    """One task's seeds: a trainer thread trains them, the thread iterating `messages()` turns
+    what happens into the task's messages.
+
+    The trainer thread, and any thread of the trainer's that calls `on_start` / `on_done`, only
+    puts events on a `queue.Queue` and logs points into the seeds' reporters (each behind its
+    own lock). Everything else (which seeds were announced, which have their result, the
+    trainer's divergence metric, the trainer's error) belongs to the consuming thread alone, in
+    the order the events were put. What the two threads share besides is set before the
+    trainer thread starts and never written again."""
+
+    def __init__(
+        self, trainer_name: str, config: dict[str, Any], seeds: Sequence[int],
+        batch_interval_s: float, source_seeds: Sequence[dict[str, int] | None] | None = None,
+        stop_on_checks: Sequence[str] = (),
+    ) -> None:
+        self.seeds = list(seeds)
+        self.pins = list(source_seeds) if source_seeds is not None else [None] * len(self.seeds)
+        if not self.seeds or len(self.pins) != len(self.seeds):
+            raise ValueError("a task needs at least one seed, and one source_seeds entry per "
+                             "seed")
+        self.trainer_name, self.config = trainer_name, config
+        self.batch_interval_s, self.stop_on_checks = batch_interval_s, stop_on_checks
+        self.context = ray.get_runtime_context() if ray.is_initialized() else None
+        self.stop = threading.Event()  # a cancel: every seed's reporter answers should_stop()
+        self.reporters = [StreamingReporter(self.stop) for _ in self.seeds]
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.began_at = time.perf_counter()
+        self.thread = threading.Thread(target=self._train, daemon=True,
+                                       name=f"trainer-{trainer_name}-{self.seeds[0]}")
+        # the consuming thread's own
+        self._announced: set[int] = set()  # the seeds whose Started was sent
+        self._sent: set[int] = set()  # the seeds whose Result was sent
+        self._divergence_metric: str | None = None
+        self._ended: _TrainerEnded | None = None
+
+    # -- the trainer's side: events on the queue --------------------------------------------
+
+    def on_start(self, index: int) -> None:
+        self.events.put(_SeedStarted(index))
+
+    def on_done(self, index: int, outcome: RunResult | BaseException) -> None:
+        self.events.put(_SeedDone(index, outcome, time.perf_counter() - self.began_at))
+
+    def _train(self) -> None:
+        try:
+            self._run_trainer()
+        except BaseException as exc:  # noqa: BLE001 - every trainer failure fails its seeds
+            self.events.put(_TrainerEnded(exc))
+        else:
+            self.events.put(_TrainerEnded(None))
+
+    def _run_trainer(self) -> None:
+        trainer = get_trainer(self.trainer_name)
+        self.events.put(_TrainerFound(getattr(trainer, "divergence_metric", None)))
+        parsed = trainer.Config.model_validate(self.config)
+        if len(self.seeds) == 1:
+            self.on_done(0, trainer.run(parsed, self.seeds[0], self.reporters[0],
+                                        threads=assigned_cpus(), source_seeds=self.pins[0],
+                                        stop_on_checks=self.stop_on_checks))
+        else:
+            trainer.run_seeds(parsed, self.seeds, self.reporters, threads=assigned_cpus(),
+                              source_seeds=self.pins, stop_on_checks=self.stop_on_checks,
+                              on_done=self.on_done, on_start=self.on_start)
+
+    # -- the consuming side: the task's messages ----------------------------------------------
+
+    def messages(self) -> Iterator[WorkerMessage]:
+        """The task's messages: Started, MetricBatches and one Result per seed. Iterate it in
+        one thread; a KeyboardInterrupt in it (Ray's cancel) stops the trainer."""
+        warm_up()  # before Started: a run counts as started when it can train at once
+        if len(self.seeds) == 1:
+            self._announced.add(0)
+            yield self._began(None)
+        self.began_at = time.perf_counter()
+        self.thread.start()
+        try:
+            while self._ended is None:
+                yield from self._flush(self._next_events())
+        except KeyboardInterrupt:
+            self._cancel()
+            raise
+        self.thread.join()
+        yield from self._unfinished(self._ended.error)
+
+    def _next_events(self) -> list[_Event]:
+        """The events put since the last call: waits up to a batch interval for the first."""
+        try:
+            events = [self.events.get(timeout=self.batch_interval_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                events.append(self.events.get_nowait())
+            except queue.Empty:
+                return events
+
+    def _flush(self, events: list[_Event]) -> Iterator[WorkerMessage]:
+        """In order: the seeds that began (one Started for those that began together, before
+        any of their points), the seeds that ended (each with its last points before its
+        result), then the points of the seeds still training."""
+        for starts, group in groupby(events, key=lambda event: isinstance(event, _SeedStarted)):
+            if starts:
+                yield self._announce([e.index for e in group if isinstance(e, _SeedStarted)])
+            else:
+                for event in group:
+                    yield from self._handle(event)
+        for index in sorted(self._announced - self._sent):  # a seed begun since: after Started
+            yield from self._points(index)
+
+    def _announce(self, indices: list[int]) -> Started:
+        self._announced.update(indices)
+        return self._began(tuple(indices))
+
+    def _handle(self, event: _Event) -> Iterator[WorkerMessage]:
+        if isinstance(event, _SeedDone):
+            yield from self._points(event.index)
+            self._sent.add(event.index)
+            yield self._result(event.outcome, event.index, event.seconds)
+        elif isinstance(event, _TrainerFound):
+            self._divergence_metric = event.divergence_metric
+        elif isinstance(event, _TrainerEnded):
+            self._ended = event
+
+    def _points(self, index: int) -> Iterator[MetricBatch]:
+        points = self.reporters[index].drain()
+        if points:
+            yield MetricBatch(points, index=index)
+
+    def _unfinished(self, error: BaseException | None) -> Iterator[Result]:
+        """A failed result for every seed the trainer gave no outcome."""
+        error = error or RuntimeError("the trainer returned no result for this seed")
+        for index in range(len(self.seeds)):
+            if index not in self._sent:
+                yield self._result(error, index, time.perf_counter() - self.began_at)
+
+    def _cancel(self) -> None:
+        self.stop.set()
+        self.thread.join(CANCEL_GRACE_S)
+        if self.thread.is_alive() and in_ray_task():  # never a driver (a plain generator)
+            end_worker(self.trainer_name, self.seeds)
+
+    def _began(self, indices: tuple[int, ...] | None) -> Started:
+        context = self.context
         return Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
                        worker_id=context.get_worker_id() if context else None,
                        hostname=socket.gethostname(), indices=indices)
 
-    warm_up()  # before Started: a run counts as started when it can train at once
-    announced: set[int] = set()  # the seeds whose Started was sent
-    if len(seeds) == 1:
-        announced.add(0)
-        yield began(None)
-    stop = threading.Event()
-    reporters = [StreamingReporter(stop) for _ in seeds]
-    news = threading.Event()  # a seed began or ended, or the trainer thread ended
-    ended = threading.Event()
-    # in the order they happened: ("start", index) and ("done", (index, outcome, seconds))
-    events: list[tuple[str, Any]] = []
-    box: dict[str, Any] = {}
-    started = time.perf_counter()
-
-    def on_start(index: int) -> None:
-        events.append(("start", index))
-        news.set()
-
-    def on_done(index: int, outcome: RunResult | BaseException) -> None:
-        events.append(("done", (index, outcome, time.perf_counter() - started)))
-        news.set()
-
-    def target() -> None:
-        try:
-            trainer = box["trainer"] = get_trainer(trainer_name)
-            parsed = trainer.Config.model_validate(config)
-            if len(seeds) == 1:
-                on_done(0, trainer.run(parsed, seeds[0], reporters[0], threads=assigned_cpus(),
-                                       source_seeds=pins[0], stop_on_checks=stop_on_checks))
-            else:
-                trainer.run_seeds(parsed, seeds, reporters, threads=assigned_cpus(),
-                                  source_seeds=pins, stop_on_checks=stop_on_checks,
-                                  on_done=on_done, on_start=on_start)
-        except BaseException as exc:  # noqa: BLE001 - every trainer failure fails its seeds
-            box["error"] = exc
-        finally:
-            ended.set()
-            news.set()
-
-    sent: set[int] = set()
-
-    def flush() -> Iterator[WorkerMessage]:
-        # in order: the seeds that began (before any of their points), the seeds that ended
-        # (each with its last points before its result), then the points of those training
-        while events:
-            if events[0][0] == "start":
-                starting = []
-                while events and events[0][0] == "start":
-                    starting.append(events.pop(0)[1])
-                announced.update(starting)
-                yield began(tuple(starting))
-                continue
-            index, outcome, seconds = events.pop(0)[1]
-            points = reporters[index].drain()
-            if points:
-                yield MetricBatch(points, index=index)
-            sent.add(index)
-            yield _result(outcome, reporters[index], index, seconds)
-        for index in sorted(announced - sent):  # a seed that began since waits for its Started
-            points = reporters[index].drain()
-            if points:
-                yield MetricBatch(points, index=index)
-
-    def _result(outcome: RunResult | BaseException, reporter: StreamingReporter, index: int,
-                seconds: float) -> Result:
-        result = _outcome(outcome, reporter,
-                          getattr(box.get("trainer"), "divergence_metric", None), index)
+    def _result(self, outcome: RunResult | BaseException, index: int, seconds: float) -> Result:
+        result = _outcome(outcome, self.reporters[index], self._divergence_metric, index)
         result.provenance["train_seconds"] = seconds
-        if len(seeds) > 1:
-            result.provenance["task_seeds"] = seeds
+        if len(self.seeds) > 1:
+            result.provenance["task_seeds"] = list(self.seeds)
         return result
-
-    thread = threading.Thread(target=target, name=f"trainer-{trainer_name}-{seeds[0]}",
-                              daemon=True)
-    thread.start()
-    try:
-        while True:
-            news.wait(batch_interval_s)
-            news.clear()
-            finished = ended.is_set()
-            yield from flush()
-            if finished:
-                break
-    except KeyboardInterrupt:
-        stop.set()
-        thread.join(CANCEL_GRACE_S)
-        if thread.is_alive() and in_ray_task():  # never a driver (a plain generator)
-            end_worker(trainer_name, seeds)
-        raise
-    thread.join()
-    error = box.get("error") or RuntimeError("the trainer returned no result for this seed")
-    for index in range(len(seeds)):
-        if index not in sent:
-            yield _result(error, reporters[index], index, time.perf_counter() - started)
 
 
 def end_worker(trainer_name: str, seeds: Sequence[int]) -> None:
