@@ -94,8 +94,9 @@ JsonScalar = str | int | float | bool | None
 # contains itself (openapi-python-client refuses a recursive union, and `list[Any]` in a union
 # makes its code fail mypy --strict).
 JsonObject = TypeAliasType("JsonObject", "dict[str, JsonValue]")
-JsonValue = (JsonObject | list[JsonObject | list[JsonObject | JsonScalar | Any] | JsonScalar]
-             | JsonScalar)
+JsonValue = (
+    JsonObject | list[JsonObject | list[JsonObject | JsonScalar | Any] | JsonScalar] | JsonScalar
+)
 
 # Bounds on a spec, so that a hostile one is a 422 naming the field rather than a load.
 MAX_GRID_AXES = 32
@@ -112,8 +113,13 @@ MAX_STORED_TEXT_LENGTH = 10_000  # error messages and other text a worker sends 
 # which Python's JSON parser lets through and no database can encode.
 STORABLE_TEXT = r"^[^\x00]*$"
 GridKey = Annotated[str, Field(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)]
-GridLevel = (bool | int | float
-             | Annotated[str, Field(max_length=MAX_LEVEL_LENGTH, pattern=STORABLE_TEXT)] | None)
+GridLevel = (
+    bool
+    | int
+    | float
+    | Annotated[str, Field(max_length=MAX_LEVEL_LENGTH, pattern=STORABLE_TEXT)]
+    | None
+)
 
 # The named random sources a run's seed drives (docs/architecture.md); the trainers'
 # generators (trainers.random_sources) are made for exactly these.
@@ -224,12 +230,15 @@ _RUN_SUCCEEDED = frozenset({RunStatus.completed, RunStatus.stopped})
 _RUN_WENT_WRONG = (RunStatus.failed, RunStatus.diverged)
 # What a worker's result can end a run as: every end but a cancel.
 _RUN_RESULTS = _RUN_ENDED - {RunStatus.cancelled}
-_RUN_MOVES: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType({
-    RunStatus.queued: frozenset({RunStatus.pending, RunStatus.failed, RunStatus.cancelled}),
-    RunStatus.pending: _RUN_RESULTS | {RunStatus.running, RunStatus.cancelled, RunStatus.queued},
-    RunStatus.running: _RUN_RESULTS | {RunStatus.cancelled, RunStatus.queued},
-    **{status: frozenset() for status in _RUN_ENDED},
-})
+_RUN_MOVES: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType(
+    {
+        RunStatus.queued: frozenset({RunStatus.pending, RunStatus.failed, RunStatus.cancelled}),
+        RunStatus.pending: _RUN_RESULTS
+        | {RunStatus.running, RunStatus.cancelled, RunStatus.queued},
+        RunStatus.running: _RUN_RESULTS | {RunStatus.cancelled, RunStatus.queued},
+        **{status: frozenset() for status in _RUN_ENDED},
+    }
+)
 _EXPERIMENT_ACTIVE = frozenset({ExperimentStatus.queued, ExperimentStatus.running})
 _EXPERIMENT_ENDED = frozenset(ExperimentStatus) - _EXPERIMENT_ACTIVE
 
@@ -261,25 +270,45 @@ class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     # Above 0: a task asking for no CPU is not counted against Ray's CPU limit at all.
-    num_cpus: float = Field(1.0, gt=0, le=1024, description=(
-        "CPUs of one task (a run, or the seeds of a seed-batched task); the trainer's torch "
-        "thread count"))
-    num_gpus: float = Field(0.0, ge=0, le=64, description=(
-        "GPUs of one task; a fraction shares a device between tasks (they then time-slice "
-        "it: seeds_per_task is the faster way to fill a GPU)"))
-    seeds_per_task: int | None = Field(None, ge=1, le=64, description=(
-        "Seeds of one condition that one task runs together (a seed-batched task): as one "
-        "batched computation for a trainer that batches seeds, else one after another with "
-        "the data loaded once. Each seed stays its own run (status, attempts, curves, result) "
-        "and its result does not depend on which seeds shared its task. None: the trainer's "
-        "default (GET /trainers); at most the trainer's max_seeds_per_task"))
+    num_cpus: float = Field(
+        1.0,
+        gt=0,
+        le=1024,
+        description=(
+            "CPUs of one task (a run, or the seeds of a seed-batched task); the trainer's torch "
+            "thread count"
+        ),
+    )
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        le=64,
+        description=(
+            "GPUs of one task; a fraction shares a device between tasks (they then time-slice "
+            "it: seeds_per_task is the faster way to fill a GPU)"
+        ),
+    )
+    seeds_per_task: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=(
+            "Seeds of one condition that one task runs together (a seed-batched task): as one "
+            "batched computation for a trainer that batches seeds, else one after another with "
+            "the data loaded once. Each seed stays its own run (status, attempts, curves, result) "
+            "and its result does not depend on which seeds shared its task. None: the trainer's "
+            "default (GET /trainers); at most the trainer's max_seeds_per_task"
+        ),
+    )
 
     @field_validator("num_cpus", "num_gpus")
     @classmethod
     def _ray_quantity(cls, value: float, info: ValidationInfo) -> float:
         if 0 < value < RAY_RESOURCE_UNIT and not is_stored(info):
-            raise ValueError(f"{value:g} is below Ray's smallest resource unit, "
-                             f"{RAY_RESOURCE_UNIT:g}: Ray would refuse the task")
+            raise ValueError(
+                f"{value:g} is below Ray's smallest resource unit, "
+                f"{RAY_RESOURCE_UNIT:g}: Ray would refuse the task"
+            )
         return value
 
 
@@ -322,8 +351,10 @@ def storable_json(value: Any, max_length: int | None = MAX_STORED_TEXT_LENGTH) -
     if isinstance(value, str):
         return storable_text(value, max_length)
     if isinstance(value, dict):
-        return {storable_text(str(k), max_length): storable_json(v, max_length)
-                for k, v in value.items()}
+        return {
+            storable_text(str(k), max_length): storable_json(v, max_length)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [storable_json(v, max_length) for v in value]
     return value
@@ -372,14 +403,24 @@ class AnalysisSpec(BaseModel):
     # raw: variances of the values; log: of their logarithms (spreads relative to the mean,
     # about the squared coefficient of variation), for positive metrics whose levels' means
     # differ by orders of magnitude.
-    scale: Literal["raw", "log"] = Field("raw", description=(
-        "raw: compare variances of the metric; log: of its logarithm (relative spreads, for "
-        "positive metrics whose means differ by orders of magnitude)"))
+    scale: Literal["raw", "log"] = Field(
+        "raw",
+        description=(
+            "raw: compare variances of the metric; log: of its logarithm (relative spreads, for "
+            "positive metrics whose means differ by orders of magnitude)"
+        ),
+    )
     # The variance ratio worth detecting: each comparison says how many seeds per level the
     # primary test needs to detect it (power 0.8 at alpha 0.05).
-    target_ratio: float = Field(2.0, gt=1, le=1e6, description=(
-        "The variance ratio worth detecting; each comparison reports the seeds per level the "
-        "primary test needs for it"))
+    target_ratio: float = Field(
+        2.0,
+        gt=1,
+        le=1e6,
+        description=(
+            "The variance ratio worth detecting; each comparison reports the seeds per level the "
+            "primary test needs for it"
+        ),
+    )
 
 
 class ExperimentSpec(BaseModel):
@@ -387,11 +428,23 @@ class ExperimentSpec(BaseModel):
 
     # No Infinity or NaN (Python's JSON parser accepts them; a JSON column does not). Strict:
     # no value is coerced (`seeds: true` or `2.0` is an error, not 1 or 2 seeds).
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True,
-                              json_schema_extra={"examples": [{
-        "name": "collapse-sg", "trainer": "collapse", "config": {"n_samples": 64, "steps": 50},
-        "grid": {"stop_gradient": [False, True]}, "seeds": 2, "metric": "min_l2",
-    }]})
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "collapse-sg",
+                    "trainer": "collapse",
+                    "config": {"n_samples": 64, "steps": 50},
+                    "grid": {"stop_gradient": [False, True]},
+                    "seeds": 2,
+                    "metric": "min_l2",
+                }
+            ]
+        },
+    )
 
     name: str = Field(..., min_length=1, max_length=200, pattern=STORABLE_TEXT)
     trainer: str = Field(..., min_length=1, max_length=64, pattern=STORABLE_TEXT)
@@ -399,7 +452,8 @@ class ExperimentSpec(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     # Config field -> levels; the cartesian product of the levels gives the conditions.
     grid: dict[GridKey, Annotated[list[GridLevel], Field(max_length=MAX_GRID_LEVELS)]] = Field(
-        default_factory=dict, max_length=MAX_GRID_AXES,
+        default_factory=dict,
+        max_length=MAX_GRID_AXES,
         json_schema_extra=key_pattern_as_property_names,
     )
     # n means seeds 0..n-1; a list gives the seeds explicitly.
@@ -411,9 +465,15 @@ class ExperimentSpec(BaseModel):
     # When this many runs of the experiment have ended and every one of them failed (none
     # completed, stopped, diverged or was cancelled), its queued runs are cancelled and it ends
     # `failed` with a message: a spec that cannot run does not fail its whole grid. 0: never.
-    stop_after_failures: int = Field(3, ge=0, le=MAX_SEEDS, description=(
-        "Stop the experiment once its first this many ended runs all failed (its queued runs "
-        "are cancelled, those not yet started too); 0: never"))
+    stop_after_failures: int = Field(
+        3,
+        ge=0,
+        le=MAX_SEEDS,
+        description=(
+            "Stop the experiment once its first this many ended runs all failed (its queued runs "
+            "are cancelled, those not yet started too); 0: never"
+        ),
+    )
     # Higher runs first.
     priority: int = Field(0, ge=-1000, le=1000)
     # Seeds in rounds until a named comparison is settled (api_schemas.adaptive); the first
@@ -429,9 +489,9 @@ class ExperimentSpec(BaseModel):
     # Checks of the trainer (GET /trainers: stop_checks) on which a run ends early: at the end
     # of the first epoch at which one of them fires, the run stops with status `stopped`, its
     # verdict and last metrics stored, and frees its worker. Empty: runs train to the end.
-    stop_on_checks: list[Annotated[str, Field(max_length=MAX_KEY_LENGTH,
-                                              pattern=STORABLE_TEXT)]] = Field(
-        default_factory=list, max_length=MAX_GRID_AXES)
+    stop_on_checks: list[
+        Annotated[str, Field(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)]
+    ] = Field(default_factory=list, max_length=MAX_GRID_AXES)
     # How /stats reads the results: the scale and the ratio worth detecting.
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
@@ -440,8 +500,9 @@ class ExperimentSpec(BaseModel):
     def _storable_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         problems = json_problems(config, "config")
         if problems:
-            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
-                                               if len(problems) > 5 else "")
+            shown = "; ".join(problems[:5]) + (
+                f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+            )
             raise ValueError(shown)
         return config
 
@@ -484,11 +545,14 @@ class ExperimentSpec(BaseModel):
             return self
         first = self.adaptive.min_seeds
         if "seeds" in self.model_fields_set and self.seeds != first:
-            raise ValueError(f"seeds: an adaptive spec's first round is adaptive.min_seeds "
-                             f"({first}) seeds per condition, seeds 0 to {first - 1}; leave "
-                             f"seeds out (or set it to {first})")
+            raise ValueError(
+                f"seeds: an adaptive spec's first round is adaptive.min_seeds "
+                f"({first}) seeds per condition, seeds 0 to {first - 1}; leave "
+                f"seeds out (or set it to {first})"
+            )
         self.seeds = first
         return self
+
     @field_validator("stop_on_checks")
     @classmethod
     def _distinct_checks(cls, checks: list[str]) -> list[str]:

@@ -44,8 +44,13 @@ MAX_SEEDS_PER_CONDITION = 1000
 # about 1e-16 that rounds to 1.0 in floating point (alpha = 5e-324 even makes alpha / K zero),
 # and far above that no randomisation test has enough re-assignments to reach it anyway.
 MIN_ALPHA_PER_LOOK = 1e-9
-_Level = (bool | int | float
-          | Annotated[str, Field(max_length=_MAX_LEVEL_LENGTH, pattern=_STORABLE_TEXT)] | None)
+_Level = (
+    bool
+    | int
+    | float
+    | Annotated[str, Field(max_length=_MAX_LEVEL_LENGTH, pattern=_STORABLE_TEXT)]
+    | None
+)
 
 
 def planned_looks(min_seeds: int, step: int, max_seeds: int) -> int:
@@ -69,11 +74,23 @@ class NamedComparison(BaseModel):
 class AdaptiveSpec(BaseModel):
     """Seeds in rounds until `comparison`'s interval excludes its null value."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True,
-                              json_schema_extra={"examples": [{
-        "comparison": {"factor": "stop_gradient", "a": False, "b": True},
-        "target": "var_ratio", "min_seeds": 4, "step": 2, "max_seeds": 12, "alpha": 0.05,
-    }]})
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "comparison": {"factor": "stop_gradient", "a": False, "b": True},
+                    "target": "var_ratio",
+                    "min_seeds": 4,
+                    "step": 2,
+                    "max_seeds": 12,
+                    "alpha": 0.05,
+                }
+            ]
+        },
+    )
 
     comparison: NamedComparison
     # var_ratio: the interval of var_a / var_b that inverts the primary variance test (a
@@ -91,23 +108,27 @@ class AdaptiveSpec(BaseModel):
     @classmethod
     def _alpha_per_look(cls, alpha: float, info: ValidationInfo) -> float:
         """alpha / K must be a level a look can use (the rounds' fields come before alpha)."""
-        min_seeds, step, max_seeds = (info.data.get(f) for f in ("min_seeds", "step",
-                                                                  "max_seeds"))
-        if not (isinstance(min_seeds, int) and isinstance(step, int)
-                and isinstance(max_seeds, int)) or max_seeds < min_seeds:
+        min_seeds, step, max_seeds = (info.data.get(f) for f in ("min_seeds", "step", "max_seeds"))
+        if (
+            not (
+                isinstance(min_seeds, int) and isinstance(step, int) and isinstance(max_seeds, int)
+            )
+            or max_seeds < min_seeds
+        ):
             return alpha  # refused on its own field, or by _rounds
         looks = planned_looks(min_seeds, step, max_seeds)
         if alpha / looks < MIN_ALPHA_PER_LOOK and not is_stored(info):
-            raise ValueError(f"alpha {alpha:g} over the {looks} planned looks is "
-                             f"{alpha / looks:.3g} per look, below {MIN_ALPHA_PER_LOOK:g}: no "
-                             "look could use it (its confidence 1 - alpha/K would round to 1)")
+            raise ValueError(
+                f"alpha {alpha:g} over the {looks} planned looks is "
+                f"{alpha / looks:.3g} per look, below {MIN_ALPHA_PER_LOOK:g}: no "
+                "look could use it (its confidence 1 - alpha/K would round to 1)"
+            )
         return alpha
 
     @model_validator(mode="after")
     def _rounds(self) -> AdaptiveSpec:
         if self.max_seeds < self.min_seeds:
-            raise ValueError(f"max_seeds ({self.max_seeds}) is below min_seeds "
-                             f"({self.min_seeds})")
+            raise ValueError(f"max_seeds ({self.max_seeds}) is below min_seeds ({self.min_seeds})")
         return self
 
     @property
@@ -170,25 +191,36 @@ class AdaptiveState(ResponseModel):
     @classmethod
     def start(cls, rule: AdaptiveSpec) -> AdaptiveState:
         named = rule.comparison
-        where = (f"within {named.within}" if named.within is not None
-                 else "pooled over the other factors")
-        interval = ("interval inverting the primary variance test" if rule.target == "var_ratio"
-                    else "paired t (else Welch) interval")
+        where = (
+            f"within {named.within}"
+            if named.within is not None
+            else "pooled over the other factors"
+        )
+        interval = (
+            "interval inverting the primary variance test"
+            if rule.target == "var_ratio"
+            else "paired t (else Welch) interval"
+        )
         return cls(
-            rule=(f"{rule.target} of {named.factor} {named.a!r} vs {named.b!r} ({where}): "
-                  f"seeds {rule.min_seeds} to {rule.max_seeds} per condition in steps of "
-                  f"{rule.step}; stop when the {interval} excludes {rule.null_value:g}, each of "
-                  f"the {rule.planned_looks} planned looks at confidence 1 - {rule.alpha:g}/"
-                  f"{rule.planned_looks} (Bonferroni)"),
-            planned_looks=rule.planned_looks, alpha_per_look=rule.alpha_per_look)
+            rule=(
+                f"{rule.target} of {named.factor} {named.a!r} vs {named.b!r} ({where}): "
+                f"seeds {rule.min_seeds} to {rule.max_seeds} per condition in steps of "
+                f"{rule.step}; stop when the {interval} excludes {rule.null_value:g}, each of "
+                f"the {rule.planned_looks} planned looks at confidence 1 - {rule.alpha:g}/"
+                f"{rule.planned_looks} (Bonferroni)"
+            ),
+            planned_looks=rule.planned_looks,
+            alpha_per_look=rule.alpha_per_look,
+        )
 
 
 class AddSeeds(BaseModel):
     """POST /experiments/{id}/seeds: more seeds for every condition of an experiment. An int n
     adds the n seeds after the highest one it has; a list names them (none it has already)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True,
-                              json_schema_extra={"examples": [{"seeds": 3}]})
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [{"seeds": 3}]}
+    )
 
     seeds: int | list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
 

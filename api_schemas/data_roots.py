@@ -21,8 +21,10 @@ def parse_data_roots(text: str) -> dict[str, Path]:
             continue
         name, sep, path = (part.strip() for part in entry.partition("="))
         if not sep or not ROOT_NAME.fullmatch(name) or not Path(path).is_absolute():
-            raise ValueError(f"SEEDGRID_DATA_ROOTS entry {entry!r} is not name=/absolute/path "
-                             "(names: letters, digits, _ and -, up to 64)")
+            raise ValueError(
+                f"SEEDGRID_DATA_ROOTS entry {entry!r} is not name=/absolute/path "
+                "(names: letters, digits, _ and -, up to 64)"
+            )
         if name in roots:
             raise ValueError(f"SEEDGRID_DATA_ROOTS names {name!r} twice")
         roots[name] = Path(path)

@@ -66,17 +66,26 @@ def main() -> None:
         os.environ["SEEDGRID_DATA_ROOT"] = str(root)
         dataset = "cifar10"
     config = CFFConfig(
-        dataset=dataset, image_size=args.image_size, width=args.width, depth=args.depth,
-        heads=args.heads, batch_size=args.batch_size, train_size=args.train_size,
+        dataset=dataset,
+        image_size=args.image_size,
+        width=args.width,
+        depth=args.depth,
+        heads=args.heads,
+        batch_size=args.batch_size,
+        train_size=args.train_size,
         epochs=args.epochs,
-        head_epochs=args.head_epochs, device=args.device, precision=args.precision,
+        head_epochs=args.head_epochs,
+        device=args.device,
+        precision=args.precision,
     )
     trainer = CFFTrainer()
     seeds = list(range(args.seeds))
-    print(f"cff: {config.dataset} {config.image_size}px, E={config.width} L={config.depth} "
-          f"H={config.heads}, batch {config.batch_size}, {config.epochs} + {config.head_epochs} "
-          f"epochs, {config.precision}, device {config.device}, {args.threads} thread(s), "
-          f"K = {len(seeds)}")
+    print(
+        f"cff: {config.dataset} {config.image_size}px, E={config.width} L={config.depth} "
+        f"H={config.heads}, batch {config.batch_size}, {config.epochs} + {config.head_epochs} "
+        f"epochs, {config.precision}, device {config.device}, {args.threads} thread(s), "
+        f"K = {len(seeds)}"
+    )
 
     def sequential() -> None:
         for seed in seeds:
@@ -92,13 +101,17 @@ def main() -> None:
     for repeat in range(args.repeats):
         one_by_one, together = timed(sequential, len(seeds)), timed(batched, len(seeds))
         rows.append((*one_by_one, *together))
-        print(f"  repeat {repeat}: wall {one_by_one[0]:.3f} -> {together[0]:.3f} seeds/s "
-              f"({together[0] / one_by_one[0]:.2f}x); cpu {one_by_one[1]:.3f} -> "
-              f"{together[1]:.3f} seeds/s ({together[1] / one_by_one[1]:.2f}x)")
+        print(
+            f"  repeat {repeat}: wall {one_by_one[0]:.3f} -> {together[0]:.3f} seeds/s "
+            f"({together[0] / one_by_one[0]:.2f}x); cpu {one_by_one[1]:.3f} -> "
+            f"{together[1]:.3f} seeds/s ({together[1] / one_by_one[1]:.2f}x)"
+        )
     for clock, a, b in (("wall clock", 0, 2), ("CPU time", 1, 3)):
-        print(f"{clock:>10}: sequential median {statistics.median(r[a] for r in rows):.3f} "
-              f"seeds/s, batched median {statistics.median(r[b] for r in rows):.3f} seeds/s, "
-              f"median ratio {statistics.median(r[b] / r[a] for r in rows):.2f}x")
+        print(
+            f"{clock:>10}: sequential median {statistics.median(r[a] for r in rows):.3f} "
+            f"seeds/s, batched median {statistics.median(r[b] for r in rows):.3f} seeds/s, "
+            f"median ratio {statistics.median(r[b] / r[a] for r in rows):.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -39,25 +39,34 @@ def bare_loop(config: CFFConfig, seed: int) -> int:
     channels, side, _ = splits.data.image_shape
     layers = build_layers(config, channels, side, sources.init).to(device)
     head = build_head(config.width, splits.num_classes, sources.init).to(device)
-    optimizers = [torch.optim.AdamW(layer.parameters(), lr=config.lr,
-                                    weight_decay=config.weight_decay) for layer in layers]
+    optimizers = [
+        torch.optim.AdamW(layer.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        for layer in layers
+    ]
     margins = config.margins()
     images = 0
     for _ in range(config.epochs):
         for positions in splits.train_batches(config.batch_size, sources.data):
-            x1, y = splits.images("train", positions, augment_generator=sources.augment,
-                                  device=device)
-            x2, _ = splits.images("train", positions, augment_generator=sources.augment,
-                                  device=device)
+            x1, y = splits.images(
+                "train", positions, augment_generator=sources.augment, device=device
+            )
+            x2, _ = splits.images(
+                "train", positions, augment_generator=sources.augment, device=device
+            )
             h = patchify(torch.cat([x1, x2]), config.patch)
             n = len(y)
             for layer, optimizer, margin in zip(layers, optimizers, margins, strict=True):
                 h = layer(h.detach())
                 f = h.mean(dim=1)
-                loss = supcon_margin_loss(f[:n], f[n:], y, margin,
-                                          temperature=config.temperature,
-                                          margin_mode=config.margin_mode,
-                                          stability=config.stability)
+                loss = supcon_margin_loss(
+                    f[:n],
+                    f[n:],
+                    y,
+                    margin,
+                    temperature=config.temperature,
+                    margin_mode=config.margin_mode,
+                    stability=config.stability,
+                )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -92,30 +101,43 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     config = CFFConfig(
-        dataset=args.dataset, image_size=args.image_size, width=args.width, depth=args.depth,
-        heads=args.heads, batch_size=args.batch_size, epochs=args.epochs, head_epochs=0,
-        select_by_validation=False, device=args.device,
+        dataset=args.dataset,
+        image_size=args.image_size,
+        width=args.width,
+        depth=args.depth,
+        heads=args.heads,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        head_epochs=0,
+        select_by_validation=False,
+        device=args.device,
     )
     # as the trainer's runs set it (TrainerBase.run), so that both loops use the same kernels
     torch.use_deterministic_algorithms(pick_device(config.device).type == "cpu")
-    print(f"CFF stage 1: {config.dataset} {config.image_size}px, E={config.width} "
-          f"L={config.depth} H={config.heads}, batch {config.batch_size}, {config.epochs} "
-          f"epochs, device {config.device}, torch threads {torch.get_num_threads()}")
+    print(
+        f"CFF stage 1: {config.dataset} {config.image_size}px, E={config.width} "
+        f"L={config.depth} H={config.heads}, batch {config.batch_size}, {config.epochs} "
+        f"epochs, device {config.device}, torch threads {torch.get_num_threads()}"
+    )
     bare_loop(config.model_copy(update={"epochs": 1}), 0)  # warm-up: dataset cache, allocator
     rows = []
     for repeat in range(args.repeats):
         bare = timed(bare_loop, config, repeat)
         seedgrid = timed(trainer_loop, config, repeat)
         rows.append((*bare, *seedgrid))
-        print(f"  repeat {repeat}: wall bare {bare[0]:8.1f} seedgrid {seedgrid[0]:8.1f} img/s "
-              f"(ratio {seedgrid[0] / bare[0]:.3f});  cpu bare {bare[1]:8.1f} seedgrid "
-              f"{seedgrid[1]:8.1f} img/s (ratio {seedgrid[1] / bare[1]:.3f})")
+        print(
+            f"  repeat {repeat}: wall bare {bare[0]:8.1f} seedgrid {seedgrid[0]:8.1f} img/s "
+            f"(ratio {seedgrid[0] / bare[0]:.3f});  cpu bare {bare[1]:8.1f} seedgrid "
+            f"{seedgrid[1]:8.1f} img/s (ratio {seedgrid[1] / bare[1]:.3f})"
+        )
     for clock, b, s in (("wall clock", 0, 2), ("CPU time", 1, 3)):
         ratio = statistics.median(r[s] / r[b] for r in rows)
-        print(f"{clock:>10}: bare loop median {statistics.median(r[b] for r in rows):.1f} "
-              f"images/s, seedgrid trainer median {statistics.median(r[s] for r in rows):.1f} "
-              f"images/s, median ratio seedgrid/bare {ratio:.3f} (diagnostics overhead "
-              f"{100 * (1 - ratio):.1f}%; target <= 10%: {'met' if ratio >= 0.9 else 'NOT met'})")
+        print(
+            f"{clock:>10}: bare loop median {statistics.median(r[b] for r in rows):.1f} "
+            f"images/s, seedgrid trainer median {statistics.median(r[s] for r in rows):.1f} "
+            f"images/s, median ratio seedgrid/bare {ratio:.3f} (diagnostics overhead "
+            f"{100 * (1 - ratio):.1f}%; target <= 10%: {'met' if ratio >= 0.9 else 'NOT met'})"
+        )
 
 
 if __name__ == "__main__":

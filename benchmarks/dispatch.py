@@ -40,8 +40,13 @@ def time_bare(n: int) -> float:
 
 
 def time_seedgrid(client: httpx.Client, n: int, repeat: int) -> float:
-    spec = {"name": f"dispatch-bench-{repeat}", "trainer": "collapse", "config": CONFIG,
-            "grid": {}, "seeds": n}
+    spec = {
+        "name": f"dispatch-bench-{repeat}",
+        "trainer": "collapse",
+        "config": CONFIG,
+        "grid": {},
+        "seeds": n,
+    }
     started = time.perf_counter()
     created = client.post("/experiments", json=spec).json()
     while True:
@@ -58,8 +63,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-in-flight", type=int, default=None,
-                        help="SEEDGRID_MAX_IN_FLIGHT for the service (default: its own)")
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="SEEDGRID_MAX_IN_FLIGHT for the service (default: its own)",
+    )
     args = parser.parse_args()
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -71,25 +80,33 @@ def main() -> None:
     compute_ms = (time.perf_counter() - started) / 20 * 1000
 
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'bench.db'}",
-                            max_in_flight=args.max_in_flight)
-        with BackgroundServer(settings) as server, httpx.Client(base_url=server.url,
-                                                                 timeout=120) as client:
+        settings = Settings(
+            database_url=f"sqlite:///{Path(tmp) / 'bench.db'}", max_in_flight=args.max_in_flight
+        )
+        with (
+            BackgroundServer(settings) as server,
+            httpx.Client(base_url=server.url, timeout=120) as client,
+        ):
             time_bare(20)  # warm both paths: worker processes, imports
             time_seedgrid(client, 20, -1)
             bare, seedgrid = [], []
             for repeat in range(args.repeats):
                 bare.append(time_bare(args.runs) / args.runs * 1000)
                 seedgrid.append(time_seedgrid(client, args.runs, repeat) / args.runs * 1000)
-                print(f"repeat {repeat}: bare Ray {bare[-1]:.2f} ms/run, "
-                      f"seedgrid {seedgrid[-1]:.2f} ms/run", flush=True)
+                print(
+                    f"repeat {repeat}: bare Ray {bare[-1]:.2f} ms/run, "
+                    f"seedgrid {seedgrid[-1]:.2f} ms/run",
+                    flush=True,
+                )
 
     bare_ms, seedgrid_ms = statistics.median(bare), statistics.median(seedgrid)
     print(f"runs per repeat: {args.runs}, repeats: {args.repeats}, Ray CPUs: 2")
     print(f"trainer compute alone (in process): {compute_ms:.2f} ms/run")
     print(f"bare Ray tasks:  median {bare_ms:.2f} ms/run")
-    print(f"seedgrid:        median {seedgrid_ms:.2f} ms/run "
-          f"(target <= 20 ms: {'met' if seedgrid_ms <= 20 else 'NOT met'})")
+    print(
+        f"seedgrid:        median {seedgrid_ms:.2f} ms/run "
+        f"(target <= 20 ms: {'met' if seedgrid_ms <= 20 else 'NOT met'})"
+    )
     print(f"ratio seedgrid / bare Ray: {seedgrid_ms / bare_ms:.2f}x")
     ray.shutdown()
 

@@ -33,15 +33,33 @@ def one_pass(session: Session, claim: int) -> int:
     store = RunStore(session)
     claimed = store.claim(claim)
     store.commit()
-    keys = [AttemptKey(run_id=r.id, experiment_id=r.experiment_id, attempt=r.attempt)
-            for r in claimed]
-    store.start([StartedAttempt(key=key, node_id="node", worker_id="worker", pid=1)
-                 for key in keys])
-    store.record_points([{"run_id": k.run_id, "step": s, "epoch": None, "name": "loss",
-                          "value": 1.0 / (s + 1)} for k in keys for s in range(POINTS_PER_RUN)])
-    store.finish([FinishedAttempt(key=key, status=RunStatus.completed, metrics={"loss": 0.1},
-                                  diagnostics={}, warnings=[], provenance={}, error=None)
-                  for key in keys])
+    keys = [
+        AttemptKey(run_id=r.id, experiment_id=r.experiment_id, attempt=r.attempt) for r in claimed
+    ]
+    store.start(
+        [StartedAttempt(key=key, node_id="node", worker_id="worker", pid=1) for key in keys]
+    )
+    store.record_points(
+        [
+            {"run_id": k.run_id, "step": s, "epoch": None, "name": "loss", "value": 1.0 / (s + 1)}
+            for k in keys
+            for s in range(POINTS_PER_RUN)
+        ]
+    )
+    store.finish(
+        [
+            FinishedAttempt(
+                key=key,
+                status=RunStatus.completed,
+                metrics={"loss": 0.1},
+                diagnostics={},
+                warnings=[],
+                provenance={},
+                error=None,
+            )
+            for key in keys
+        ]
+    )
     store.commit()
     return len(claimed)
 
@@ -51,11 +69,18 @@ def time_passes(queued: int, passes: int, claim: int) -> float:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         upgrade_database(url)
         engine = make_engine(url)
-        settings = Settings(database_url=url, max_runs_per_experiment=queued,
-                            max_queued_runs=queued)
-        spec = ExperimentSpec.model_validate({
-            "name": "bench", "trainer": "collapse", "config": {"steps": 5},
-            "grid": {}, "seeds": queued})
+        settings = Settings(
+            database_url=url, max_runs_per_experiment=queued, max_queued_runs=queued
+        )
+        spec = ExperimentSpec.model_validate(
+            {
+                "name": "bench",
+                "trainer": "collapse",
+                "config": {"steps": 5},
+                "grid": {},
+                "seeds": queued,
+            }
+        )
         with Session(engine) as session:
             create_experiment(session=session, spec=spec, settings=settings)
         timings = []
@@ -71,25 +96,38 @@ def time_passes(queued: int, passes: int, claim: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queued", type=int, nargs="+", default=[1000, 20000])
-    parser.add_argument("--passes", type=int, default=25,
-                        help="passes timed (each claims --claim runs; at most queued / claim)")
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=25,
+        help="passes timed (each claims --claim runs; at most queued / claim)",
+    )
     parser.add_argument("--claim", type=int, default=32, help="runs claimed per pass")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="times each size is measured, sizes alternating (the machine is "
-                             "shared: alternation spreads its noise over every size)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times each size is measured, sizes alternating (the machine is "
+        "shared: alternation spreads its noise over every size)",
+    )
     args = parser.parse_args()
     measured: dict[int, list[float]] = {n: [] for n in args.queued}
     for round_ in range(args.rounds):
         for queued in args.queued:
             ms = time_passes(queued, min(args.passes, queued // args.claim), args.claim)
             measured[queued].append(ms)
-            print(f"round {round_}: {queued:>7,} queued runs: median {ms:6.2f} ms per pass of "
-                  f"{args.claim} runs", flush=True)
+            print(
+                f"round {round_}: {queued:>7,} queued runs: median {ms:6.2f} ms per pass of "
+                f"{args.claim} runs",
+                flush=True,
+            )
     base = statistics.median(measured[args.queued[0]])
     for queued, times in measured.items():
         ms = statistics.median(times)
-        print(f"{queued:>7,} queued runs: {ms:6.2f} ms per pass (median of {args.rounds} rounds); "
-              f"ratio to {args.queued[0]:,}: {ms / base:.2f}")
+        print(
+            f"{queued:>7,} queued runs: {ms:6.2f} ms per pass (median of {args.rounds} rounds); "
+            f"ratio to {args.queued[0]:,}: {ms / base:.2f}"
+        )
 
 
 if __name__ == "__main__":

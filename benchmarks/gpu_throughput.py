@@ -102,19 +102,61 @@ class Case:
 
 
 CASES = (
-    Case("cff", "cff", "examples/cff_cifar10_paper.yaml", "epoch", 1,
-         {"width": 16, "depth": 1, "heads": 2, "patch": 8, "batch_size": 32, "train_size": 64}),
-    Case("feedback_resmlp", "feedback", "examples/feedback_resmlp_cifar10_audit.yaml", "epoch",
-         0, {"width": 16, "depth": 1, "batch_size": 32, "eval_batch_size": 32}),
-    Case("ssl", "ssl", "examples/ssl_cifar100_cut_gradscale.yaml", "epoch", 1,
-         {"backbone": "resnet_small", "batch_size": 16, "image_size": 8, "train_size": 32}),
-    Case("collapse", "collapse", "examples/collapse_stopgrad.yaml", "step", 0,
-         {"n_samples": 40, "steps": 200}),
-    Case("ssl_sim", "ssl_sim", "examples/ssl_sim_latent_class.yaml", "epoch", 0,
-         {"n_samples": 128, "batch_size": 64}),
-    Case("feedback_studentnet", "feedback", "examples/feedback_studentnet_cpu.yaml", "epoch", 0,
-         {"width": 16, "depth": 1, "student_train_size": 128, "student_test_size": 64,
-          "eval_batch_size": 32, "batch_size": 32}),
+    Case(
+        "cff",
+        "cff",
+        "examples/cff_cifar10_paper.yaml",
+        "epoch",
+        1,
+        {"width": 16, "depth": 1, "heads": 2, "patch": 8, "batch_size": 32, "train_size": 64},
+    ),
+    Case(
+        "feedback_resmlp",
+        "feedback",
+        "examples/feedback_resmlp_cifar10_audit.yaml",
+        "epoch",
+        0,
+        {"width": 16, "depth": 1, "batch_size": 32, "eval_batch_size": 32},
+    ),
+    Case(
+        "ssl",
+        "ssl",
+        "examples/ssl_cifar100_cut_gradscale.yaml",
+        "epoch",
+        1,
+        {"backbone": "resnet_small", "batch_size": 16, "image_size": 8, "train_size": 32},
+    ),
+    Case(
+        "collapse",
+        "collapse",
+        "examples/collapse_stopgrad.yaml",
+        "step",
+        0,
+        {"n_samples": 40, "steps": 200},
+    ),
+    Case(
+        "ssl_sim",
+        "ssl_sim",
+        "examples/ssl_sim_latent_class.yaml",
+        "epoch",
+        0,
+        {"n_samples": 128, "batch_size": 64},
+    ),
+    Case(
+        "feedback_studentnet",
+        "feedback",
+        "examples/feedback_studentnet_cpu.yaml",
+        "epoch",
+        0,
+        {
+            "width": 16,
+            "depth": 1,
+            "student_train_size": 128,
+            "student_test_size": 64,
+            "eval_batch_size": 32,
+            "batch_size": 32,
+        },
+    ),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
 
@@ -135,8 +177,13 @@ class BoundedReporter:
     point and stops the seed once it has done `bound` units past its first logged point or the
     clock passed `deadline`. `on_first_point` is called at the seed's first logged point."""
 
-    def __init__(self, progress: Callable[[int, int | None], float | None], bound: float,
-                 deadline: float, on_first_point: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        progress: Callable[[int, int | None], float | None],
+        bound: float,
+        deadline: float,
+        on_first_point: Callable[[], None] | None = None,
+    ) -> None:
         self.progress = progress
         self.bound = bound
         self.deadline = deadline
@@ -209,8 +256,9 @@ class GpuClock:
         assert results is not None, "a stopped profiler holds its results"
         events = results.events()  # unparsed: no FunctionEvents are built
         on_gpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA]
-        busy = [(e.start_ns(), e.end_ns()) for e in on_gpu
-                if e.activity_type() in DEVICE_ACTIVITIES]
+        busy = [
+            (e.start_ns(), e.end_ns()) for e in on_gpu if e.activity_type() in DEVICE_ACTIVITIES
+        ]
         if not busy:
             seen = sorted({e.activity_type() for e in on_gpu})
             note(f"GPU clock: no kernel in the profile (GPU activities seen: {seen or 'none'})")
@@ -228,31 +276,50 @@ class Measurement:
     errors: list[str] = field(default_factory=list)
 
 
-def run_one(trainer: TrainerBase, config: Any, seed: int, progress: Callable[..., float | None],
-            bound: float, deadline: float, threads: int | None = None,
-            clock: GpuClock | None = None) -> Measurement:
+def run_one(
+    trainer: TrainerBase,
+    config: Any,
+    seed: int,
+    progress: Callable[..., float | None],
+    bound: float,
+    deadline: float,
+    threads: int | None = None,
+    clock: GpuClock | None = None,
+) -> Measurement:
     """`trainer.run` of one seed under a BoundedReporter (the `single` mode and a worker's
     seed); with `clock`, the GPU clock runs from the seed's first logged point to its end."""
-    reporter = BoundedReporter(progress, bound, deadline,
-                               clock.start if clock is not None else None)
+    reporter = BoundedReporter(
+        progress, bound, deadline, clock.start if clock is not None else None
+    )
     started = time.time()
     trainer.run(config, seed, reporter, threads=threads)
     synchronize(trainer.device(config))
     return Measurement([reporter.points], time.time() - started)
 
 
-def run_batched(trainer: TrainerBase, config: Any, seeds: Sequence[int],
-                progress: Callable[..., float | None], bound: float, deadline: float,
-                threads: int | None = None, clock: GpuClock | None = None) -> Measurement:
+def run_batched(
+    trainer: TrainerBase,
+    config: Any,
+    seeds: Sequence[int],
+    progress: Callable[..., float | None],
+    bound: float,
+    deadline: float,
+    threads: int | None = None,
+    clock: GpuClock | None = None,
+) -> Measurement:
     """`trainer.run_seeds` of `seeds` in this process (the `run_seeds` mode)."""
-    reporters = [BoundedReporter(progress, bound, deadline,
-                                 clock.start if clock is not None else None) for _ in seeds]
+    reporters = [
+        BoundedReporter(progress, bound, deadline, clock.start if clock is not None else None)
+        for _ in seeds
+    ]
     started = time.time()
     outcomes = trainer.run_seeds(config, seeds, reporters, threads=threads)
     synchronize(trainer.device(config))
-    errors = [f"seed {seed}: {type(o).__name__}: {o}" for seed, o in zip(seeds, outcomes,
-                                                                           strict=True)
-              if isinstance(o, Exception)]
+    errors = [
+        f"seed {seed}: {type(o).__name__}: {o}"
+        for seed, o in zip(seeds, outcomes, strict=True)
+        if isinstance(o, Exception)
+    ]
     return Measurement([r.points for r in reporters], time.time() - started, errors)
 
 
@@ -278,9 +345,15 @@ def worker_main() -> None:
             else:
                 trainer = trainer_named(command["trainer"])
                 config = trainer.Config.model_validate(command["config"])
-                measured = run_one(trainer, config, command["seed"],
-                                   progress_of(*command["progress"]), command["bound"],
-                                   command["deadline"], threads=command["threads"])
+                measured = run_one(
+                    trainer,
+                    config,
+                    command["seed"],
+                    progress_of(*command["progress"]),
+                    command["bound"],
+                    command["deadline"],
+                    threads=command["threads"],
+                )
                 answer = {"points": measured.traces[0], "ended": time.time()}
         except Exception as exc:  # noqa: BLE001 - the parent reports it for this seed
             answer = {"error": f"{type(exc).__name__}: {exc}"}
@@ -294,10 +367,16 @@ class WorkerPool:
 
     def __init__(self, size: int, env: dict[str, str]) -> None:
         self.processes = [
-            subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                             cwd=ROOT)
-            for _ in range(size)]
+            subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=ROOT,
+            )
+            for _ in range(size)
+        ]
 
     def ask(self, commands: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Send the i-th command to the i-th worker, all before any answer is read."""
@@ -317,8 +396,7 @@ class WorkerPool:
             assert process.stdout is not None
             line = process.stdout.readline()
             if not line:
-                raise RuntimeError(f"worker process {process.pid} exited "
-                                   f"(code {process.wait()})")
+                raise RuntimeError(f"worker process {process.pid} exited (code {process.wait()})")
             answers.append(json.loads(line))
         return answers
 
@@ -333,20 +411,38 @@ class WorkerPool:
                 process.kill()
 
 
-def run_processes(pool: WorkerPool, case: Case, config: Any, seeds: Sequence[int],
-                  bound: float, max_seconds: float, threads: int) -> Measurement:
+def run_processes(
+    pool: WorkerPool,
+    case: Case,
+    config: Any,
+    seeds: Sequence[int],
+    bound: float,
+    max_seconds: float,
+    threads: int,
+) -> Measurement:
     """One seed in each of len(seeds) workers at once, each with `threads` torch threads; wall
     time until the last one ended."""
     started = time.time()
-    commands = [{"trainer": case.trainer, "config": config.model_dump(mode="json"), "seed": seed,
-                 "progress": [case.unit, case.epoch_offset], "bound": bound,
-                 "deadline": started + max_seconds, "threads": threads} for seed in seeds]
+    commands = [
+        {
+            "trainer": case.trainer,
+            "config": config.model_dump(mode="json"),
+            "seed": seed,
+            "progress": [case.unit, case.epoch_offset],
+            "bound": bound,
+            "deadline": started + max_seconds,
+            "threads": threads,
+        }
+        for seed in seeds
+    ]
     answers = pool.ask(commands)
-    errors = [f"seed {seed}: {a['error']}" for seed, a in zip(seeds, answers, strict=True)
-              if "error" in a]
+    errors = [
+        f"seed {seed}: {a['error']}" for seed, a in zip(seeds, answers, strict=True) if "error" in a
+    ]
     ended = max((a["ended"] for a in answers if "ended" in a), default=time.time())
-    return Measurement([[tuple(p) for p in a.get("points", [])] for a in answers],
-                       ended - started, errors)
+    return Measurement(
+        [[tuple(p) for p in a.get("points", [])] for a in answers], ended - started, errors
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,8 +461,9 @@ def example(case: Case) -> dict[str, Any]:
     return yaml.safe_load((ROOT / case.example).read_text())
 
 
-def case_config(case: Case, *, smoke: bool, device: str, precision: str | None,
-                data_root: str | None) -> tuple[Any, dict[str, Any]]:
+def case_config(
+    case: Case, *, smoke: bool, device: str, precision: str | None, data_root: str | None
+) -> tuple[Any, dict[str, Any]]:
     """The trainer's Config for a case, and the grid level it took (the first of each axis)."""
     trainer = trainer_named(case.trainer)
     spec = example(case)
@@ -398,11 +495,16 @@ def write_fake(root: Path, dataset: str, *, smoke: bool) -> None:
     if dataset == "cifar10":
         write_cifar(root, classes=10, per_batch=40 if smoke else 10_000)
     elif dataset == "cifar100":
-        write_cifar(root, classes=100, per_batch=200 if smoke else 50_000,
-                    test_per_batch=40 if smoke else 10_000)
+        write_cifar(
+            root,
+            classes=100,
+            per_batch=200 if smoke else 50_000,
+            test_per_batch=40 if smoke else 10_000,
+        )
     else:
-        raise ValueError(f"no fake writer for dataset {dataset!r}; put its files under "
-                         "$SEEDGRID_DATA_ROOT")
+        raise ValueError(
+            f"no fake writer for dataset {dataset!r}; put its files under $SEEDGRID_DATA_ROOT"
+        )
 
 
 def missing_datasets(configs: Iterable[Any], *, smoke: bool) -> set[str]:
@@ -448,8 +550,13 @@ class Row:
 def summarise(mode: str, k: int, threads: int, measured: Measurement) -> Row:
     units, seconds = steady_units(measured.traces)
     done = sum(trace[-1][1] for trace in measured.traces if trace)
-    row = Row(mode, k, threads, seeds_measured=sum(1 for t in measured.traces if len(t) > 1),
-              wall_s=measured.wall_s)
+    row = Row(
+        mode,
+        k,
+        threads,
+        seeds_measured=sum(1 for t in measured.traces if len(t) > 1),
+        wall_s=measured.wall_s,
+    )
     if measured.errors:
         row.error = "; ".join(measured.errors)
     if units > 0 and seconds > 0:
@@ -457,8 +564,7 @@ def summarise(mode: str, k: int, threads: int, measured: Measurement) -> Row:
         row.s_per_seed_epoch = seconds / units
         row.seed_epochs_per_s_incl_setup = done / measured.wall_s
     elif row.error is None:
-        row.error = ("no whole epoch between two logged points: raise --max-seconds or "
-                     "--epochs")
+        row.error = "no whole epoch between two logged points: raise --max-seconds or --epochs"
     return row
 
 
@@ -481,8 +587,9 @@ def kernel_s_per_unit(measure: Callable[[GpuClock], Measurement]) -> float | Non
     return kernel_s / units if kernel_s is not None and units > 0 else None
 
 
-def measure_case(case: Case, config: Any, args: argparse.Namespace,
-                 pool: WorkerPool | None) -> list[Row]:
+def measure_case(
+    case: Case, config: Any, args: argparse.Namespace, pool: WorkerPool | None
+) -> list[Row]:
     """Every mode and K of one case, after a warm-up in this process and in every worker."""
     trainer = trainer_named(case.trainer)
     device = trainer.device(config)
@@ -500,9 +607,20 @@ def measure_case(case: Case, config: Any, args: argparse.Namespace,
     # where that point follows a trained epoch (cff, ssl), else at its second.
     warm_bound = 0 if case.epoch_offset else 1
     if pool is not None:  # the workers warm up while this process does
-        pool.send([{"trainer": case.trainer, "config": config.model_dump(mode="json"),
-                    "seed": 0, "progress": [case.unit, case.epoch_offset], "bound": warm_bound,
-                    "deadline": deadline(), "threads": 1}] * len(pool.processes))
+        pool.send(
+            [
+                {
+                    "trainer": case.trainer,
+                    "config": config.model_dump(mode="json"),
+                    "seed": 0,
+                    "progress": [case.unit, case.epoch_offset],
+                    "bound": warm_bound,
+                    "deadline": deadline(),
+                    "threads": 1,
+                }
+            ]
+            * len(pool.processes)
+        )
     run_one(trainer, config, 0, progress, warm_bound, deadline(), threads=threads)
     if pool is not None:
         failed = [a["error"] for a in pool.receive(len(pool.processes)) if "error" in a]
@@ -517,22 +635,42 @@ def measure_case(case: Case, config: Any, args: argparse.Namespace,
         except Exception as exc:  # noqa: BLE001 - say it in this row, measure the rest
             return Row(mode, k, threads, error=f"{type(exc).__name__}: {exc}")
 
-    single = attempt("single", 1, threads, partial(run_one, trainer, config, 0, progress, bound,
-                                                   deadline(), threads))
+    single = attempt(
+        "single",
+        1,
+        threads,
+        partial(run_one, trainer, config, 0, progress, bound, deadline(), threads),
+    )
     rows.append(single)
     profile = on_gpu and not args.no_busy
     per_unit_single = None
     if profile and single.error is None:
-        per_unit_single = kernel_s_per_unit(partial(
-            run_one, trainer, config, 0, progress, args.profile_epochs, deadline(), threads))
+        per_unit_single = kernel_s_per_unit(
+            partial(run_one, trainer, config, 0, progress, args.profile_epochs, deadline(), threads)
+        )
     for k in args.k:
-        row = attempt("run_seeds", k, threads, partial(
-            run_batched, trainer, config, list(range(k)), progress, bound, deadline(), threads))
+        row = attempt(
+            "run_seeds",
+            k,
+            threads,
+            partial(
+                run_batched, trainer, config, list(range(k)), progress, bound, deadline(), threads
+            ),
+        )
         per_unit = per_unit_single
         if profile and trainer.batched and row.error is None:
-            per_unit = kernel_s_per_unit(partial(
-                run_batched, trainer, config, list(range(k)), progress, args.profile_epochs,
-                deadline(), threads))
+            per_unit = kernel_s_per_unit(
+                partial(
+                    run_batched,
+                    trainer,
+                    config,
+                    list(range(k)),
+                    progress,
+                    args.profile_epochs,
+                    deadline(),
+                    threads,
+                )
+            )
         row.gpu_busy = busy(per_unit, row)
         rows.append(row)
     if pool is not None:
@@ -540,9 +678,14 @@ def measure_case(case: Case, config: Any, args: argparse.Namespace,
             torch.cuda.empty_cache()  # this process's cached blocks, for the workers
         for k in args.k:
             each = max(1, min(threads, cores // k))
-            row = attempt("processes", k, each, partial(
-                run_processes, pool, case, config, list(range(k)), bound, args.max_seconds,
-                each))
+            row = attempt(
+                "processes",
+                k,
+                each,
+                partial(
+                    run_processes, pool, case, config, list(range(k)), bound, args.max_seconds, each
+                ),
+            )
             row.gpu_busy = busy(per_unit_single, row)
             rows.append(row)
     single.gpu_busy = busy(per_unit_single, single)
@@ -570,26 +713,34 @@ def note(message: str) -> None:
 def number(value: float | None, digits: int = 3) -> str:
     if value is None:
         return "-"
-    return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
+    return f"{value:.{digits}g}" if value < 10**digits else f"{value:.0f}"
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"device {report['device']}, torch {report['torch']}, {report['measured']}; "
-             f"data: {report['data']}"]
+    lines = [
+        f"device {report['device']}, torch {report['torch']}, {report['measured']}; "
+        f"data: {report['data']}"
+    ]
     for case in report["trainers"]:
         level = ", ".join(f"{k}={v}" for k, v in case["grid_level"].items())
         precision = f", precision {case['precision']}" if case["precision"] else ""
-        lines += ["", f"{case['name']}: {case['example']} + {level or 'no grid'} "
-                      f"(device {case['device']}{precision}, run_seeds batched: "
-                      f"{'yes' if case['batched'] else 'no, one seed after another'}"
-                      f"{'; an epoch is one full-batch step' if case['unit'] == 'step' else ''})"]
-        lines.append(f"  {'mode':<10} {'K':>3} {'threads':>7} {'seed-epochs/s':>14} "
-                     f"{'s/seed-epoch':>13} {'vs single':>10} {'incl. set-up/s':>15} "
-                     f"{'GPU busy':>9} {'seeds':>6}")
+        lines += [
+            "",
+            f"{case['name']}: {case['example']} + {level or 'no grid'} "
+            f"(device {case['device']}{precision}, run_seeds batched: "
+            f"{'yes' if case['batched'] else 'no, one seed after another'}"
+            f"{'; an epoch is one full-batch step' if case['unit'] == 'step' else ''})",
+        ]
+        lines.append(
+            f"  {'mode':<10} {'K':>3} {'threads':>7} {'seed-epochs/s':>14} "
+            f"{'s/seed-epoch':>13} {'vs single':>10} {'incl. set-up/s':>15} "
+            f"{'GPU busy':>9} {'seeds':>6}"
+        )
         for row in case["results"]:
             if row["error"] and row["seed_epochs_per_s"] is None:
-                lines.append(f"  {row['mode']:<10} {row['k']:>3} {row['threads']:>7}  "
-                             f"failed: {row['error']}")
+                lines.append(
+                    f"  {row['mode']:<10} {row['k']:>3} {row['threads']:>7}  failed: {row['error']}"
+                )
                 continue
             gpu = "n/a" if row["gpu_busy"] is None else f"{100 * row['gpu_busy']:.0f}%"
             ratio = "-" if row["vs_single"] is None else f"{row['vs_single']:.2f}x"
@@ -598,7 +749,8 @@ def table(report: dict[str, Any]) -> str:
                 f"{number(row['seed_epochs_per_s']):>14} "
                 f"{number(row['s_per_seed_epoch']):>13} {ratio:>10} "
                 f"{number(row['seed_epochs_per_s_incl_setup']):>15} {gpu:>9} "
-                f"{row['seeds_measured']:>3}/{row['k']:<2}")
+                f"{row['seeds_measured']:>3}/{row['k']:<2}"
+            )
             if row["error"]:
                 lines.append(f"  {'':<14} some seeds failed: {row['error']}")
     return "\n".join(line.rstrip() for line in lines)
@@ -606,38 +758,83 @@ def table(report: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trainers", nargs="+", choices=CASE_NAMES, default=list(CASE_NAMES),
-                        metavar="NAME", help=f"of {', '.join(CASE_NAMES)} (default: all)")
-    parser.add_argument("--k", nargs="+", type=int, default=None,
-                        help="seeds a measurement of run_seeds and processes (default 1 4 8 16; "
-                             "--smoke 1 2)")
-    parser.add_argument("--epochs", type=int, default=None,
-                        help="steady epochs a seed trains per measurement, after its first "
-                             "logged point (default 2; --smoke 1)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="the same for collapse, whose epoch is a step (default 1000; "
-                             "--smoke 10)")
-    parser.add_argument("--max-seconds", type=float, default=None,
-                        help="cancel every seed of a measurement this long after it began "
-                             "(default 60; --smoke 20)")
-    parser.add_argument("--profile-epochs", type=int, default=1,
-                        help="steady epochs of the profiled run that gives GPU busy")
+    parser.add_argument(
+        "--trainers",
+        nargs="+",
+        choices=CASE_NAMES,
+        default=list(CASE_NAMES),
+        metavar="NAME",
+        help=f"of {', '.join(CASE_NAMES)} (default: all)",
+    )
+    parser.add_argument(
+        "--k",
+        nargs="+",
+        type=int,
+        default=None,
+        help="seeds a measurement of run_seeds and processes (default 1 4 8 16; --smoke 1 2)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="steady epochs a seed trains per measurement, after its first "
+        "logged point (default 2; --smoke 1)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="the same for collapse, whose epoch is a step (default 1000; --smoke 10)",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="cancel every seed of a measurement this long after it began (default 60; --smoke 20)",
+    )
+    parser.add_argument(
+        "--profile-epochs",
+        type=int,
+        default=1,
+        help="steady epochs of the profiled run that gives GPU busy",
+    )
     parser.add_argument("--no-busy", action="store_true", help="skip the profiled runs")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of a run or task (default: the example's "
-                             "resources.num_cpus; --smoke 1)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="auto: cuda when a GPU is visible (--smoke: always cpu)")
-    parser.add_argument("--precision", default=None,
-                        help="the config's `precision`, for trainers whose Config has the field")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny configs and data on the CPU, for a check in seconds")
-    parser.add_argument("--json", metavar="PATH", default=None,
-                        help="also write the results as JSON to PATH ('-': stdout, no table)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of a run or task (default: the example's "
+        "resources.num_cpus; --smoke 1)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="auto: cuda when a GPU is visible (--smoke: always cpu)",
+    )
+    parser.add_argument(
+        "--precision",
+        default=None,
+        help="the config's `precision`, for trainers whose Config has the field",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny configs and data on the CPU, for a check in seconds",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        default=None,
+        help="also write the results as JSON to PATH ('-': stdout, no table)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    defaults = ({"k": [1, 2], "epochs": 1, "steps": 10, "max_seconds": 20.0} if args.smoke
-                else {"k": [1, 4, 8, 16], "epochs": 2, "steps": 1000, "max_seconds": 60.0})
+    defaults = (
+        {"k": [1, 2], "epochs": 1, "steps": 10, "max_seconds": 20.0}
+        if args.smoke
+        else {"k": [1, 4, 8, 16], "epochs": 2, "steps": 1000, "max_seconds": 60.0}
+    )
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -667,57 +864,90 @@ def main(argv: Sequence[str] | None = None) -> None:
     cases = [case for case in CASES if case.name in args.trainers]
     with tempfile.TemporaryDirectory(prefix="seedgrid-bench-") as fake_dir:
         try:
-            plain = {case.name: case_config(case, smoke=args.smoke, device=device,
-                                            precision=args.precision, data_root=None)
-                     for case in cases}
+            plain = {
+                case.name: case_config(
+                    case, smoke=args.smoke, device=device, precision=args.precision, data_root=None
+                )
+                for case in cases
+            }
         except ValueError as exc:  # pydantic's ValidationError names the field
             sys.exit(f"config: {exc}")
         fake = missing_datasets((config for config, _ in plain.values()), smoke=args.smoke)
         env = dict(os.environ)
         if fake:
             roots = environment.text(environment.DATA_ROOTS)
-            env[environment.DATA_ROOTS] = ",".join(filter(None, [
-                roots, f"{FAKE_ROOT_NAME}={fake_dir}"]))
+            env[environment.DATA_ROOTS] = ",".join(
+                filter(None, [roots, f"{FAKE_ROOT_NAME}={fake_dir}"])
+            )
             os.environ[environment.DATA_ROOTS] = env[environment.DATA_ROOTS]
         if args.precision is not None:
             taking = [n for n, (c, _) in plain.items() if hasattr(c, "precision")]
-            note(f"--precision {args.precision}: "
-                 f"{', '.join(taking) if taking else 'no trainer here has a precision field'}")
-        configs = {name: (case_config(case, smoke=args.smoke, device=device,
-                                      precision=args.precision, data_root=FAKE_ROOT_NAME)
-                          if needs_files(plain[name][0]) in fake else plain[name])
-                   for name, case in ((c.name, c) for c in cases)}
+            note(
+                f"--precision {args.precision}: "
+                f"{', '.join(taking) if taking else 'no trainer here has a precision field'}"
+            )
+        configs = {
+            name: (
+                case_config(
+                    case,
+                    smoke=args.smoke,
+                    device=device,
+                    precision=args.precision,
+                    data_root=FAKE_ROOT_NAME,
+                )
+                if needs_files(plain[name][0]) in fake
+                else plain[name]
+            )
+            for name, case in ((c.name, c) for c in cases)
+        }
         pool = WorkerPool(max(args.k), env)  # they import while the fake files are written
         try:
             for dataset in sorted(fake):
-                note(f"writing random {dataset} files ({'smoke' if args.smoke else 'full'} "
-                     f"size) under {fake_dir}")
+                note(
+                    f"writing random {dataset} files ({'smoke' if args.smoke else 'full'} "
+                    f"size) under {fake_dir}"
+                )
                 write_fake(Path(fake_dir), dataset, smoke=args.smoke)
             pool.ask([{"ping": True}] * len(pool.processes))
             report = {
                 "device": (torch.cuda.get_device_name() if device == "cuda" else "cpu"),
                 "torch": torch.__version__,
-                "measured": (f"{args.epochs} steady epoch{'s' if args.epochs > 1 else ''} "
-                             f"({args.steps} steps for collapse) a seed, at most "
-                             f"{args.max_seconds:g} s a measurement"),
-                "data": (f"random full-size {', '.join(sorted(fake))} (fake)" if fake
-                         and not args.smoke else "tiny random CIFAR (smoke)" if fake
-                         else "the files under the default data root"),
-                "smoke": args.smoke, "epochs": args.epochs, "steps": args.steps,
-                "max_seconds": args.max_seconds, "trainers": [],
+                "measured": (
+                    f"{args.epochs} steady epoch{'s' if args.epochs > 1 else ''} "
+                    f"({args.steps} steps for collapse) a seed, at most "
+                    f"{args.max_seconds:g} s a measurement"
+                ),
+                "data": (
+                    f"random full-size {', '.join(sorted(fake))} (fake)"
+                    if fake and not args.smoke
+                    else "tiny random CIFAR (smoke)"
+                    if fake
+                    else "the files under the default data root"
+                ),
+                "smoke": args.smoke,
+                "epochs": args.epochs,
+                "steps": args.steps,
+                "max_seconds": args.max_seconds,
+                "trainers": [],
             }
             for case in cases:
                 config, level = configs[case.name]
                 trainer = trainer_named(case.trainer)
                 rows = measure_case(case, config, args, pool)
-                report["trainers"].append({
-                    "name": case.name, "trainer": case.trainer, "example": case.example,
-                    "grid_level": level, "device": str(trainer.device(config)),
-                    "batched": trainer.batched, "unit": case.unit,
-                    "precision": getattr(config, "precision", None),
-                    "config": config.model_dump(mode="json"),
-                    "results": [vars(row) for row in rows],
-                })
+                report["trainers"].append(
+                    {
+                        "name": case.name,
+                        "trainer": case.trainer,
+                        "example": case.example,
+                        "grid_level": level,
+                        "device": str(trainer.device(config)),
+                        "batched": trainer.batched,
+                        "unit": case.unit,
+                        "precision": getattr(config, "precision", None),
+                        "config": config.model_dump(mode="json"),
+                        "results": [vars(row) for row in rows],
+                    }
+                )
         finally:
             pool.close()
     if args.json is not None:

@@ -40,8 +40,9 @@ class Recorder:
         self.errors: Counter[str] = Counter()
         self.examples: list[str] = []
 
-    async def request(self, client: httpx.AsyncClient, endpoint: str, method: str, url: str,
-                      **kwargs: object) -> httpx.Response | None:
+    async def request(
+        self, client: httpx.AsyncClient, endpoint: str, method: str, url: str, **kwargs: object
+    ) -> httpx.Response | None:
         started = time.perf_counter()
         try:
             response = await client.request(method, url, **kwargs)  # type: ignore[arg-type]
@@ -60,16 +61,27 @@ class Recorder:
             self.examples.append(example)
 
 
-async def client_loop(client: httpx.AsyncClient, recorder: Recorder, index: int,
-                      deadline: float, args: argparse.Namespace) -> tuple[int, int]:
+async def client_loop(
+    client: httpx.AsyncClient,
+    recorder: Recorder,
+    index: int,
+    deadline: float,
+    args: argparse.Namespace,
+) -> tuple[int, int]:
     """Returns (experiments submitted, experiments seen ending)."""
-    spec = {"name": f"load-{index}", "trainer": "collapse",
-            "config": {"n_samples": 64, "steps": args.steps}, "grid": {}, "seeds": args.seeds,
-            "metric": "min_l2"}
+    spec = {
+        "name": f"load-{index}",
+        "trainer": "collapse",
+        "config": {"n_samples": 64, "steps": args.steps},
+        "grid": {},
+        "seeds": args.seeds,
+        "metric": "min_l2",
+    }
     submitted = ended = 0
     while time.monotonic() < deadline:
-        response = await recorder.request(client, "POST /experiments", "POST", "/experiments",
-                                          json=spec)
+        response = await recorder.request(
+            client, "POST /experiments", "POST", "/experiments", json=spec
+        )
         if response is None:
             await asyncio.sleep(args.poll_s)
             continue
@@ -79,23 +91,41 @@ async def client_loop(client: httpx.AsyncClient, recorder: Recorder, index: int,
         while time.monotonic() < deadline:
             await asyncio.sleep(args.poll_s)
             polls += 1
-            detail = await recorder.request(client, "GET /experiments/{id}", "GET",
-                                            f"/experiments/{experiment_id}")
+            detail = await recorder.request(
+                client, "GET /experiments/{id}", "GET", f"/experiments/{experiment_id}"
+            )
             if polls % 5 == 0:
-                await recorder.request(client, "GET /experiments/{id}/runs", "GET",
-                                       f"/experiments/{experiment_id}/runs")
+                await recorder.request(
+                    client,
+                    "GET /experiments/{id}/runs",
+                    "GET",
+                    f"/experiments/{experiment_id}/runs",
+                )
             if detail is not None and detail.json()["status"] in ENDED:
                 ended += 1
-                runs = await recorder.request(client, "GET /experiments/{id}/runs", "GET",
-                                              f"/experiments/{experiment_id}/runs")
+                runs = await recorder.request(
+                    client,
+                    "GET /experiments/{id}/runs",
+                    "GET",
+                    f"/experiments/{experiment_id}/runs",
+                )
                 if runs is not None:
-                    await recorder.request(client, "GET /runs/{id}/metrics", "GET",
-                                           f"/runs/{runs.json()[0]['id']}/metrics",
-                                           params={"name": "min_l2"})
-                await recorder.request(client, "GET /experiments/{id}/stats", "GET",
-                                       f"/experiments/{experiment_id}/stats")
-                await recorder.request(client, "GET /experiments", "GET", "/experiments",
-                                       params={"limit": 20})
+                    await recorder.request(
+                        client,
+                        "GET /runs/{id}/metrics",
+                        "GET",
+                        f"/runs/{runs.json()[0]['id']}/metrics",
+                        params={"name": "min_l2"},
+                    )
+                await recorder.request(
+                    client,
+                    "GET /experiments/{id}/stats",
+                    "GET",
+                    f"/experiments/{experiment_id}/stats",
+                )
+                await recorder.request(
+                    client, "GET /experiments", "GET", "/experiments", params={"limit": 20}
+                )
                 break
     return submitted, ended
 
@@ -117,9 +147,14 @@ def cpu_model() -> str:
 
 
 def start_service(db_path: Path, port: int, token: str, ray_cpus: int) -> subprocess.Popen:
-    env = {**os.environ, "SEEDGRID_DATABASE_URL": f"sqlite:///{db_path}",
-           "SEEDGRID_PORT": str(port), "SEEDGRID_API_TOKEN": token,
-           "SEEDGRID_RAY_NUM_CPUS": str(ray_cpus), "SEEDGRID_LOG_LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "SEEDGRID_DATABASE_URL": f"sqlite:///{db_path}",
+        "SEEDGRID_PORT": str(port),
+        "SEEDGRID_API_TOKEN": token,
+        "SEEDGRID_RAY_NUM_CPUS": str(ray_cpus),
+        "SEEDGRID_LOG_LEVEL": "warning",
+    }
     return subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], env=env)
 
 
@@ -140,33 +175,48 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 120.0) 
 async def run_load(url: str, token: str, args: argparse.Namespace) -> None:
     recorder = Recorder()
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
-    async with httpx.AsyncClient(base_url=url, timeout=args.timeout_s, limits=limits,
-                                 headers={"Authorization": f"Bearer {token}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=url,
+        timeout=args.timeout_s,
+        limits=limits,
+        headers={"Authorization": f"Bearer {token}"},
+    ) as client:
         started = time.monotonic()
         deadline = started + args.duration_s
-        outcomes = await asyncio.gather(*(client_loop(client, recorder, i, deadline, args)
-                                          for i in range(args.clients)))
+        outcomes = await asyncio.gather(
+            *(client_loop(client, recorder, i, deadline, args) for i in range(args.clients))
+        )
         elapsed = time.monotonic() - started
         totals = (await client.get("/experiments", params={"limit": 1})).json()
     submitted = sum(s for s, _ in outcomes)
     ended = sum(e for _, e in outcomes)
 
-    print(f"\n{args.clients} clients, {elapsed:.1f} s, experiments submitted {submitted}, "
-          f"seen ending {ended} (newest id {totals[0]['id'] if totals else '-'})")
-    print(f"{'endpoint':<30}{'requests':>10}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}"
-          f"{'max ms':>10}")
+    print(
+        f"\n{args.clients} clients, {elapsed:.1f} s, experiments submitted {submitted}, "
+        f"seen ending {ended} (newest id {totals[0]['id'] if totals else '-'})"
+    )
+    print(
+        f"{'endpoint':<30}{'requests':>10}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}"
+    )
     everything: list[float] = []
     for endpoint in sorted(set(recorder.latencies_ms) | set(recorder.errors)):
         values = recorder.latencies_ms[endpoint]
         everything += values
-        row = (f"{percentile(values, 50):>10.1f}{percentile(values, 99):>10.1f}"
-               f"{max(values):>10.1f}") if values else f"{'-':>10}{'-':>10}{'-':>10}"
-        print(f"{endpoint:<30}{len(values) + recorder.errors[endpoint]:>10}"
-              f"{recorder.errors[endpoint]:>8}{row}")
+        row = (
+            (f"{percentile(values, 50):>10.1f}{percentile(values, 99):>10.1f}{max(values):>10.1f}")
+            if values
+            else f"{'-':>10}{'-':>10}{'-':>10}"
+        )
+        print(
+            f"{endpoint:<30}{len(values) + recorder.errors[endpoint]:>10}"
+            f"{recorder.errors[endpoint]:>8}{row}"
+        )
     n_errors = sum(recorder.errors.values())
-    print(f"{'all':<30}{len(everything) + n_errors:>10}{n_errors:>8}"
-          f"{percentile(everything, 50):>10.1f}{percentile(everything, 99):>10.1f}"
-          f"{max(everything):>10.1f}")
+    print(
+        f"{'all':<30}{len(everything) + n_errors:>10}{n_errors:>8}"
+        f"{percentile(everything, 50):>10.1f}{percentile(everything, 99):>10.1f}"
+        f"{max(everything):>10.1f}"
+    )
     print(f"requests/s {(len(everything) + n_errors) / elapsed:.1f}; errors {n_errors}")
     for example in recorder.examples:
         print("  error:", example)
@@ -183,8 +233,10 @@ def main() -> None:
     parser.add_argument("--ray-cpus", type=int, default=2)
     args = parser.parse_args()
 
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}, {platform.platform()}")
+    print(
+        f"machine: {cpu_model()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {platform.platform()}"
+    )
     token = secrets.token_hex(16)
     port = free_port()
     url = f"http://127.0.0.1:{port}"

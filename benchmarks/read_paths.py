@@ -56,13 +56,27 @@ def fill(database_url: str) -> tuple[int, int]:
     upgrade_database(database_url)
     engine = make_engine(database_url)
     rng = np.random.default_rng(0)
-    spec = {"name": "read-bench", "trainer": "collapse", "config": {"steps": 50},
-            "grid": GRID, "seeds": SEEDS, "metric": "min_l2", "resources": {}, "max_retries": 2,
-            "priority": 0}
+    spec = {
+        "name": "read-bench",
+        "trainer": "collapse",
+        "config": {"steps": 50},
+        "grid": GRID,
+        "seeds": SEEDS,
+        "metric": "min_l2",
+        "resources": {},
+        "max_retries": 2,
+        "priority": 0,
+    }
     with Session(engine) as session:
-        experiment = Experiment(name="read-bench", trainer="collapse", spec=spec,
-                                metric="min_l2", status="completed", n_conditions=100,
-                                n_runs=100 * SEEDS)
+        experiment = Experiment(
+            name="read-bench",
+            trainer="collapse",
+            spec=spec,
+            metric="min_l2",
+            status="completed",
+            n_conditions=100,
+            n_runs=100 * SEEDS,
+        )
         session.add(experiment)
         session.flush()
         rows = []
@@ -70,18 +84,32 @@ def fill(database_url: str) -> tuple[int, int]:
             for dim in GRID["dim"]:
                 condition = {"r": r, "dim": dim}
                 for seed in range(SEEDS):
-                    rows.append({**RUN_DEFAULTS, "experiment_id": experiment.id,
-                                 "condition_key": condition_key(condition),
-                                 "condition": condition, "seed": seed, "trainer": "collapse",
-                                 "status": RunStatus.completed.value, "attempts": 1,
-                                 "priority": 0, "max_retries": 2, "num_cpus": 1.0,
-                                 "num_gpus": 0.0,
-                                 "metrics": {"min_l2": float(rng.gamma(2.0, 1.0 + r))}})
+                    rows.append(
+                        {
+                            **RUN_DEFAULTS,
+                            "experiment_id": experiment.id,
+                            "condition_key": condition_key(condition),
+                            "condition": condition,
+                            "seed": seed,
+                            "trainer": "collapse",
+                            "status": RunStatus.completed.value,
+                            "attempts": 1,
+                            "priority": 0,
+                            "max_retries": 2,
+                            "num_cpus": 1.0,
+                            "num_gpus": 0.0,
+                            "metrics": {"min_l2": float(rng.gamma(2.0, 1.0 + r))},
+                        }
+                    )
         session.execute(insert(Run), rows)
-        run_id = session.exec(select(Run.id).where(Run.experiment_id == experiment.id)
-                              .order_by(Run.id)).first()
-        points = [{"run_id": run_id, "step": step, "epoch": None, "name": name,
-                   "value": float(step)} for step in range(CURVE_STEPS) for name in CURVE_METRICS]
+        run_id = session.exec(
+            select(Run.id).where(Run.experiment_id == experiment.id).order_by(Run.id)
+        ).first()
+        points = [
+            {"run_id": run_id, "step": step, "epoch": None, "name": name, "value": float(step)}
+            for step in range(CURVE_STEPS)
+            for name in CURVE_METRICS
+        ]
         session.execute(insert(MetricRow), points)
         session.commit()
         assert experiment.id is not None and run_id is not None
@@ -97,12 +125,15 @@ def stats_computed_every_time(database_url: str, experiment_id: int) -> str:
     with Session(engine) as session:
         experiment = session.get(Experiment, experiment_id)
         assert experiment is not None
-        runs = session.exec(select(Run).where(Run.experiment_id == experiment_id,
-                                              Run.status == RunStatus.completed.value)
-                            .order_by(Run.id)).all()
+        runs = session.exec(
+            select(Run)
+            .where(Run.experiment_id == experiment_id, Run.status == RunStatus.completed.value)
+            .order_by(Run.id)
+        ).all()
         values = [(r.condition, r.condition_key, float(r.metrics["min_l2"])) for r in runs]
-        payload = experiment_stats(metric="min_l2", grid=experiment.spec["grid"],
-                                   runs=values).model_dump_json()
+        payload = experiment_stats(
+            metric="min_l2", grid=experiment.spec["grid"], runs=values
+        ).model_dump_json()
     engine.dispose()
     return payload
 
@@ -111,10 +142,12 @@ def whole_curve_as_models(database_url: str, run_id: int) -> str:
     """Every point of the curve as an ORM row and a response model, as the old route did."""
     engine = make_engine(database_url)
     with Session(engine) as session:
-        rows = session.exec(select(MetricRow).where(MetricRow.run_id == run_id)
-                            .order_by(MetricRow.step, MetricRow.id)).all()
-        points = [MetricPoint(step=r.step, epoch=r.epoch, name=r.name, value=r.value)
-                  for r in rows]
+        rows = session.exec(
+            select(MetricRow)
+            .where(MetricRow.run_id == run_id)
+            .order_by(MetricRow.step, MetricRow.id)
+        ).all()
+        points = [MetricPoint(step=r.step, epoch=r.epoch, name=r.name, value=r.value) for r in rows]
     engine.dispose()
     return json.dumps([p.model_dump() for p in points])
 
@@ -122,16 +155,31 @@ def whole_curve_as_models(database_url: str, run_id: int) -> str:
 def protocol_seconds(n_runs: int) -> float:
     """The protocol report of n_runs feedback runs (half of them frozen-block baselines)."""
     grid = {"method": ["bp", "dfa"], "frozen_blocks": [False, True]}
-    experiment = Experiment(id=1, name="p", trainer="feedback", metric="test_accuracy",
-                            spec={"name": "p", "trainer": "feedback", "grid": grid},
-                            n_conditions=4, n_runs=n_runs)
+    experiment = Experiment(
+        id=1,
+        name="p",
+        trainer="feedback",
+        metric="test_accuracy",
+        spec={"name": "p", "trainer": "feedback", "grid": grid},
+        n_conditions=4,
+        n_runs=n_runs,
+    )
     runs = []
     for i in range(n_runs):
         condition = {"method": grid["method"][i % 2], "frozen_blocks": bool(i // 2 % 2)}
-        runs.append(Run(id=i + 1, experiment_id=1, condition=condition,
-                        condition_key=condition_key(condition), seed=i // 4,
-                        trainer="feedback", status="completed",
-                        metrics={"test_accuracy": 0.5}, diagnostics={}))
+        runs.append(
+            Run(
+                id=i + 1,
+                experiment_id=1,
+                condition=condition,
+                condition_key=condition_key(condition),
+                seed=i // 4,
+                trainer="feedback",
+                status="completed",
+                metrics={"test_accuracy": 0.5},
+                diagnostics={},
+            )
+        )
     report = declared_report(experiment, "protocol")
     gc.collect()
     gc.disable()  # the collector's passes over every live object would blur the scaling
@@ -161,8 +209,10 @@ def main() -> None:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         experiment_id, run_id = fill(url)
         settings = Settings(database_url=url, api_token="")
-        with (BackgroundServer(settings, dispatch=False) as server,
-              httpx.Client(base_url=server.url, timeout=600) as client):
+        with (
+            BackgroundServer(settings, dispatch=False) as server,
+            httpx.Client(base_url=server.url, timeout=600) as client,
+        ):
             stats_url = f"/experiments/{experiment_id}/stats"
             started = time.perf_counter()
             cold = client.get(stats_url)
@@ -171,14 +221,16 @@ def main() -> None:
             n_comparisons = len(cold.json()["comparisons"])
             warm_s, warm = timed(lambda: client.get(stats_url), args.repeats)
             assert warm.content == cold.content  # type: ignore[attr-defined]
-            full_s, full = timed(lambda: stats_computed_every_time(url, experiment_id),
-                                 max(1, args.repeats // 2))
+            full_s, full = timed(
+                lambda: stats_computed_every_time(url, experiment_id), max(1, args.repeats // 2)
+            )
             assert json.loads(full)["comparisons"] == cold.json()["comparisons"]  # type: ignore[arg-type]
 
             page_s, page = timed(lambda: client.get(f"/runs/{run_id}/metrics"), args.repeats)
             assert len(page.json()) == 10_000  # type: ignore[attr-defined]
-            curve_s, curve = timed(lambda: whole_curve_as_models(url, run_id),
-                                   max(1, args.repeats // 2))
+            curve_s, curve = timed(
+                lambda: whole_curve_as_models(url, run_id), max(1, args.repeats // 2)
+            )
             assert len(json.loads(curve)) == CURVE_STEPS * len(CURVE_METRICS)  # type: ignore[arg-type]
 
     small = statistics.median(protocol_seconds(1000) for _ in range(args.repeats))
@@ -187,14 +239,20 @@ def main() -> None:
     print(f"/stats of a 1,000-run experiment ({n_comparisons} comparisons):")
     print(f"  computed on every request (before): {full_s * 1e3:9.1f} ms")
     print(f"  GET, first (computes and stores):   {cold_s * 1e3:9.1f} ms")
-    print(f"  GET, stored (warm, HTTP):           {warm_s * 1e3:9.1f} ms   "
-          f"target <= 200 ms; {full_s / warm_s:,.0f}x faster than before")
+    print(
+        f"  GET, stored (warm, HTTP):           {warm_s * 1e3:9.1f} ms   "
+        f"target <= 200 ms; {full_s / warm_s:,.0f}x faster than before"
+    )
     print(f"/metrics of a {CURVE_STEPS * len(CURVE_METRICS):,}-point curve:")
     print(f"  whole curve as models (before):     {curve_s * 1e3:9.1f} ms")
-    print(f"  GET one page of 10,000 (HTTP):      {page_s * 1e3:9.1f} ms   "
-          f"target <= 100 ms; {curve_s / page_s:,.1f}x less time than the whole curve")
-    print(f"/protocol: 1,000 runs {small * 1e3:.1f} ms, 4,000 runs {large * 1e3:.1f} ms: "
-          f"{large / small:.1f}x for 4x the runs (linear: 4x, quadratic: 16x)")
+    print(
+        f"  GET one page of 10,000 (HTTP):      {page_s * 1e3:9.1f} ms   "
+        f"target <= 100 ms; {curve_s / page_s:,.1f}x less time than the whole curve"
+    )
+    print(
+        f"/protocol: 1,000 runs {small * 1e3:.1f} ms, 4,000 runs {large * 1e3:.1f} ms: "
+        f"{large / small:.1f}x for 4x the runs (linear: 4x, quadratic: 16x)"
+    )
 
 
 if __name__ == "__main__":

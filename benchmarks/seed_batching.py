@@ -89,16 +89,22 @@ def largest_relative_difference(a: list[RunResult], b: list[RunResult]) -> float
 
 
 def same_parameters(a: list[RunResult], b: list[RunResult]) -> int:
-    return sum(1 for one, other in zip(a, b, strict=True)
-               if one.provenance["parameters_sha256"] == other.provenance["parameters_sha256"])
+    return sum(
+        1
+        for one, other in zip(a, b, strict=True)
+        if one.provenance["parameters_sha256"] == other.provenance["parameters_sha256"]
+    )
 
 
-def compare(name: str, trainer: Trainer, config: Any, warm_up: Any, seeds: list[int],
-            repeats: int) -> float:
+def compare(
+    name: str, trainer: Trainer, config: Any, warm_up: Any, seeds: list[int], repeats: int
+) -> float:
     """Print one trainer's repeats and summary; return the median wall-clock ratio."""
     batched = "yes" if trainer.batched else "no (its run_seeds runs one seed after another)"
-    print(f"{name}: K = {len(seeds)} seeds, torch threads {torch.get_num_threads()}, "
-          f"run_seeds batched: {batched}")
+    print(
+        f"{name}: K = {len(seeds)} seeds, torch threads {torch.get_num_threads()}, "
+        f"run_seeds batched: {batched}"
+    )
     solo(trainer, warm_up, seeds[:1])  # warm-up: first-call costs, allocator
     rows = []
     for repeat in range(repeats):
@@ -108,22 +114,30 @@ def compare(name: str, trainer: Trainer, config: Any, warm_up: Any, seeds: list[
             run = solo if side == "solo" else task
             sides[side] = timed(partial(run, trainer, config, seeds))
         (solo_results, solo_wall, solo_cpu), (task_results, task_wall, task_cpu) = (
-            sides["solo"], sides["task"])
+            sides["solo"],
+            sides["task"],
+        )
         k = len(seeds)
         rows.append((k / solo_wall, k / task_wall, k / solo_cpu, k / task_cpu))
-        print(f"  repeat {repeat}: wall solo {k / solo_wall:7.3f} task {k / task_wall:7.3f} "
-              f"seeds/s (ratio {solo_wall / task_wall:.2f});  cpu solo {k / solo_cpu:7.3f} "
-              f"task {k / task_cpu:7.3f} seeds/s (ratio {solo_cpu / task_cpu:.2f})")
+        print(
+            f"  repeat {repeat}: wall solo {k / solo_wall:7.3f} task {k / task_wall:7.3f} "
+            f"seeds/s (ratio {solo_wall / task_wall:.2f});  cpu solo {k / solo_cpu:7.3f} "
+            f"task {k / task_cpu:7.3f} seeds/s (ratio {solo_cpu / task_cpu:.2f})"
+        )
     ratios = {}
     for clock, s, t in (("wall clock", 0, 1), ("CPU time", 2, 3)):
         ratios[clock] = statistics.median(r[t] / r[s] for r in rows)
-        print(f"  {clock:>10}: solo median {statistics.median(r[s] for r in rows):.3f} seeds/s, "
-              f"task median {statistics.median(r[t] for r in rows):.3f} seeds/s, median ratio "
-              f"task/solo {ratios[clock]:.2f}x (target >= {TARGET_RATIO}x: "
-              f"{'met' if ratios[clock] >= TARGET_RATIO else 'NOT met'})")
-    print(f"  task vs solo, last repeat: largest relative difference of a final metric "
-          f"{largest_relative_difference(solo_results, task_results):.3g}; parameters_sha256 "
-          f"equal for {same_parameters(solo_results, task_results)} of {len(seeds)} seeds")
+        print(
+            f"  {clock:>10}: solo median {statistics.median(r[s] for r in rows):.3f} seeds/s, "
+            f"task median {statistics.median(r[t] for r in rows):.3f} seeds/s, median ratio "
+            f"task/solo {ratios[clock]:.2f}x (target >= {TARGET_RATIO}x: "
+            f"{'met' if ratios[clock] >= TARGET_RATIO else 'NOT met'})"
+        )
+    print(
+        f"  task vs solo, last repeat: largest relative difference of a final metric "
+        f"{largest_relative_difference(solo_results, task_results):.3g}; parameters_sha256 "
+        f"equal for {same_parameters(solo_results, task_results)} of {len(seeds)} seeds"
+    )
     return ratios["wall clock"]
 
 
@@ -131,14 +145,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=8, help="seeds per task (default 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="collapse's steps (default: its default config's, 4000)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="collapse's steps (default: its default config's, 4000)",
+    )
     # 5: a run's one-time set-up (the teacher's data, the per-seed test pass) is not batched,
     # and at 1 epoch it is a third of the time (1.23x here, against 1.94x at 5 epochs)
-    parser.add_argument("--epochs", type=int, default=5,
-                        help="StudentNet's epochs (its example trains 30; default 5)")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="repeats of the pair, in turn solo first and task first (default 2)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=5,
+        help="StudentNet's epochs (its example trains 30; default 5)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="repeats of the pair, in turn solo first and task first (default 2)",
+    )
     args = parser.parse_args(argv)
     for name in ("k", "threads", "steps", "epochs", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -149,17 +175,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     feedback = get_trainer("feedback")
     collapse_steps = collapse_config(collapse, args.steps).resolved_steps
     ratios = {
-        "collapse": compare(f"collapse (default config, {collapse_steps} steps)", collapse,
-                            collapse_config(collapse, args.steps),
-                            collapse_config(collapse, 10), seeds, args.repeats),
-        "feedback": compare(f"feedback StudentNet ({STUDENTNET_EXAMPLE.name}, BP, "
-                            f"{args.epochs} epoch{'s' if args.epochs > 1 else ''})", feedback,
-                            studentnet_config(feedback, args.epochs),
-                            studentnet_config(feedback, 1), seeds, args.repeats),
+        "collapse": compare(
+            f"collapse (default config, {collapse_steps} steps)",
+            collapse,
+            collapse_config(collapse, args.steps),
+            collapse_config(collapse, 10),
+            seeds,
+            args.repeats,
+        ),
+        "feedback": compare(
+            f"feedback StudentNet ({STUDENTNET_EXAMPLE.name}, BP, "
+            f"{args.epochs} epoch{'s' if args.epochs > 1 else ''})",
+            feedback,
+            studentnet_config(feedback, args.epochs),
+            studentnet_config(feedback, 1),
+            seeds,
+            args.repeats,
+        ),
     }
-    print("seed-batched task / solo runs, seeds per second (wall clock): "
-          + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in ratios.items())
-          + f" (target >= {TARGET_RATIO}x)")
+    print(
+        "seed-batched task / solo runs, seeds per second (wall clock): "
+        + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in ratios.items())
+        + f" (target >= {TARGET_RATIO}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -45,13 +45,19 @@ def accuracy(rng: np.random.Generator, condition: dict) -> float:
     return float(np.clip(rng.normal(0.6 + 0.05 * condition["depth"], 0.02), 0, 1))
 
 
-def add_run(session: Session, experiment_id: int, condition: dict, seed: int,
-            value: float) -> None:
-    session.add(Run(experiment_id=experiment_id, condition=condition,
-                    condition_key=condition_key(condition), seed=seed, trainer="cff",
-                    status=RunStatus.completed,
-                    metrics={"test_accuracy": value, "loss": 1.0},
-                    diagnostics={"n_test": N_TEST}))
+def add_run(session: Session, experiment_id: int, condition: dict, seed: int, value: float) -> None:
+    session.add(
+        Run(
+            experiment_id=experiment_id,
+            condition=condition,
+            condition_key=condition_key(condition),
+            seed=seed,
+            trainer="cff",
+            status=RunStatus.completed,
+            metrics={"test_accuracy": value, "loss": 1.0},
+            diagnostics={"n_test": N_TEST},
+        )
+    )
 
 
 def write_experiment(url: str, runs: int) -> tuple[int, dict[str, list[float]]]:
@@ -61,10 +67,15 @@ def write_experiment(url: str, runs: int) -> tuple[int, dict[str, list[float]]]:
     engine = make_engine(url)
     values: dict[str, list[float]] = {}
     with Session(engine) as session:
-        experiment = Experiment(name="bench-stats", trainer="cff", metric="test_accuracy",
-                                spec={"name": "bench-stats", "trainer": "cff", "grid": GRID},
-                                n_conditions=len(CONDITIONS),
-                                n_runs=runs, runs_completed=runs)
+        experiment = Experiment(
+            name="bench-stats",
+            trainer="cff",
+            metric="test_accuracy",
+            spec={"name": "bench-stats", "trainer": "cff", "grid": GRID},
+            n_conditions=len(CONDITIONS),
+            n_runs=runs,
+            runs_completed=runs,
+        )
         session.add(experiment)
         session.commit()
         assert experiment.id is not None
@@ -82,8 +93,13 @@ def write_experiment(url: str, runs: int) -> tuple[int, dict[str, list[float]]]:
 def one_more_run(url: str, experiment_id: int, seed: int) -> None:
     engine = make_engine(url)
     with Session(engine) as session:
-        add_run(session, experiment_id, CONDITIONS[0], seed,
-                accuracy(np.random.default_rng(1), CONDITIONS[0]))
+        add_run(
+            session,
+            experiment_id,
+            CONDITIONS[0],
+            seed,
+            accuracy(np.random.default_rng(1), CONDITIONS[0]),
+        )
         experiment = session.get(Experiment, experiment_id)
         assert experiment is not None
         experiment.runs_completed += 1
@@ -95,6 +111,7 @@ def one_more_run(url: str, experiment_id: int, seed: int) -> None:
 def earlier_path(values: dict[str, list[float]]) -> int:
     """The per-comparison scipy calls /stats made before issue 21, for every comparison of the
     grid (pooled and within each combination of the other factor); returns how many."""
+
     def log_ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.log(np.var(a, ddof=1, axis=axis) / np.var(b, ddof=1, axis=axis))
 
@@ -102,9 +119,14 @@ def earlier_path(values: dict[str, list[float]]) -> int:
         return np.var(a, ddof=1, axis=axis) / np.var(b, ddof=1, axis=axis)
 
     def level(factor: str, value: object, within: dict | None) -> np.ndarray:
-        return np.array([v for c in CONDITIONS for v in values[condition_key(c)]
-                         if c[factor] == value and all(c[f] == w for f, w in
-                                                       (within or {}).items())])
+        return np.array(
+            [
+                v
+                for c in CONDITIONS
+                for v in values[condition_key(c)]
+                if c[factor] == value and all(c[f] == w for f, w in (within or {}).items())
+            ]
+        )
 
     count = 0
     for factor in GRID:
@@ -112,10 +134,23 @@ def earlier_path(values: dict[str, list[float]]) -> int:
         for a_level, b_level in itertools.combinations(GRID[factor], 2):
             for within in [None, *({other: v} for v in GRID[other])]:
                 a, b = level(factor, a_level, within), level(factor, b_level, within)
-                stats.permutation_test((a, b), log_ratio, permutation_type="independent",
-                                       vectorized=True, n_resamples=9999, random_state=0)
-                stats.bootstrap((a, b), ratio, vectorized=True, paired=False,
-                                n_resamples=9999, method="percentile", random_state=0)
+                stats.permutation_test(
+                    (a, b),
+                    log_ratio,
+                    permutation_type="independent",
+                    vectorized=True,
+                    n_resamples=9999,
+                    random_state=0,
+                )
+                stats.bootstrap(
+                    (a, b),
+                    ratio,
+                    vectorized=True,
+                    paired=False,
+                    n_resamples=9999,
+                    method="percentile",
+                    random_state=0,
+                )
                 stats.levene(a, b, center="median")
                 stats.ttest_ind(a, b, equal_var=False)
                 count += 1
@@ -154,16 +189,24 @@ def main() -> None:
         compared = earlier_path(values)
         earlier_ms = (time.perf_counter() - started) * 1000
     warm_ms = statistics.median(warm)
-    print(f"{args.runs:,} runs, {len(body['conditions'])} conditions, "
-          f"{body['total_comparisons']} comparisons "
-          f"({sum(c['pairing'] == 'paired' for c in body['comparisons'])} paired), "
-          f"{len(cold.content):,} bytes")
-    print(f"earlier path (scipy per comparison, {compared} comparisons, no HTTP): "
-          f"{earlier_ms:,.0f} ms")
-    print(f"cold {cold_ms:,.0f} ms; warm {warm_ms:.1f} ms (median of {args.repeats}, "
-          f"max {max(warm):.1f}); after one more run {poll_ms:,.0f} ms")
-    print(f"cold/earlier {cold_ms / earlier_ms:.3f}; warm/cold {warm_ms / cold_ms:.4f}; "
-          f"one-more-run/cold {poll_ms / cold_ms:.3f}")
+    print(
+        f"{args.runs:,} runs, {len(body['conditions'])} conditions, "
+        f"{body['total_comparisons']} comparisons "
+        f"({sum(c['pairing'] == 'paired' for c in body['comparisons'])} paired), "
+        f"{len(cold.content):,} bytes"
+    )
+    print(
+        f"earlier path (scipy per comparison, {compared} comparisons, no HTTP): "
+        f"{earlier_ms:,.0f} ms"
+    )
+    print(
+        f"cold {cold_ms:,.0f} ms; warm {warm_ms:.1f} ms (median of {args.repeats}, "
+        f"max {max(warm):.1f}); after one more run {poll_ms:,.0f} ms"
+    )
+    print(
+        f"cold/earlier {cold_ms / earlier_ms:.3f}; warm/cold {warm_ms / cold_ms:.4f}; "
+        f"one-more-run/cold {poll_ms / cold_ms:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ class SpecError(Exception):
     `unlisted`: how many more problems there are than `errors` lists (counted, not built)."""
 
     def __init__(self, errors: list[dict[str, Any]], unlisted: int = 0) -> None:
-        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
-                         + (f"; and {unlisted} more" if unlisted else ""))
+        super().__init__(
+            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
+            + (f"; and {unlisted} more" if unlisted else "")
+        )
         self.errors = errors
         self.unlisted = unlisted
 
@@ -43,7 +45,8 @@ class QueueFull(Exception):
     def __init__(self, queued: int, adding: int, cap: int) -> None:
         super().__init__(
             f"the queue holds {queued:,} runs and this spec adds {adding:,}, over the cap of "
-            f"{cap:,} queued runs (SEEDGRID_MAX_QUEUED_RUNS); retry when runs have ended")
+            f"{cap:,} queued runs (SEEDGRID_MAX_QUEUED_RUNS); retry when runs have ended"
+        )
 
 
 def body_error(loc: list[Any], msg: str, kind: str = "value_error") -> dict[str, Any]:

@@ -30,7 +30,8 @@ class Busy(Exception):
         super().__init__(
             f"{limit} heavy reads (statistics or comparisons not stored yet, exports) are "
             f"running in this process, its limit (SEEDGRID_MAX_HEAVY_READS): retry after "
-            f"{self.RETRY_AFTER_S} s")
+            f"{self.RETRY_AFTER_S} s"
+        )
 
 
 class HeavyReads:
@@ -85,5 +86,6 @@ class HeavyPaths:
 
 
 def busy_response(busy: Busy) -> JSONResponse:
-    return JSONResponse({"detail": str(busy)}, status_code=503,
-                        headers={"Retry-After": str(Busy.RETRY_AFTER_S)})
+    return JSONResponse(
+        {"detail": str(busy)}, status_code=503, headers={"Retry-After": str(Busy.RETRY_AFTER_S)}
+    )

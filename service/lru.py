@@ -15,8 +15,9 @@ class LruCache(Generic[V]):
     """At most `max_items` entries, and (with `size`) at most `max_bytes` of them by that
     measure; the least recently used go first (the newest always stays)."""
 
-    def __init__(self, max_items: int, max_bytes: int | None = None,
-                 size: Callable[[V], int] | None = None) -> None:
+    def __init__(
+        self, max_items: int, max_bytes: int | None = None, size: Callable[[V], int] | None = None
+    ) -> None:
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.size = size
@@ -38,8 +39,9 @@ class LruCache(Generic[V]):
             self._entries[key] = value
             self._bytes += self._measure(value)
             while len(self._entries) > 1 and (
-                    len(self._entries) > self.max_items
-                    or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+                len(self._entries) > self.max_items
+                or (self.max_bytes is not None and self._bytes > self.max_bytes)
+            ):
                 self._bytes -= self._measure(self._entries.popitem(last=False)[1])
 
     def clear(self) -> None:

@@ -16,11 +16,26 @@ from api_schemas.data_roots import parse_data_roots
 
 MIN_TOKEN_LENGTH = 16
 # Values shipped in examples and templates: a token anyone can read is no token.
-PLACEHOLDER_TOKENS = frozenset({
-    "change-me", "change-me-too", "changeme", "change_me", "replace-me", "replaceme", "secret",
-    "token", "password", "seedgrid", "example", "placeholder", "your-token-here", "xxxxxxxx",
-    "0123456789abcdef", "changemechangeme",
-})
+PLACEHOLDER_TOKENS = frozenset(
+    {
+        "change-me",
+        "change-me-too",
+        "changeme",
+        "change_me",
+        "replace-me",
+        "replaceme",
+        "secret",
+        "token",
+        "password",
+        "seedgrid",
+        "example",
+        "placeholder",
+        "your-token-here",
+        "xxxxxxxx",
+        "0123456789abcdef",
+        "changemechangeme",
+    }
+)
 
 
 def data_directory() -> Path:
@@ -125,7 +140,8 @@ class Settings(BaseSettings):
         if token and (token.lower() in PLACEHOLDER_TOKENS or len(token) < MIN_TOKEN_LENGTH):
             raise ValueError(
                 f"the token must be a secret of at least {MIN_TOKEN_LENGTH} characters, not a "
-                "placeholder (e.g. `openssl rand -hex 32`)")
+                "placeholder (e.g. `openssl rand -hex 32`)"
+            )
         return value
 
     @field_validator("data_roots")

@@ -55,7 +55,8 @@ def load_spec_file(path: Path) -> dict[str, Any]:
         raise SpecFileError(f"spec file {path} is nested too deeply") from None
     if not isinstance(spec, dict):
         raise SpecFileError(
-            f"spec file {path} must hold a mapping (name, trainer, config, grid, seeds)")
+            f"spec file {path} must hold a mapping (name, trainer, config, grid, seeds)"
+        )
     return spec
 
 
@@ -80,12 +81,14 @@ def _yaml(text: str, path: Path) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise SpecFileError(f"spec file {path} is not valid YAML: "
-                            f"{exc.problem or exc.context}{where}") from None
+        raise SpecFileError(
+            f"spec file {path} is not valid YAML: {exc.problem or exc.context}{where}"
+        ) from None
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()
-        raise SpecFileError(f"spec file {path} is not valid YAML: "
-                            f"{first[0] if first else type(exc).__name__}") from None
+        raise SpecFileError(
+            f"spec file {path} is not valid YAML: {first[0] if first else type(exc).__name__}"
+        ) from None
     finally:
         loader.dispose()
 
@@ -104,15 +107,19 @@ def check_json_graph(root: Node, loader: yaml.SafeLoader, path: Path) -> None:
             open_nodes.discard(key)
             size = 2 + sum(sizes[id(child)] + 1 for child in _children(node))
             if size > MAX_SPEC_CHARS:
-                raise SpecFileError(f"{_where(path, node)}: expands to more than "
-                                    f"{MAX_SPEC_CHARS:,} characters (aliases repeating aliases?)")
+                raise SpecFileError(
+                    f"{_where(path, node)}: expands to more than "
+                    f"{MAX_SPEC_CHARS:,} characters (aliases repeating aliases?)"
+                )
             sizes[key] = size
             continue
         if key in sizes:
             continue
         if key in open_nodes:
-            raise SpecFileError(f"{_where(path, node)}: a recursive alias (a node that contains "
-                                "itself) has no JSON form")
+            raise SpecFileError(
+                f"{_where(path, node)}: a recursive alias (a node that contains "
+                "itself) has no JSON form"
+            )
         if isinstance(node, ScalarNode):
             _check_scalar(node, loader, path)
             sizes[key] = len(node.value) + 2
@@ -139,24 +146,33 @@ def _shown(tag: str) -> str:
 
 def _check_scalar(node: ScalarNode, loader: yaml.SafeLoader, path: Path) -> None:
     if node.tag == TIMESTAMP_TAG:
-        raise SpecFileError(f"{_where(path, node)}: {node.value} is a YAML timestamp, which JSON "
-                            "has no type for: quote it to keep it as text")
+        raise SpecFileError(
+            f"{_where(path, node)}: {node.value} is a YAML timestamp, which JSON "
+            "has no type for: quote it to keep it as text"
+        )
     if node.tag not in JSON_SCALAR_TAGS and node.tag != MERGE_TAG:
-        raise SpecFileError(f"{_where(path, node)}: the tag {_shown(node.tag)} has no JSON type "
-                            "(a spec holds mappings, lists, strings, numbers, true, false, null)")
+        raise SpecFileError(
+            f"{_where(path, node)}: the tag {_shown(node.tag)} has no JSON type "
+            "(a spec holds mappings, lists, strings, numbers, true, false, null)"
+        )
     if node.tag == FLOAT_TAG and not math.isfinite(loader.construct_yaml_float(node)):
-        raise SpecFileError(f"{_where(path, node)}: {node.value} is not a JSON number (JSON has "
-                            "no NaN or infinity)")
+        raise SpecFileError(
+            f"{_where(path, node)}: {node.value} is not a JSON number (JSON has no NaN or infinity)"
+        )
 
 
 def _check_collection(node: Node, path: Path) -> None:
     expected = MAP_TAG if isinstance(node, MappingNode) else SEQ_TAG
     if node.tag != expected:
-        raise SpecFileError(f"{_where(path, node)}: the tag {_shown(node.tag)} has no JSON type "
-                            "(a spec holds mappings, lists, strings, numbers, true, false, null)")
+        raise SpecFileError(
+            f"{_where(path, node)}: the tag {_shown(node.tag)} has no JSON type "
+            "(a spec holds mappings, lists, strings, numbers, true, false, null)"
+        )
     if isinstance(node, MappingNode):
         for key, _ in node.value:
             if not isinstance(key, ScalarNode) or key.tag not in (STR_TAG, MERGE_TAG):
                 shown = key.value if isinstance(key, ScalarNode) else "a list or mapping"
-                raise SpecFileError(f"{_where(path, key)}: the key {shown} is not a string (JSON "
-                                    "keys are strings): quote it")
+                raise SpecFileError(
+                    f"{_where(path, key)}: the key {shown} is not a string (JSON "
+                    "keys are strings): quote it"
+                )

@@ -34,13 +34,18 @@ def unknown_metric(trainer: Trainer, metric: str) -> str | None:
         return None
     known = f"known metrics: {', '.join(trainer.metrics)}"
     if metric in trainer.diagnostics:
-        return (f"{metric!r} is a diagnostic of trainer {trainer.name!r} (shown per run, in "
-                f"GET /runs/{{id}}), not a metric the statistics compare; {known}")
+        return (
+            f"{metric!r} is a diagnostic of trainer {trainer.name!r} (shown per run, in "
+            f"GET /runs/{{id}}), not a metric the statistics compare; {known}"
+        )
     close = difflib.get_close_matches(metric, trainer.metrics, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     only_diagnostics = [d for d in trainer.diagnostics if d not in trainer.metrics]
-    diagnostics = (f"; diagnostics (per run, not compared): {', '.join(only_diagnostics)}"
-                   if only_diagnostics else "")
+    diagnostics = (
+        f"; diagnostics (per run, not compared): {', '.join(only_diagnostics)}"
+        if only_diagnostics
+        else ""
+    )
     return f"unknown metric {metric!r} of trainer {trainer.name!r}{hint}; {known}{diagnostics}"
 
 
@@ -50,8 +55,10 @@ def unknown_field(trainer: Trainer, field: str) -> str:
     fields = list(trainer.Config.model_fields)
     close = difflib.get_close_matches(field, fields, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return (f"unknown config field {field!r} of trainer {trainer.name!r}{hint}; valid fields: "
-            f"{', '.join(fields)}")
+    return (
+        f"unknown config field {field!r} of trainer {trainer.name!r}{hint}; valid fields: "
+        f"{', '.join(fields)}"
+    )
 
 
 def grid_conditions(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -63,6 +70,7 @@ def grid_conditions(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def config_condition(condition: Mapping[str, Any]) -> dict[str, Any]:
     """A run's condition without the reserved factor: the part that is trainer config."""
     return {k: v for k, v in condition.items() if k != SOURCE_FACTOR}
+
 
 def first_seed(seeds: int | list[int]) -> int:
     """The first seed of a spec's `seeds` (n means 0..n-1)."""
@@ -86,14 +94,22 @@ def seeds_per_task(trainer: Trainer, spec: ExperimentSpec) -> int:
 
 
 def seed_runs(conditions: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
-    return [{"condition_key": condition_key(condition), "condition": condition, "seed": seed}
-            for condition in conditions for seed in seeds]
+    return [
+        {"condition_key": condition_key(condition), "condition": condition, "seed": seed}
+        for condition in conditions
+        for seed in seeds
+    ]
 
 
 def run_defaults(spec: ExperimentSpec) -> dict[str, Any]:
     """What every run of the spec shares."""
-    return {"trainer": spec.trainer, "priority": spec.priority, "max_retries": spec.max_retries,
-            "num_cpus": spec.resources.num_cpus, "num_gpus": spec.resources.num_gpus}
+    return {
+        "trainer": spec.trainer,
+        "priority": spec.priority,
+        "max_retries": spec.max_retries,
+        "num_cpus": spec.resources.num_cpus,
+        "num_gpus": spec.resources.num_gpus,
+    }
 
 
 def merged_config(base: Mapping[str, Any], condition: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,8 +119,9 @@ def merged_config(base: Mapping[str, Any], condition: Mapping[str, Any]) -> dict
     return {**base, **config_condition(condition)}
 
 
-def run_config(spec: ExperimentSpec, condition: Mapping[str, Any],
-               ran: Any = None) -> dict[str, Any]:
+def run_config(
+    spec: ExperimentSpec, condition: Mapping[str, Any], ran: Any = None
+) -> dict[str, Any]:
     """A run's full config, every field with the value a run of it uses (defaults filled in,
     and the null ones resolved by the trainer's `resolve_config`, the function its training
     runs with): the config its worker recorded running with (`ran`, from the provenance),

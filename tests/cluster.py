@@ -68,8 +68,15 @@ def processes() -> list[Proc]:
         # comm is in parentheses and may itself hold spaces or parentheses
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         state, _ppid, _pgrp, session = stat[stat.rindex(")") + 2 :].split()[:4]
-        found.append(Proc(int(entry.name), int(session), state, comm,
-                          title.replace(b"\0", b" ").decode(errors="replace").strip()))
+        found.append(
+            Proc(
+                int(entry.name),
+                int(session),
+                state,
+                comm,
+                title.replace(b"\0", b" ").decode(errors="replace").strip(),
+            )
+        )
     return found
 
 
@@ -168,24 +175,49 @@ class LocalRayCluster:
         self.nodes: list[RayNode] = []
         self.address = ""
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
-                        RAY_USAGE_STATS_ENABLED="0")
+        self.env.update(
+            RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0"
+        )
         self._ray = _console_script("ray", "ray.scripts.scripts")
 
-    def _start(self, name: str, args: list[str], num_cpus: int, num_gpus: int,
-               env: dict[str, str]) -> RayNode:
+    def _start(
+        self, name: str, args: list[str], num_cpus: int, num_gpus: int, env: dict[str, str]
+    ) -> RayNode:
         log_path = self.root / f"{name}.log"
-        command = [*self._ray, "start", "--block", "--disable-usage-stats", "--node-name", name,
-                   "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus),
-                   "--num-gpus", str(num_gpus), "--object-store-memory", str(OBJECT_STORE_BYTES),
-                   # 0: workers bind to ports the OS picks (the default range is shared
-                   # between nodes on one machine)
-                   "--min-worker-port", "0", "--max-worker-port", "0",
-                   "--dashboard-agent-listen-port", str(free_port(self.ports)), *args]
+        command = [
+            *self._ray,
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            "--node-name",
+            name,
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            str(num_cpus),
+            "--num-gpus",
+            str(num_gpus),
+            "--object-store-memory",
+            str(OBJECT_STORE_BYTES),
+            # 0: workers bind to ports the OS picks (the default range is shared
+            # between nodes on one machine)
+            "--min-worker-port",
+            "0",
+            "--max-worker-port",
+            "0",
+            "--dashboard-agent-listen-port",
+            str(free_port(self.ports)),
+            *args,
+        ]
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         node = RayNode(name, num_cpus, num_gpus, process, log_path)
         self.nodes.append(node)
         return node
@@ -193,10 +225,23 @@ class LocalRayCluster:
     def start_head(self, num_cpus: int, **ray_config: str) -> RayNode:
         """The head; `ray_config` becomes RAY_<name> variables of its processes (GCS settings)."""
         env = {**self.env, **{f"RAY_{k}": v for k, v in ray_config.items()}}
-        head = self._start("head", [
-            "--head", "--port", str(free_port(self.ports)), "--temp-dir", str(self.root),
-            "--include-dashboard", "false", "--dashboard-port", str(free_port(self.ports)),
-        ], num_cpus, 0, env)
+        head = self._start(
+            "head",
+            [
+                "--head",
+                "--port",
+                str(free_port(self.ports)),
+                "--temp-dir",
+                str(self.root),
+                "--include-dashboard",
+                "false",
+                "--dashboard-port",
+                str(free_port(self.ports)),
+            ],
+            num_cpus,
+            0,
+            env,
+        )
         self.wait_ready(head)
         self.address = (self.root / "ray_current_cluster").read_text().strip()
         return head
@@ -231,8 +276,10 @@ class LocalRayCluster:
         deadline = time.monotonic() + timeout_s
         while True:
             if node.process.poll() is not None:
-                raise RuntimeError(f"ray start of {node.name} exited with "
-                                   f"{node.process.returncode}:\n{_tail(node.log_path)}")
+                raise RuntimeError(
+                    f"ray start of {node.name} exited with "
+                    f"{node.process.returncode}:\n{_tail(node.log_path)}"
+                )
             started = b"Ray runtime started" in node.log_path.read_bytes()
             raylets = [p for p in node.alive_processes() if p.comm == "raylet"]
             if started and raylets:
@@ -240,8 +287,9 @@ class LocalRayCluster:
                 node.node_id = flag.removeprefix("--node_id=")
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{node.name} did not start in {timeout_s} s:\n"
-                                   f"{_tail(node.log_path)}")
+                raise RuntimeError(
+                    f"{node.name} did not start in {timeout_s} s:\n{_tail(node.log_path)}"
+                )
             time.sleep(0.1)
 
     def kill_node(self, node: RayNode) -> None:
@@ -270,40 +318,57 @@ class ServiceProcess(Service):
         self.database_url = f"sqlite:///{db_path}"
         self.log_path = db_path.with_suffix(".log")
         self._engine = None
-        env = {**cluster.env, "SEEDGRID_RAY_ADDRESS": cluster.address,
-               "SEEDGRID_DATABASE_URL": self.database_url, "SEEDGRID_PORT": str(port),
-               "SEEDGRID_LOG_LEVEL": "warning", **settings}
+        env = {
+            **cluster.env,
+            "SEEDGRID_RAY_ADDRESS": cluster.address,
+            "SEEDGRID_DATABASE_URL": self.database_url,
+            "SEEDGRID_PORT": str(port),
+            "SEEDGRID_LOG_LEVEL": "warning",
+            **settings,
+        }
         command = [*_console_script("seedgrid", "service.cli"), "serve"]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
 
     @property
     def session(self) -> int:
         return self.process.pid
 
-    def wait_healthy(self, cpus: float, gpus: float,
-                     timeout_s: float = SERVICE_START_TIMEOUT_S) -> dict[str, Any]:
+    def wait_healthy(
+        self, cpus: float, gpus: float, timeout_s: float = SERVICE_START_TIMEOUT_S
+    ) -> dict[str, Any]:
         """Until /healthz answers ok and the service's Ray sees these cluster totals."""
         deadline = time.monotonic() + timeout_s
         health: dict[str, Any] = {}
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"seedgrid serve exited with {self.process.returncode}:\n"
-                                   f"{_tail(self.log_path)}")
+                raise RuntimeError(
+                    f"seedgrid serve exited with {self.process.returncode}:\n{_tail(self.log_path)}"
+                )
             try:
                 health = self.client.get("/healthz").json()
             except httpx.HTTPError:
                 health = {}
             resources = health.get("cluster_resources", {})
-            if (health.get("status") == "ok" and resources.get("CPU") == cpus
-                    and resources.get("GPU") == gpus):
+            if (
+                health.get("status") == "ok"
+                and resources.get("CPU") == cpus
+                and resources.get("GPU") == gpus
+            ):
                 return health
             time.sleep(0.2)
-        raise RuntimeError(f"seedgrid serve not healthy with {cpus} CPUs and {gpus} GPUs in "
-                           f"{timeout_s} s: {health}\n{_tail(self.log_path)}")
+        raise RuntimeError(
+            f"seedgrid serve not healthy with {cpus} CPUs and {gpus} GPUs in "
+            f"{timeout_s} s: {health}\n{_tail(self.log_path)}"
+        )
 
     def run(self, run_id: int) -> dict[str, Any]:
         response = self.client.get(f"/runs/{run_id}")

@@ -89,8 +89,11 @@ def assert_no_runaway_runs() -> None:
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"Ray workers still running seedgrid tasks {RUNAWAY_GRACE_S:g} s after "
-                    f"their services stopped (killed now): pids {sorted(left)}", pytrace=False)
+        pytest.fail(
+            f"Ray workers still running seedgrid tasks {RUNAWAY_GRACE_S:g} s after "
+            f"their services stopped (killed now): pids {sorted(left)}",
+            pytrace=False,
+        )
 
 
 def assert_no_busy_idle_workers() -> None:
@@ -99,8 +102,11 @@ def assert_no_busy_idle_workers() -> None:
     before = _own_workers(IDLE_TITLE)
     time.sleep(1.0)
     after = _own_workers(IDLE_TITLE)
-    busy = {pid: after[pid] - before[pid] for pid in after.keys() & before.keys()
-            if after[pid] - before[pid] > IDLE_CPU_SHARE}
+    busy = {
+        pid: after[pid] - before[pid]
+        for pid in after.keys() & before.keys()
+        if after[pid] - before[pid] > IDLE_CPU_SHARE
+    }
     assert not busy, f"idle Ray workers busy (CPU seconds in 1 s): {busy}"
 
 
@@ -108,11 +114,16 @@ def assert_no_busy_idle_workers() -> None:
 def ray_cluster(data_roots: dict[str, Path]) -> Iterator[None]:
     # The workers, as an operator's would, load a trainer seedgrid does not ship (the toy of
     # tests/e2e/test_toy_trainer.py); this process registers it only in that test.
-    workers_env = {"SEEDGRID_TRAINER_MODULES": TOY_TRAINER_MODULE,
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                               os.environ.get("PYTHONPATH")]))}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": workers_env})
+    workers_env = {
+        "SEEDGRID_TRAINER_MODULES": TOY_TRAINER_MODULE,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": workers_env},
+    )
     yield
     try:
         assert_no_busy_idle_workers()

@@ -20,8 +20,14 @@ def _images(rng: np.random.Generator, n: int, channels: int, side: int) -> np.nd
     return rng.integers(0, 256, size=(n, channels, side, side), dtype=np.uint8)
 
 
-def write_cifar(root: Path, *, classes: int = 10, per_batch: int = 6, seed: int = 0,
-                test_per_batch: int | None = None) -> Arrays:
+def write_cifar(
+    root: Path,
+    *,
+    classes: int = 10,
+    per_batch: int = 6,
+    seed: int = 0,
+    test_per_batch: int | None = None,
+) -> Arrays:
     """cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta} or
     cifar-100-python/{train,test,meta}: pickled dicts with 'data' rows of 3072 bytes
     (channel-major 3 x 32 x 32) and 'labels' / 'fine_labels'. Each file holds `per_batch`
@@ -31,8 +37,10 @@ def write_cifar(root: Path, *, classes: int = 10, per_batch: int = 6, seed: int 
     ten = classes == 10
     folder = root / ("cifar-10-batches-py" if ten else "cifar-100-python")
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"train": [f"data_batch_{i}" for i in range(1, 6)] if ten else ["train"],
-             "test": ["test_batch" if ten else "test"]}
+    files = {
+        "train": [f"data_batch_{i}" for i in range(1, 6)] if ten else ["train"],
+        "test": ["test_batch" if ten else "test"],
+    }
     label_key = "labels" if ten else "fine_labels"
     out: Arrays = {}
     for split, names in files.items():
@@ -41,8 +49,11 @@ def write_cifar(root: Path, *, classes: int = 10, per_batch: int = 6, seed: int 
         for name in names:
             x = _images(rng, size, 3, 32)
             y = rng.integers(0, classes, size=size)
-            entry = {"data": x.reshape(size, -1), label_key: [int(v) for v in y],
-                     "batch_label": name}
+            entry = {
+                "data": x.reshape(size, -1),
+                label_key: [int(v) for v in y],
+                "batch_label": name,
+            }
             if not ten:
                 entry["coarse_labels"] = [int(v) // 5 for v in y]
             with open(folder / name, "wb") as f:
@@ -67,8 +78,10 @@ def write_svhn(root: Path, *, n: int = 12, seed: int = 0) -> Arrays:
         digits = rng.integers(0, 10, size=n)
         digits[0] = 0  # exercise the 10 -> 0 mapping
         stored = np.where(digits == 0, 10, digits).astype(np.uint8)[:, None]
-        scipy.io.savemat(root / f"{split}_32x32.mat",
-                         {"X": np.ascontiguousarray(x.transpose(2, 3, 1, 0)), "y": stored})
+        scipy.io.savemat(
+            root / f"{split}_32x32.mat",
+            {"X": np.ascontiguousarray(x.transpose(2, 3, 1, 0)), "y": stored},
+        )
         out[split] = (x, digits.astype(np.int64))
     return out
 

@@ -17,8 +17,9 @@ def _deviations(x: np.ndarray, drop_zero: bool) -> np.ndarray:
     return d
 
 
-def reference_primary_p(strata: list[tuple[list[float], list[float]]], paired: bool,
-                        null: float = 1.0) -> float:
+def reference_primary_p(
+    strata: list[tuple[list[float], list[float]]], paired: bool, null: float = 1.0
+) -> float:
     """The primary test by enumeration: every sign flip of the seeds' pairs (paired) or every
     split of each stratum's deviations (unpaired), with a's deviations divided by `null`; the
     two-sided p as scipy's permutation_test computes it. One stratum goes through scipy's own
@@ -27,41 +28,62 @@ def reference_primary_p(strata: list[tuple[list[float], list[float]]], paired: b
         d_a = np.concatenate([_deviations(np.asarray(a), False) for a, _ in strata]) / null
         d_b = np.concatenate([_deviations(np.asarray(b), False) for _, b in strata])
         result = stats.permutation_test(
-            (d_a, d_b), lambda x, y: np.log(np.mean(x) / np.mean(y)),
-            permutation_type="samples", n_resamples=np.inf, vectorized=False)
+            (d_a, d_b),
+            lambda x, y: np.log(np.mean(x) / np.mean(y)),
+            permutation_type="samples",
+            n_resamples=np.inf,
+            vectorized=False,
+        )
         return float(result.pvalue)
-    parts = [(_deviations(np.asarray(a), True) / null, _deviations(np.asarray(b), True))
-             for a, b in strata]
+    parts = [
+        (_deviations(np.asarray(a), True) / null, _deviations(np.asarray(b), True))
+        for a, b in strata
+    ]
     if len(parts) == 1:
         result = stats.permutation_test(
-            parts[0], lambda x, y: np.log(np.mean(x) / np.mean(y)),
-            permutation_type="independent", n_resamples=np.inf, vectorized=False)
+            parts[0],
+            lambda x, y: np.log(np.mean(x) / np.mean(y)),
+            permutation_type="independent",
+            n_resamples=np.inf,
+            vectorized=False,
+        )
         return float(result.pvalue)
     splits = []
     for d_a, d_b in parts:
         pool = np.r_[d_a, d_b]
-        splits.append([(pool[list(c)].sum(), pool.sum() - pool[list(c)].sum())
-                       for c in itertools.combinations(range(len(pool)), len(d_a))])
+        splits.append(
+            [
+                (pool[list(c)].sum(), pool.sum() - pool[list(c)].sum())
+                for c in itertools.combinations(range(len(pool)), len(d_a))
+            ]
+        )
     n_a = sum(len(d_a) for d_a, _ in parts)
     n_b = sum(len(d_b) for _, d_b in parts)
-    observed = np.log(sum(d_a.sum() for d_a, _ in parts) / n_a
-                      / (sum(d_b.sum() for _, d_b in parts) / n_b))
-    values = np.array([np.log(sum(s[0] for s in combo) / n_a / (sum(s[1] for s in combo) / n_b))
-                       for combo in itertools.product(*splits)])
+    observed = np.log(
+        sum(d_a.sum() for d_a, _ in parts) / n_a / (sum(d_b.sum() for _, d_b in parts) / n_b)
+    )
+    values = np.array(
+        [
+            np.log(sum(s[0] for s in combo) / n_a / (sum(s[1] for s in combo) / n_b))
+            for combo in itertools.product(*splits)
+        ]
+    )
     gamma = 1e-14 * abs(observed)
     greater = np.mean(values >= observed - gamma)
     less = np.mean(values <= observed + gamma)
     return float(min(1.0, 2 * min(greater, less)))
 
 
-def reference_comparison(a: list[float], b: list[float],
-                         seeds: list[int] | None = None) -> dict[str, float]:
+def reference_comparison(
+    a: list[float], b: list[float], seeds: list[int] | None = None
+) -> dict[str, float]:
     """One cell a side; `seeds`: the same seeds in the same order on both sides (paired)."""
     return reference_strata([(a, b)], paired=seeds is not None)
 
 
-def reference_strata(strata: list[tuple[list[float], list[float]]],
-                     paired: bool) -> dict[str, float]:
+def reference_strata(
+    strata: list[tuple[list[float], list[float]]], paired: bool
+) -> dict[str, float]:
     """A comparison over strata (the two cells at each combination of the other factors), paired
     cells given in seed order: within-cell variances, the F-test on their degrees of freedom,
     Brown-Forsythe on the deviations from the cell medians, Welch on all values, and the primary
@@ -78,7 +100,11 @@ def reference_strata(strata: list[tuple[list[float], list[float]]],
     dev_a = np.concatenate([np.abs(c - np.median(c)) for c in cells_a])
     dev_b = np.concatenate([np.abs(c - np.median(c)) for c in cells_b])
     out = {
-        "var_a": var_a, "var_b": var_b, "var_ratio": ratio, "dof_a": dof_a, "dof_b": dof_b,
+        "var_a": var_a,
+        "var_b": var_b,
+        "var_ratio": ratio,
+        "dof_a": dof_a,
+        "dof_b": dof_b,
         "f_test_p": min(1.0, 2 * min(f_cdf, 1 - f_cdf)),
         "brown_forsythe_p": stats.f_oneway(dev_a, dev_b).pvalue,
         "primary_p": reference_primary_p(strata, paired),
@@ -86,8 +112,9 @@ def reference_strata(strata: list[tuple[list[float], list[float]]],
         "welch_p": stats.ttest_ind(all_a, all_b, equal_var=False).pvalue,
     }
     if len(strata) == 1:  # scipy's own Brown-Forsythe
-        assert np.isclose(out["brown_forsythe_p"],
-                          stats.levene(all_a, all_b, center="median").pvalue, rtol=1e-9)
+        assert np.isclose(
+            out["brown_forsythe_p"], stats.levene(all_a, all_b, center="median").pvalue, rtol=1e-9
+        )
     if paired:
         differences = np.mean([a - b for a, b in zip(cells_a, cells_b, strict=True)], axis=0)
         out["mean_p"] = stats.ttest_1samp(differences, 0.0).pvalue
@@ -100,9 +127,16 @@ def reference_condition(values: list[float]) -> dict[str, float]:
     x = np.asarray(values)
     n = len(x)
     half = stats.t.ppf(0.975, n - 1) * x.std(ddof=1) / np.sqrt(n)
-    return {"n": n, "mean": x.mean(), "std": x.std(ddof=1), "var": x.var(ddof=1),
-            "min": x.min(), "median": np.median(x), "max": x.max(),
-            "ci95": [x.mean() - half, x.mean() + half]}
+    return {
+        "n": n,
+        "mean": x.mean(),
+        "std": x.std(ddof=1),
+        "var": x.var(ddof=1),
+        "min": x.min(),
+        "median": np.median(x),
+        "max": x.max(),
+        "ci95": [x.mean() - half, x.mean() + half],
+    }
 
 
 def _json(value: float) -> float | None:

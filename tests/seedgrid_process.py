@@ -27,8 +27,12 @@ class SeedgridProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", *args], cwd=ROOT, env=env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "service.cli", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def log(self) -> str:

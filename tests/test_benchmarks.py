@@ -37,8 +37,9 @@ sys.meta_path.insert(0, BlockServiceImports())
 
 def load_script(name: str) -> ModuleType:
     """A script of benchmarks/ as a module (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}",
-                                                  ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -59,23 +60,27 @@ def test_the_union_of_intervals_counts_overlaps_once(throughput: ModuleType) -> 
 
 
 def test_steady_units_share_time_between_concurrent_seeds_and_add_it_for_sequential_ones(
-        throughput: ModuleType) -> None:
+    throughput: ModuleType,
+) -> None:
     # Two seeds logged together at epochs 1, 2, 3 (t = 10, 12, 14): 4 seed-epochs in 4 s.
-    together = [[(10.0, 1.0), (12.0, 2.0), (14.0, 3.0)],
-                [(10.1, 1.0), (12.1, 2.0), (14.1, 3.0)]]
+    together = [[(10.0, 1.0), (12.0, 2.0), (14.0, 3.0)], [(10.1, 1.0), (12.1, 2.0), (14.1, 3.0)]]
     units, seconds = throughput.steady_units(together)
     assert units == 4.0 and seconds == pytest.approx(4.1)
     # The same seeds one after another, with set-up between them: 4 seed-epochs in 8 s; the
     # set-up gap (t = 14 .. 20) and a lone first point are not counted.
-    in_turn = [[(10.0, 1.0), (12.0, 2.0), (14.0, 3.0)], [(20.0, 1.0), (22.0, 2.0), (24.0, 3.0)],
-               [(30.0, 1.0)]]
+    in_turn = [
+        [(10.0, 1.0), (12.0, 2.0), (14.0, 3.0)],
+        [(20.0, 1.0), (22.0, 2.0), (24.0, 3.0)],
+        [(30.0, 1.0)],
+    ]
     assert throughput.steady_units(in_turn) == (4.0, 8.0)
     # Points that do not advance (a second log of the same epoch) add no interval.
     assert throughput.steady_units([[(0.0, 0.0), (1.0, 0.0), (3.0, 2.0)]]) == (2.0, 2.0)
 
 
 def test_a_seed_stops_after_its_bound_past_the_first_point_or_at_the_deadline(
-        throughput: ModuleType) -> None:
+    throughput: ModuleType,
+) -> None:
     cff_like = throughput.progress_of("epoch", 1)  # cff logs epoch e once it is trained
     reporter = throughput.BoundedReporter(cff_like, bound=2, deadline=float("inf"))
     assert not reporter.should_stop()
@@ -93,45 +98,61 @@ def test_a_seed_stops_after_its_bound_past_the_first_point_or_at_the_deadline(
 
 
 def test_the_example_config_takes_the_first_grid_level_and_the_device(
-        throughput: ModuleType) -> None:
+    throughput: ModuleType,
+) -> None:
     (case,) = [c for c in throughput.CASES if c.name == "feedback_resmlp"]
-    config, level = throughput.case_config(case, smoke=False, device="cpu", precision="bf16",
-                                           data_root="bench-fake")
+    config, level = throughput.case_config(
+        case, smoke=False, device="cpu", precision="bf16", data_root="bench-fake"
+    )
     assert level == {"method": "bp", "frozen_blocks": False}
     assert (config.method, config.width, config.depth, config.batch_size) == ("bp", 256, 4, 128)
     assert config.device == "cpu" and config.data_root == "bench-fake"
     assert not hasattr(config, "precision")  # passed only where the Config has the field
     (collapse,) = [c for c in throughput.CASES if c.name == "collapse"]
-    config, _ = throughput.case_config(collapse, smoke=False, device="cuda", precision=None,
-                                       data_root="bench-fake")
+    config, _ = throughput.case_config(
+        collapse, smoke=False, device="cuda", precision=None, data_root="bench-fake"
+    )
     assert not hasattr(config, "device") and not hasattr(config, "data_root")
 
 
-def test_smoke_run_reports_every_trainer_and_mode_without_service_imports(
-        tmp_path: Path) -> None:
+def test_smoke_run_reports_every_trainer_and_mode_without_service_imports(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(IMPORT_BLOCKER)
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "benchmarks/gpu_throughput.py", "--smoke", "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "BLOCKED IMPORT" not in done.stderr, done.stderr[-3000:]
     report = json.loads(out.read_text())
     names = [case["name"] for case in report["trainers"]]
-    assert names == ["cff", "feedback_resmlp", "ssl", "collapse", "ssl_sim",
-                     "feedback_studentnet"]
+    assert names == ["cff", "feedback_resmlp", "ssl", "collapse", "ssl_sim", "feedback_studentnet"]
     for case in report["trainers"]:
         assert case["device"] == "cpu"
         measured = [(row["mode"], row["k"]) for row in case["results"]]
-        assert measured == [("single", 1), ("processes", 1), ("processes", 2),
-                            ("run_seeds", 1), ("run_seeds", 2)], case["name"]
+        assert measured == [
+            ("single", 1),
+            ("processes", 1),
+            ("processes", 2),
+            ("run_seeds", 1),
+            ("run_seeds", 2),
+        ], case["name"]
         for row in case["results"]:
             where = f"{case['name']} {row['mode']} K={row['k']}"
             assert row["error"] is None, where
             assert row["seeds_measured"] == row["k"], where
-            for figure in ("seed_epochs_per_s", "s_per_seed_epoch",
-                           "seed_epochs_per_s_incl_setup", "wall_s", "vs_single"):
+            for figure in (
+                "seed_epochs_per_s",
+                "s_per_seed_epoch",
+                "seed_epochs_per_s_incl_setup",
+                "wall_s",
+                "vs_single",
+            ):
                 assert row[figure] > 0, (where, figure)
             assert row["s_per_seed_epoch"] == pytest.approx(1 / row["seed_epochs_per_s"])
             assert row["gpu_busy"] is None, where  # a CPU has no GPU clock
@@ -147,7 +168,8 @@ def seed_batching() -> ModuleType:
 
 
 def test_seed_batching_prints_both_trainers_ratios_and_their_agreement(
-        seed_batching: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    seed_batching: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     import torch
 
     threads = torch.get_num_threads()
@@ -162,8 +184,7 @@ def test_seed_batching_prints_both_trainers_ratios_and_their_agreement(
     collapse, feedback = printed.split("feedback StudentNet", 1)
     assert "parameters_sha256 equal for 2 of 2 seeds" in collapse
     assert "largest relative difference of a final metric 0;" in collapse
-    (difference,) = re.findall(r"largest relative difference of a final metric ([^;]+);",
-                               feedback)
+    (difference,) = re.findall(r"largest relative difference of a final metric ([^;]+);", feedback)
     assert float(difference) < 1e-3, feedback
     assert "seed-batched task / solo runs, seeds per second (wall clock): collapse " in printed
 

@@ -13,8 +13,17 @@ from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # Directories that hold no repository content (environments, caches, build outputs).
-NOT_CONTENT = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache",
-               "build", "dist", "node_modules"}
+NOT_CONTENT = {
+    ".git",
+    ".venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    "build",
+    "dist",
+    "node_modules",
+}
 # Built from pieces so that this file does not match itself.
 OUTSIDE_REFERENCES = ("../" + "shared", "shared" + "/papers", "shared" + "/DESIGN")
 DESIGN_DOC = "DESIGN" + ".md"
@@ -34,10 +43,16 @@ def repository_files() -> list[Path]:
     try:
         listed = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=ROOT, capture_output=True, check=True).stdout
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
-        return [p for p in ROOT.rglob("*")
-                if p.is_file() and not NOT_CONTENT & set(p.relative_to(ROOT).parts)]
+        return [
+            p
+            for p in ROOT.rglob("*")
+            if p.is_file() and not NOT_CONTENT & set(p.relative_to(ROOT).parts)
+        ]
     paths = [ROOT / name for name in listed.decode().split("\0") if name]
     return [p for p in paths if p.is_file()]  # a deletion not yet committed is no file
 
@@ -89,15 +104,22 @@ def test_no_file_refers_outside_the_repository() -> None:
                 found.append(DESIGN_DOC)
             if found:
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {', '.join(found)}")
-    assert not offenders, ("these lines point at documents a clone does not have; point them at "
-                           "docs/ instead:\n" + "\n".join(offenders))
+    assert not offenders, (
+        "these lines point at documents a clone does not have; point them at "
+        "docs/ instead:\n" + "\n".join(offenders)
+    )
 
 
 def test_the_scan_sees_the_files_it_must_check() -> None:
     """The scan above covers code, tests and docs alike (an empty listing would pass it)."""
     names = {p.relative_to(ROOT).as_posix() for p in repository_files()}
-    for expected in ("README.md", "docs/api.md", "service/api/app.py", "trainers/collapse.py",
-                     "tests/test_docs.py"):
+    for expected in (
+        "README.md",
+        "docs/api.md",
+        "service/api/app.py",
+        "trainers/collapse.py",
+        "tests/test_docs.py",
+    ):
         assert expected in names
 
 
@@ -133,19 +155,30 @@ def test_documents_named_in_files_exist() -> None:
 def test_the_link_checker_finds_what_it_must() -> None:
     """The checks above can fail: a broken link, an escape from the root and a missing anchor
     are each reported, and GitHub's anchors are computed as GitHub does."""
-    links = relative_links("see [a](docs/api.md#x) and [b](https://example.org) and "
-                           "![c](img.png)\n\n```\n[d](not-a-link.md)\n```\n[e]: ../outside.md\n")
+    links = relative_links(
+        "see [a](docs/api.md#x) and [b](https://example.org) and "
+        "![c](img.png)\n\n```\n[d](not-a-link.md)\n```\n[e]: ../outside.md\n"
+    )
     assert links == ["docs/api.md#x", "img.png", "../outside.md"]
-    assert heading_anchors("# `cff` and the dataset layer\n## 4. The protocol\n"
-                           "### `GET /experiments/{id}/stats`\n## Twice\n## Twice\n") == {
-        "cff-and-the-dataset-layer", "4-the-protocol", "get-experimentsidstats", "twice",
-        "twice-1"}
+    assert heading_anchors(
+        "# `cff` and the dataset layer\n## 4. The protocol\n"
+        "### `GET /experiments/{id}/stats`\n## Twice\n## Twice\n"
+    ) == {
+        "cff-and-the-dataset-layer",
+        "4-the-protocol",
+        "get-experimentsidstats",
+        "twice",
+        "twice-1",
+    }
 
 
 def test_every_setting_is_documented_in_the_readme() -> None:
     """The README's "Configuration" table is where users look for a setting: each field of
     service.settings.Settings must appear there under its environment variable."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    undocumented = [f"SEEDGRID_{name.upper()}" for name in Settings.model_fields
-                    if f"`SEEDGRID_{name.upper()}`" not in readme]
+    undocumented = [
+        f"SEEDGRID_{name.upper()}"
+        for name in Settings.model_fields
+        if f"`SEEDGRID_{name.upper()}`" not in readme
+    ]
     assert not undocumented, f"settings missing from README.md: {', '.join(undocumented)}"

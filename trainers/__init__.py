@@ -36,8 +36,8 @@ from trainers.ssl_sim import SSLSimTrainer
 Trainer = TrainerBase
 
 REGISTRY: dict[str, Trainer] = {
-    t.name: t for t in (CollapseTrainer(), CFFTrainer(), SSLTrainer(), SSLSimTrainer(),
-                        FeedbackTrainer())
+    t.name: t
+    for t in (CollapseTrainer(), CFFTrainer(), SSLTrainer(), SSLSimTrainer(), FeedbackTrainer())
 }
 
 

@@ -106,8 +106,12 @@ class CheckStop:
     reason: str  # what fired, with its value and threshold
 
     def as_dict(self) -> dict[str, Any]:
-        return {"checks": list(self.checks), "epoch": self.epoch, "step": self.step,
-                "reason": self.reason}
+        return {
+            "checks": list(self.checks),
+            "epoch": self.epoch,
+            "step": self.step,
+            "reason": self.reason,
+        }
 
 
 @dataclass

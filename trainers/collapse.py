@@ -33,47 +33,109 @@ from trainers.runtime import RunContext, TrainerBase, TrainOutput
 
 class CollapseConfig(TrainerConfig):
     model: Literal["embedding", "teacher_student"] = Field(
-        "embedding", description="embedding: free sample embeddings; teacher_student: "
-                                 "x_i = A u_i with a learned linear A")
+        "embedding",
+        description="embedding: free sample embeddings; teacher_student: "
+        "x_i = A u_i with a learned linear A",
+    )
     stop_gradient: bool = Field(
-        False, description="Shared linear head W on the samples, with stop-gradient on the "
-                           "targets of both updates")
-    r: float = Field(0.1, ge=0.0, le=1.0, description=(
-        "Fraction of frustrated samples; exactly round(r * n_samples) are frustrated"))
-    frustration_spread: Literal["all", "others"] = Field("all", description=(
-        "all: frustrated samples are uniform over all K labels (lambda_r = 1 - r); others: "
-        "uniform over the K - 1 other labels (lambda_r = 1 - rK/(K-1))"))
-    loss: Literal["mse", "cosine"] = Field("mse", description=(
-        "mse: L = (1/2N) sum_i sum_c p_ic ||x_i - y_c||^2, trained by its closed-form "
-        "gradients; cosine: L = (1/N) sum_i sum_c p_ic (1 - cos(x_i, y_c)), by autograd (it "
-        "ignores norms, so accuracy takes the nearest label by angle)"))
-    n_samples: int = Field(400, ge=2, le=1_000_000, description=(
-        "N: samples, sample i of nominal class i mod n_classes (balanced classes); at least "
-        "n_classes"))
-    n_classes: int = Field(4, ge=2, le=10_000, description=(
-        "K: classes, each with a learned label embedding y_c"))
-    dim: int = Field(8, ge=1, le=100_000, description=(
-        "d: dimension of the sample and label embeddings (the head W is d x d)"))
-    input_dim: int = Field(32, ge=1, le=100_000, description=(
-        "Teacher-student model: inputs u_i = mu_c(i) + input_noise * xi_i in input_dim "
-        "dimensions, teacher class means mu_c ~ N(0, I/input_dim) (unit norm on average) and "
-        "xi_i ~ N(0, I/input_dim), so that gradient descent at the default lr stays stable"))
-    input_noise: float = Field(0.0, ge=0.0, description=(
-        "Noise > 0 makes samples of a class unfittable by a linear map: it acts as extra "
-        "frustration"))
-    lr: float | None = Field(None, gt=0.0, description=(
-        "Learning rate; None: 0.5 without stop-gradient, 0.2 with it (the spec's numerical "
-        "check)"))
-    steps: int | None = Field(None, ge=1, le=100_000_000, description=(
-        "Optimisation steps; None: 4000 without stop-gradient, 20000 with it (several collapse "
-        "times (K+1)/r)"))
-    log_every: int | None = Field(None, ge=1, le=100_000_000, description=(
-        "Steps between logged points; None: about 200 logged points per run"))
-    init_x_scale: float = Field(1.0, ge=0.0, description=(
-        "Standard deviation of the initial sample embeddings x_i ~ N(0, s^2 I) (teacher_student: "
-        "of the entries of the initial map A); the head W starts at the identity"))
-    init_y_scale: float = Field(3.0, ge=0.0, description=(
-        "Standard deviation of the initial label embeddings y_c ~ N(0, s^2 I)"))
+        False,
+        description="Shared linear head W on the samples, with stop-gradient on the "
+        "targets of both updates",
+    )
+    r: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description=("Fraction of frustrated samples; exactly round(r * n_samples) are frustrated"),
+    )
+    frustration_spread: Literal["all", "others"] = Field(
+        "all",
+        description=(
+            "all: frustrated samples are uniform over all K labels (lambda_r = 1 - r); others: "
+            "uniform over the K - 1 other labels (lambda_r = 1 - rK/(K-1))"
+        ),
+    )
+    loss: Literal["mse", "cosine"] = Field(
+        "mse",
+        description=(
+            "mse: L = (1/2N) sum_i sum_c p_ic ||x_i - y_c||^2, trained by its closed-form "
+            "gradients; cosine: L = (1/N) sum_i sum_c p_ic (1 - cos(x_i, y_c)), by autograd (it "
+            "ignores norms, so accuracy takes the nearest label by angle)"
+        ),
+    )
+    n_samples: int = Field(
+        400,
+        ge=2,
+        le=1_000_000,
+        description=(
+            "N: samples, sample i of nominal class i mod n_classes (balanced classes); at least "
+            "n_classes"
+        ),
+    )
+    n_classes: int = Field(
+        4, ge=2, le=10_000, description=("K: classes, each with a learned label embedding y_c")
+    )
+    dim: int = Field(
+        8,
+        ge=1,
+        le=100_000,
+        description=("d: dimension of the sample and label embeddings (the head W is d x d)"),
+    )
+    input_dim: int = Field(
+        32,
+        ge=1,
+        le=100_000,
+        description=(
+            "Teacher-student model: inputs u_i = mu_c(i) + input_noise * xi_i in input_dim "
+            "dimensions, teacher class means mu_c ~ N(0, I/input_dim) (unit norm on average) and "
+            "xi_i ~ N(0, I/input_dim), so that gradient descent at the default lr stays stable"
+        ),
+    )
+    input_noise: float = Field(
+        0.0,
+        ge=0.0,
+        description=(
+            "Noise > 0 makes samples of a class unfittable by a linear map: it acts as extra "
+            "frustration"
+        ),
+    )
+    lr: float | None = Field(
+        None,
+        gt=0.0,
+        description=(
+            "Learning rate; None: 0.5 without stop-gradient, 0.2 with it (the spec's numerical "
+            "check)"
+        ),
+    )
+    steps: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "Optimisation steps; None: 4000 without stop-gradient, 20000 with it (several collapse "
+            "times (K+1)/r)"
+        ),
+    )
+    log_every: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description=("Steps between logged points; None: about 200 logged points per run"),
+    )
+    init_x_scale: float = Field(
+        1.0,
+        ge=0.0,
+        description=(
+            "Standard deviation of the initial sample embeddings x_i ~ N(0, s^2 I) "
+            "(teacher_student: of the entries of the initial map A); the head W starts at the "
+            "identity"
+        ),
+    )
+    init_y_scale: float = Field(
+        3.0,
+        ge=0.0,
+        description=("Standard deviation of the initial label embeddings y_c ~ N(0, s^2 I)"),
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> CollapseConfig:
@@ -96,8 +158,12 @@ class CollapseConfig(TrainerConfig):
         return self.log_every or max(1, self.resolved_steps // 200)
 
     def resolved_fields(self) -> dict[str, Any]:
-        return {**super().resolved_fields(), "lr": self.resolved_lr,
-                "steps": self.resolved_steps, "log_every": self.resolved_log_every}
+        return {
+            **super().resolved_fields(),
+            "lr": self.resolved_lr,
+            "steps": self.resolved_steps,
+            "log_every": self.resolved_log_every,
+        }
 
 
 def frustration_matrix(
@@ -214,8 +280,13 @@ class History(NamedTuple):
     last: dict[str, float]
 
 
-def collapse_output(config: CollapseConfig, problem: Problem, history: History,
-                    y: torch.Tensor, w: torch.Tensor | None) -> TrainOutput:
+def collapse_output(
+    config: CollapseConfig,
+    problem: Problem,
+    history: History,
+    y: torch.Tensor,
+    w: torch.Tensor | None,
+) -> TrainOutput:
     """A run's final metrics, diagnostics and warnings from its logged history and its final
     label embeddings y and head w."""
     lr, steps, k = config.resolved_lr, config.resolved_steps, config.n_classes
@@ -295,8 +366,16 @@ class SeedStack(NamedTuple):
             values = [getattr(problem, name) for problem in problems]
             return None if values[0] is None else torch.stack(values)
 
-        return SeedStack(stacked("p"), stacked("cls"), stacked("clean"), stacked("inputs"),
-                         stacked("x"), stacked("y"), stacked("w"), autograd).trainable()
+        return SeedStack(
+            stacked("p"),
+            stacked("cls"),
+            stacked("clean"),
+            stacked("inputs"),
+            stacked("x"),
+            stacked("y"),
+            stacked("w"),
+            autograd,
+        ).trainable()
 
     def trainable(self) -> SeedStack:
         if self.autograd:
@@ -315,8 +394,16 @@ class SeedStack(NamedTuple):
         def rows(t: Any) -> Any:
             return None if t is None else t.detach().index_select(0, index)
 
-        return SeedStack(rows(self.p), rows(self.cls), rows(self.clean), rows(self.inputs),
-                         rows(self.x), rows(self.y), rows(self.w), self.autograd).trainable()
+        return SeedStack(
+            rows(self.p),
+            rows(self.cls),
+            rows(self.clean),
+            rows(self.inputs),
+            rows(self.x),
+            rows(self.y),
+            rows(self.w),
+            self.autograd,
+        ).trainable()
 
     def seed(self, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One seed's x, y and w (views into the stack)."""
@@ -359,16 +446,30 @@ def observe_seeds(stack: SeedStack, kind: str) -> torch.Tensor:
     distances = torch.cdist(y, y)
     distances.diagonal(dim1=-2, dim2=-1).fill_(float("inf"))
     spread = torch.linalg.vector_norm(y - y.mean(-2, keepdim=True), dim=(-2, -1))
-    return torch.stack([stack.objective(kind), correct.mean(-1), clean_accuracy,
-                        distances.amin(dim=(-2, -1)), spread], dim=-1)
+    return torch.stack(
+        [
+            stack.objective(kind),
+            correct.mean(-1),
+            clean_accuracy,
+            distances.amin(dim=(-2, -1)),
+            spread,
+        ],
+        dim=-1,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # resource estimate (pure arithmetic on the config; every tensor of the run is float64)
 
 # The metrics of every logged step (`CollapseTrainer._observe` and the time).
-LOGGED_METRICS = ("loss", "train_accuracy", "train_accuracy_clean", "min_l2", "label_spread",
-                  "time")
+LOGGED_METRICS = (
+    "loss",
+    "train_accuracy",
+    "train_accuracy_clean",
+    "min_l2",
+    "label_spread",
+    "time",
+)
 
 
 def trained_floats(config: CollapseConfig) -> int:
@@ -416,17 +517,29 @@ def collapse_estimate(config: CollapseConfig) -> ResourceEstimate:
         Term(FLOAT64 * inputs, ("n_samples", "input_dim")),
         Term(INT64 * 2 * n, ("n_samples",)),
     ]
-    objective_fields = (("n_samples", "n_classes", "dim", "loss") if config.loss == "mse"
-                        else ("n_samples", "n_classes"))
+    objective_fields = (
+        ("n_samples", "n_classes", "dim", "loss")
+        if config.loss == "mse"
+        else ("n_samples", "n_classes")
+    )
     observe = FLOAT64 * (n * k + 2 * n * config.dim)
-    memory, memory_fields = peak([
-        [*persistent, Term(FLOAT64 * objective_floats(config), objective_fields),
-         Term(observe, ("n_samples", "n_classes"))],
-        [*persistent, Term(FLOAT64 * gradient_floats(config),
-                           ("n_samples", "dim") if config.loss == "mse"
-                           else ("n_samples", "n_classes"))],
-        [*persistent, Term(FLOAT64 * 5 * k * k, ("n_classes",))],
-    ])
+    memory, memory_fields = peak(
+        [
+            [
+                *persistent,
+                Term(FLOAT64 * objective_floats(config), objective_fields),
+                Term(observe, ("n_samples", "n_classes")),
+            ],
+            [
+                *persistent,
+                Term(
+                    FLOAT64 * gradient_floats(config),
+                    ("n_samples", "dim") if config.loss == "mse" else ("n_samples", "n_classes"),
+                ),
+            ],
+            [*persistent, Term(FLOAT64 * 5 * k * k, ("n_classes",))],
+        ]
+    )
     points = len(LOGGED_METRICS) * logged_steps(config.resolved_steps, config.resolved_log_every)
     return ResourceEstimate(memory, memory_fields, points, ("steps", "log_every"))
 
@@ -465,7 +578,9 @@ class CollapseTrainer(TrainerBase):
     primary_metric: ClassVar[str] = "min_l2"
     divergence_metric: ClassVar[str] = "loss"
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "train_accuracy": (0.0, 1.0), "train_accuracy_clean": (0.0, 1.0)}
+        "train_accuracy": (0.0, 1.0),
+        "train_accuracy_clean": (0.0, 1.0),
+    }
     # A run is small (N x d float64 embeddings, a few hundred kB) and its time goes to per-step
     # Python and operator overhead, which a batched task pays once for all its seeds: 8 seeds
     # per task by default, and up to 64 (still a few tens of MB at the default sizes).
@@ -555,7 +670,8 @@ class CollapseTrainer(TrainerBase):
         live = list(range(len(runs)))  # the seeds still training, in the stack's order
         histories = [History([], [], [], {}) for _ in runs]
         finals: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = [
-            (problem.x, problem.y, problem.w) for problem in problems]
+            (problem.x, problem.y, problem.w) for problem in problems
+        ]
         for step in range(steps + 1):
             stopping: set[int] = set()
             if step % log_every == 0 or step == steps:
@@ -593,8 +709,7 @@ class CollapseTrainer(TrainerBase):
             finals[index] = stack.seed(position)
 
         outputs = []
-        for run, problem, history, (x, y, w) in zip(runs, problems, histories, finals,
-                                                    strict=True):
+        for run, problem, history, (x, y, w) in zip(runs, problems, histories, finals, strict=True):
             run.track(*(t for t in (x, y, w) if t is not None))
             outputs.append(collapse_output(config, problem, history, y, w))
         return outputs

@@ -137,15 +137,18 @@ def dataset_shape(config: DataConfig) -> DatasetShape:
         (n_train, n_test), classes = entry.splits, entry.num_classes
     channels = 3 if config.rgb and entry.channels == 1 else entry.channels
     side = config.resolved_image_size
-    return DatasetShape(n_train, n_test, channels, side, entry.channels, entry.native_size,
-                        classes)
+    return DatasetShape(n_train, n_test, channels, side, entry.channels, entry.native_size, classes)
 
 
 def dataset_fields(config: DataConfig) -> tuple[str, ...]:
     """The config fields that size the decoded dataset."""
     if config.dataset == "synthetic":
-        return ("synthetic_train_per_class", "synthetic_classes", "synthetic_test_per_class",
-                "image_size")
+        return (
+            "synthetic_train_per_class",
+            "synthetic_classes",
+            "synthetic_test_per_class",
+            "image_size",
+        )
     return ("dataset", "image_size")
 
 
@@ -178,8 +181,7 @@ def dataset_decode_bytes(config: DataConfig, shape: DatasetShape) -> int:
 
 def decode_phase(config: DataConfig, shape: DatasetShape) -> list[Term]:
     fields = dataset_fields(config)
-    return [Term(dataset_bytes(shape), fields),
-            Term(dataset_decode_bytes(config, shape), fields)]
+    return [Term(dataset_bytes(shape), fields), Term(dataset_decode_bytes(config, shape), fields)]
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,11 @@ def augmented_batch_bytes(config: DataConfig, shape: DatasetShape, batch: int) -
     AUGMENT_COPIES copies at the padded side S + 2 p (p: the crop padding, bounded by
     MAX_CROP_PADDING_FRACTION of the side, 1.5 x above strength 0.5)."""
     plan = AugmentPlan.from_strength(
-        config.augment_strength, image_side=shape.side,
-        padding_fraction=MAX_CROP_PADDING_FRACTION, hflip=True, crop_padding=config.crop_padding)
+        config.augment_strength,
+        image_side=shape.side,
+        padding_fraction=MAX_CROP_PADDING_FRACTION,
+        hflip=True,
+        crop_padding=config.crop_padding,
+    )
     padded = shape.side + 2 * plan.crop_padding
     return FLOAT32 * AUGMENT_COPIES * batch * shape.channels * padded * padded

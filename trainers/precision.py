@@ -29,9 +29,11 @@ import torch
 
 Precision = Literal["fp32", "tf32", "bf16"]
 
-PRECISION = ("fp32: float32 throughout; tf32: float32 matrix products in TF32 on a GPU (no "
-             "effect on a CPU); bf16: the forward passes under bfloat16 autocast, the losses in "
-             "float32")
+PRECISION = (
+    "fp32: float32 throughout; tf32: float32 matrix products in TF32 on a GPU (no "
+    "effect on a CPU); bf16: the forward passes under bfloat16 autocast, the losses in "
+    "float32"
+)
 
 
 @dataclass(frozen=True)

@@ -74,13 +74,16 @@ def checked_overrides(overrides: dict[str, int] | None) -> dict[str, int]:
     if overrides is None:
         return {}
     if not isinstance(overrides, dict):
-        raise ValueError(f"source seeds must be a dict of source -> seed, not "
-                         f"{type(overrides).__name__}")
+        raise ValueError(
+            f"source seeds must be a dict of source -> seed, not {type(overrides).__name__}"
+        )
     unknown = set(overrides) - set(SOURCES)
     if unknown:
         raise ValueError(f"unknown random sources {sorted(map(str, unknown))}; expected {SOURCES}")
     for source, seed in overrides.items():
         if type(seed) is not int or not 0 <= seed <= MAX_SEED:
-            raise ValueError(f"the seed of random source {source!r} must be an int in "
-                             f"[0, {MAX_SEED}], not {seed!r}")
+            raise ValueError(
+                f"the seed of random source {source!r} must be an int in "
+                f"[0, {MAX_SEED}], not {seed!r}"
+            )
     return dict(overrides)

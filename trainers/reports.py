@@ -66,5 +66,6 @@ class CrossRunReport(Generic[ReportModel]):
 
     def __post_init__(self) -> None:
         if not REPORT_NAME.match(self.name):
-            raise ValueError(f"report name {self.name!r} is not a URL segment matching "
-                             f"{REPORT_NAME.pattern}")
+            raise ValueError(
+                f"report name {self.name!r} is not a URL segment matching {REPORT_NAME.pattern}"
+            )

@@ -100,7 +100,7 @@ def git_commit() -> str | None:
         head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head
-        ref = head[len("ref: "):]
+        ref = head[len("ref: ") :]
         common = git / "commondir"
         roots = [git] + ([(git / common.read_text().strip()).resolve()] if common.exists() else [])
         for root in roots:
@@ -135,8 +135,9 @@ def warm_up() -> None:
     later run of the process fails with an AttributeError (`torch._dynamo` has no `utils`). The
     import therefore runs in a thread of its own, which an interrupt cannot reach; an interrupt
     that arrives meanwhile is raised once the import has finished."""
-    worker = threading.Thread(target=_use_deterministic_setting, name="seedgrid-warm-up",
-                              daemon=True)
+    worker = threading.Thread(
+        target=_use_deterministic_setting, name="seedgrid-warm-up", daemon=True
+    )
     worker.start()
     interrupted: KeyboardInterrupt | None = None
     while worker.is_alive():
@@ -185,10 +186,18 @@ class RunContext:
     """One run as its trainer sees it: config, seed, device, random sources, and the reporter
     behind the loop contract (`log`, `should_stop`, `checks_fired`)."""
 
-    def __init__(self, *, config: pydantic.BaseModel, seed: int, reporter: Reporter,
-                 device: torch.device, sources: RandomSources,
-                 divergence_metric: str | None, stop_on_checks: Collection[str] = (),
-                 index: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        config: pydantic.BaseModel,
+        seed: int,
+        reporter: Reporter,
+        device: torch.device,
+        sources: RandomSources,
+        divergence_metric: str | None,
+        stop_on_checks: Collection[str] = (),
+        index: int = 0,
+    ) -> None:
         self.config = config
         self.seed = seed
         # The run's place among the seeds of its task (0 for a task of one seed).
@@ -241,8 +250,12 @@ class RunContext:
         then stops here, as for a cancel, but its result is a whole one (status `stopped`)."""
         asked = [name for name in fired if name in self.stop_on_checks]
         if asked and self.stopped_by is None and not self.stopped:
-            self.stopped_by = CheckStop(checks=tuple(asked), epoch=epoch, step=step,
-                                        reason="; ".join(fired[name] for name in asked))
+            self.stopped_by = CheckStop(
+                checks=tuple(asked),
+                epoch=epoch,
+                step=step,
+                reason="; ".join(fired[name] for name in asked),
+            )
         return self.stopped_by is not None
 
     def should_stop(self) -> bool:
@@ -254,8 +267,7 @@ class RunContext:
 
     @property
     def stopped(self) -> bool:
-        return (self.cancelled or self.diverged_at_step is not None
-                or self.stopped_by is not None)
+        return self.cancelled or self.diverged_at_step is not None or self.stopped_by is not None
 
     def _diverging(self, values: dict[str, float]) -> bool:
         value = values.get(self.divergence_metric) if self.divergence_metric else None
@@ -321,10 +333,14 @@ class TrainerBase(ABC):
         inputs: dict[str, Any] = {}
         if getattr(config, "device", None) == "cuda":
             inputs["device"] = "cuda"
-        if self.reads_dataset(config) and (config.dataset in TORCHVISION_DATASETS
-                                           or config.download):
-            inputs |= {"dataset": config.dataset, "data_root": config.data_root,
-                       "download": config.download}
+        if self.reads_dataset(config) and (
+            config.dataset in TORCHVISION_DATASETS or config.download
+        ):
+            inputs |= {
+                "dataset": config.dataset,
+                "data_root": config.data_root,
+                "download": config.download,
+            }
         return inputs
 
     def preflight(self, config: Any) -> list[PreflightProblem]:
@@ -338,9 +354,16 @@ class TrainerBase(ABC):
             problems += dataset_problems(config)
         return problems
 
-    def run(self, config: Any, seed: int, reporter: Reporter, *,
-            threads: int | None = None, source_seeds: dict[str, int] | None = None,
-            stop_on_checks: Collection[str] = ()) -> RunResult:
+    def run(
+        self,
+        config: Any,
+        seed: int,
+        reporter: Reporter,
+        *,
+        threads: int | None = None,
+        source_seeds: dict[str, int] | None = None,
+        stop_on_checks: Collection[str] = (),
+    ) -> RunResult:
         """Set the run up, train, and package the result with its provenance.
 
         `threads`: torch's intra-op thread count for this run (the worker passes the run's
@@ -351,20 +374,30 @@ class TrainerBase(ABC):
         ValueError here too. The run trains with `resolve_config(config)`."""
         config = self.resolve_config(config)
         device = self._set_up(config, threads, stop_on_checks)
-        context = RunContext(config=config, seed=seed, reporter=reporter, device=device,
-                             sources=random_sources(seed, source_seeds),
-                             divergence_metric=self.divergence_metric,
-                             stop_on_checks=stop_on_checks)
+        context = RunContext(
+            config=config,
+            seed=seed,
+            reporter=reporter,
+            device=device,
+            sources=random_sources(seed, source_seeds),
+            divergence_metric=self.divergence_metric,
+            stop_on_checks=stop_on_checks,
+        )
         output = self.train(config, context)
         return self._result(context, output)
 
-    def run_seeds(self, config: Any, seeds: Sequence[int], reporters: Sequence[Reporter], *,
-                  threads: int | None = None,
-                  source_seeds: Sequence[dict[str, int] | None] | None = None,
-                  stop_on_checks: Collection[str] = (),
-                  on_done: Callable[[int, RunResult | Exception], None] | None = None,
-                  on_start: Callable[[int], None] | None = None,
-                  ) -> list[RunResult | Exception]:
+    def run_seeds(
+        self,
+        config: Any,
+        seeds: Sequence[int],
+        reporters: Sequence[Reporter],
+        *,
+        threads: int | None = None,
+        source_seeds: Sequence[dict[str, int] | None] | None = None,
+        stop_on_checks: Collection[str] = (),
+        on_done: Callable[[int, RunResult | Exception], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
+    ) -> list[RunResult | Exception]:
         """K seeds of one config in one task (a seed-batched task): one reporter and, when
         given, one `source_seeds` per seed. Each seed is set up as `run` sets up a run of its
         own; `on_start(index)` hears of each seed as it begins training (every seed at once for
@@ -374,18 +407,28 @@ class TrainerBase(ABC):
         batched goes on with the next seed, unless the task was cancelled: then the seeds not
         started get no outcome). An exception of a batched computation ends every seed: it
         propagates."""
-        if len(reporters) != len(seeds) or (source_seeds is not None
-                                            and len(source_seeds) != len(seeds)):
+        if len(reporters) != len(seeds) or (
+            source_seeds is not None and len(source_seeds) != len(seeds)
+        ):
             raise ValueError("run_seeds needs one reporter (and one source_seeds) per seed")
         config = self.resolve_config(config)
         device = self._set_up(config, threads, stop_on_checks)
         pinned = list(source_seeds) if source_seeds is not None else [None] * len(seeds)
-        contexts = [RunContext(config=config, seed=seed, reporter=reporter, device=device,
-                               sources=random_sources(seed, pins),
-                               divergence_metric=self.divergence_metric,
-                               stop_on_checks=stop_on_checks, index=index)
-                    for index, (seed, reporter, pins) in enumerate(zip(seeds, reporters, pinned,
-                                                                       strict=True))]
+        contexts = [
+            RunContext(
+                config=config,
+                seed=seed,
+                reporter=reporter,
+                device=device,
+                sources=random_sources(seed, pins),
+                divergence_metric=self.divergence_metric,
+                stop_on_checks=stop_on_checks,
+                index=index,
+            )
+            for index, (seed, reporter, pins) in enumerate(
+                zip(seeds, reporters, pinned, strict=True)
+            )
+        ]
         outcomes: list[RunResult | Exception] = []
 
         def done(run: RunContext, outcome: RunResult | Exception) -> None:
@@ -419,14 +462,17 @@ class TrainerBase(ABC):
         module's docstring). Only trainers that set `batched = True` override it."""
         raise NotImplementedError(f"trainer {self.name!r} does not batch seeds")
 
-    def _set_up(self, config: Any, threads: int | None,
-                stop_on_checks: Collection[str]) -> torch.device:
+    def _set_up(
+        self, config: Any, threads: int | None, stop_on_checks: Collection[str]
+    ) -> torch.device:
         """What every run of the process shares: refused checks, device, determinism, threads."""
         unknown = sorted(set(stop_on_checks) - set(self.stop_checks))
         if unknown:
-            raise ValueError(f"stop_on_checks: trainer {self.name!r} has no check "
-                             f"{', '.join(map(repr, unknown))}; it can stop on: "
-                             f"{', '.join(self.stop_checks) or 'none'}")
+            raise ValueError(
+                f"stop_on_checks: trainer {self.name!r} has no check "
+                f"{', '.join(map(repr, unknown))}; it can stop on: "
+                f"{', '.join(self.stop_checks) or 'none'}"
+            )
         device = self.device(config)
         # Same config and seed on one CPU: identical metrics (docs/architecture.md); on a GPU
         # the fast kernels are not all deterministic and the trainers do not ask them to be.

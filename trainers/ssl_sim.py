@@ -48,31 +48,59 @@ MAX_SIM_CLASSES = 16
 
 
 class SSLSimConfig(TrainerConfig):
-    simulation: Literal["convergence", "latent_class"] = Field("convergence", description=(
-        "convergence: SGD steps until n_pairs pairs of free embeddings at norm initial_norm "
-        "align under a cosine loss; latent_class: per-class embedding norms of an MLP trained "
-        "by supervised InfoNCE on latent classes of frequencies class_weights"))
-    initial_norm: float = Field(1.0, gt=0.0, le=1000.0, description=(
-        "convergence: initial norm rho of every embedding"))
+    simulation: Literal["convergence", "latent_class"] = Field(
+        "convergence",
+        description=(
+            "convergence: SGD steps until n_pairs pairs of free embeddings at norm initial_norm "
+            "align under a cosine loss; latent_class: per-class embedding norms of an MLP trained "
+            "by supervised InfoNCE on latent classes of frequencies class_weights"
+        ),
+    )
+    initial_norm: float = Field(
+        1.0, gt=0.0, le=1000.0, description=("convergence: initial norm rho of every embedding")
+    )
     n_pairs: int = Field(500, ge=1, le=1_000_000, description="convergence: pairs")
     dim: int = Field(20, ge=2, le=10_000, description="convergence: dimension")
-    lr: float | None = Field(None, gt=0.0, le=1000.0, description=(
-        "SGD learning rate; None: 10 (convergence), 0.01 (latent_class)"))
+    lr: float | None = Field(
+        None,
+        gt=0.0,
+        le=1000.0,
+        description=("SGD learning rate; None: 10 (convergence), 0.01 (latent_class)"),
+    )
     tolerance: float = Field(1e-3, gt=0.0, lt=1.0, description="convergence: tolerance")
-    max_steps: int = Field(200_000, ge=1, le=10_000_000, description=(
-        "convergence: the most steps; a run that has not reached the tolerance by then ends "
-        "with steps_to_converge = max_steps and the diagnostic converged false"))
-    grad_scale_power: float = Field(0.0, ge=-4.0, le=4.0, description=(
-        "convergence: GradScale power p, the embeddings' gradient multiplied by ||z||^p (0 = "
-        "off; 2 makes the angular step independent of the norm)"))
-    class_weights: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0],
-                                       description="latent_class: relative class frequencies")
+    max_steps: int = Field(
+        200_000,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "convergence: the most steps; a run that has not reached the tolerance by then ends "
+            "with steps_to_converge = max_steps and the diagnostic converged false"
+        ),
+    )
+    grad_scale_power: float = Field(
+        0.0,
+        ge=-4.0,
+        le=4.0,
+        description=(
+            "convergence: GradScale power p, the embeddings' gradient multiplied by ||z||^p (0 = "
+            "off; 2 makes the angular step independent of the norm)"
+        ),
+    )
+    class_weights: list[float] = Field(
+        default_factory=lambda: [1.0, 2.0, 4.0, 8.0],
+        description="latent_class: relative class frequencies",
+    )
     n_samples: int = Field(2000, ge=10, le=1_000_000, description="latent_class: samples")
-    class_spread: float = Field(1.0, ge=0.0, le=100.0, description=(
-        "latent_class: latent spread"))
-    input_scale: float = Field(10.0, gt=0.0, le=1000.0, description=(
-        "latent_class: standard deviation of the entries of the 64 x 10 map A that observes "
-        "the latent points as x = A u"))
+    class_spread: float = Field(1.0, ge=0.0, le=100.0, description=("latent_class: latent spread"))
+    input_scale: float = Field(
+        10.0,
+        gt=0.0,
+        le=1000.0,
+        description=(
+            "latent_class: standard deviation of the entries of the 64 x 10 map A that observes "
+            "the latent points as x = A u"
+        ),
+    )
     epochs: int = Field(100, ge=1, le=100_000, description="latent_class: epochs")
     batch_size: int = Field(128, ge=2, le=65_536, description="latent_class: batch size")
 
@@ -104,8 +132,13 @@ class Convergence(NamedTuple):
 
 
 def cosine_convergence_steps(
-    z1: torch.Tensor, z2: torch.Tensor, lr: float, tolerance: float, max_steps: int,
-    power: float = 0.0, should_stop: Callable[[], bool] = lambda: False,
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    lr: float,
+    tolerance: float,
+    max_steps: int,
+    power: float = 0.0,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> Convergence:
     """Plain SGD on -mean cos(z1_i, z2_i) over both sets of free embeddings; the steps taken
     until mean cos >= 1 - tolerance (max_steps if never, or the step at which `should_stop`,
@@ -125,8 +158,13 @@ def cosine_convergence_steps(
 
 
 def seeds_cosine_convergence(
-    z1: torch.Tensor, z2: torch.Tensor, lr: float, tolerance: float, max_steps: int,
-    power: float, should_stop: Sequence[Callable[[], bool]],
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    lr: float,
+    tolerance: float,
+    max_steps: int,
+    power: float,
+    should_stop: Sequence[Callable[[], bool]],
 ) -> list[Convergence]:
     """`cosine_convergence_steps` for the seeds of a batched task: z1 and z2 stacked on a
     leading seed axis (S x n x d), one `should_stop` per seed. Each seed ends at the step its
@@ -140,13 +178,18 @@ def seeds_cosine_convergence(
     for step in range(max_steps + 1):
         loss = negative_cosine(grad_scale(z1, power), grad_scale(z2, power))
         mean_cos = [-value for value in loss.detach().tolist()]
-        ended = [position for position, index in enumerate(live)
-                 if mean_cos[position] >= 1 - tolerance or step == max_steps
-                 or should_stop[index]()]
+        ended = [
+            position
+            for position, index in enumerate(live)
+            if mean_cos[position] >= 1 - tolerance or step == max_steps or should_stop[index]()
+        ]
         for position in ended:
-            outcomes[live[position]] = Convergence(step, mean_cos[position],
-                                                   z1.detach()[position].clone(),
-                                                   z2.detach()[position].clone())
+            outcomes[live[position]] = Convergence(
+                step,
+                mean_cos[position],
+                z1.detach()[position].clone(),
+                z2.detach()[position].clone(),
+            )
         if len(ended) == len(live):
             break
         # each seed's gradient of its own loss: the seeds do not interact
@@ -164,7 +207,10 @@ def seeds_cosine_convergence(
 
 
 def spherical_latent_data(
-    weights: list[float], n: int, spread: float, generator: torch.Generator,
+    weights: list[float],
+    n: int,
+    spread: float,
+    generator: torch.Generator,
     input_scale: float = 10.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The official SphericalDataset: class centres uniform on S^9, u = centre + N(0, spread^2)
@@ -189,32 +235,35 @@ def latent_mlp(params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return torch.baddbmm(b2[:, None, :], hidden, w2.mT)
 
 
-def convergence_start(config: SSLSimConfig,
-                      sources: RandomSources) -> tuple[torch.Tensor, torch.Tensor]:
+def convergence_start(
+    config: SSLSimConfig, sources: RandomSources
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The convergence simulation's z1 and z2: n_pairs random directions at norm rho each,
     drawn from the run's init generator."""
     shape = (config.n_pairs, config.dim)
     z1 = config.initial_norm * F.normalize(
-        torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+        torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1
+    )
     z2 = config.initial_norm * F.normalize(
-        torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1)
+        torch.randn(shape, generator=sources.init, dtype=torch.float64), dim=1
+    )
     return z1, z2
 
 
-def convergence_output(config: SSLSimConfig, run: RunContext,
-                       outcome: Convergence) -> TrainOutput:
+def convergence_output(config: SSLSimConfig, run: RunContext, outcome: Convergence) -> TrainOutput:
     """A convergence run's result: its step count and mean cosine, logged once at the end
     unless the run was stopped."""
     run.track(outcome.z1, outcome.z2)
-    metrics = {"steps_to_converge": float(outcome.steps),
-               "final_mean_cos": outcome.final_mean_cos}
+    metrics = {"steps_to_converge": float(outcome.steps), "final_mean_cos": outcome.final_mean_cos}
     if not run.stopped:  # a cancelled run's step count is not a convergence time
         run.log(outcome.steps, metrics)
     return TrainOutput(
         metrics=metrics,
-        diagnostics={"converged": outcome.final_mean_cos >= 1 - config.tolerance,
-                     "lr": config.resolved_lr,
-                     "expected_steps_96_rho_squared": 96 * config.initial_norm**2},
+        diagnostics={
+            "converged": outcome.final_mean_cos >= 1 - config.tolerance,
+            "lr": config.resolved_lr,
+            "expected_steps_96_rho_squared": 96 * config.initial_norm**2,
+        },
     )
 
 
@@ -238,24 +287,30 @@ def named_norms(values: list[float]) -> dict[str, float]:
     return {"norm_mean": values[0], **{f"norm_class{c}": v for c, v in enumerate(values[1:])}}
 
 
-def latent_class_output(config: SSLSimConfig, point: dict[str, float],
-                        labels: torch.Tensor) -> TrainOutput:
+def latent_class_output(
+    config: SSLSimConfig, point: dict[str, float], labels: torch.Tensor
+) -> TrainOutput:
     """A latent-class run's result from its last logged norms: whether the class norms are
     ordered by class frequency (Spearman's rho, strict order, largest over smallest)."""
     k = len(config.class_weights)
     counts = torch.bincount(labels, minlength=k).tolist()
     class_norms = [point[f"norm_class{c}"] for c in range(k)]
-    finite = [(n, w) for n, w in zip(class_norms, config.class_weights, strict=True)
-              if math.isfinite(n)]
+    finite = [
+        (n, w) for n, w in zip(class_norms, config.class_weights, strict=True) if math.isfinite(n)
+    ]
     rho = scipy_stats.spearmanr([w for _, w in finite], [n for n, _ in finite]).statistic
     by_frequency = [n for _, n in sorted(zip(counts, class_norms, strict=True))]
     ordered = all(a < b for a, b in zip(by_frequency, by_frequency[1:], strict=False))
-    metrics = {**point, "norm_ordered_by_frequency": float(ordered),
-               "norm_most_over_least_frequent": by_frequency[-1] / by_frequency[0]}
+    metrics = {
+        **point,
+        "norm_ordered_by_frequency": float(ordered),
+        "norm_most_over_least_frequent": by_frequency[-1] / by_frequency[0],
+    }
     if np.isfinite(rho):
         metrics["norm_frequency_spearman"] = float(rho)
-    return TrainOutput(metrics=metrics,
-                       diagnostics={"class_counts": counts, "class_norms": class_norms})
+    return TrainOutput(
+        metrics=metrics, diagnostics={"class_counts": counts, "class_norms": class_norms}
+    )
 
 
 class SSLSimTrainer(TrainerBase):
@@ -267,8 +322,13 @@ class SSLSimTrainer(TrainerBase):
     paper: ClassVar[str] = "Draganov et al., ICML 2025, arXiv:2502.09252 (Simulations.ipynb)"
     Config: ClassVar[type[SSLSimConfig]] = SSLSimConfig
     metrics: ClassVar[tuple[str, ...]] = (
-        "steps_to_converge", "final_mean_cos", "norm_mean", "loss",
-        "norm_frequency_spearman", "norm_ordered_by_frequency", "norm_most_over_least_frequent",
+        "steps_to_converge",
+        "final_mean_cos",
+        "norm_mean",
+        "loss",
+        "norm_frequency_spearman",
+        "norm_ordered_by_frequency",
+        "norm_most_over_least_frequent",
         *(f"norm_class{c}" for c in range(MAX_SIM_CLASSES)),
     )
     diagnostics: ClassVar[tuple[str, ...]] = ("class_counts", "class_norms")
@@ -310,24 +370,36 @@ class SSLSimTrainer(TrainerBase):
     def _convergence(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
         z1, z2 = convergence_start(config, run.sources)
         lr = config.resolved_lr
-        outcome = cosine_convergence_steps(z1, z2, lr, config.tolerance, config.max_steps,
-                                           config.grad_scale_power, run.should_stop)
+        outcome = cosine_convergence_steps(
+            z1, z2, lr, config.tolerance, config.max_steps, config.grad_scale_power, run.should_stop
+        )
         return convergence_output(config, run, outcome)
 
-    def _convergence_seeds(self, config: SSLSimConfig,
-                           runs: list[RunContext]) -> list[TrainOutput]:
+    def _convergence_seeds(self, config: SSLSimConfig, runs: list[RunContext]) -> list[TrainOutput]:
         starts = [convergence_start(config, run.sources) for run in runs]
         outcomes = seeds_cosine_convergence(
-            torch.stack([z1 for z1, _ in starts]), torch.stack([z2 for _, z2 in starts]),
-            config.resolved_lr, config.tolerance, config.max_steps,
-            config.grad_scale_power, [run.should_stop for run in runs])
-        return [convergence_output(config, run, outcome)
-                for run, outcome in zip(runs, outcomes, strict=True)]
+            torch.stack([z1 for z1, _ in starts]),
+            torch.stack([z2 for _, z2 in starts]),
+            config.resolved_lr,
+            config.tolerance,
+            config.max_steps,
+            config.grad_scale_power,
+            [run.should_stop for run in runs],
+        )
+        return [
+            convergence_output(config, run, outcome)
+            for run, outcome in zip(runs, outcomes, strict=True)
+        ]
 
     def _latent_class(self, config: SSLSimConfig, run: RunContext) -> TrainOutput:
         sources = run.sources
-        x, labels = spherical_latent_data(config.class_weights, config.n_samples,
-                                          config.class_spread, sources.data, config.input_scale)
+        x, labels = spherical_latent_data(
+            config.class_weights,
+            config.n_samples,
+            config.class_spread,
+            sources.data,
+            config.input_scale,
+        )
         model = latent_class_model(sources)
         run.track(model)
         lr = config.resolved_lr
@@ -367,8 +439,9 @@ class SSLSimTrainer(TrainerBase):
                 break
         return latent_class_output(config, point, labels)
 
-    def _latent_class_seeds(self, config: SSLSimConfig,
-                            runs: list[RunContext]) -> list[TrainOutput]:
+    def _latent_class_seeds(
+        self, config: SSLSimConfig, runs: list[RunContext]
+    ) -> list[TrainOutput]:
         """`_latent_class` for every seed at once: data, MLP and per-epoch order of each seed
         from its own generators, the MLP's parameters stacked (S x ...) and trained by one
         SGD step per batch on the sum of the seeds' losses (each seed's gradient is its own
@@ -377,15 +450,24 @@ class SSLSimTrainer(TrainerBase):
         seed, as the solo run takes them."""
         k = len(config.class_weights)
         lr = config.resolved_lr
-        data = [spherical_latent_data(config.class_weights, config.n_samples,
-                                      config.class_spread, run.sources.data, config.input_scale)
-                for run in runs]
+        data = [
+            spherical_latent_data(
+                config.class_weights,
+                config.n_samples,
+                config.class_spread,
+                run.sources.data,
+                config.input_scale,
+            )
+            for run in runs
+        ]
         models = [latent_class_model(run.sources) for run in runs]
         n = config.n_samples
         x = torch.stack([inputs for inputs, _ in data])
         labels = torch.stack([seed_labels for _, seed_labels in data])
-        params = [torch.stack(list(group)).requires_grad_()
-                  for group in zip(*(model.parameters() for model in models), strict=True)]
+        params = [
+            torch.stack(list(group)).requires_grad_()
+            for group in zip(*(model.parameters() for model in models), strict=True)
+        ]
         # (weights, biases) of each seed as it leaves the stack, in `model.parameters()` order
         finals: list[list[torch.Tensor]] = [[] for _ in runs]
         live = list(range(len(runs)))  # the seeds still training, in the stack's order
@@ -396,8 +478,12 @@ class SSLSimTrainer(TrainerBase):
         def norm_points() -> list[dict[str, float]]:
             with torch.no_grad():
                 norms = latent_mlp(params, x).norm(dim=-1)
-            means = torch.stack([class_norm_means(norms[position], labels[position], k)
-                                 for position in range(len(live))])
+            means = torch.stack(
+                [
+                    class_norm_means(norms[position], labels[position], k)
+                    for position in range(len(live))
+                ]
+            )
             return [named_norms(values) for values in means.tolist()]
 
         def leave(positions: list[int]) -> None:
@@ -417,8 +503,9 @@ class SSLSimTrainer(TrainerBase):
             run.log(0, point, epoch=0)
         step = 0
         for epoch in range(config.epochs):
-            order = torch.stack([torch.randperm(n, generator=runs[index].sources.data)
-                                 for index in live])
+            order = torch.stack(
+                [torch.randperm(n, generator=runs[index].sources.data) for index in live]
+            )
             totals = [0.0] * len(live)
             for start in range(0, n, config.batch_size):
                 index = order[:, start : start + config.batch_size]
@@ -430,16 +517,24 @@ class SSLSimTrainer(TrainerBase):
                 valid = same.any(dim=-1)
                 has_positive = valid.any(dim=-1).tolist()
                 # a seed without an anchor to pick for draws nothing, as its solo run
-                scores = torch.stack([
-                    torch.rand(size, size, generator=runs[seed].sources.augment) if picks
-                    else torch.zeros(size, size)
-                    for seed, picks in zip(live, has_positive, strict=True)])
+                scores = torch.stack(
+                    [
+                        torch.rand(size, size, generator=runs[seed].sources.augment)
+                        if picks
+                        else torch.zeros(size, size)
+                        for seed, picks in zip(live, has_positive, strict=True)
+                    ]
+                )
                 z = latent_mlp(params, torch.take_along_dim(x, index[..., None], dim=1))
                 terms = attract_pairs_terms(z, pick_positives(same, scores))
-                losses = torch.stack([
-                    terms[position][valid[position]].mean() if picks
-                    else z[position].sum() * 0.0
-                    for position, picks in enumerate(has_positive)])
+                losses = torch.stack(
+                    [
+                        terms[position][valid[position]].mean()
+                        if picks
+                        else z[position].sum() * 0.0
+                        for position, picks in enumerate(has_positive)
+                    ]
+                )
                 grads = torch.autograd.grad(losses.sum(), params)
                 with torch.no_grad():
                     for p, g in zip(params, grads, strict=True):
@@ -447,8 +542,9 @@ class SSLSimTrainer(TrainerBase):
                 for position, value in enumerate(losses.detach().tolist()):
                     totals[position] += value * size
                 step += 1
-                stopped = [position for position, seed in enumerate(live)
-                           if runs[seed].should_stop()]
+                stopped = [
+                    position for position, seed in enumerate(live) if runs[seed].should_stop()
+                ]
                 if stopped:
                     leave(stopped)
                     if not live:
@@ -467,8 +563,7 @@ class SSLSimTrainer(TrainerBase):
         for position, seed in enumerate(live):
             finals[seed] = [p.detach()[position] for p in params]
         outputs = []
-        for run, point, trained, (_, seed_labels) in zip(runs, points, finals, data,
-                                                         strict=True):
+        for run, point, trained, (_, seed_labels) in zip(runs, points, finals, data, strict=True):
             run.track(*trained)
             outputs.append(latent_class_output(config, point, seed_labels))
         return outputs
@@ -491,8 +586,12 @@ INFONCE_BYTES_PER_PAIR = 8 * FLOAT32 + 6
 
 def latent_mlp_parameters() -> int:
     """Linear(64 -> 64) and Linear(64 -> 10): 64 * 64 + 64 + 64 * 10 + 10 = 4,810."""
-    return (LATENT_INPUT * LATENT_HIDDEN + LATENT_HIDDEN
-            + LATENT_HIDDEN * LATENT_EMBEDDING + LATENT_EMBEDDING)
+    return (
+        LATENT_INPUT * LATENT_HIDDEN
+        + LATENT_HIDDEN
+        + LATENT_HIDDEN * LATENT_EMBEDDING
+        + LATENT_EMBEDDING
+    )
 
 
 def ssl_sim_logged_points(config: SSLSimConfig) -> int:
@@ -513,17 +612,30 @@ def ssl_sim_estimate(config: SSLSimConfig) -> ResourceEstimate:
     momentum keeps no buffer)."""
     points = ssl_sim_logged_points(config)
     if config.simulation == "convergence":
-        memory, fields = peak([[Term(FLOAT64 * CONVERGENCE_COPIES * config.n_pairs * config.dim,
-                                     ("n_pairs", "dim"))]])
+        memory, fields = peak(
+            [[Term(FLOAT64 * CONVERGENCE_COPIES * config.n_pairs * config.dim, ("n_pairs", "dim"))]]
+        )
         return ResourceEstimate(memory, fields, points, ())
     n, b = config.n_samples, min(config.batch_size, config.n_samples)
     inputs = Term(FLOAT32 * n * LATENT_INPUT + INT64 * 2 * n, ("n_samples",))
     model = Term(FLOAT32 * 2 * latent_mlp_parameters(), ())
-    memory, fields = peak([
-        [inputs, Term(FLOAT64 * n * (3 * LATENT_EMBEDDING + LATENT_INPUT), ("n_samples",))],
-        [inputs, model,
-         Term(FLOAT32 * n * (2 * LATENT_HIDDEN + 2 * LATENT_EMBEDDING), ("n_samples",))],
-        [inputs, model, Term(INFONCE_BYTES_PER_PAIR * b * b
-                             + FLOAT32 * 3 * b * (LATENT_INPUT + LATENT_HIDDEN), ("batch_size",))],
-    ])
+    memory, fields = peak(
+        [
+            [inputs, Term(FLOAT64 * n * (3 * LATENT_EMBEDDING + LATENT_INPUT), ("n_samples",))],
+            [
+                inputs,
+                model,
+                Term(FLOAT32 * n * (2 * LATENT_HIDDEN + 2 * LATENT_EMBEDDING), ("n_samples",)),
+            ],
+            [
+                inputs,
+                model,
+                Term(
+                    INFONCE_BYTES_PER_PAIR * b * b
+                    + FLOAT32 * 3 * b * (LATENT_INPUT + LATENT_HIDDEN),
+                    ("batch_size",),
+                ),
+            ],
+        ]
+    )
     return ResourceEstimate(memory, fields, points, ("epochs", "class_weights"))

@@ -21,9 +21,10 @@ from workers.messages import PreflightReport
 def check_configs(trainer_name: str, configs: Sequence[dict[str, Any]]) -> PreflightReport:
     """The body of the task, usable without Ray: the trainer's problems with each config here."""
     trainer = get_trainer(trainer_name)
-    problems = [[(p.field, p.message)
-                 for p in trainer.preflight(trainer.Config.model_validate(config))]
-                for config in configs]
+    problems = [
+        [(p.field, p.message) for p in trainer.preflight(trainer.Config.model_validate(config))]
+        for config in configs
+    ]
     node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     return PreflightReport(node_id=node_id, hostname=socket.gethostname(), problems=problems)
 

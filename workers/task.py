@@ -82,20 +82,33 @@ class StreamingReporter:
         return points
 
 
-def _outcome(outcome: RunResult | BaseException, reporter: StreamingReporter,
-             divergence_metric: str | None, index: int) -> Result:
+def _outcome(
+    outcome: RunResult | BaseException,
+    reporter: StreamingReporter,
+    divergence_metric: str | None,
+    index: int,
+) -> Result:
     if isinstance(outcome, BaseException):
         # A message may quote anything (a config value, a file's bytes): stored as text.
-        return Result(status=RunStatus.failed, metrics=reporter.last_finite, index=index,
-                      error=storable_text(f"{type(outcome).__name__}: {outcome}"))
+        return Result(
+            status=RunStatus.failed,
+            metrics=reporter.last_finite,
+            index=index,
+            error=storable_text(f"{type(outcome).__name__}: {outcome}"),
+        )
     payload = outcome.as_dict()
     error_text = None
     if outcome.diverged:
         step = outcome.diverged_at_step
         where = f" at step {step}" if step is not None else ""
         error_text = f"non-finite {divergence_metric}{where}"
-    status = (RunStatus.diverged if outcome.diverged
-              else RunStatus.stopped if outcome.stop is not None else RunStatus.completed)
+    status = (
+        RunStatus.diverged
+        if outcome.diverged
+        else RunStatus.stopped
+        if outcome.stop is not None
+        else RunStatus.completed
+    )
     return Result(
         status=status,
         metrics=payload["metrics"],
@@ -122,17 +135,24 @@ def assigned_cpus() -> int | None:
 
 
 def execute(
-    trainer_name: str, config: dict[str, Any], seed: int, batch_interval_s: float,
+    trainer_name: str,
+    config: dict[str, Any],
+    seed: int,
+    batch_interval_s: float,
     source_seeds: dict[str, int] | None = None,
     stop_on_checks: Sequence[str] = (),
 ) -> Iterator[WorkerMessage]:
     """One seed: `execute_seeds` with a task of one (the trainer's single-run path)."""
-    yield from execute_seeds(trainer_name, config, [seed], batch_interval_s, [source_seeds],
-                             stop_on_checks)
+    yield from execute_seeds(
+        trainer_name, config, [seed], batch_interval_s, [source_seeds], stop_on_checks
+    )
 
 
 def execute_seeds(
-    trainer_name: str, config: dict[str, Any], seeds: Sequence[int], batch_interval_s: float,
+    trainer_name: str,
+    config: dict[str, Any],
+    seeds: Sequence[int],
+    batch_interval_s: float,
     source_seeds: Sequence[dict[str, int] | None] | None = None,
     stop_on_checks: Sequence[str] = (),
 ) -> Iterator[WorkerMessage]:
@@ -141,8 +161,9 @@ def execute_seeds(
     `run_seeds`). `source_seeds`: per seed, random sources pinned to other seeds (source name ->
     seed; checked by trainers.random_sources, a bad one fails the run). `stop_on_checks`: the
     spec's checks on which a run ends early (status `stopped`). See `SeedTask`."""
-    yield from SeedTask(trainer_name, config, seeds, batch_interval_s, source_seeds,
-                        stop_on_checks).messages()
+    yield from SeedTask(
+        trainer_name, config, seeds, batch_interval_s, source_seeds, stop_on_checks
+    ).messages()
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,15 +207,18 @@ class SeedTask:
     trainer thread starts and never written again."""
 
     def __init__(
-        self, trainer_name: str, config: dict[str, Any], seeds: Sequence[int],
-        batch_interval_s: float, source_seeds: Sequence[dict[str, int] | None] | None = None,
+        self,
+        trainer_name: str,
+        config: dict[str, Any],
+        seeds: Sequence[int],
+        batch_interval_s: float,
+        source_seeds: Sequence[dict[str, int] | None] | None = None,
         stop_on_checks: Sequence[str] = (),
     ) -> None:
         self.seeds = list(seeds)
         self.pins = list(source_seeds) if source_seeds is not None else [None] * len(self.seeds)
         if not self.seeds or len(self.pins) != len(self.seeds):
-            raise ValueError("a task needs at least one seed, and one source_seeds entry per "
-                             "seed")
+            raise ValueError("a task needs at least one seed, and one source_seeds entry per seed")
         self.trainer_name, self.config = trainer_name, config
         self.batch_interval_s, self.stop_on_checks = batch_interval_s, stop_on_checks
         self.context = ray.get_runtime_context() if ray.is_initialized() else None
@@ -202,8 +226,9 @@ class SeedTask:
         self.reporters = [StreamingReporter(self.stop) for _ in self.seeds]
         self.events: queue.Queue[_Event] = queue.Queue()
         self.began_at = time.perf_counter()
-        self.thread = threading.Thread(target=self._train, daemon=True,
-                                       name=f"trainer-{trainer_name}-{self.seeds[0]}")
+        self.thread = threading.Thread(
+            target=self._train, daemon=True, name=f"trainer-{trainer_name}-{self.seeds[0]}"
+        )
         # the consuming thread's own
         self._announced: set[int] = set()  # the seeds whose Started was sent
         self._sent: set[int] = set()  # the seeds whose Result was sent
@@ -231,13 +256,28 @@ class SeedTask:
         self.events.put(_TrainerFound(getattr(trainer, "divergence_metric", None)))
         parsed = trainer.Config.model_validate(self.config)
         if len(self.seeds) == 1:
-            self.on_done(0, trainer.run(parsed, self.seeds[0], self.reporters[0],
-                                        threads=assigned_cpus(), source_seeds=self.pins[0],
-                                        stop_on_checks=self.stop_on_checks))
+            self.on_done(
+                0,
+                trainer.run(
+                    parsed,
+                    self.seeds[0],
+                    self.reporters[0],
+                    threads=assigned_cpus(),
+                    source_seeds=self.pins[0],
+                    stop_on_checks=self.stop_on_checks,
+                ),
+            )
         else:
-            trainer.run_seeds(parsed, self.seeds, self.reporters, threads=assigned_cpus(),
-                              source_seeds=self.pins, stop_on_checks=self.stop_on_checks,
-                              on_done=self.on_done, on_start=self.on_start)
+            trainer.run_seeds(
+                parsed,
+                self.seeds,
+                self.reporters,
+                threads=assigned_cpus(),
+                source_seeds=self.pins,
+                stop_on_checks=self.stop_on_checks,
+                on_done=self.on_done,
+                on_start=self.on_start,
+            )
 
     # -- the consuming side: the task's messages ----------------------------------------------
 
@@ -318,9 +358,13 @@ class SeedTask:
 
     def _began(self, indices: tuple[int, ...] | None) -> Started:
         context = self.context
-        return Started(pid=os.getpid(), node_id=context.get_node_id() if context else None,
-                       worker_id=context.get_worker_id() if context else None,
-                       hostname=socket.gethostname(), indices=indices)
+        return Started(
+            pid=os.getpid(),
+            node_id=context.get_node_id() if context else None,
+            worker_id=context.get_worker_id() if context else None,
+            hostname=socket.gethostname(),
+            indices=indices,
+        )
 
     def _result(self, outcome: RunResult | BaseException, index: int, seconds: float) -> Result:
         result = _outcome(outcome, self.reporters[index], self._divergence_metric, index)
@@ -334,19 +378,26 @@ def end_worker(trainer_name: str, seeds: Sequence[int]) -> None:
     """End this Ray worker process now: its trainer thread ignored a cancel for the whole
     grace. The dispatcher, which sent the cancel, reads the lost worker as the task's cancel;
     Ray starts a fresh worker for the next task."""
-    print(f"seedgrid: trainer {trainer_name!r} (seeds {list(seeds)}) did not stop within "
-          f"{CANCEL_GRACE_S:g} s of its cancel; ending worker process {os.getpid()}",
-          file=sys.stderr, flush=True)
+    print(
+        f"seedgrid: trainer {trainer_name!r} (seeds {list(seeds)}) did not stop within "
+        f"{CANCEL_GRACE_S:g} s of its cancel; ending worker process {os.getpid()}",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(1)
 
 
 @ray.remote(max_retries=0)
 def run_task(
-    trainer_name: str, config: dict[str, Any], seeds: Sequence[int], batch_interval_s: float = 0.5,
+    trainer_name: str,
+    config: dict[str, Any],
+    seeds: Sequence[int],
+    batch_interval_s: float = 0.5,
     source_seeds: Sequence[dict[str, int] | None] | None = None,
     stop_on_checks: Sequence[str] = (),
 ) -> Iterator[WorkerMessage]:
     """Ray streaming generator running one condition's seeds (one, or a seed-batched task of
     several); the dispatcher does retries."""
-    yield from execute_seeds(trainer_name, config, seeds, batch_interval_s, source_seeds,
-                             stop_on_checks)
+    yield from execute_seeds(
+        trainer_name, config, seeds, batch_interval_s, source_seeds, stop_on_checks
+    )

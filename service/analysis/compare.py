@@ -55,14 +55,16 @@ MAX_STORED_PAGES = 64
 Value = tuple[int, int, float]
 
 
-def _values(session: Session, experiment: Experiment,
-            metric: str) -> tuple[dict[str, tuple[dict[str, Any], list[Value]]], int]:
+def _values(
+    session: Session, experiment: Experiment, metric: str
+) -> tuple[dict[str, tuple[dict[str, Any], list[Value]]], int]:
     """condition_key -> (condition, the metric of its completed runs in run order, each with
     its run id and seed); and how many completed runs were read."""
     out: dict[str, tuple[dict[str, Any], list[Value]]] = {}
     rows = session.execute(
-        sa_select(col(Run.id), col(Run.seed), col(Run.condition), col(Run.condition_key),
-                  col(Run.metrics))
+        sa_select(
+            col(Run.id), col(Run.seed), col(Run.condition), col(Run.condition_key), col(Run.metrics)
+        )
         .where(col(Run.experiment_id) == experiment.id, col(Run.status) == RunStatus.completed)
         .order_by(col(Run.id))
     ).all()
@@ -73,16 +75,17 @@ def _values(session: Session, experiment: Experiment,
     return out, len(rows)
 
 
-def _side(condition: dict[str, Any], key: str, runs: list[Value],
-          bounds: tuple[float, float] | None) -> ConditionStats:
+def _side(
+    condition: dict[str, Any], key: str, runs: list[Value], bounds: tuple[float, float] | None
+) -> ConditionStats:
     stats = condition_stats(condition, key, [value for _, _, value in runs], bounds=bounds)
-    stats.runs = [RunValue(run_id=run_id, seed=seed, value=value)
-                  for run_id, seed, value in runs]
+    stats.runs = [RunValue(run_id=run_id, seed=seed, value=value) for run_id, seed, value in runs]
     return stats
 
 
-def _checked(session: Session, a_id: int, b_id: int,
-             metric: str | None) -> tuple[Experiment, Experiment, str]:
+def _checked(
+    session: Session, a_id: int, b_id: int, metric: str | None
+) -> tuple[Experiment, Experiment, str]:
     """Both experiments (404 when either is gone) and the metric; a 422 naming the query field
     for experiments of different trainers, an unknown metric, or the same experiment twice."""
     if a_id == b_id:
@@ -90,8 +93,11 @@ def _checked(session: Session, a_id: int, b_id: int,
     a = get_experiment(session=session, experiment_id=a_id)
     b = get_experiment(session=session, experiment_id=b_id)
     if a.trainer != b.trainer:
-        raise SpecError.query("b", f"experiment {b_id} ran trainer {b.trainer!r} and experiment "
-                                f"{a_id} ran {a.trainer!r}: only runs of one trainer compare")
+        raise SpecError.query(
+            "b",
+            f"experiment {b_id} ran trainer {b.trainer!r} and experiment "
+            f"{a_id} ran {a.trainer!r}: only runs of one trainer compare",
+        )
     metric = metric or a.metric
     problem = unknown_metric(REGISTRY[a.trainer], metric)
     if problem:
@@ -99,8 +105,16 @@ def _checked(session: Session, a_id: int, b_id: int,
     return a, b, metric
 
 
-def compare_json(*, session: Session, a_id: int, b_id: int, metric: str | None, offset: int,
-                 limit: int, heavy: HeavyReads | None = None) -> str:
+def compare_json(
+    *,
+    session: Session,
+    a_id: int,
+    b_id: int,
+    metric: str | None,
+    offset: int,
+    limit: int,
+    heavy: HeavyReads | None = None,
+) -> str:
     """The page as the JSON text of `api_schemas.ExperimentComparison`: stored, or computed
     and stored when either experiment completed runs since (the computation in one of
     `heavy`'s slots: service.limits.Busy, a 503, when none is free)."""
@@ -125,71 +139,117 @@ def compare_json(*, session: Session, a_id: int, b_id: int, metric: str | None, 
         return payload
 
 
-def _comparison(session: Session, a: Experiment, b: Experiment, metric: str, offset: int,
-                limit: int) -> tuple[ExperimentComparison, int, int]:
+def _comparison(
+    session: Session, a: Experiment, b: Experiment, metric: str, offset: int, limit: int
+) -> tuple[ExperimentComparison, int, int]:
     """The page, and how many completed runs of a and of b it was computed from."""
     assert a.id is not None and b.id is not None
     bounds = REGISTRY[a.trainer].metric_bounds.get(metric)
     (values_a, n_a), (values_b, n_b) = _values(session, a, metric), _values(session, b, metric)
     shared = [key for key in values_a if key in values_b]
     if offset > len(shared):
-        raise SpecError.query("offset", f"offset {offset} is past the {len(shared)} shared "
-                                     "conditions")
+        raise SpecError.query(
+            "offset", f"offset {offset} is past the {len(shared)} shared conditions"
+        )
     sides = []
-    for key in shared[offset:offset + limit]:
+    for key in shared[offset : offset + limit]:
         condition, runs_a = values_a[key]
         runs_b = values_b[key][1]
-        sides.append(SideBySide(
-            condition=condition, condition_key=key,
-            a=_side(condition, key, runs_a, bounds), b=_side(condition, key, runs_b, bounds),
-            comparison=Comparison(factor="experiment", a=a.id, b=b.id, within=condition,
-                                  **compare([v for _, _, v in runs_a], [v for _, _, v in runs_b],
-                                            [s for _, s, _ in runs_a],
-                                            [s for _, s, _ in runs_b]))))
+        sides.append(
+            SideBySide(
+                condition=condition,
+                condition_key=key,
+                a=_side(condition, key, runs_a, bounds),
+                b=_side(condition, key, runs_b, bounds),
+                comparison=Comparison(
+                    factor="experiment",
+                    a=a.id,
+                    b=b.id,
+                    within=condition,
+                    **compare(
+                        [v for _, _, v in runs_a],
+                        [v for _, _, v in runs_b],
+                        [s for _, s, _ in runs_a],
+                        [s for _, s, _ in runs_b],
+                    ),
+                ),
+            )
+        )
     end = offset + len(sides)
-    return ExperimentComparison(
-        a=a.id, b=b.id, trainer=a.trainer, metric=metric, conditions=sides,
-        total_conditions=len(shared), offset=offset,
-        next_offset=end if end < len(shared) else None,
-        only_in_a=[k for k in values_a if k not in values_b],
-        only_in_b=[k for k in values_b if k not in values_a]), n_a, n_b
+    return (
+        ExperimentComparison(
+            a=a.id,
+            b=b.id,
+            trainer=a.trainer,
+            metric=metric,
+            conditions=sides,
+            total_conditions=len(shared),
+            offset=offset,
+            next_offset=end if end < len(shared) else None,
+            only_in_a=[k for k in values_a if k not in values_b],
+            only_in_b=[k for k in values_b if k not in values_a],
+        ),
+        n_a,
+        n_b,
+    )
 
 
-def _stored(session: Session, a: Experiment, b: Experiment, metric: str,
-            page: str) -> str | None:
+def _stored(session: Session, a: Experiment, b: Experiment, metric: str, page: str) -> str | None:
     """The stored page, if it was computed from as many completed runs of each as there are
     now (kept by the runs store on the experiments' rows: two rows, not a count of runs)."""
     session.expire(a, ["runs_completed"])
     session.expire(b, ["runs_completed"])
     stored = session.execute(
-        select(CompareCache.n_completed_a, CompareCache.n_completed_b, CompareCache.payload)
-        .where(CompareCache.a_id == a.id, CompareCache.b_id == b.id,
-               CompareCache.metric == metric, CompareCache.page == page)
+        select(CompareCache.n_completed_a, CompareCache.n_completed_b, CompareCache.payload).where(
+            CompareCache.a_id == a.id,
+            CompareCache.b_id == b.id,
+            CompareCache.metric == metric,
+            CompareCache.page == page,
+        )
     ).first()
     if stored is not None and (stored.n_completed_a, stored.n_completed_b) == (
-            a.runs_completed, b.runs_completed):
+        a.runs_completed,
+        b.runs_completed,
+    ):
         return str(stored.payload)
     return None
 
 
-def _store(session: Session, a_id: int, b_id: int, metric: str, page: str, n_a: int, n_b: int,
-           payload: str) -> None:
+def _store(
+    session: Session, a_id: int, b_id: int, metric: str, page: str, n_a: int, n_b: int, payload: str
+) -> None:
     """Insert or replace the stored page (two replicas may compute it at once), then drop a's
     least recently computed pages past MAX_STORED_PAGES."""
-    values = {"a_id": a_id, "b_id": b_id, "metric": metric, "page": page,
-              "n_completed_a": n_a, "n_completed_b": n_b, "payload": payload,
-              "computed_at": utcnow()}
+    values = {
+        "a_id": a_id,
+        "b_id": b_id,
+        "metric": metric,
+        "page": page,
+        "n_completed_a": n_a,
+        "n_completed_b": n_b,
+        "payload": payload,
+        "computed_at": utcnow(),
+    }
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     statement = dialect.insert(CompareCache).values(**values)
-    session.execute(statement.on_conflict_do_update(
-        index_elements=["a_id", "b_id", "metric", "page"],
-        set_={k: statement.excluded[k]
-              for k in ("n_completed_a", "n_completed_b", "payload", "computed_at")},
-    ))
-    keep = (select(col(CompareCache.id)).where(col(CompareCache.a_id) == a_id)
-            .order_by(col(CompareCache.computed_at).desc(), col(CompareCache.id).desc())
-            .limit(MAX_STORED_PAGES))
-    session.execute(delete(CompareCache).where(
-        col(CompareCache.a_id) == a_id,
-        col(CompareCache.id).not_in(keep.scalar_subquery())))
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["a_id", "b_id", "metric", "page"],
+            set_={
+                k: statement.excluded[k]
+                for k in ("n_completed_a", "n_completed_b", "payload", "computed_at")
+            },
+        )
+    )
+    keep = (
+        select(col(CompareCache.id))
+        .where(col(CompareCache.a_id) == a_id)
+        .order_by(col(CompareCache.computed_at).desc(), col(CompareCache.id).desc())
+        .limit(MAX_STORED_PAGES)
+    )
+    session.execute(
+        delete(CompareCache).where(
+            col(CompareCache.a_id) == a_id, col(CompareCache.id).not_in(keep.scalar_subquery())
+        )
+    )
     session.commit()

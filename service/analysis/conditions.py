@@ -29,9 +29,14 @@ def metric_value(metrics: dict[str, Any], name: str) -> float | None:
     return None
 
 
-def condition_stats(condition: dict[str, Any], key: str, values: Sequence[float], *,
-                    bounds: tuple[float, float] | None = None,
-                    test_set_sizes: Sequence[int | None] | None = None) -> ConditionStats:
+def condition_stats(
+    condition: dict[str, Any],
+    key: str,
+    values: Sequence[float],
+    *,
+    bounds: tuple[float, float] | None = None,
+    test_set_sizes: Sequence[int | None] | None = None,
+) -> ConditionStats:
     """A condition's summary; `bounds` makes its mean interval respect them, `test_set_sizes`
     (one per value, None where a run declares none) gives its binomial noise floor."""
     x = np.asarray(values, dtype=float)
@@ -81,16 +86,18 @@ def condition_stats(condition: dict[str, Any], key: str, values: Sequence[float]
         max=float(x.max()),
         ci95=ci,
         values=[float(v) for v in x],
-        ci95_method=None if ci is None else (
-            "t" if bounds is None else f"logit-t within [{bounds[0]:g}, {bounds[1]:g}]"),
+        ci95_method=None
+        if ci is None
+        else ("t" if bounds is None else f"logit-t within [{bounds[0]:g}, {bounds[1]:g}]"),
         noise_floor_var=floor,
         noise_floor_share=share,
         warnings=_condition_warnings(n, share),
     )
 
 
-def bounded_mean_interval(mean: float, sem: float, n: int,
-                          bounds: tuple[float, float]) -> list[float | None]:
+def bounded_mean_interval(
+    mean: float, sem: float, n: int, bounds: tuple[float, float]
+) -> list[float | None]:
     """The 95% interval of a bounded metric's mean: Student's t on the logit scale of the mean
     rescaled to (0, 1), with the delta method's standard error sem / (m (1 - m)), mapped back;
     strictly inside the bounds. A mean outside them (a metric that broke its declared bounds)
@@ -116,13 +123,17 @@ def _condition_warnings(n: int, noise_share: float | None) -> list[str]:
         out.append("one seed: no variance and no ci95 (they need at least 2 seeds)")
     elif 2 <= n < MIN_SEEDS_MEAN_INTERVAL:
         t = float(stats.t.ppf(0.975, n - 1))
-        out.append(f"ci95 from {n} seeds: Student's t with {n - 1} degree of freedom puts each "
-                   f"end {t:.3g} standard errors from the mean; it needs "
-                   f"{MIN_SEEDS_MEAN_INTERVAL} or more seeds to say much")
+        out.append(
+            f"ci95 from {n} seeds: Student's t with {n - 1} degree of freedom puts each "
+            f"end {t:.3g} standard errors from the mean; it needs "
+            f"{MIN_SEEDS_MEAN_INTERVAL} or more seeds to say much"
+        )
     if noise_share is not None and noise_share >= NOISE_FLOOR_WARNING_SHARE:
-        out.append(f"p(1 - p)/n_test is {noise_share:.0%} of the seed variance. It is the "
-                   "sampling error of each run's accuracy as an estimate of that run's accuracy "
-                   "on the whole test distribution; every seed here is scored on the same test "
-                   "set, so it is not a floor under the seed-to-seed variance and does not say "
-                   "that the spread is measurement noise")
+        out.append(
+            f"p(1 - p)/n_test is {noise_share:.0%} of the seed variance. It is the "
+            "sampling error of each run's accuracy as an estimate of that run's accuracy "
+            "on the whole test distribution; every seed here is scored on the same test "
+            "set, so it is not a floor under the seed-to-seed variance and does not say "
+            "that the spread is measurement noise"
+        )
     return out

@@ -72,7 +72,8 @@ class Snapshot:
             self.connection.exec_driver_sql("BEGIN")
         else:
             self.connection.exec_driver_sql(
-                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+            )
         self.session = Session(bind=self.connection)
 
     def experiment(self, experiment_id: int) -> Experiment:
@@ -95,7 +96,8 @@ def _run_pages(snapshot: Snapshot, experiment_id: int, *columns: Any) -> Iterato
         page = snapshot.session.execute(
             select(col(Run.id), *columns)
             .where(col(Run.experiment_id) == experiment_id, col(Run.id) > last_id)
-            .order_by(col(Run.id)).limit(RUNS_PAGE)
+            .order_by(col(Run.id))
+            .limit(RUNS_PAGE)
         ).all()
         if not page:
             return
@@ -122,18 +124,40 @@ class RunsTable:
                 metric_names.update(dict.fromkeys(row.metrics))
                 wide_metrics.update(m for m, v in row.metrics.items() if _wide_int(v))
         self.metrics = {m: _unique(m, taken, "metric_") for m in metric_names}
-        self.columns = [*RUN_COLUMNS, *self.factors.values(), *RUN_TAIL_COLUMNS,
-                        *self.metrics.values()]
+        self.columns = [
+            *RUN_COLUMNS,
+            *self.factors.values(),
+            *RUN_TAIL_COLUMNS,
+            *self.metrics.values(),
+        ]
         self.text_columns = frozenset(
             {self.factors[f] for f, levels in grid.items() if any(map(_wide_int, levels))}
-            | {self.metrics[m] for m in wide_metrics})
+            | {self.metrics[m] for m in wide_metrics}
+        )
 
     def pages(self) -> Iterator[list[list[Any]]]:
-        for page in _run_pages(self.snapshot, self.experiment_id, Run.condition_key,
-                               Run.condition, Run.seed, Run.status, Run.error, Run.metrics):
-            yield [[row.id, row.condition_key, *(row.condition.get(f) for f in self.factors),
-                    row.seed, str(row.status), row.error,
-                    *(row.metrics.get(m) for m in self.metrics)] for row in page]
+        for page in _run_pages(
+            self.snapshot,
+            self.experiment_id,
+            Run.condition_key,
+            Run.condition,
+            Run.seed,
+            Run.status,
+            Run.error,
+            Run.metrics,
+        ):
+            yield [
+                [
+                    row.id,
+                    row.condition_key,
+                    *(row.condition.get(f) for f in self.factors),
+                    row.seed,
+                    str(row.status),
+                    row.error,
+                    *(row.metrics.get(m) for m in self.metrics),
+                ]
+                for row in page
+            ]
 
 
 class CurvesTable:
@@ -158,10 +182,17 @@ class CurvesTable:
         after: tuple[int, int] = (-1, 0)
         while True:
             batch = self.snapshot.session.execute(
-                select(col(RunMetric.id), col(RunMetric.step), col(RunMetric.epoch),
-                       col(RunMetric.name), col(RunMetric.value))
-                .where(col(RunMetric.run_id) == run_id,
-                       tuple_(col(RunMetric.step), col(RunMetric.id)) > tuple_(*after))
+                select(
+                    col(RunMetric.id),
+                    col(RunMetric.step),
+                    col(RunMetric.epoch),
+                    col(RunMetric.name),
+                    col(RunMetric.value),
+                )
+                .where(
+                    col(RunMetric.run_id) == run_id,
+                    tuple_(col(RunMetric.step), col(RunMetric.id)) > tuple_(*after),
+                )
                 .order_by(col(RunMetric.step), col(RunMetric.id))
                 .limit(POINTS_BATCH)
             ).all()
@@ -171,15 +202,17 @@ class CurvesTable:
             after = (batch[-1].step, batch[-1].id)
 
 
-def export_table(engine: Engine, experiment_id: int, what: ExportWhat
-                 ) -> RunsTable | CurvesTable:
+def export_table(engine: Engine, experiment_id: int, what: ExportWhat) -> RunsTable | CurvesTable:
     """The table of the experiment as one snapshot sees it (NotFound when it is gone); the
     file's writer closes the snapshot when it has read the last page."""
     snapshot = Snapshot(engine)
     try:
         experiment = snapshot.experiment(experiment_id)
-        return (RunsTable(snapshot, experiment) if what == ExportWhat.runs
-                else CurvesTable(snapshot, experiment))
+        return (
+            RunsTable(snapshot, experiment)
+            if what == ExportWhat.runs
+            else CurvesTable(snapshot, experiment)
+        )
     except BaseException:
         snapshot.close()
         raise
@@ -249,8 +282,12 @@ def parquet_file(table: RunsTable | CurvesTable) -> str:
     try:
         for page in table.pages():
             columns = list(zip(*page, strict=True))
-            batch = pa.table({name: _arrow_column(list(values), name in table.text_columns)
-                              for name, values in zip(table.columns, columns, strict=True)})
+            batch = pa.table(
+                {
+                    name: _arrow_column(list(values), name in table.text_columns)
+                    for name, values in zip(table.columns, columns, strict=True)
+                }
+            )
             if writer is None:
                 schema = _nullable(batch.schema)
                 writer = pq.ParquetWriter(path, schema)
@@ -274,8 +311,9 @@ def _nullable(schema: Any) -> Any:
     """The first page's schema, with a column that page saw only nulls of typed as text."""
     import pyarrow as pa
 
-    return pa.schema([(f.name, pa.string() if pa.types.is_null(f.type) else f.type)
-                      for f in schema])
+    return pa.schema(
+        [(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema]
+    )
 
 
 def _conform(batch: Any, schema: Any) -> Any:
@@ -294,8 +332,11 @@ def _conform(batch: Any, schema: Any) -> Any:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             if not pa.types.is_string(field.type):
                 raise ExportTypeError(field.name, str(field.type), str(column.type)) from exc
-            columns.append(pa.array([None if v is None else json.dumps(v)
-                                     for v in column.to_pylist()], pa.string()))
+            columns.append(
+                pa.array(
+                    [None if v is None else json.dumps(v) for v in column.to_pylist()], pa.string()
+                )
+            )
     return pa.table(columns, schema=schema)
 
 
@@ -303,8 +344,10 @@ class ExportTypeError(Exception):
     """A column whose values change type between pages of the Parquet export."""
 
     def __init__(self, column: str, first: str, later: str) -> None:
-        super().__init__(f"column {column!r} holds {first} values in its first rows and "
-                         f"{later} values later: export it as CSV (format=csv)")
+        super().__init__(
+            f"column {column!r} holds {first} values in its first rows and "
+            f"{later} values later: export it as CSV (format=csv)"
+        )
 
 
 MEDIA_TYPES: dict[ExportFormat, str] = {
@@ -315,4 +358,3 @@ MEDIA_TYPES: dict[ExportFormat, str] = {
 
 def filename(experiment_id: int, what: ExportWhat, fmt: ExportFormat) -> str:
     return f"experiment-{experiment_id}-{what.value}.{fmt.value}"
-

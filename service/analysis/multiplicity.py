@@ -64,17 +64,29 @@ class Families:
         self.families: list[MultiplicityFamily] = []
         for f in self.factors:
             self._family("factor", f, counts[f], {f: raw[f]} if f in raw else None, limit)
-        self._family("all", None, total, raw if len(raw) == len(self.factors) else None,
-                     limit)
+        self._family("all", None, total, raw if len(raw) == len(self.factors) else None, limit)
 
-    def _family(self, kind: str, factor: str | None, size: int,
-                members: dict[str, dict[str, np.ndarray]] | None, limit: int) -> None:
+    def _family(
+        self,
+        kind: str,
+        factor: str | None,
+        size: int,
+        members: dict[str, dict[str, np.ndarray]] | None,
+        limit: int,
+    ) -> None:
         if members is None:
-            self.families.append(MultiplicityFamily(
-                factor=factor, comparisons=size, tested={}, null_reason=(
-                    f"{size:,} comparisons, more than the {limit:,} analysed within bounded "
-                    "work (only the page's are computed): the Holm-adjusted p-values are "
-                    "null")))
+            self.families.append(
+                MultiplicityFamily(
+                    factor=factor,
+                    comparisons=size,
+                    tested={},
+                    null_reason=(
+                        f"{size:,} comparisons, more than the {limit:,} analysed within bounded "
+                        "work (only the page's are computed): the Holm-adjusted p-values are "
+                        "null"
+                    ),
+                )
+            )
             return
         tested = {}
         for test in ADJUSTED:
@@ -89,8 +101,9 @@ class Families:
                     end = start + len(members[f][test])
                     self.adjusted.setdefault((kind, f), {})[test] = adjusted[start:end]
                     start = end
-        self.families.append(MultiplicityFamily(factor=factor, comparisons=size, tested=tested,
-                                                null_reason=None))
+        self.families.append(
+            MultiplicityFamily(factor=factor, comparisons=size, tested=tested, null_reason=None)
+        )
 
     def for_comparison(self, factor: str, index: int) -> dict[str, float | None]:
         """The adjusted p-values of the `index`-th comparison of `factor` (ComparisonPlan's

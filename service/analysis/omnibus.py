@@ -24,8 +24,9 @@ OmnibusResult = tuple[float | None, float | None, str | None, str | None]
 _omnibus_results: LruCache[OmnibusResult] = LruCache(max_items=RESULT_CACHE_SIZE // 100)
 
 
-def level_omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]],
-            levels: int) -> OmnibusResult:
+def level_omnibus(
+    cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]], levels: int
+) -> OmnibusResult:
     """_omnibus, cached by the cells' data (a poll recomputes it only when a cell changed)."""
     h = hashlib.blake2b(repr((levels, len(cells_by_combo))).encode(), digest_size=20)
     for row in cells_by_combo:
@@ -40,8 +41,9 @@ def level_omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int,
     return result
 
 
-def _omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]],
-             levels: int) -> OmnibusResult:
+def _omnibus(
+    cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...] | None]]], levels: int
+) -> OmnibusResult:
     """(primary p, Brown-Forsythe p, the primary test's name, why null) of "every level of the
     factor has one variance", from its cells at each combination of the other factors (each
     row: one (values, seeds) per level, in level order).
@@ -53,21 +55,35 @@ def _omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...]
     rows = [row for row in cells_by_combo if all(len(v) >= 2 for v, _ in row)]
     if not rows:
         return None, None, None, "no combination of the other factors has 2 seeds in every level"
-    dev_abs = [np.concatenate([np.abs(row[k][0] - np.median(row[k][0])) for row in rows])
-               for k in range(levels)]
+    dev_abs = [
+        np.concatenate([np.abs(row[k][0] - np.median(row[k][0])) for row in rows])
+        for k in range(levels)
+    ]
     bf = one_way_anova(dev_abs)
-    paired = all(row[0][1] is not None and all(
-        sorted(seeds or ()) == sorted(row[0][1] or ()) and len(set(seeds or ())) == len(seeds or ())
-        for _, seeds in row) for row in rows)
+    paired = all(
+        row[0][1] is not None
+        and all(
+            sorted(seeds or ()) == sorted(row[0][1] or ())
+            and len(set(seeds or ())) == len(seeds or ())
+            for _, seeds in row
+        )
+        for row in rows
+    )
     rng = np.random.default_rng(resampling.RESAMPLING_SEED)
     resampled = np.zeros((OMNIBUS_RESAMPLES, levels))  # each level's sum of deviations
     observed = np.zeros(levels)
     counts = np.zeros(levels)
     if paired:
         # one block per (combination, seed): its `levels` values shuffled among the levels
-        deviations = np.concatenate([np.stack(
-            [(v[np.argsort(seeds)] - np.median(v)) ** 2 for v, seeds in row],  # type: ignore[arg-type]
-            axis=1) for row in rows])
+        deviations = np.concatenate(
+            [
+                np.stack(
+                    [(v[np.argsort(seeds)] - np.median(v)) ** 2 for v, seeds in row],  # type: ignore[arg-type]
+                    axis=1,
+                )
+                for row in rows
+            ]
+        )
         n_values = deviations.size
         if OMNIBUS_RESAMPLES * n_values > MAX_OMNIBUS_ENTRIES:
             return None, bf, None, _too_many(n_values, levels)
@@ -82,15 +98,19 @@ def _omnibus(cells_by_combo: Sequence[Sequence[tuple[np.ndarray, tuple[int, ...]
             parts = [resampling.drop_structural_zero((v - np.median(v)) ** 2) for v, _ in row]
             values = np.concatenate(parts)
             labels = np.concatenate([np.full(len(p), k) for k, p in enumerate(parts)])
-            shuffled = rng.permuted(np.broadcast_to(labels, (OMNIBUS_RESAMPLES, len(labels))),
-                                    axis=1)
+            shuffled = rng.permuted(
+                np.broadcast_to(labels, (OMNIBUS_RESAMPLES, len(labels))), axis=1
+            )
             for k in range(levels):
                 resampled[:, k] += (values * (shuffled == k)).sum(axis=1)
                 observed[k] += parts[k].sum()
                 counts[k] += len(parts[k])
-    name = ("paired permutation test (levels shuffled within each seed) of squared deviations "
-            "from the cell median" if paired else
-            "stratified permutation test of squared deviations from the cell median")
+    name = (
+        "paired permutation test (levels shuffled within each seed) of squared deviations "
+        "from the cell median"
+        if paired
+        else "stratified permutation test of squared deviations from the cell median"
+    )
     if observed.sum() <= 0:
         return None, bf, name, "no level varies"
 
@@ -121,5 +141,7 @@ def _shuffled_level_sums(deviations: np.ndarray, rng: np.random.Generator) -> np
 
 
 def _too_many(n_values: int, levels: int) -> str:
-    return (f"{n_values:,} values in {levels} levels: more than the omnibus permutation test "
-            "does within bounded work")
+    return (
+        f"{n_values:,} values in {levels} levels: more than the omnibus permutation test "
+        "does within bounded work"
+    )

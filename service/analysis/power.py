@@ -26,12 +26,15 @@ DEFAULT_POWER = 0.8
 MAX_SEEDS_PER_LEVEL = 100_000
 
 
-def f_ratio_interval(ratio: float, n_a: int, n_b: int,
-                     confidence: float = 0.95) -> tuple[float, float]:
+def f_ratio_interval(
+    ratio: float, n_a: int, n_b: int, confidence: float = 0.95
+) -> tuple[float, float]:
     """The exact interval of sigma_a^2 / sigma_b^2 from the sample ratio (normal samples)."""
     tail = (1 - confidence) / 2
-    return (ratio / float(special.fdtri(n_a - 1, n_b - 1, 1 - tail)),
-            ratio / float(special.fdtri(n_a - 1, n_b - 1, tail)))
+    return (
+        ratio / float(special.fdtri(n_a - 1, n_b - 1, 1 - tail)),
+        ratio / float(special.fdtri(n_a - 1, n_b - 1, tail)),
+    )
 
 
 def f_test_power(ratio: float, n_a: int, n_b: int, alpha: float = DEFAULT_ALPHA) -> float:
@@ -43,8 +46,9 @@ def f_test_power(ratio: float, n_a: int, n_b: int, alpha: float = DEFAULT_ALPHA)
 
 
 @lru_cache(maxsize=4096)  # one experiment's comparisons share a few (n_a, n_b) pairs
-def detectable_ratio(n_a: int, n_b: int, alpha: float = DEFAULT_ALPHA,
-                     power: float = DEFAULT_POWER) -> float:
+def detectable_ratio(
+    n_a: int, n_b: int, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER
+) -> float:
     """The smallest ratio sigma_a^2 / sigma_b^2 > 1 that the test detects with `power`."""
     if n_a < 2 or n_b < 2:
         return math.inf
@@ -59,8 +63,9 @@ def detectable_ratio(n_a: int, n_b: int, alpha: float = DEFAULT_ALPHA,
     return float(optimize.brentq(target, 1.0, high, xtol=1e-10, rtol=1e-10))
 
 
-def seeds_needed(ratio: float, alpha: float = DEFAULT_ALPHA,
-                 power: float = DEFAULT_POWER) -> int | None:
+def seeds_needed(
+    ratio: float, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER
+) -> int | None:
     """The smallest number of seeds per level (the same for both) at which the two-sided
     F-test detects `ratio` (or its inverse: the test is symmetric then) with `power`; None
     above MAX_SEEDS_PER_LEVEL (a ratio this close to 1 is not worth a seed study)."""

@@ -87,9 +87,15 @@ def _check_pairing(paired: bool, correlation: float) -> None:
         raise ValueError("a correlation between conditions needs paired seeds")
 
 
-def normal_seeds(n_a: int, n_b: int, *, paired: bool, correlation: float,
-                 simulations: int = SIMULATIONS,
-                 seed: int = PLANNING_SEED) -> tuple[np.ndarray, np.ndarray]:
+def normal_seeds(
+    n_a: int,
+    n_b: int,
+    *,
+    paired: bool,
+    correlation: float,
+    simulations: int = SIMULATIONS,
+    seed: int = PLANNING_SEED,
+) -> tuple[np.ndarray, np.ndarray]:
     """`simulations` datasets of standard normal values, one per row of each side; with paired
     seeds the first min(n_a, n_b) seeds' values on the two sides have correlation
     `correlation`."""
@@ -98,8 +104,7 @@ def normal_seeds(n_a: int, n_b: int, *, paired: bool, correlation: float,
     a = rng.standard_normal((simulations, n_a))
     b = rng.standard_normal((simulations, n_b))
     shared = min(n_a, n_b) if paired else 0
-    b[:, :shared] = (correlation * a[:, :shared]
-                     + math.sqrt(1 - correlation**2) * b[:, :shared])
+    b[:, :shared] = correlation * a[:, :shared] + math.sqrt(1 - correlation**2) * b[:, :shared]
     return a, b
 
 
@@ -145,14 +150,16 @@ class NullIntervals:
         x = self.lows[::-1]  # descending: ratios 1 / x ascending
         at_or_above = len(x) - np.searchsorted(self.lows, x, side="left")
         above = np.searchsorted(self.highs, x, side="left")
-        reached = ((at_or_above + above) / len(x) >= power) & (x < 1) & (
-            x >= 1 / MAX_DETECTABLE_RATIO)
+        reached = (
+            ((at_or_above + above) / len(x) >= power) & (x < 1) & (x >= 1 / MAX_DETECTABLE_RATIO)
+        )
         return float(1 / x[np.argmax(reached)]) if reached.any() else math.inf
 
 
 @lru_cache(maxsize=1024)
-def null_intervals(n_a: int, n_b: int, paired: bool, correlation: float,
-                   alpha: float) -> NullIntervals:
+def null_intervals(
+    n_a: int, n_b: int, paired: bool, correlation: float, alpha: float
+) -> NullIntervals:
     """The primary test's (1 - alpha) intervals on SIMULATIONS normal datasets of equal
     variances: the test's own steps, vectorised over the datasets (one matrix product)."""
     a, b = normal_seeds(n_a, n_b, paired=paired, correlation=correlation)
@@ -165,11 +172,13 @@ def null_intervals(n_a: int, n_b: int, paired: bool, correlation: float,
     total_a, total_b = d_a.sum(axis=1), d_b.sum(axis=1)
     # The interval's ends are order statistics of a dataset's crossing scales: their ranks, as
     # the test takes them, read off crossings 1, 2, ..., m.
-    low_rank, high_rank = from_crossings(np.arange(1.0, len(matrix) + 1)[:, None], exact,
-                                         confidence=1 - alpha)[0].interval
+    low_rank, high_rank = from_crossings(
+        np.arange(1.0, len(matrix) + 1)[:, None], exact, confidence=1 - alpha
+    )[0].interval
     if not math.isfinite(high_rank):  # too few re-assignments: no ratio is ever excluded
-        return NullIntervals(paired_test=paired_test, lows=np.zeros(len(a)),
-                             highs=np.full(len(a), math.inf))
+        return NullIntervals(
+            paired_test=paired_test, lows=np.zeros(len(a)), highs=np.full(len(a), math.inf)
+        )
     if paired_test:  # as service.analysis.resampling: a column per pair, 1 where it swaps
         u, v = total_a[:, None] - d_a @ matrix.T, d_b @ matrix.T
     else:
@@ -188,8 +197,12 @@ def null_intervals(n_a: int, n_b: int, paired: bool, correlation: float,
 
 def _cornish_fisher(z: float, skewness: float, excess_kurtosis: float) -> float:
     """The upper z-quantile of a distribution with these shape cumulants, to second order."""
-    return (z + (z * z - 1) * skewness / 6 + (z**3 - 3 * z) * excess_kurtosis / 24
-            - (2 * z**3 - 5 * z) * skewness**2 / 36)
+    return (
+        z
+        + (z * z - 1) * skewness / 6
+        + (z**3 - 3 * z) * excess_kurtosis / 24
+        - (2 * z**3 - 5 * z) * skewness**2 / 36
+    )
 
 
 def _difference_moments(ratio: float, correlation: float) -> tuple[float, float, float, float]:
@@ -200,10 +213,15 @@ def _difference_moments(ratio: float, correlation: float) -> tuple[float, float,
     trace, det = ratio - 1, -ratio * (1 - correlation**2)
     root = math.sqrt(trace * trace - 4 * det)
     eigen = ((trace + root) / 2, (trace - root) / 2)
-    k1, k2, k3, k4 = (2 ** (j - 1) * math.factorial(j - 1) * sum(x**j for x in eigen)
-                      for j in range(1, 5))
-    return (k1, k2 + k1**2, k3 + 3 * k2 * k1 + k1**3,
-            k4 + 4 * k3 * k1 + 3 * k2**2 + 6 * k2 * k1**2 + k1**4)
+    k1, k2, k3, k4 = (
+        2 ** (j - 1) * math.factorial(j - 1) * sum(x**j for x in eigen) for j in range(1, 5)
+    )
+    return (
+        k1,
+        k2 + k1**2,
+        k3 + 3 * k2 * k1 + k1**3,
+        k4 + 4 * k3 * k1 + 3 * k2**2 + 6 * k2 * k1**2 + k1**4,
+    )
 
 
 def _reject_probability(mean: float, gradient: np.ndarray, covariance: np.ndarray) -> float:
@@ -211,9 +229,15 @@ def _reject_probability(mean: float, gradient: np.ndarray, covariance: np.ndarra
     return float(special.ndtr(mean / math.sqrt(float(gradient @ covariance @ gradient))))
 
 
-def approximate_primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool = False,
-                              correlation: float = 0.0,
-                              alpha: float = DEFAULT_ALPHA) -> float:
+def approximate_primary_power(
+    ratio: float,
+    n_a: int,
+    n_b: int,
+    *,
+    paired: bool = False,
+    correlation: float = 0.0,
+    alpha: float = DEFAULT_ALPHA,
+) -> float:
     """The primary test's power at var_a / var_b = `ratio` by the normal approximation (module
     docstring); within a few percent of the simulation from MAX_SIMULATED_SEEDS seeds per side.
     Shared seeds of unequal counts get the unpaired test, and the approximation then ignores
@@ -231,8 +255,7 @@ def approximate_primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool 
         q = _cornish_fisher(z, 0.0, -2 * m4 / (n * m2**2))
         for sign in (1, -1):  # V = +-mean(delta) - q sqrt(mean(delta^2) / n)
             gradient = np.array([sign, -q / (2 * math.sqrt(n * m2))])
-            power += _reject_probability(sign * m1 - q * math.sqrt(m2 / n), gradient,
-                                         covariance)
+            power += _reject_probability(sign * m1 - q * math.sqrt(m2 / n), gradient, covariance)
         return power
     # A permutation of the pooled deviations (an odd side's structural zero left out): reject
     # when +-(mean_a - mean_b) > q sqrt(h G), G the pooled deviations' variance and q the
@@ -254,15 +277,23 @@ def approximate_primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool 
     # (mean d_a, mean d_a^2, mean d_b, mean d_b^2), d = scale chi2_1 on each side
     covariance = np.zeros((4, 4))
     for i, (scale, n) in enumerate(((r, n_a), (1.0, n_b))):
-        covariance[2 * i:2 * i + 2, 2 * i:2 * i + 2] = np.array(
-            [[2 * scale**2, 12 * scale**3], [12 * scale**3, 96 * scale**4]]) / n
+        covariance[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = (
+            np.array([[2 * scale**2, 12 * scale**3], [12 * scale**3, 96 * scale**4]]) / n
+        )
     for sign in (1, -1):  # V = +-(mean_a - mean_b) - q sqrt(h G)
         q = _cornish_fisher(z, sign * skewness, excess_kurtosis)
         c = q * math.sqrt(h) / (2 * math.sqrt(pooled_variance))
-        gradient = np.array([sign + 2 * c * pooled_mean * k_a / total, -c * k_a / total,
-                             -sign + 2 * c * pooled_mean * k_b / total, -c * k_b / total])
-        power += _reject_probability(sign * (r - 1) - q * math.sqrt(h * pooled_variance),
-                                     gradient, covariance)
+        gradient = np.array(
+            [
+                sign + 2 * c * pooled_mean * k_a / total,
+                -c * k_a / total,
+                -sign + 2 * c * pooled_mean * k_b / total,
+                -c * k_b / total,
+            ]
+        )
+        power += _reject_probability(
+            sign * (r - 1) - q * math.sqrt(h * pooled_variance), gradient, covariance
+        )
     return power
 
 
@@ -273,23 +304,37 @@ def prepare_is_paired(n_a: int, n_b: int, paired: bool, correlation: float = 0.0
     return paired and n_a == n_b and 2**n_a >= MIN_DISTINCT_ASSIGNMENTS
 
 
-def primary_power(ratio: float, n_a: int, n_b: int, *, paired: bool = False,
-                  correlation: float = 0.0, alpha: float = DEFAULT_ALPHA) -> float:
+def primary_power(
+    ratio: float,
+    n_a: int,
+    n_b: int,
+    *,
+    paired: bool = False,
+    correlation: float = 0.0,
+    alpha: float = DEFAULT_ALPHA,
+) -> float:
     """The primary test's power at var_a / var_b = `ratio` on normal seeds: simulated up to
     MAX_SIMULATED_SEEDS seeds per side, approximated above (0 below 2 seeds: no test)."""
     _check_pairing(paired, correlation)
     if n_a < 2 or n_b < 2:
         return 0.0
     if max(n_a, n_b) > MAX_SIMULATED_SEEDS:
-        return approximate_primary_power(ratio, n_a, n_b, paired=paired,
-                                         correlation=correlation, alpha=alpha)
+        return approximate_primary_power(
+            ratio, n_a, n_b, paired=paired, correlation=correlation, alpha=alpha
+        )
     return null_intervals(n_a, n_b, paired, correlation, alpha).power(ratio)
 
 
 @lru_cache(maxsize=4096)
-def primary_detectable_ratio(n_a: int, n_b: int, *, paired: bool = False,
-                             correlation: float = 0.0, alpha: float = DEFAULT_ALPHA,
-                             power: float = DEFAULT_POWER) -> float:
+def primary_detectable_ratio(
+    n_a: int,
+    n_b: int,
+    *,
+    paired: bool = False,
+    correlation: float = 0.0,
+    alpha: float = DEFAULT_ALPHA,
+    power: float = DEFAULT_POWER,
+) -> float:
     """The smallest var_a / var_b > 1 that the primary test detects with `power` on normal
     seeds, n_a and n_b per level (shared by the two levels when `paired`, their values
     correlated `correlation`); math.inf when none up to MAX_DETECTABLE_RATIO is."""
@@ -298,8 +343,15 @@ def primary_detectable_ratio(n_a: int, n_b: int, *, paired: bool = False,
         return math.inf
     if max(n_a, n_b) <= MAX_SIMULATED_SEEDS:
         return null_intervals(n_a, n_b, paired, correlation, alpha).detectable_ratio(power)
-    target = lambda r: approximate_primary_power(  # noqa: E731
-        r, n_a, n_b, paired=paired, correlation=correlation, alpha=alpha) - power
+
+    def target(r: float) -> float:
+        return (
+            approximate_primary_power(
+                r, n_a, n_b, paired=paired, correlation=correlation, alpha=alpha
+            )
+            - power
+        )
+
     if target(1.0) >= 0:
         return 1.0
     high = 2.0
@@ -327,9 +379,14 @@ def _seeds_for(log_ratio: float, anchors: list[tuple[int, float]]) -> int:
 
 
 @lru_cache(maxsize=4096)
-def primary_seeds_needed(ratio: float, *, paired: bool = False, correlation: float = 0.0,
-                         alpha: float = DEFAULT_ALPHA,
-                         power: float = DEFAULT_POWER) -> int | None:
+def primary_seeds_needed(
+    ratio: float,
+    *,
+    paired: bool = False,
+    correlation: float = 0.0,
+    alpha: float = DEFAULT_ALPHA,
+    power: float = DEFAULT_POWER,
+) -> int | None:
     """The smallest number of seeds per level (the same for both, shared when `paired`) at
     which the primary test detects `ratio` (or its inverse) with `power` on normal seeds; None
     above MAX_SEEDS_PER_LEVEL.
@@ -346,12 +403,14 @@ def primary_seeds_needed(ratio: float, *, paired: bool = False, correlation: flo
         return None
 
     def reaches(n: int) -> bool:
-        return primary_power(rho, n, n, paired=paired, correlation=correlation,
-                             alpha=alpha) >= power
+        return (
+            primary_power(rho, n, n, paired=paired, correlation=correlation, alpha=alpha) >= power
+        )
 
     def detectable(n: int) -> float:
-        return primary_detectable_ratio(n, n, paired=paired, correlation=correlation,
-                                        alpha=alpha, power=power)
+        return primary_detectable_ratio(
+            n, n, paired=paired, correlation=correlation, alpha=alpha, power=power
+        )
 
     if not reaches(MAX_SEEDS_PER_LEVEL):
         return None
@@ -391,43 +450,71 @@ def _method(seeds: int, *, paired: bool, correlation: float) -> str:
     test = PAIRED_TEST if paired_test else UNPAIRED_TEST
     if paired and not paired_test:
         test += " (too few shared seeds to sign-flip)"
-    model = (f"normal seeds whose values correlate {correlation:g} between the levels"
-             if correlation else "normal seeds")
-    source = ("a normal approximation above 40 seeds per level" if seeds > MAX_SIMULATED_SEEDS
-              else f"simulated on {SIMULATIONS:,} datasets")
-    return (f"{test}, the primary test, two-sided at level alpha with the same seeds per level; "
-            f"power on {model}, {source}")
+    model = (
+        f"normal seeds whose values correlate {correlation:g} between the levels"
+        if correlation
+        else "normal seeds"
+    )
+    source = (
+        "a normal approximation above 40 seeds per level"
+        if seeds > MAX_SIMULATED_SEEDS
+        else f"simulated on {SIMULATIONS:,} datasets"
+    )
+    return (
+        f"{test}, the primary test, two-sided at level alpha with the same seeds per level; "
+        f"power on {model}, {source}"
+    )
 
 
-def seed_plan(*, ratio: float | None, seeds: int | None, alpha: float = DEFAULT_ALPHA,
-              power: float = DEFAULT_POWER, paired: bool = True,
-              correlation: float = 0.0) -> SeedPlan:
+def seed_plan(
+    *,
+    ratio: float | None,
+    seeds: int | None,
+    alpha: float = DEFAULT_ALPHA,
+    power: float = DEFAULT_POWER,
+    paired: bool = True,
+    correlation: float = 0.0,
+) -> SeedPlan:
     """The planning answer for the primary test: seeds per level for `ratio`, or the ratio
     `seeds` detect; with the F-test's answer beside it (what normality would promise)."""
     _check_pairing(paired, correlation)
     planned: float | None
     f_test_ratio: float | None
     if ratio is not None:
-        needed = primary_seeds_needed(ratio, paired=paired, correlation=correlation,
-                                      alpha=alpha, power=power)
+        needed = primary_seeds_needed(
+            ratio, paired=paired, correlation=correlation, alpha=alpha, power=power
+        )
         planned, f_test_ratio = ratio, ratio
         f_test_seeds = seeds_needed(ratio, alpha, power)
-        note = None if needed is not None else (
-            "no study detects a ratio of 1" if ratio == 1 else
-            f"more than {MAX_SEEDS_PER_LEVEL:,} seeds per level")
+        note = (
+            None
+            if needed is not None
+            else (
+                "no study detects a ratio of 1"
+                if ratio == 1
+                else f"more than {MAX_SEEDS_PER_LEVEL:,} seeds per level"
+            )
+        )
         method_seeds = needed if needed is not None else MAX_SEEDS_PER_LEVEL
     else:
         assert seeds is not None
         needed, f_test_seeds, method_seeds = seeds, seeds, seeds
-        detectable = primary_detectable_ratio(seeds, seeds, paired=paired,
-                                              correlation=correlation, alpha=alpha,
-                                              power=power)
+        detectable = primary_detectable_ratio(
+            seeds, seeds, paired=paired, correlation=correlation, alpha=alpha, power=power
+        )
         f_detectable = detectable_ratio(seeds, seeds, alpha, power)
         planned = detectable if math.isfinite(detectable) else None
         f_test_ratio = f_detectable if math.isfinite(f_detectable) else None
         note = None if planned is not None else "no ratio below 1e12 reaches that power"
-    return SeedPlan(method=_method(method_seeds, paired=paired, correlation=correlation),
-                    alpha=alpha, power=power, paired=paired,
-                    correlation=correlation if paired else None, ratio=planned,
-                    seeds_per_level=needed, note=note, f_test_ratio=f_test_ratio,
-                    f_test_seeds_per_level=f_test_seeds)
+    return SeedPlan(
+        method=_method(method_seeds, paired=paired, correlation=correlation),
+        alpha=alpha,
+        power=power,
+        paired=paired,
+        correlation=correlation if paired else None,
+        ratio=planned,
+        seeds_per_level=needed,
+        note=note,
+        f_test_ratio=f_test_ratio,
+        f_test_seeds_per_level=f_test_seeds,
+    )

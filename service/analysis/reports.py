@@ -38,13 +38,21 @@ def declared_report(experiment: Experiment, name: str) -> CrossRunReport[Any]:
     if name in reports:
         return reports[name]
     owners = [t.name for t in REGISTRY.values() if name in report_names(t)]
-    where = (f"; {name!r} is a report of {'trainer' if len(owners) == 1 else 'trainers'} "
-             f"{', '.join(map(repr, owners))}" if owners else f"; no trainer has a {name!r} report")
+    where = (
+        f"; {name!r} is a report of {'trainer' if len(owners) == 1 else 'trainers'} "
+        f"{', '.join(map(repr, owners))}"
+        if owners
+        else f"; no trainer has a {name!r} report"
+    )
     if trainer is None:
-        raise NotFound(f"experiment {experiment.id} ran trainer {experiment.trainer!r}, which "
-                       f"this seedgrid does not have{where}")
-    raise NotFound(f"experiment {experiment.id} ran trainer {trainer.name!r}, which has no "
-                   f"{name!r} report (its reports: {', '.join(reports) or 'none'}){where}")
+        raise NotFound(
+            f"experiment {experiment.id} ran trainer {experiment.trainer!r}, which "
+            f"this seedgrid does not have{where}"
+        )
+    raise NotFound(
+        f"experiment {experiment.id} ran trainer {trainer.name!r}, which has no "
+        f"{name!r} report (its reports: {', '.join(reports) or 'none'}){where}"
+    )
 
 
 def report_names(trainer: Trainer) -> list[str]:
@@ -63,16 +71,26 @@ def reports_by_name(trainers: Iterable[Trainer]) -> dict[str, list[CrossRunRepor
 def experiment_record(experiment: Experiment) -> ExperimentRecord:
     assert experiment.id is not None
     spec = experiment.stored_spec
-    return ExperimentRecord(id=experiment.id, name=experiment.name, trainer=experiment.trainer,
-                            config=spec.config, grid=stats_grid(spec))
+    return ExperimentRecord(
+        id=experiment.id,
+        name=experiment.name,
+        trainer=experiment.trainer,
+        config=spec.config,
+        grid=stats_grid(spec),
+    )
 
 
 def run_record(run: Run, *, base_config: Mapping[str, Any]) -> RunRecord:
     """The run as a report sees it; its config is the experiment's base config with the
     run's condition (a run row does not repeat the base)."""
     assert run.id is not None
-    return RunRecord(id=run.id, condition=run.condition, condition_key=run.condition_key,
-                     seed=run.seed, status=RunStatus(run.status),
-                     config=merged_config(base_config, run.condition),
-                     metrics=run.metrics,
-                     diagnostics=run.diagnostics)
+    return RunRecord(
+        id=run.id,
+        condition=run.condition,
+        condition_key=run.condition_key,
+        seed=run.seed,
+        status=RunStatus(run.status),
+        config=merged_config(base_config, run.condition),
+        metrics=run.metrics,
+        diagnostics=run.diagnostics,
+    )

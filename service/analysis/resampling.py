@@ -159,26 +159,33 @@ def pairing(strata: Sequence[Stratum]) -> Pairing:
     pairs = sum(len(pa) for pa, _, _, _ in splits)
     unmatched = sum(len(ua) + len(ub) for _, _, ua, ub in splits)
     if 2**pairs < MIN_DISTINCT_ASSIGNMENTS:
-        why = (f"{pairs} shared seeds give only {2**pairs} sign flips, too few to reach 0.05"
-               if unmatched == 0 else
-               f"{pairs} seeds ran in both conditions, too few to pair "
-               f"({2**pairs} sign flips)")
-        return None, (f"unpaired: {why}; the unpaired test is used (conservative when the "
-                      "seeds are correlated)")
+        why = (
+            f"{pairs} shared seeds give only {2**pairs} sign flips, too few to reach 0.05"
+            if unmatched == 0
+            else f"{pairs} seeds ran in both conditions, too few to pair ({2**pairs} sign flips)"
+        )
+        return None, (
+            f"unpaired: {why}; the unpaired test is used (conservative when the "
+            "seeds are correlated)"
+        )
     matched = [(s.a[pa], s.b[pb]) for s, (pa, pb, _, _) in zip(strata, splits, strict=True)]
-    note = None if unmatched == 0 else (
-        f"{unmatched} value(s) of seeds that ran in only one of the two conditions (added "
-        "seeds or failed runs) are not paired: they are shuffled within their cells' stratum")
+    note = (
+        None
+        if unmatched == 0
+        else (
+            f"{unmatched} value(s) of seeds that ran in only one of the two conditions (added "
+            "seeds or failed runs) are not paired: they are shuffled within their cells' stratum"
+        )
+    )
     return matched, note
 
 
-def seed_correlation(strata: Sequence[Stratum],
-                     matched: Sequence[tuple[np.ndarray, np.ndarray]]) -> float | None:
+def seed_correlation(
+    strata: Sequence[Stratum], matched: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> float | None:
     """Pearson correlation of the paired values, each centred on its full cell's mean."""
-    centred_a = np.concatenate([a - s.a.mean() for s, (a, _) in zip(strata, matched,
-                                                                      strict=True)])
-    centred_b = np.concatenate([b - s.b.mean() for s, (_, b) in zip(strata, matched,
-                                                                      strict=True)])
+    centred_a = np.concatenate([a - s.a.mean() for s, (a, _) in zip(strata, matched, strict=True)])
+    centred_b = np.concatenate([b - s.b.mean() for s, (_, b) in zip(strata, matched, strict=True)])
     if len(centred_a) < 2:
         return None
     with np.errstate(all="ignore"):
@@ -218,25 +225,34 @@ def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepare
         return None
     correlation = None if matched is None else seed_correlation(usable, matched)
     layout = (len(da), *(n for block_a, block_b in blocks for n in (len(block_a), len(block_b))))
-    return Prepared(paired=matched is not None, layout=layout, pair_a=da, pair_b=db,
-                    own=own_all, other=other_all,
-                    pairs=len(da), correlation=correlation, note=note)
+    return Prepared(
+        paired=matched is not None,
+        layout=layout,
+        pair_a=da,
+        pair_b=db,
+        own=own_all,
+        other=other_all,
+        pairs=len(da),
+        correlation=correlation,
+        note=note,
+    )
 
 
 def distinct_assignments(layout: tuple[int, ...]) -> int:
-    return 2 ** layout[0] * math.prod(math.comb(layout[i] + layout[i + 1], layout[i])
-                                      for i in range(1, len(layout), 2))
+    return 2 ** layout[0] * math.prod(
+        math.comb(layout[i] + layout[i + 1], layout[i]) for i in range(1, len(layout), 2)
+    )
 
 
 # Re-assignment matrices kept in memory, least recently used dropped past this many bytes: one
 # experiment's comparisons share a few layouts, and a poll reuses them.
 MAX_CACHED_BYTES = 256 * 2**20
 _matrices: LruCache[tuple[np.ndarray, bool]] = LruCache(
-    max_items=1024, max_bytes=MAX_CACHED_BYTES, size=lambda made: made[0].nbytes)
+    max_items=1024, max_bytes=MAX_CACHED_BYTES, size=lambda made: made[0].nbytes
+)
 
 
-def assignments(layout: tuple[int, ...],
-                resamples: int = N_RESAMPLES) -> tuple[np.ndarray, bool]:
+def assignments(layout: tuple[int, ...], resamples: int = N_RESAMPLES) -> tuple[np.ndarray, bool]:
     """The re-assignments other than the observed one, as a 0/1 float64 matrix, one row each:
     a column per pair, 1 where its two values swap sides; then a column per position of each
     block (Prepared), 1 where that value lands on a's side. And whether they are all of them
@@ -266,8 +282,9 @@ def _make_assignments(layout: tuple[int, ...], resamples: int) -> tuple[np.ndarr
             parts.append(rows)
         index = np.array(list(itertools.product(*(range(len(p)) for p in parts))))
         choices = [p[index[:, k]] for k, p in enumerate(parts)]
-        observed = np.concatenate([np.zeros(pairs)]
-                                  + [np.r_[np.ones(n_a), np.zeros(n_b)] for n_a, n_b in sizes])
+        observed = np.concatenate(
+            [np.zeros(pairs)] + [np.r_[np.ones(n_a), np.zeros(n_b)] for n_a, n_b in sizes]
+        )
         keep = ~np.all(np.concatenate(choices, axis=1) == observed, axis=1)
         choices = [c[keep] for c in choices]
         flips = choices.pop(0) if pairs else np.zeros((int(keep.sum()), 0))
@@ -283,8 +300,7 @@ def _make_assignments(layout: tuple[int, ...], resamples: int) -> tuple[np.ndarr
     return np.concatenate([flips, *choices], axis=1), exact
 
 
-def drawn_crossing_scales(preps: Sequence[Prepared],
-                          resamples: int) -> tuple[np.ndarray, bool]:
+def drawn_crossing_scales(preps: Sequence[Prepared], resamples: int) -> tuple[np.ndarray, bool]:
     """crossing_scales of `resamples` random re-assignments of the comparisons' one (large)
     layout, drawn from RESAMPLING_SEED a block of rows at a time so that no more than
     BLOCK_BYTES of the matrix exist at once; and False (drawn, not enumerated: a layout this
@@ -308,9 +324,14 @@ def drawn_crossing_scales(preps: Sequence[Prepared],
     return np.concatenate(blocks, axis=0), False
 
 
-def _draw(pairs: int, sizes: Sequence[tuple[int, int]], rows: int,
-          rng: np.random.Generator, *,
-          flip_bytes: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+def _draw(
+    pairs: int,
+    sizes: Sequence[tuple[int, int]],
+    rows: int,
+    rng: np.random.Generator,
+    *,
+    flip_bytes: bool = False,
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """`rows` random re-assignments: sign flips of the pairs, and per block n_a of its
     n_a + n_b positions on a's side, uniformly at random. `flip_bytes`: each flip one bit of
     random bytes (a fraction of the time of an integer draw each: large layouts)."""
@@ -325,13 +346,14 @@ def _draw(pairs: int, sizes: Sequence[tuple[int, int]], rows: int,
         if n_a == 0:
             choices.append(np.zeros((rows, n_b)))
             continue
-        kth = np.partition(keys, n_a - 1, axis=1)[:, n_a - 1:n_a]
+        kth = np.partition(keys, n_a - 1, axis=1)[:, n_a - 1 : n_a]
         choices.append((keys <= kth).astype(np.float64))
     return flips, choices
 
 
-def _is_observed(flips: np.ndarray, choices: Sequence[np.ndarray],
-                 sizes: Sequence[tuple[int, int]]) -> np.ndarray:
+def _is_observed(
+    flips: np.ndarray, choices: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]]
+) -> np.ndarray:
     same = np.asarray(~flips.any(axis=1))
     for choice, (n_a, _) in zip(choices, sizes, strict=True):
         same &= choice[:, :n_a].all(axis=1)
@@ -365,8 +387,7 @@ def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> np.ndarray
     return _roots(paired_a + products[:, 0::2], products[:, 1::2], total_a, total_b)
 
 
-def _roots(u: np.ndarray, v: np.ndarray, total_a: np.ndarray,
-           total_b: np.ndarray) -> np.ndarray:
+def _roots(u: np.ndarray, v: np.ndarray, total_a: np.ndarray, total_b: np.ndarray) -> np.ndarray:
     # With x = 1 / s: T* >= T  <=>  c2 x^2 + c1 x - c0 <= 0, where c2 = A (A - U) >= 0 and
     # c0 = B V >= 0, that is x <= x_j, the positive root, so s >= s_j = 1 / x_j: written
     # without cancellation, s_j = (c1 + sq) / (2 c0) for c1 > 0, else 2 c2 / (sq - c1).
@@ -389,8 +410,9 @@ class TestResult:
     exact: bool  # all of them enumerated
 
 
-def from_crossings(s: np.ndarray, exact: bool, null: float = 1.0,
-                   confidence: float = 0.95) -> list[TestResult]:
+def from_crossings(
+    s: np.ndarray, exact: bool, null: float = 1.0, confidence: float = 0.95
+) -> list[TestResult]:
     """The test of var_a / var_b = `null` and the interval at `confidence` of each column of
     `s`, the crossing scales of the re-assignments other than the observed one (rows)."""
     m = s.shape[0]
@@ -409,8 +431,12 @@ def from_crossings(s: np.ndarray, exact: bool, null: float = 1.0,
     else:
         low = np.partition(s, k - 1, axis=0)[k - 1]
         high = np.partition(s, m - k, axis=0)[m - k]
-    return [TestResult(p=float(p[i]), interval=(float(low[i]), float(high[i])),
-                       resamples=total, exact=exact) for i in range(s.shape[1])]
+    return [
+        TestResult(
+            p=float(p[i]), interval=(float(low[i]), float(high[i])), resamples=total, exact=exact
+        )
+        for i in range(s.shape[1])
+    ]
 
 
 # A layout whose re-assignment matrix would be larger than this (about 400 values a comparison
@@ -421,9 +447,12 @@ MAX_MATRIX_BYTES = 32 * 2**20
 BLOCK_BYTES = 4 * 2**20
 
 
-def randomisation_tests(preps: Sequence[Prepared], null: float = 1.0,
-                        confidence: float = 0.95,
-                        resamples: int = N_RESAMPLES) -> list[TestResult]:
+def randomisation_tests(
+    preps: Sequence[Prepared],
+    null: float = 1.0,
+    confidence: float = 0.95,
+    resamples: int = N_RESAMPLES,
+) -> list[TestResult]:
     """The primary test of var_a / var_b = `null` and its interval at `confidence`, for many
     comparisons: one matrix product per layout they share."""
     groups: dict[tuple[int, ...], list[int]] = {}
@@ -436,13 +465,15 @@ def randomisation_tests(preps: Sequence[Prepared], null: float = 1.0,
         else:
             matrix, exact = assignments(layout, resamples)
             crossings = crossing_scales([preps[i] for i in members], matrix)
-        for i, result in zip(members, from_crossings(crossings, exact, null, confidence),
-                             strict=True):
+        for i, result in zip(
+            members, from_crossings(crossings, exact, null, confidence), strict=True
+        ):
             out[i] = result
     return [r for r in out if r is not None]
 
 
-def randomisation_test(prep: Prepared, null: float = 1.0, confidence: float = 0.95,
-                       resamples: int = N_RESAMPLES) -> TestResult:
+def randomisation_test(
+    prep: Prepared, null: float = 1.0, confidence: float = 0.95, resamples: int = N_RESAMPLES
+) -> TestResult:
     """The primary test of one comparison (randomisation_tests)."""
     return randomisation_tests([prep], null, confidence, resamples)[0]

@@ -114,8 +114,9 @@ def source_variance(level: str, values: Sequence[float]) -> SourceVariance:
         return SourceVariance(source=level, n=n, var=None, var_ci95=None)
     var = sample_variance(values)
     low, high = variance_interval(var, n)
-    return SourceVariance(source=level, n=n, var=_number(var),
-                          var_ci95=[_number(low), _number(high)])
+    return SourceVariance(
+        source=level, n=n, var=_number(var), var_ci95=[_number(low), _number(high)]
+    )
 
 
 def _number(value: float | None) -> float | None:
@@ -123,9 +124,9 @@ def _number(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def source_decomposition(grid: dict[str, list[Any]],
-                         runs: Sequence[tuple[dict[str, Any], str, float]]
-                         ) -> list[SourceDecomposition]:
+def source_decomposition(
+    grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]]
+) -> list[SourceDecomposition]:
     """Per condition of the factors other than `varying_source` (in grid order), each level's
     variance with its interval, and the sum of the source variances against `all`'s."""
     values = RunValues(grid, runs)
@@ -133,8 +134,10 @@ def source_decomposition(grid: dict[str, list[Any]],
     out = []
     for combo in itertools.product(*(grid[f] for f in others)):
         within = dict(zip(others, combo, strict=True))
-        levels = [source_variance(level, values.values(SOURCE_FACTOR, level, within))
-                  for level in SOURCE_LEVELS]
+        levels = [
+            source_variance(level, values.values(SOURCE_FACTOR, level, within))
+            for level in SOURCE_LEVELS
+        ]
         var = {v.source: v.var for v in levels}
         parts = [var[s] for s in TRAINING_SOURCES]
         total = None if None in parts else math.fsum(p for p in parts if p is not None)
@@ -143,7 +146,14 @@ def source_decomposition(grid: dict[str, list[Any]],
         if total is not None and everything is not None:
             gap = _number(total - everything)
             ratio = _number(total / everything) if everything > 0 else None
-        out.append(SourceDecomposition(within=within, sources=levels, sum_var=_number(total),
-                                       all_var=everything, sum_minus_all=gap,
-                                       sum_over_all=ratio))
+        out.append(
+            SourceDecomposition(
+                within=within,
+                sources=levels,
+                sum_var=_number(total),
+                all_var=everything,
+                sum_minus_all=gap,
+                sum_over_all=ratio,
+            )
+        )
     return out

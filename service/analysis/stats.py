@@ -93,19 +93,22 @@ class ComparisonPlan:
                 continue
             others = [f for f in self.grid if f != factor]
             scopes: list[dict[str, Any] | None] = [None]
-            scopes += [dict(zip(others, combo, strict=True))
-                       for combo in itertools.product(*(self.grid[f] for f in others))
-                       ] if others else []
+            scopes += (
+                [
+                    dict(zip(others, combo, strict=True))
+                    for combo in itertools.product(*(self.grid[f] for f in others))
+                ]
+                if others
+                else []
+            )
             first_pair, first_scope = divmod(offset, len(scopes))
-            pairs = itertools.islice(itertools.combinations(self.grid[factor], 2), first_pair,
-                                     None)
+            pairs = itertools.islice(itertools.combinations(self.grid[factor], 2), first_pair, None)
             for i, (level_a, level_b) in enumerate(pairs):
                 start = first_scope if i == 0 else 0
                 for s, within in enumerate(scopes[start:], start):
                     if limit <= 0:
                         return
-                    yield Slot(factor, level_a, level_b, within,
-                               (first_pair + i) * len(scopes) + s)
+                    yield Slot(factor, level_a, level_b, within, (first_pair + i) * len(scopes) + s)
                     limit -= 1
             offset = 0
 
@@ -115,9 +118,12 @@ class RunValues:
     in run order, so that every comparison finds its samples by lookup instead of a scan of
     all runs."""
 
-    def __init__(self, grid: dict[str, list[Any]],
-                 runs: Sequence[tuple[dict[str, Any], str, float]],
-                 seeds: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        grid: dict[str, list[Any]],
+        runs: Sequence[tuple[dict[str, Any], str, float]],
+        seeds: Sequence[int] | None = None,
+    ) -> None:
         self.grid = grid
         self.factors = list(grid)
         self.by_condition: dict[tuple, list[float]] = {}
@@ -160,16 +166,22 @@ class RunValues:
             seeds = self.seeds_by_condition.get(key, [])
             found = self._arrays[key] = (
                 np.asarray(self.by_condition.get(key, []), dtype=float),
-                tuple(seeds) if self.has_seeds else None)
+                tuple(seeds) if self.has_seeds else None,
+            )
         return found
 
     def scope(self, slot: Slot) -> Scope:
         """The strata of one comparison: the two cells within `slot.within`, or the two cells at
         each combination of the other factors when pooled."""
         others = [f for f in self.factors if f != slot.factor]
-        combos = ([slot.within] if slot.within is not None else
-                  [dict(zip(others, combo, strict=True))
-                   for combo in itertools.product(*(self.grid[f] for f in others))])
+        combos = (
+            [slot.within]
+            if slot.within is not None
+            else [
+                dict(zip(others, combo, strict=True))
+                for combo in itertools.product(*(self.grid[f] for f in others))
+            ]
+        )
         strata = []
         for within in combos:
             a, a_seeds = self.cell({**within, slot.factor: slot.a})
@@ -189,35 +201,40 @@ def on_scale(values: Sequence[float], scale: str) -> list[float]:
         return list(values)
     bad = sum(1 for v in values if not v > 0)
     if bad:
-        raise ScaleError(f"scale=log needs positive values; {bad} of {len(values)} are 0 or "
-                         "below")
+        raise ScaleError(f"scale=log needs positive values; {bad} of {len(values)} are 0 or below")
     return [math.log(v) for v in values]
 
 
-def run_values(grid: dict[str, list[Any]],
-               runs: Sequence[tuple[dict[str, Any], str, float]],
-               seeds: Sequence[int] | None, scale: str) -> RunValues:
+def run_values(
+    grid: dict[str, list[Any]],
+    runs: Sequence[tuple[dict[str, Any], str, float]],
+    seeds: Sequence[int] | None,
+    scale: str,
+) -> RunValues:
     """The runs' values on `scale` (ScaleError when "log" meets a value at or below 0), grouped
     for the comparisons."""
     scaled = on_scale([value for _, _, value in runs], scale)
-    return RunValues(grid, [(c, k, v) for (c, k, _), v in zip(runs, scaled, strict=True)],
-                     seeds)
+    return RunValues(grid, [(c, k, v) for (c, k, _), v in zip(runs, scaled, strict=True)], seeds)
 
 
-def analyse_slots(values: RunValues, slots: Sequence[Slot],
-                  target_ratio: float) -> list[dict[str, Any]]:
+def analyse_slots(
+    values: RunValues, slots: Sequence[Slot], target_ratio: float
+) -> list[dict[str, Any]]:
     """variance.analyse of each slot's scope, ANALYSIS_BATCH at a time (bounded memory)."""
     out: list[dict[str, Any]] = []
     for start in range(0, len(slots), ANALYSIS_BATCH):
-        batch = slots[start:start + ANALYSIS_BATCH]
-        out += variance.analyse([values.scope(slot) for slot in batch],
-                                target_ratio=target_ratio)
+        batch = slots[start : start + ANALYSIS_BATCH]
+        out += variance.analyse([values.scope(slot) for slot in batch], target_ratio=target_ratio)
     return out
 
 
 def family_p_values(
-    *, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]],
-    seeds: Sequence[int] | None = None, scale: str = "raw", target_ratio: float = 2.0,
+    *,
+    grid: dict[str, list[Any]],
+    runs: Sequence[tuple[dict[str, Any], str, float]],
+    seeds: Sequence[int] | None = None,
+    scale: str = "raw",
+    target_ratio: float = 2.0,
 ) -> FamilyPValues:
     """What every page of an experiment's statistics shares: the raw p-values Holm adjusts
     (service.analysis.multiplicity.ADJUSTED) of every comparison of each factor whose family fits
@@ -237,9 +254,10 @@ def family_p_values(
         columns: dict[str, list[float]] = {test: [] for test in ADJUSTED}
         slots = list(ComparisonPlan(grid, f).page(0, count))
         for start in range(0, count, ANALYSIS_BATCH):  # each batch's p-values kept, no more
-            batch = slots[start:start + ANALYSIS_BATCH]
-            for result in variance.analyse([values.scope(slot) for slot in batch],
-                                           target_ratio=target_ratio):
+            batch = slots[start : start + ANALYSIS_BATCH]
+            for result in variance.analyse(
+                [values.scope(slot) for slot in batch], target_ratio=target_ratio
+            ):
                 for test in ADJUSTED:
                     value = result.get(test)
                     columns[test].append(math.nan if value is None else float(value))
@@ -248,12 +266,18 @@ def family_p_values(
 
 
 def experiment_stats(
-    *, metric: str, grid: dict[str, list[Any]], runs: Sequence[tuple[dict[str, Any], str, float]],
+    *,
+    metric: str,
+    grid: dict[str, list[Any]],
+    runs: Sequence[tuple[dict[str, Any], str, float]],
     seeds: Sequence[int] | None = None,
-    factor: str | None = None, offset: int = 0, limit: int | None = None,
+    factor: str | None = None,
+    offset: int = 0,
+    limit: int | None = None,
     bounds: tuple[float, float] | None = None,
     test_set_sizes: Sequence[int | None] | None = None,
-    scale: str = "raw", target_ratio: float = 2.0,
+    scale: str = "raw",
+    target_ratio: float = 2.0,
     family_p: FamilyPValues | None = None,
 ) -> Stats:
     """Statistics of one metric; `runs` holds (condition, condition_key, value) per run and
@@ -271,14 +295,18 @@ def experiment_stats(
         entry = by_key.setdefault(key, (condition, [], []))
         entry[1].append(value)
         entry[2].append(test_set_sizes[i] if test_set_sizes is not None else None)
-    conditions = [condition_stats(c, k, v, bounds=bounds,
-                                  test_set_sizes=sizes if test_set_sizes is not None else None)
-                  for k, (c, v, sizes) in by_key.items()]
+    conditions = [
+        condition_stats(
+            c, k, v, bounds=bounds, test_set_sizes=sizes if test_set_sizes is not None else None
+        )
+        for k, (c, v, sizes) in by_key.items()
+    ]
 
     values = run_values(grid, runs, seeds, scale)
     if family_p is None:
-        family_p = family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
-                                   target_ratio=target_ratio)
+        family_p = family_p_values(
+            grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio
+        )
     plan = ComparisonPlan(grid, factor)
     total = plan.total
     limit = total if limit is None else limit
@@ -288,46 +316,82 @@ def experiment_stats(
     results = analyse_slots(values, page, target_ratio)
     families = Families(grid, family_p, limit=MAX_ANALYSED_COMPARISONS)
     comparisons = [
-        Comparison(factor=slot.factor, a=slot.a, b=slot.b, within=slot.within, scale=scale,
-                   **result, **families.for_comparison(slot.factor, slot.index))
-        for slot, result in zip(page, results, strict=True)]
+        Comparison(
+            factor=slot.factor,
+            a=slot.a,
+            b=slot.b,
+            within=slot.within,
+            scale=scale,
+            **result,
+            **families.for_comparison(slot.factor, slot.index),
+        )
+        for slot, result in zip(page, results, strict=True)
+    ]
     end = offset + len(comparisons)
-    omnibus = [omnibus_test(f, grid[f], values) for f in grid
-               if (factor is None or f == factor) and len(grid[f]) > 2]
-    return Stats(metric=metric, conditions=conditions, comparisons=comparisons, factor=factor,
-                 total_comparisons=total, offset=offset,
-                 next_offset=end if end < total else None,
-                 metric_bounds=list(bounds) if bounds is not None else None,
-                 multiplicity=families.families, omnibus=omnibus, scale=scale)
+    omnibus = [
+        omnibus_test(f, grid[f], values)
+        for f in grid
+        if (factor is None or f == factor) and len(grid[f]) > 2
+    ]
+    return Stats(
+        metric=metric,
+        conditions=conditions,
+        comparisons=comparisons,
+        factor=factor,
+        total_comparisons=total,
+        offset=offset,
+        next_offset=end if end < total else None,
+        metric_bounds=list(bounds) if bounds is not None else None,
+        multiplicity=families.families,
+        omnibus=omnibus,
+        scale=scale,
+    )
 
 
 def omnibus_test(factor: str, levels: Sequence[Any], values: RunValues) -> Omnibus:
     """Do the variances of every level of `factor` differ at all, within the cells of the
     other factors (service.analysis.omnibus)."""
     others = [f for f in values.factors if f != factor]
-    rows = [[values.cell({**dict(zip(others, combo, strict=True)), factor: level})
-             for level in levels]
-            for combo in itertools.product(*(values.grid[f] for f in others))]
+    rows = [
+        [values.cell({**dict(zip(others, combo, strict=True)), factor: level}) for level in levels]
+        for combo in itertools.product(*(values.grid[f] for f in others))
+    ]
     primary, bf, name, why = level_omnibus(rows, len(levels))
     n = [len(values.values(factor, level, None)) for level in levels]
     warned = [] if why is None else [f"primary_p is null: {why}"]
     smallest = min((len(v) for row in rows for v, _ in row if len(v)), default=0)
     if bf is not None and smallest < variance.MIN_SEEDS_BROWN_FORSYTHE:
-        warned.append(f"brown_forsythe_p with {smallest} seeds in some cell: it needs "
-                      f"{variance.MIN_SEEDS_BROWN_FORSYTHE} per cell (with 2 the deviations "
-                      "from the median are equal; with 3 one is always 0) and has little power "
-                      "below that")
-    return Omnibus(factor=factor, levels=list(levels), n=n, primary_test=name,
-                   primary_p=primary, brown_forsythe_p=bf, warnings=warned)
+        warned.append(
+            f"brown_forsythe_p with {smallest} seeds in some cell: it needs "
+            f"{variance.MIN_SEEDS_BROWN_FORSYTHE} per cell (with 2 the deviations "
+            "from the median are equal; with 3 one is always 0) and has little power "
+            "below that"
+        )
+    return Omnibus(
+        factor=factor,
+        levels=list(levels),
+        n=n,
+        primary_test=name,
+        primary_p=primary,
+        brown_forsythe_p=bf,
+        warnings=warned,
+    )
 
 
-def compare(a_values: Sequence[float], b_values: Sequence[float],
-            a_seeds: Sequence[int] | None = None,
-            b_seeds: Sequence[int] | None = None, *,
-            target_ratio: float = 2.0) -> dict[str, Any]:
+def compare(
+    a_values: Sequence[float],
+    b_values: Sequence[float],
+    a_seeds: Sequence[int] | None = None,
+    b_seeds: Sequence[int] | None = None,
+    *,
+    target_ratio: float = 2.0,
+) -> dict[str, Any]:
     """The comparison of two samples (one cell each), paired by seed when both carry the same
     seeds: the fields of api_schemas.Comparison but factor, levels and Holm."""
-    stratum = Stratum(np.asarray(a_values, dtype=float), np.asarray(b_values, dtype=float),
-                      tuple(a_seeds) if a_seeds is not None else None,
-                      tuple(b_seeds) if b_seeds is not None else None)
+    stratum = Stratum(
+        np.asarray(a_values, dtype=float),
+        np.asarray(b_values, dtype=float),
+        tuple(a_seeds) if a_seeds is not None else None,
+        tuple(b_seeds) if b_seeds is not None else None,
+    )
     return variance.analyse([Scope((stratum,), pooled=False)], target_ratio=target_ratio)[0]

@@ -79,14 +79,23 @@ def page_lock(experiment_id: int, metric: str, page: str) -> threading.Lock:
         return _computing.setdefault((experiment_id, metric, page), threading.Lock())
 
 
-INTERIM_NOTE = ("an interim look at an adaptive experiment still adding seeds: these p-values "
-                "are not adjusted for its looks; its rule decides at alpha/K per look "
-                "(experiment.adaptive)")
+INTERIM_NOTE = (
+    "an interim look at an adaptive experiment still adding seeds: these p-values "
+    "are not adjusted for its looks; its rule decides at alpha/K per look "
+    "(experiment.adaptive)"
+)
 
 
 def stats_json(
-    *, session: Session, experiment: Experiment, metric: str | None, factor: str | None,
-    offset: int, limit: int | None, scale: str | None = None, heavy: HeavyReads | None = None,
+    *,
+    session: Session,
+    experiment: Experiment,
+    metric: str | None,
+    factor: str | None,
+    offset: int,
+    limit: int | None,
+    scale: str | None = None,
+    heavy: HeavyReads | None = None,
 ) -> str:
     """The statistics page as the JSON text of `api_schemas.Stats`.
 
@@ -105,23 +114,28 @@ def stats_json(
     spec = experiment.stored_spec
     grid = stats_grid(spec)
     if factor is not None and factor not in grid:
-        raise SpecError.query("factor", f"{factor!r} is not a factor of experiment "
-                                     f"{experiment.id}; its factors: {', '.join(grid) or 'none'}")
+        raise SpecError.query(
+            "factor",
+            f"{factor!r} is not a factor of experiment "
+            f"{experiment.id}; its factors: {', '.join(grid) or 'none'}",
+        )
     plan = ComparisonPlan(grid, factor)
     total = plan.total
     if limit is None and total > MAX_COMPARISONS_PER_PAGE:
         counts = ", ".join(f"{f} {plan.count(f):,}" for f in plan.factors)
         hint = "" if factor is not None else " or ask for one factor with ?factor="
         raise SpecError.query(
-            "limit", f"experiment {experiment.id} has {total:,} comparisons ({counts}), more "
-                     f"than the {MAX_COMPARISONS_PER_PAGE:,} one response carries: page them "
-                     f"with ?limit= (at most {MAX_COMPARISONS_PER_PAGE:,}) and ?offset={hint}")
+            "limit",
+            f"experiment {experiment.id} has {total:,} comparisons ({counts}), more "
+            f"than the {MAX_COMPARISONS_PER_PAGE:,} one response carries: page them "
+            f"with ?limit= (at most {MAX_COMPARISONS_PER_PAGE:,}) and ?offset={hint}",
+        )
     if offset > total:
-        raise SpecError.query("offset", f"offset {offset:,} is past the last of the {total:,} "
-                                     "comparisons")
+        raise SpecError.query(
+            "offset", f"offset {offset:,} is past the last of the {total:,} comparisons"
+        )
     scale = scale or spec.analysis.scale
-    page = (f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}"
-            f"|{scale}")
+    page = f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}|{scale}"
     # An adaptive experiment that has not stopped: its page is stored apart, so that once it
     # stops (its last look adds no completed run) the interim page is not served as final.
     if experiment.deciding:
@@ -135,9 +149,18 @@ def stats_json(
             return stored
         light = is_light(grid, experiment.runs_completed)
         with heavy.slot() if heavy is not None and not light else contextlib.nullcontext():
-            return _compute(session=session, experiment=experiment, metric=metric,
-                            factor=factor, offset=offset, limit=limit, grid=grid, page=page,
-                            scale=scale, target_ratio=spec.analysis.target_ratio)
+            return _compute(
+                session=session,
+                experiment=experiment,
+                metric=metric,
+                factor=factor,
+                offset=offset,
+                limit=limit,
+                grid=grid,
+                page=page,
+                scale=scale,
+                target_ratio=spec.analysis.target_ratio,
+            )
 
 
 def is_light(grid: dict[str, list[Any]], n_completed: int) -> bool:
@@ -146,8 +169,9 @@ def is_light(grid: dict[str, list[Any]], n_completed: int) -> bool:
     return ComparisonPlan(grid).total <= LIGHT_COMPARISONS and n_completed <= LIGHT_RUNS
 
 
-def _stored(session: Session, experiment: Experiment, metric: str, page: str,
-            n_completed: int | None = None) -> str | None:
+def _stored(
+    session: Session, experiment: Experiment, metric: str, page: str, n_completed: int | None = None
+) -> str | None:
     """The stored page, if it was computed from as many completed runs as there are now (or
     as `n_completed`, the runs a computation read)."""
     if n_completed is None:
@@ -156,42 +180,78 @@ def _stored(session: Session, experiment: Experiment, metric: str, page: str,
         n_completed = experiment.runs_completed
     stored = session.execute(
         select(col(StatsCache.n_completed), col(StatsCache.payload)).where(
-            col(StatsCache.experiment_id) == experiment.id, col(StatsCache.metric) == metric,
-            col(StatsCache.page) == page)
+            col(StatsCache.experiment_id) == experiment.id,
+            col(StatsCache.metric) == metric,
+            col(StatsCache.page) == page,
+        )
     ).first()
     if stored is not None and stored.n_completed == n_completed:
         return str(stored.payload)
     return None
 
 
-def _compute(*, session: Session, experiment: Experiment, metric: str, factor: str | None,
-             offset: int, limit: int | None, grid: dict[str, list[Any]], page: str, scale: str,
-             target_ratio: float) -> str:
+def _compute(
+    *,
+    session: Session,
+    experiment: Experiment,
+    metric: str,
+    factor: str | None,
+    offset: int,
+    limit: int | None,
+    grid: dict[str, list[Any]],
+    page: str,
+    scale: str,
+    target_ratio: float,
+) -> str:
     assert experiment.id is not None
     trainer = REGISTRY[experiment.trainer]
 
     # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
     # it stopped at, not comparable with a run trained to the end.
     rows = session.execute(
-        select(col(Run.id), col(Run.seed), col(Run.condition), col(Run.condition_key),
-               col(Run.metrics), col(Run.diagnostics))
+        select(
+            col(Run.id),
+            col(Run.seed),
+            col(Run.condition),
+            col(Run.condition_key),
+            col(Run.metrics),
+            col(Run.diagnostics),
+        )
         .where(col(Run.experiment_id) == experiment.id, col(Run.status) == RunStatus.completed)
         .order_by(col(Run.id))
     ).all()
-    kept = [(row, value) for row in rows
-            if (value := metric_value(row.metrics, metric)) is not None]
+    kept = [
+        (row, value) for row in rows if (value := metric_value(row.metrics, metric)) is not None
+    ]
     values = [(row.condition, row.condition_key, value) for row, value in kept]
     sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row, _ in kept]
     seeds = [row.seed for row, _ in kept]
     try:
-        family_p = _family_p_values(session=session, experiment=experiment, metric=metric,
-                                    grid=grid, runs=values, seeds=seeds, scale=scale,
-                                    target_ratio=target_ratio, n_completed=len(rows))
+        family_p = _family_p_values(
+            session=session,
+            experiment=experiment,
+            metric=metric,
+            grid=grid,
+            runs=values,
+            seeds=seeds,
+            scale=scale,
+            target_ratio=target_ratio,
+            n_completed=len(rows),
+        )
         stats = experiment_stats(
-            metric=metric, grid=grid, runs=values, seeds=seeds,
-            factor=factor, offset=offset, limit=limit, bounds=trainer.metric_bounds.get(metric),
+            metric=metric,
+            grid=grid,
+            runs=values,
+            seeds=seeds,
+            factor=factor,
+            offset=offset,
+            limit=limit,
+            bounds=trainer.metric_bounds.get(metric),
             test_set_sizes=sizes if any(s is not None for s in sizes) else None,
-            scale=scale, target_ratio=target_ratio, family_p=family_p)
+            scale=scale,
+            target_ratio=target_ratio,
+            family_p=family_p,
+        )
     except ScaleError as error:
         raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
     _attach_runs(stats, kept)
@@ -210,46 +270,75 @@ def _compute(*, session: Session, experiment: Experiment, metric: str, factor: s
     return payload
 
 
-def _family_p_values(*, session: Session, experiment: Experiment, metric: str,
-                     grid: dict[str, list[Any]], runs: list[tuple[Any, str, float]],
-                     seeds: list[int], scale: str, target_ratio: float,
-                     n_completed: int) -> FamilyPValues:
+def _family_p_values(
+    *,
+    session: Session,
+    experiment: Experiment,
+    metric: str,
+    grid: dict[str, list[Any]],
+    runs: list[tuple[Any, str, float]],
+    seeds: list[int],
+    scale: str,
+    target_ratio: float,
+    n_completed: int,
+) -> FamilyPValues:
     """The stored Holm families of these runs (`n_completed` of them), or computed (by one
     viewer of this process at a time) and stored; a light experiment's (LIGHT_*), computed in
     milliseconds, are not stored (a second row written and read for every page of a small
     experiment cost the load test a fifth of its throughput)."""
     assert experiment.id is not None
     if is_light(grid, n_completed):
-        return family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
-                               target_ratio=target_ratio)
+        return family_p_values(
+            grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio
+        )
     page = f"{FAMILIES_PAGE}{scale}"
     stored = _stored(session, experiment, metric, page, n_completed)
     if stored is None:
         with page_lock(experiment.id, metric, page):
             stored = _stored(session, experiment, metric, page, n_completed)
             if stored is None:
-                family_p = family_p_values(grid=grid, runs=runs, seeds=seeds, scale=scale,
-                                           target_ratio=target_ratio)
+                family_p = family_p_values(
+                    grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio
+                )
                 try:
-                    _store(session, experiment.id, metric, page, n_completed,
-                           _encode_families(family_p))
+                    _store(
+                        session,
+                        experiment.id,
+                        metric,
+                        page,
+                        n_completed,
+                        _encode_families(family_p),
+                    )
                 except Exception:  # the page stands; the next one computes them again
                     session.rollback()
-                    log.exception("could not store the Holm families of experiment %s",
-                                  experiment.id)
+                    log.exception(
+                        "could not store the Holm families of experiment %s", experiment.id
+                    )
                 return family_p
     return _decode_families(stored)
 
 
 def _encode_families(family_p: FamilyPValues) -> str:
     # float64 bytes in base64: exact, and about half the size of the numbers as JSON text
-    return json.dumps({f: {test: base64.b64encode(p.astype("<f8").tobytes()).decode("ascii")
-                           for test, p in tests.items()} for f, tests in family_p.items()})
+    return json.dumps(
+        {
+            f: {
+                test: base64.b64encode(p.astype("<f8").tobytes()).decode("ascii")
+                for test, p in tests.items()
+            }
+            for f, tests in family_p.items()
+        }
+    )
 
 
 def _decode_families(payload: str) -> FamilyPValues:
-    return {f: {test: np.frombuffer(base64.b64decode(p), dtype="<f8").copy()
-                for test, p in tests.items()} for f, tests in json.loads(payload).items()}
+    return {
+        f: {
+            test: np.frombuffer(base64.b64decode(p), dtype="<f8").copy()
+            for test, p in tests.items()
+        }
+        for f, tests in json.loads(payload).items()
+    }
 
 
 def _attach_runs(stats: Stats, kept: Sequence[tuple[Row[Any], float]]) -> None:
@@ -258,29 +347,45 @@ def _attach_runs(stats: Stats, kept: Sequence[tuple[Row[Any], float]]) -> None:
     by_key: dict[str, list[RunValue]] = {}
     for row, value in kept:
         by_key.setdefault(row.condition_key, []).append(
-            RunValue(run_id=row.id, seed=row.seed, value=value))
+            RunValue(run_id=row.id, seed=row.seed, value=value)
+        )
     for condition in stats.conditions:
         condition.runs = by_key.get(condition.condition_key, [])
 
 
-def _store(session: Session, experiment_id: int, metric: str, page: str, n_completed: int,
-           payload: str) -> None:
+def _store(
+    session: Session, experiment_id: int, metric: str, page: str, n_completed: int, payload: str
+) -> None:
     """Insert or replace the stored page (two replicas may compute it at once), then drop the
     experiment's least recently computed pages past MAX_STORED_PAGES."""
-    values = {"experiment_id": experiment_id, "metric": metric, "page": page,
-              "n_completed": n_completed, "payload": payload, "computed_at": utcnow()}
+    values = {
+        "experiment_id": experiment_id,
+        "metric": metric,
+        "page": page,
+        "n_completed": n_completed,
+        "payload": payload,
+        "computed_at": utcnow(),
+    }
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     statement = dialect.insert(StatsCache).values(**values)
-    session.execute(statement.on_conflict_do_update(
-        index_elements=["experiment_id", "metric", "page"],
-        set_={k: statement.excluded[k] for k in ("n_completed", "payload", "computed_at")},
-    ))
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["experiment_id", "metric", "page"],
+            set_={k: statement.excluded[k] for k in ("n_completed", "payload", "computed_at")},
+        )
+    )
     families = col(StatsCache.page).startswith(FAMILIES_PAGE)
-    keep = (select(col(StatsCache.id))
-            .where(col(StatsCache.experiment_id) == experiment_id, ~families)
-            .order_by(col(StatsCache.computed_at).desc(), col(StatsCache.id).desc())
-            .limit(MAX_STORED_PAGES))
-    session.execute(delete(StatsCache).where(
-        col(StatsCache.experiment_id) == experiment_id, ~families,
-        col(StatsCache.id).not_in(keep.scalar_subquery())))
+    keep = (
+        select(col(StatsCache.id))
+        .where(col(StatsCache.experiment_id) == experiment_id, ~families)
+        .order_by(col(StatsCache.computed_at).desc(), col(StatsCache.id).desc())
+        .limit(MAX_STORED_PAGES)
+    )
+    session.execute(
+        delete(StatsCache).where(
+            col(StatsCache.experiment_id) == experiment_id,
+            ~families,
+            col(StatsCache.id).not_in(keep.scalar_subquery()),
+        )
+    )
     session.commit()

@@ -110,24 +110,37 @@ def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[
     preps = {i: resampling.prepare(usable[i], pairings[i]) for i in todo}
     ready = {i: prep for i, prep in preps.items() if prep is not None}
     tested = list(ready)
-    results = dict(zip(tested, resampling.randomisation_tests([ready[i] for i in tested]),
-                       strict=True))
+    results = dict(
+        zip(tested, resampling.randomisation_tests([ready[i] for i in tested]), strict=True)
+    )
     for i in todo:
-        out[i] = _fields(scopes[i], usable[i], pairings[i], preps[i], results.get(i),
-                         target_ratio)
+        out[i] = _fields(scopes[i], usable[i], pairings[i], preps[i], results.get(i), target_ratio)
     for i in todo:
         _results.put(keys[i], dict(out[i]))  # type: ignore[arg-type]
     return [r for r in out if r is not None]
 
 
-def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
-            prep: Prepared | None, result: resampling.TestResult | None,
-            target_ratio: float) -> dict[str, Any]:
+def _fields(
+    scope: Scope,
+    usable: Sequence[Stratum],
+    paired: resampling.Pairing,
+    prep: Prepared | None,
+    result: resampling.TestResult | None,
+    target_ratio: float,
+) -> dict[str, Any]:
     a_all, b_all = scope.side("a"), scope.side("b")
     out: dict[str, Any] = {
-        "n_a": len(a_all), "n_b": len(b_all),
-        "var_a": None, "var_b": None, "dof_a": None, "dof_b": None, "var_ratio": None,
-        "f_test_p": None, "brown_forsythe_p": None, "mean_diff": None, "welch_p": None,
+        "n_a": len(a_all),
+        "n_b": len(b_all),
+        "var_a": None,
+        "var_b": None,
+        "dof_a": None,
+        "dof_b": None,
+        "var_ratio": None,
+        "f_test_p": None,
+        "brown_forsythe_p": None,
+        "mean_diff": None,
+        "welch_p": None,
         "target_ratio": target_ratio,
     }
     if len(a_all) and len(b_all):
@@ -135,9 +148,11 @@ def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
     if scope.pooled:
         if len(a_all) >= 2 and len(b_all) >= 2:
             marginal_a, marginal_b = float(a_all.var(ddof=1)), float(b_all.var(ddof=1))
-            out.update(marginal_var_a=marginal_a, marginal_var_b=marginal_b,
-                       marginal_var_ratio=finite(marginal_a / marginal_b)
-                       if marginal_b > 0 else None)
+            out.update(
+                marginal_var_a=marginal_a,
+                marginal_var_b=marginal_b,
+                marginal_var_ratio=finite(marginal_a / marginal_b) if marginal_b > 0 else None,
+            )
     _welch(out, a_all, b_all)
     if usable:
         dof_a = sum(len(s.a) - 1 for s in usable)
@@ -154,13 +169,20 @@ def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
             out["var_ratio_ci95_f"] = _interval(f_ratio_interval(ratio, dof_a + 1, dof_b + 1))
     ordered, note = paired
     if prep is not None and result is not None:
-        out.update(primary_test=prep.name, primary_p=result.p,
-                   primary_ci95=_interval(result.interval),
-                   primary_resamples=result.resamples, primary_exact=result.exact)
+        out.update(
+            primary_test=prep.name,
+            primary_p=result.p,
+            primary_ci95=_interval(result.interval),
+            primary_resamples=result.resamples,
+            primary_exact=result.exact,
+        )
     if ordered is not None:
-        out.update(pairing="paired", paired_seeds=sum(len(a) for a, _ in ordered),
-                   pairing_note=note,
-                   seed_correlation=prep.correlation if prep is not None else None)
+        out.update(
+            pairing="paired",
+            paired_seeds=sum(len(a) for a, _ in ordered),
+            pairing_note=note,
+            seed_correlation=prep.correlation if prep is not None else None,
+        )
         seed_sets = {resampling.shared_seeds(s) for s in usable}
         _paired_t(out, ordered, same_seeds=len(seed_sets) == 1)
     else:
@@ -173,8 +195,9 @@ def _fields(scope: Scope, usable: Sequence[Stratum], paired: resampling.Pairing,
     # Planning answers for uncorrelated seeds (correlation only adds power to a paired test),
     # so that an experiment's comparisons share a few cached simulations.
     paired = out["pairing"] == "paired"
-    out["detectable_ratio"] = finite(primary_detectable_ratio(
-        (out["dof_a"] or 0) + 1, (out["dof_b"] or 0) + 1, paired=paired))
+    out["detectable_ratio"] = finite(
+        primary_detectable_ratio((out["dof_a"] or 0) + 1, (out["dof_b"] or 0) + 1, paired=paired)
+    )
     out["seeds_for_target_ratio"] = primary_seeds_needed(target_ratio, paired=paired)
     out["warnings"] = comparison_warnings(out, scope, len(usable))
     return out
@@ -188,9 +211,11 @@ def _welch(out: dict[str, Any], a: np.ndarray, b: np.ndarray) -> None:
         return
     var_a, var_b = float(a.var(ddof=1)), float(b.var(ddof=1))
     if var_a == 0 and var_b == 0:
-        out["welch_p_null_reason"] = ("both levels have zero variance: Welch's t is 0/0 "
-                                      "(the means are equal or differ exactly, with no noise "
-                                      "to test against)")
+        out["welch_p_null_reason"] = (
+            "both levels have zero variance: Welch's t is 0/0 "
+            "(the means are equal or differ exactly, with no noise "
+            "to test against)"
+        )
         return
     se_a, se_b = var_a / len(a), var_b / len(b)
     se = math.sqrt(se_a + se_b)
@@ -201,8 +226,9 @@ def _welch(out: dict[str, Any], a: np.ndarray, b: np.ndarray) -> None:
     out["welch_ci95"] = [diff - half, diff + half]
 
 
-def _paired_t(out: dict[str, Any], ordered: Sequence[tuple[np.ndarray, np.ndarray]],
-              same_seeds: bool) -> None:
+def _paired_t(
+    out: dict[str, Any], ordered: Sequence[tuple[np.ndarray, np.ndarray]], same_seeds: bool
+) -> None:
     """The paired t-test of the mean difference: on each seed's difference averaged over the
     cells when every cell ran the same seeds (seeds, not cells, are the independent units
     then), else on each (cell, seed) difference."""
@@ -218,8 +244,10 @@ def _paired_t(out: dict[str, Any], ordered: Sequence[tuple[np.ndarray, np.ndarra
     sd = float(differences.std(ddof=1))
     mean = float(differences.mean())
     if sd == 0:
-        out["mean_p_null_reason"] = ("every seed's difference is the same: the paired t is "
-                                     "undefined (no noise to test against)")
+        out["mean_p_null_reason"] = (
+            "every seed's difference is the same: the paired t is "
+            "undefined (no noise to test against)"
+        )
         out["mean_diff_ci95"] = [mean, mean]
         return
     se = sd / math.sqrt(n)
@@ -246,8 +274,9 @@ def one_way_anova(groups: Sequence[np.ndarray]) -> float | None:
     dof_between, dof_within = len(groups) - 1, n.sum() - len(groups)
     if within <= 0 or dof_within <= 0:
         return None
-    return finite(special.fdtrc(dof_between, dof_within,
-                                 (between / dof_between) / (within / dof_within)))
+    return finite(
+        special.fdtrc(dof_between, dof_within, (between / dof_between) / (within / dof_within))
+    )
 
 
 def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> list[str]:
@@ -257,27 +286,37 @@ def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> li
     seeds = f"{n_a} and {n_b} seeds"
     out = []
     if usable == 0:
-        out.append(f"{seeds}: a within-cell variance needs 2 seeds in a cell on each side, so "
-                   "no variance test")
+        out.append(
+            f"{seeds}: a within-cell variance needs 2 seeds in a cell on each side, so "
+            "no variance test"
+        )
         return out
     if usable < len(scope.strata):
-        out.append(f"{len(scope.strata) - usable} of {len(scope.strata)} cells left out: fewer "
-                   "than 2 seeds on a side")
+        out.append(
+            f"{len(scope.strata) - usable} of {len(scope.strata)} cells left out: fewer "
+            "than 2 seeds on a side"
+        )
     if result.get("primary_resamples") is not None:
         total = result["primary_resamples"]
         if result["primary_exact"] and total < resampling.MIN_DISTINCT_ASSIGNMENTS:
-            out.append(f"primary_p from {seeds}: they allow only {total} distinct "
-                       f"re-assignments, so it cannot fall below {2 / total:.2g} and never "
-                       "reaches 0.05; primary_ci95 excludes nothing")
+            out.append(
+                f"primary_p from {seeds}: they allow only {total} distinct "
+                f"re-assignments, so it cannot fall below {2 / total:.2g} and never "
+                "reaches 0.05; primary_ci95 excludes nothing"
+            )
     if result["brown_forsythe_p"] is not None and min(n_a, n_b) < MIN_SEEDS_BROWN_FORSYTHE:
-        out.append(f"brown_forsythe_p from {seeds}: it needs {MIN_SEEDS_BROWN_FORSYTHE} per "
-                   "level (with 2 the deviations from the median are equal; with 3 one is "
-                   "always 0), and has little power below that")
+        out.append(
+            f"brown_forsythe_p from {seeds}: it needs {MIN_SEEDS_BROWN_FORSYTHE} per "
+            "level (with 2 the deviations from the median are equal; with 3 one is "
+            "always 0), and has little power below that"
+        )
     f_p, primary_p = result.get("f_test_p"), result.get("primary_p")
     if f_p is not None and primary_p is not None and (f_p < 0.05) != (primary_p < 0.05):
-        out.append(f"f_test_p {f_p:.2g} and primary_p {primary_p:.2g} disagree at 0.05: the "
-                   "F-test assumes normal seeds and rejects 6-10 times too often on lognormal "
-                   "or failed-seed metrics (docs/api.md); primary_p keeps its level there")
+        out.append(
+            f"f_test_p {f_p:.2g} and primary_p {primary_p:.2g} disagree at 0.05: the "
+            "F-test assumes normal seeds and rejects 6-10 times too often on lognormal "
+            "or failed-seed metrics (docs/api.md); primary_p keeps its level there"
+        )
     for name in ("primary_ci95", "var_ratio_ci95_f"):
         interval = result.get(name)
         if not interval or interval[0] is None:
@@ -285,35 +324,49 @@ def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> li
         low, high = interval
         decades = math.inf if low <= 0 or high is None else math.log10(high / low)
         if decades > MAX_RATIO_INTERVAL_DECADES:
-            span = "from 0" if low <= 0 else (
-                "to infinity" if high is None else f"{decades:.1f} orders of magnitude")
-            out.append(f"{name} spans {span} with {seeds}: it says little about the ratio "
-                       f"(more than {MAX_RATIO_INTERVAL_DECADES:g} orders of magnitude)")
+            span = (
+                "from 0"
+                if low <= 0
+                else ("to infinity" if high is None else f"{decades:.1f} orders of magnitude")
+            )
+            out.append(
+                f"{name} spans {span} with {seeds}: it says little about the ratio "
+                f"(more than {MAX_RATIO_INTERVAL_DECADES:g} orders of magnitude)"
+            )
     marginal, within = result.get("marginal_var_ratio"), result.get("var_ratio")
     if marginal and within:
         inflation = marginal / within
         if max(inflation, 1 / inflation) >= MARGINAL_INFLATION_WARNING:
-            out.append(f"marginal_var_ratio {marginal:.3g} is {inflation:.3g} times the "
-                       f"within-cell var_ratio {within:.3g}: the cells' means differ (another "
-                       "factor's effect or an interaction), which the marginal ratio counts as "
-                       "seed variance; var_ratio and the tests are within cells")
-    spreads = [float(np.var(c, ddof=1)) for s in resampling.usable_strata(scope.strata)
-               for c in (s.a, s.b)]
+            out.append(
+                f"marginal_var_ratio {marginal:.3g} is {inflation:.3g} times the "
+                f"within-cell var_ratio {within:.3g}: the cells' means differ (another "
+                "factor's effect or an interaction), which the marginal ratio counts as "
+                "seed variance; var_ratio and the tests are within cells"
+            )
+    spreads = [
+        float(np.var(c, ddof=1)) for s in resampling.usable_strata(scope.strata) for c in (s.a, s.b)
+    ]
     positive = [v for v in spreads if v > 0]
     if len(scope.strata) > 1 and len(positive) > 1:
         decades = math.log10(max(positive) / min(positive))
         if decades > MAX_CELL_SPREAD_DECADES:
-            out.append(f"the pooled cells' variances span {decades:.0f} orders of magnitude: "
-                       "the cells with the largest decide var_ratio and the primary test; read "
-                       "the comparisons within cells, or ?scale=log for relative spreads")
+            out.append(
+                f"the pooled cells' variances span {decades:.0f} orders of magnitude: "
+                "the cells with the largest decide var_ratio and the primary test; read "
+                "the comparisons within cells, or ?scale=log for relative spreads"
+            )
     a_all, b_all = scope.side("a"), scope.side("b")
     if len(a_all) and len(b_all) and min(a_all.min(), b_all.min()) > 0:
         fold = a_all.mean() / b_all.mean()
         if max(fold, 1 / fold) >= MEAN_FOLD_WARNING:
-            out.append(f"the levels' means differ {max(fold, 1 / fold):.3g}-fold: raw "
-                       "variances then mostly restate the means; ?scale=log compares relative "
-                       "spreads (coefficients of variation)")
+            out.append(
+                f"the levels' means differ {max(fold, 1 / fold):.3g}-fold: raw "
+                "variances then mostly restate the means; ?scale=log compares relative "
+                "spreads (coefficients of variation)"
+            )
     if result.get("mean_diff_ci95") and min(n_a, n_b) < MIN_SEEDS_MEAN_INTERVAL:
-        out.append(f"mean_diff_ci95 from {seeds}: about 1 degree of freedom below "
-                   f"{MIN_SEEDS_MEAN_INTERVAL} seeds per level, so very wide")
+        out.append(
+            f"mean_diff_ci95 from {seeds}: about 1 degree of freedom below "
+            f"{MIN_SEEDS_MEAN_INTERVAL} seeds per level, so very wide"
+        )
     return out

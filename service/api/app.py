@@ -49,8 +49,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         app.state.engine = engine
         app.state.settings = settings
         dispatcher_engine = make_engine(settings.database_url) if dispatch else None
-        app.state.dispatcher = (Dispatcher(settings, dispatcher_engine)
-                                if dispatcher_engine is not None else None)
+        app.state.dispatcher = (
+            Dispatcher(settings, dispatcher_engine) if dispatcher_engine is not None else None
+        )
         app.state.preflight = ClusterPreflight(settings)
         if app.state.dispatcher is not None:
             app.state.dispatcher.start()  # the dispatcher's Ray connection serves the pre-flight
@@ -97,9 +98,13 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.state.heavy_reads = HeavyReads(settings.max_heavy_reads)
     # Added last, so run first: a refused request takes no heavy-read slot.
     app.add_middleware(HeavyPaths, heavy=app.state.heavy_reads)
-    app.add_middleware(RequestGuard, token=token, public=public,
-                       max_body_bytes=settings.max_request_body_bytes,
-                       loopback_only=is_loopback(settings.host))
+    app.add_middleware(
+        RequestGuard,
+        token=token,
+        public=public,
+        max_body_bytes=settings.max_request_body_bytes,
+        loopback_only=is_loopback(settings.host),
+    )
     if token:
         declare_bearer_auth(app, public)
 
@@ -109,8 +114,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
 
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
-        return JSONResponse(status_code=422,
-                            content={"detail": capped_errors(exc.errors, exc.unlisted)})
+        return JSONResponse(
+            status_code=422, content={"detail": capped_errors(exc.errors, exc.unlisted)}
+        )
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
@@ -122,8 +128,11 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
 
     @app.exception_handler(QueueFull)
     async def _queue_full(_: Request, exc: QueueFull) -> JSONResponse:
-        return JSONResponse(status_code=429, content={"detail": str(exc)},
-                            headers={"Retry-After": str(QueueFull.RETRY_AFTER_S)})
+        return JSONResponse(
+            status_code=429,
+            content={"detail": str(exc)},
+            headers={"Retry-After": str(QueueFull.RETRY_AFTER_S)},
+        )
 
     @app.exception_handler(Busy)
     async def _busy(_: Request, exc: Busy) -> JSONResponse:
@@ -134,13 +143,21 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         # transaction rolled back, and the client sends it again. The driver's words (a host, a
         # path) go to the log only.
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        log.warning("%s %s: the database did not answer: %s", request.method,
-                    request.url.path, reason[0] if reason else type(exc).__name__)
+        log.warning(
+            "%s %s: the database did not answer: %s",
+            request.method,
+            request.url.path,
+            reason[0] if reason else type(exc).__name__,
+        )
         return JSONResponse(
-            status_code=503, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
-            content={"detail": f"the database is locked or unreachable (this request waited "
-                               f"up to {API_LOCK_WAIT_S:g} s for it): retry after "
-                               f"{DATABASE_RETRY_AFTER_S} s"})
+            status_code=503,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+            content={
+                "detail": f"the database is locked or unreachable (this request waited "
+                f"up to {API_LOCK_WAIT_S:g} s for it): retry after "
+                f"{DATABASE_RETRY_AFTER_S} s"
+            },
+        )
 
     for unavailable in (OperationalError, InterfaceError, PoolTimeout):
         app.add_exception_handler(unavailable, _database_unavailable)

@@ -45,8 +45,9 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 
 def _unauthorized(detail: str, error: str | None = None) -> JSONResponse:
     challenge = 'Bearer realm="seedgrid"' + (f', error="{error}"' if error else "")
-    return JSONResponse({"detail": detail}, status_code=401,
-                        headers={"WWW-Authenticate": challenge})
+    return JSONResponse(
+        {"detail": detail}, status_code=401, headers={"WWW-Authenticate": challenge}
+    )
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -102,18 +103,24 @@ def foreign_origin(headers: Headers, method: str, *, loopback_only: bool) -> str
     if host is not None and loopback_only:
         here = _authority(f"//{host}")
         if here is None or not is_loopback(here[0]):
-            return (f"refused: Host {host[:100]!r} is not a loopback name, and this service "
-                    "listens on loopback without SEEDGRID_API_TOKEN (a page of another site "
-                    "resolved to it); call it as localhost or 127.0.0.1")
+            return (
+                f"refused: Host {host[:100]!r} is not a loopback name, and this service "
+                "listens on loopback without SEEDGRID_API_TOKEN (a page of another site "
+                "resolved to it); call it as localhost or 127.0.0.1"
+            )
     origin = headers.get("origin")
     if origin is not None:
         if not _same_origin(origin, host):
-            return (f"refused: a page of another site (Origin {origin[:100]!r}) cannot call "
-                    "this service without SEEDGRID_API_TOKEN; use its own dashboard at /ui, "
-                    "a client that sends no Origin, or set a token")
+            return (
+                f"refused: a page of another site (Origin {origin[:100]!r}) cannot call "
+                "this service without SEEDGRID_API_TOKEN; use its own dashboard at /ui, "
+                "a client that sends no Origin, or set a token"
+            )
     elif method in UNSAFE_METHODS and headers.get("sec-fetch-site") == "cross-site":
-        return ("refused: a page of another site (Sec-Fetch-Site: cross-site) cannot call "
-                "this service without SEEDGRID_API_TOKEN; use its own dashboard at /ui")
+        return (
+            "refused: a page of another site (Sec-Fetch-Site: cross-site) cannot call "
+            "this service without SEEDGRID_API_TOKEN; use its own dashboard at /ui"
+        )
     return None
 
 
@@ -128,8 +135,15 @@ class RequestGuard:
     handed on only once it is known to fit: at most `max_body_bytes` are ever held.
     """
 
-    def __init__(self, app: ASGIApp, *, token: str, max_body_bytes: int,
-                 public: Collection[tuple[str, str]], loopback_only: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str,
+        max_body_bytes: int,
+        public: Collection[tuple[str, str]],
+        loopback_only: bool = False,
+    ) -> None:
         self.app = app
         self.token = token.encode()
         self.max_body_bytes = max_body_bytes
@@ -174,8 +188,9 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
 
-        pending: list[Message] = [{"type": "http.request", "body": b"".join(chunks),
-                                   "more_body": False}]
+        pending: list[Message] = [
+            {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        ]
 
         async def replay() -> Message:
             return pending.pop() if pending else await receive()
@@ -188,8 +203,9 @@ class RequestGuard:
             return _unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
         scheme, _, credentials = authorization.partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():
-            return _unauthorized("the Authorization header must be 'Bearer <token>'",
-                                 "invalid_request")
+            return _unauthorized(
+                "the Authorization header must be 'Bearer <token>'", "invalid_request"
+            )
         # Header values arrive as latin-1; compare the raw bytes in constant time.
         if not hmac.compare_digest(credentials.strip().encode("latin-1"), self.token):
             return _unauthorized("invalid bearer token", "invalid_token")
@@ -228,8 +244,9 @@ def declare_bearer_auth(app: FastAPI, public: Collection[tuple[str, str]]) -> No
                 operation["security"] = [{BEARER_SCHEME: []}]
                 operation.setdefault("responses", {})["401"] = {
                     "description": "Missing or invalid bearer token",
-                    "content": {"application/json": {"schema": {
-                        "$ref": "#/components/schemas/ErrorDetail"}}},
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/ErrorDetail"}}
+                    },
                 }
         app.openapi_schema = schema
         return schema
@@ -265,9 +282,13 @@ def capped_errors(errors: Sequence[Mapping[str, Any]], unlisted: int = 0) -> lis
     if hidden > 0:
         total = len(errors) + unlisted
         where = list(errors[0].get("loc", ()))[:1] if errors else []
-        shown.append({"loc": where, "type": "too_many_errors",
-                      "msg": f"and {hidden:,} more problems: {len(shown)} of {total:,} are "
-                             "listed"})
+        shown.append(
+            {
+                "loc": where,
+                "type": "too_many_errors",
+                "msg": f"and {hidden:,} more problems: {len(shown)} of {total:,} are listed",
+            }
+        )
     return shown
 
 
@@ -286,10 +307,12 @@ def _head(value: Any, depth: int = 0) -> Any:
     if depth > 8:
         return "..."
     if isinstance(value, dict):
-        return {k: _head(v, depth + 1)
-                for k, v in itertools.islice(value.items(), MAX_ECHOED_INPUT_CHARS // 4)}
+        return {
+            k: _head(v, depth + 1)
+            for k, v in itertools.islice(value.items(), MAX_ECHOED_INPUT_CHARS // 4)
+        }
     if isinstance(value, list | tuple):
-        return [_head(v, depth + 1) for v in value[:MAX_ECHOED_INPUT_CHARS // 2]]
+        return [_head(v, depth + 1) for v in value[: MAX_ECHOED_INPUT_CHARS // 2]]
     if isinstance(value, str):
-        return value[:MAX_ECHOED_INPUT_CHARS + 1]
+        return value[: MAX_ECHOED_INPUT_CHARS + 1]
     return value

@@ -25,8 +25,9 @@ class BackgroundServer:
         self.app = create_app(settings, dispatch=dispatch)
         self.port = port or free_port(settings.host)
         self.url = f"http://{settings.host}:{self.port}"
-        config = uvicorn.Config(self.app, host=settings.host, port=self.port,
-                                log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            self.app, host=settings.host, port=self.port, log_level="warning", lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="seedgrid-api", daemon=True)
 

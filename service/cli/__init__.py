@@ -34,9 +34,22 @@ from service.cli.render import (
 from service.cli.server import warn_of_the_old_default
 from service.client import MAX_RETRIES
 
-__all__ = ["COMPACT_WIDTH", "MAX_RETRIES", "abbreviations", "app", "console", "db_app",
-           "default_url", "err", "main", "print_all_stats", "print_stats", "print_stats_csv",
-           "print_table", "warn_of_the_old_default"]
+__all__ = [
+    "COMPACT_WIDTH",
+    "MAX_RETRIES",
+    "abbreviations",
+    "app",
+    "console",
+    "db_app",
+    "default_url",
+    "err",
+    "main",
+    "print_all_stats",
+    "print_stats",
+    "print_stats_csv",
+    "print_table",
+    "warn_of_the_old_default",
+]
 
 app = typer.Typer(
     add_completion=False,

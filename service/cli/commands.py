@@ -57,21 +57,29 @@ def status(experiment_id: int, url: UrlOpt = None, as_json: JsonOpt = False) -> 
     counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
     render.console.print(
         f"experiment {d['id']} {d['name']} ({d['trainer']}): {d['status']}; "
-        f"{d['n_runs']} runs: {counts}", markup=False
+        f"{d['n_runs']} runs: {counts}",
+        markup=False,
     )
     print_message(d)
     adaptive = d.get("adaptive")
     if adaptive:
         render.console.print(f"adaptive: {adaptive['rule']}", markup=False)
         for look in adaptive["looks"]:
-            interval = ("none" if look["interval"] is None
-                        else f"[{fmt(look['interval'][0])}, {fmt(look['interval'][1])}]")
+            interval = (
+                "none"
+                if look["interval"] is None
+                else f"[{fmt(look['interval'][0])}, {fmt(look['interval'][1])}]"
+            )
             note = f" ({look['note']})" if look["note"] else ""
-            render.console.print(f"  look {look['look']}: {look['seeds_per_condition']} seeds, "
-                                 f"estimate {fmt(look['estimate'])}, {look['confidence']:.2%} "
-                                 f"interval {interval}{note}", markup=False)
-        render.console.print(f"  {adaptive['stop_reason'] or 'next look when the round ends'}",
-                             markup=False)
+            render.console.print(
+                f"  look {look['look']}: {look['seeds_per_condition']} seeds, "
+                f"estimate {fmt(look['estimate'])}, {look['confidence']:.2%} "
+                f"interval {interval}{note}",
+                markup=False,
+            )
+        render.console.print(
+            f"  {adaptive['stop_reason'] or 'next look when the round ends'}", markup=False
+        )
 
 
 def add_seeds(
@@ -82,11 +90,15 @@ def add_seeds(
 ) -> None:
     """Add seeds to every condition of an experiment; their runs join its statistics."""
     with remote.connect(url, 60) as client:
-        added = remote.ask(client, "POST", f"/experiments/{experiment_id}/seeds",
-                           json={"seeds": seeds})
-        render.console.print(f"experiment {experiment_id}: seeds {added['seeds'][0]} to "
-                             f"{added['seeds'][-1]} added, {added['runs_added']} runs queued "
-                             f"({added['n_runs']} in all)", markup=False)
+        added = remote.ask(
+            client, "POST", f"/experiments/{experiment_id}/seeds", json={"seeds": seeds}
+        )
+        render.console.print(
+            f"experiment {experiment_id}: seeds {added['seeds'][0]} to "
+            f"{added['seeds'][-1]} added, {added['runs_added']} runs queued "
+            f"({added['n_runs']} in all)",
+            markup=False,
+        )
         if wait:
             watch(client, experiment_id)
             exit_on_trouble(report(client, experiment_id))
@@ -94,13 +106,20 @@ def add_seeds(
 
 def list_experiments(
     url: UrlOpt = None,
-    name: Annotated[str | None, typer.Option(
-        help="only experiments whose name contains this (case-insensitive)")] = None,
-    status: Annotated[str | None, typer.Option(
-        help="only experiments in this status (queued, running, completed, partial, failed, "
-             "cancelled)")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=EXPERIMENTS_PAGE,
-                                       help="how many, newest first")] = 50,
+    name: Annotated[
+        str | None,
+        typer.Option(help="only experiments whose name contains this (case-insensitive)"),
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            help="only experiments in this status (queued, running, completed, partial, failed, "
+            "cancelled)"
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, max=EXPERIMENTS_PAGE, help="how many, newest first")
+    ] = 50,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
@@ -114,10 +133,19 @@ def list_experiments(
         print_json(experiments)
         return
     columns = ("id", "name", "trainer", "status", "done", "created", "finished")
-    rows = [[str(e["id"]), e["name"], e["trainer"], e["status"],
-             f"{sum(v for k, v in e['counts'].items() if k not in RunStatus.active())}"
-             f"/{e['n_runs']}", _when(e["created_at"]), _when(e["finished_at"])]
-            for e in experiments]
+    rows = [
+        [
+            str(e["id"]),
+            e["name"],
+            e["trainer"],
+            e["status"],
+            f"{sum(v for k, v in e['counts'].items() if k not in RunStatus.active())}"
+            f"/{e['n_runs']}",
+            _when(e["created_at"]),
+            _when(e["finished_at"]),
+        ]
+        for e in experiments
+    ]
     if mode == "csv":
         print_csv(columns, rows)
     elif rows:
@@ -134,11 +162,16 @@ def _when(timestamp: str | None) -> str:
 def runs(
     experiment_id: int,
     url: UrlOpt = None,
-    status: Annotated[str | None, typer.Option(
-        help="only runs in this status (queued, pending, running, completed, failed, "
-             "diverged, cancelled, stopped)")] = None,
-    metric: Annotated[str | None, typer.Option(
-        help="the final metric shown [default: the experiment's]")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            help="only runs in this status (queued, pending, running, completed, failed, "
+            "diverged, cancelled, stopped)"
+        ),
+    ] = None,
+    metric: Annotated[
+        str | None, typer.Option(help="the final metric shown [default: the experiment's]")
+    ] = None,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
@@ -154,21 +187,47 @@ def runs(
         print_json(listed)
         return
     columns = ("id", "condition", "seed", "status", shown, "tries", "why / warnings")
-    rows = [[str(r["id"]), spaced(r["condition_key"]), str(r["seed"]), r["status"],
-             fmt(r["metrics"].get(shown)), str(r["attempts"]), _why(r)] for r in listed]
+    rows = [
+        [
+            str(r["id"]),
+            spaced(r["condition_key"]),
+            str(r["seed"]),
+            r["status"],
+            fmt(r["metrics"].get(shown)),
+            str(r["attempts"]),
+            _why(r),
+        ]
+        for r in listed
+    ]
     if mode == "csv":
-        print_csv([*columns[:-1], "error", "warnings"],
-                  [[*row[:-1], r["error"] or "", "; ".join(w.get("message", str(w))
-                                                             for w in r["warnings"])]
-                   for row, r in zip(rows, listed, strict=True)])
+        print_csv(
+            [*columns[:-1], "error", "warnings"],
+            [
+                [
+                    *row[:-1],
+                    r["error"] or "",
+                    "; ".join(w.get("message", str(w)) for w in r["warnings"]),
+                ]
+                for row, r in zip(rows, listed, strict=True)
+            ],
+        )
         return
-    print_table(f"experiment {experiment_id} runs", columns, rows, {"condition", "why / warnings"},
-                key_factors(r["condition_key"] for r in listed))
+    print_table(
+        f"experiment {experiment_id} runs",
+        columns,
+        rows,
+        {"condition", "why / warnings"},
+        key_factors(r["condition_key"] for r in listed),
+    )
     for r in listed:
         for warning in r["warnings"]:
-            render.console.print(f"run {r['id']} ({r['condition_key']}, seed {r['seed']}) warning: "
-                                 f"{warning.get('message', warning)}", style="yellow", markup=False,
-                                 soft_wrap=True)
+            render.console.print(
+                f"run {r['id']} ({r['condition_key']}, seed {r['seed']}) warning: "
+                f"{warning.get('message', warning)}",
+                style="yellow",
+                markup=False,
+                soft_wrap=True,
+            )
 
 
 def _primary_metric(client: Client, detail: dict[str, Any]) -> str:
@@ -197,8 +256,11 @@ def watch_command(
     runs failed or diverged. Ctrl-C stops watching, not the experiment."""
     with remote.connect(url, 60) as client:
         detail = watch(client, experiment_id, poll)
-        render.console.print(f"experiment {experiment_id} {detail['status']}: "
-                             f"{counts_line(detail['counts'])}", markup=False, soft_wrap=True)
+        render.console.print(
+            f"experiment {experiment_id} {detail['status']}: {counts_line(detail['counts'])}",
+            markup=False,
+            soft_wrap=True,
+        )
         print_message(detail)
         trouble = trouble_summary(client, experiment_id)
     exit_on_trouble(trouble)
@@ -210,10 +272,13 @@ def cancel(experiment_id: int, url: UrlOpt = None) -> None:
     with remote.connect(url, 60) as client:
         d = remote.ask(client, "POST", f"/experiments/{experiment_id}/cancel")
     stopping = d["counts"]["pending"] + d["counts"]["running"]
-    render.console.print(f"experiment {experiment_id} {d['name']}: cancelled; "
-                         f"{d['counts']['cancelled']} runs cancelled"
-                         + (f", {stopping} pending or running runs stopping" if stopping else ""),
-                         markup=False, soft_wrap=True)
+    render.console.print(
+        f"experiment {experiment_id} {d['name']}: cancelled; "
+        f"{d['counts']['cancelled']} runs cancelled"
+        + (f", {stopping} pending or running runs stopping" if stopping else ""),
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def delete(
@@ -227,11 +292,15 @@ def delete(
     with remote.connect(url, 60) as client:
         if not yes:
             d = remote.ask(client, "GET", f"/experiments/{experiment_id}")
-            what = (f"experiment {experiment_id} {d['name']!r} ({d['trainer']}, {d['status']}) "
-                    f"with its {d['n_runs']} run{'s' if d['n_runs'] != 1 else ''}")
+            what = (
+                f"experiment {experiment_id} {d['name']!r} ({d['trainer']}, {d['status']}) "
+                f"with its {d['n_runs']} run{'s' if d['n_runs'] != 1 else ''}"
+            )
             if not sys.stdin.isatty():
-                raise fail(f"not deleting {what}: no one can confirm (stdin is not a "
-                           "terminal); pass --yes to delete it")
+                raise fail(
+                    f"not deleting {what}: no one can confirm (stdin is not a "
+                    "terminal); pass --yes to delete it"
+                )
             if not typer.confirm(f"Delete {what}, their metric points and statistics?"):
                 render.err.print("nothing deleted", markup=False)
                 raise typer.Exit(1)
@@ -242,14 +311,22 @@ def delete(
 def export(
     experiment_id: int,
     url: UrlOpt = None,
-    file_format: Annotated[str, typer.Option(
-        "--format", help="csv or parquet")] = "csv",
-    curves: Annotated[bool, typer.Option(
-        "--curves", help="the metric curves (a row per logged point) instead of a row per "
-                         "run")] = False,
-    output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="file to write [default: experiment-ID-runs.FORMAT, or "
-                               "-curves]", show_default=False)] = None,
+    file_format: Annotated[str, typer.Option("--format", help="csv or parquet")] = "csv",
+    curves: Annotated[
+        bool,
+        typer.Option(
+            "--curves", help="the metric curves (a row per logged point) instead of a row per run"
+        ),
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="file to write [default: experiment-ID-runs.FORMAT, or -curves]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Write an experiment's runs (condition, seed, status, final metrics) or its metric
     curves to a CSV or Parquet file."""
@@ -260,4 +337,3 @@ def export(
     with remote.connect(url, 600) as client:
         written = remote.export(client, experiment_id, target, file_format, what)
     render.console.print(f"wrote {target} ({written:,} bytes)", markup=False, soft_wrap=True)
-

@@ -13,10 +13,16 @@ import service.cli.render as render
 from api_schemas import environment
 from service.spec_file import SpecFileError, load_spec_file
 
-UrlOpt = Annotated[str | None, typer.Option(
-    "--url", envvar=environment.URL, show_default=False,
-    help="seedgrid API address [default: SEEDGRID_URL, else http://SEEDGRID_HOST:SEEDGRID_PORT "
-         "as `seedgrid serve` listens, else http://127.0.0.1:8000]")]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar=environment.URL,
+        show_default=False,
+        help="seedgrid API address [default: SEEDGRID_URL, else http://SEEDGRID_HOST:SEEDGRID_PORT "
+        "as `seedgrid serve` listens, else http://127.0.0.1:8000]",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the API's JSON answer")]
 CsvOpt = Annotated[bool, typer.Option("--csv", help="print the table as CSV")]
 DatabaseUrlOpt = Annotated[

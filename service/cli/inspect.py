@@ -40,8 +40,17 @@ def compare(
     params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
     if metric:
         params["metric"] = metric
-    columns = ("condition", "n a/b", "mean a", "mean b", "mean test", "mean p", "var a/b",
-               "primary ci95", "primary p")
+    columns = (
+        "condition",
+        "n a/b",
+        "mean a",
+        "mean b",
+        "mean test",
+        "mean p",
+        "var a/b",
+        "primary ci95",
+        "primary p",
+    )
     rows: list[list[str]] = []
     pages: list[dict[str, Any]] = []
     offset: int | None = 0
@@ -51,12 +60,19 @@ def compare(
             pages.append(body)
             for side in body["conditions"]:
                 t = side["comparison"]
-                rows.append([spaced(side["condition_key"]), f"{t['n_a']}/{t['n_b']}",
-                             fmt(side["a"]["mean"]), fmt(side["b"]["mean"]),
-                             t.get("mean_test") or "-",
-                             fmt(t.get("mean_p"), 3), fmt(t["var_ratio"], 3),
-                             ratio_interval(t.get("primary_ci95")),
-                             fmt(t.get("primary_p"), 3)])
+                rows.append(
+                    [
+                        spaced(side["condition_key"]),
+                        f"{t['n_a']}/{t['n_b']}",
+                        fmt(side["a"]["mean"]),
+                        fmt(side["b"]["mean"]),
+                        t.get("mean_test") or "-",
+                        fmt(t.get("mean_p"), 3),
+                        fmt(t["var_ratio"], 3),
+                        ratio_interval(t.get("primary_ci95")),
+                        fmt(t.get("primary_p"), 3),
+                    ]
+                )
             offset = body["next_offset"]
     mode = output_mode(as_json, as_csv)
     if mode == "json":
@@ -65,18 +81,26 @@ def compare(
     if mode == "csv":
         print_csv(columns, rows)
         return
-    render.console.print(f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} "
-                         "shared conditions", markup=False)
-    print_table(f"experiment {a} vs {b}: raw p-values, not adjusted for the conditions compared",
-                columns, rows,
-                {"condition", "mean test", "primary ci95"},
-                key_factors(side["condition_key"] for page in pages for side in page["conditions"]),
-                keep_whole={"mean test", "primary ci95"})
+    render.console.print(
+        f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} shared conditions",
+        markup=False,
+    )
+    print_table(
+        f"experiment {a} vs {b}: raw p-values, not adjusted for the conditions compared",
+        columns,
+        rows,
+        {"condition", "mean test", "primary ci95"},
+        key_factors(side["condition_key"] for page in pages for side in page["conditions"]),
+        keep_whole={"mean test", "primary ci95"},
+    )
     if rows:
-        render.console.print("primary p and ci95: the randomisation test of var a/b and the "
-                             "ratios it does not reject (where the seeds pair up, signs flipped "
-                             "within each seed and the mean test a paired t; else runs permuted "
-                             "and Welch's t)", markup=False)
+        render.console.print(
+            "primary p and ci95: the randomisation test of var a/b and the "
+            "ratios it does not reject (where the seeds pair up, signs flipped "
+            "within each seed and the mean test a paired t; else runs permuted "
+            "and Welch's t)",
+            markup=False,
+        )
     for side, keys in (("a", body["only_in_a"]), ("b", body["only_in_b"])):
         if keys:
             render.console.print(f"only in {side}: {', '.join(keys)}", markup=False)
@@ -86,15 +110,29 @@ def stats(
     experiment_id: int,
     url: UrlOpt = None,
     metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
-    show_all: Annotated[bool, typer.Option(
-        "--all", help="every field of every condition and comparison, warnings included, "
-                      "instead of the compact tables")] = False,
-    scale: Annotated[str | None, typer.Option(
-        help="raw: variances of the metric; log: of its logarithm (relative spreads, for a "
-             "positive metric) [default: the spec's analysis.scale]", show_default=False)] = None,
+    show_all: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="every field of every condition and comparison, warnings included, "
+            "instead of the compact tables",
+        ),
+    ] = False,
+    scale: Annotated[
+        str | None,
+        typer.Option(
+            help="raw: variances of the metric; log: of its logarithm (relative spreads, for a "
+            "positive metric) [default: the spec's analysis.scale]",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
-    as_csv: Annotated[bool, typer.Option(
-        "--csv", help="both compact tables as one CSV (its `table` column says which)")] = False,
+    as_csv: Annotated[
+        bool,
+        typer.Option(
+            "--csv", help="both compact tables as one CSV (its `table` column says which)"
+        ),
+    ] = False,
 ) -> None:
     """Per-condition table and variance comparisons of an experiment: the primary test of
     each comparison, its p Holm-adjusted per factor (compact; --all for every field)."""
@@ -120,21 +158,38 @@ def protocol(
         print_json(body)
         return
     run_columns = ("run", "condition", "seed", "status", "verdict", "depth utility pp")
-    run_rows = [[str(r["run_id"]), spaced(r["condition_key"]), str(r["seed"]), r["status"],
-                 r["verdict"], fmt(r.get("depth_utility_pp"), 3)] for r in body["runs"]]
+    run_rows = [
+        [
+            str(r["run_id"]),
+            spaced(r["condition_key"]),
+            str(r["seed"]),
+            r["status"],
+            r["verdict"],
+            fmt(r.get("depth_utility_pp"), 3),
+        ]
+        for r in body["runs"]
+    ]
     if mode == "csv":
         print_csv(run_columns, run_rows)
         return
-    render.console.print(f"experiment {experiment_id}: {body['n_completed']} completed and "
-                         f"{body.get('n_stopped', 0)} stopped runs audited of {body['n_runs']}"
-                         + (f"; depth utility: {body['d3_reason']}" if body.get("d3_reason")
-                            else ""),
-                         markup=False, soft_wrap=True)
+    render.console.print(
+        f"experiment {experiment_id}: {body['n_completed']} completed and "
+        f"{body.get('n_stopped', 0)} stopped runs audited of {body['n_runs']}"
+        + (f"; depth utility: {body['d3_reason']}" if body.get("d3_reason") else ""),
+        markup=False,
+        soft_wrap=True,
+    )
     columns = ("condition", "n", "verdicts", "fired", "depth utility pp")
-    rows = [[spaced(c["condition_key"]) or "(all)", str(c["n"]), spaced(_pairs(c["verdicts"])),
-             spaced(_pairs(c["fired"])),
-             f"{fmt(c['depth_utility_pp_mean'], 3)} ± {fmt(c['depth_utility_pp_std'], 3)}"]
-            for c in body["conditions"]]
+    rows = [
+        [
+            spaced(c["condition_key"]) or "(all)",
+            str(c["n"]),
+            spaced(_pairs(c["verdicts"])),
+            spaced(_pairs(c["fired"])),
+            f"{fmt(c['depth_utility_pp_mean'], 3)} ± {fmt(c['depth_utility_pp_std'], 3)}",
+        ]
+        for c in body["conditions"]
+    ]
     factors = key_factors(r["condition_key"] for r in body["runs"])
     print_table("per condition", columns, rows, {"condition", "verdicts", "fired"}, factors)
     print_table("per run", run_columns, run_rows, {"condition", "verdict"}, factors)
@@ -159,8 +214,10 @@ def trainers(
             print_json(listed)
             return
         columns = ("name", "primary metric", "reports", "description")
-        rows = [[t["name"], t["primary_metric"], ", ".join(t["reports"]) or "-",
-                 t["description"]] for t in listed]
+        rows = [
+            [t["name"], t["primary_metric"], ", ".join(t["reports"]) or "-", t["description"]]
+            for t in listed
+        ]
         if mode == "csv":
             print_csv(columns, rows)
         else:
@@ -177,18 +234,24 @@ def trainers(
         return
     schema = trainer["config_schema"]
     columns = ("field", "type", "default", "meaning")
-    rows = [[field, _schema_type(prop, schema), _default(prop), prop.get("description", "")]
-            for field, prop in schema.get("properties", {}).items()]
+    rows = [
+        [field, _schema_type(prop, schema), _default(prop), prop.get("description", "")]
+        for field, prop in schema.get("properties", {}).items()
+    ]
     if mode == "csv":
         print_csv(columns, rows)
         return
-    render.console.print(f"{trainer['name']}: {trainer['description']}", markup=False,
-                         soft_wrap=True)
+    render.console.print(
+        f"{trainer['name']}: {trainer['description']}", markup=False, soft_wrap=True
+    )
     if trainer["paper"]:
         render.console.print(f"paper: {trainer['paper']}", markup=False, soft_wrap=True)
     render.console.print(f"metrics: {', '.join(trainer['metrics'])}", markup=False, soft_wrap=True)
-    render.console.print("diagnostics (per run, not compared): "
-                         f"{', '.join(trainer['diagnostics'])}", markup=False, soft_wrap=True)
+    render.console.print(
+        f"diagnostics (per run, not compared): {', '.join(trainer['diagnostics'])}",
+        markup=False,
+        soft_wrap=True,
+    )
     print_table("config fields", columns, rows, {"field", "type", "default", "meaning"})
 
 
@@ -215,55 +278,81 @@ def _default(prop: dict[str, Any]) -> str:
 
 
 def plan(
-    ratio: Annotated[float | None, typer.Option(
-        help="variance ratio var_a / var_b to detect: prints the seeds per level")] = None,
-    seeds: Annotated[int | None, typer.Option(
-        help="seeds per level: prints the smallest ratio they detect")] = None,
+    ratio: Annotated[
+        float | None,
+        typer.Option(help="variance ratio var_a / var_b to detect: prints the seeds per level"),
+    ] = None,
+    seeds: Annotated[
+        int | None, typer.Option(help="seeds per level: prints the smallest ratio they detect")
+    ] = None,
     alpha: Annotated[float, typer.Option(help="level of the two-sided primary test")] = 0.05,
     power: Annotated[float, typer.Option(help="probability of detecting it")] = 0.8,
-    paired: Annotated[bool, typer.Option(
-        "--paired/--unpaired",
-        help="the levels run the same seeds (seedgrid's default) or independent ones")] = True,
-    correlation: Annotated[float, typer.Option(
-        help="how much the two levels' results correlate seed by seed, in [0, 0.99] "
-             "(paired only)")] = 0.0,
+    paired: Annotated[
+        bool,
+        typer.Option(
+            "--paired/--unpaired",
+            help="the levels run the same seeds (seedgrid's default) or independent ones",
+        ),
+    ] = True,
+    correlation: Annotated[
+        float,
+        typer.Option(
+            help="how much the two levels' results correlate seed by seed, in [0, 0.99] "
+            "(paired only)"
+        ),
+    ] = 0.0,
 ) -> None:
     """How many seeds a variance comparison needs (no service needed; GET /planning/seeds
     answers the same)."""
     from service.analysis.primary_power import seed_plan
 
     if (ratio is None) == (seeds is None):
-        raise fail("give exactly one of --ratio (to get the seeds per level) and --seeds (to "
-                   "get the detectable ratio)")
+        raise fail(
+            "give exactly one of --ratio (to get the seeds per level) and --seeds (to "
+            "get the detectable ratio)"
+        )
     if ratio is not None and ratio <= 0:
         raise fail(f"--ratio must be above 0, got {ratio}")
     if seeds is not None and seeds < 2:
         raise fail(f"--seeds must be at least 2 (a variance needs two values), got {seeds}")
     if not (0 < alpha < power < 1):
-        raise fail(f"--alpha and --power must satisfy 0 < alpha < power < 1, got {alpha} and "
-                   f"{power}")
+        raise fail(
+            f"--alpha and --power must satisfy 0 < alpha < power < 1, got {alpha} and {power}"
+        )
     if not 0 <= correlation <= 0.99:
         raise fail(f"--correlation must be in [0, 0.99], got {correlation}")
     if correlation > 0 and not paired:
         raise fail("--correlation is for paired seeds: drop it or use --paired")
-    answer = seed_plan(ratio=ratio, seeds=seeds, alpha=alpha, power=power, paired=paired,
-                       correlation=correlation)
+    answer = seed_plan(
+        ratio=ratio, seeds=seeds, alpha=alpha, power=power, paired=paired, correlation=correlation
+    )
     if ratio is not None:
-        result = (f"{answer.seeds_per_level} seeds per level" if answer.seeds_per_level
-                  else answer.note)
-        render.console.print(f"to detect a variance ratio of {ratio:g} (or 1/{ratio:g}) with power "
-                             f"{power:g} at alpha {alpha:g}: {result}", markup=False,
-                             soft_wrap=True)
+        result = (
+            f"{answer.seeds_per_level} seeds per level" if answer.seeds_per_level else answer.note
+        )
+        render.console.print(
+            f"to detect a variance ratio of {ratio:g} (or 1/{ratio:g}) with power "
+            f"{power:g} at alpha {alpha:g}: {result}",
+            markup=False,
+            soft_wrap=True,
+        )
     else:
-        result = (f"{answer.ratio:.3g} (or 1/{answer.ratio:.3g})" if answer.ratio
-                  else answer.note)
-        render.console.print(f"{seeds} seeds per level detect, with power {power:g} at alpha "
-                             f"{alpha:g}, a variance ratio of {result}", markup=False,
-                             soft_wrap=True)
+        result = f"{answer.ratio:.3g} (or 1/{answer.ratio:.3g})" if answer.ratio else answer.note
+        render.console.print(
+            f"{seeds} seeds per level detect, with power {power:g} at alpha "
+            f"{alpha:g}, a variance ratio of {result}",
+            markup=False,
+            soft_wrap=True,
+        )
     if answer.f_test_seeds_per_level is not None or answer.f_test_ratio is not None:
-        promised = (f"{answer.f_test_seeds_per_level} seeds per level" if ratio is not None
-                    else f"a ratio of {answer.f_test_ratio:.3g}")
-        render.console.print(f"(the F-test, if the seeds were normal, would promise {promised})",
-                             markup=False, soft_wrap=True)
+        promised = (
+            f"{answer.f_test_seeds_per_level} seeds per level"
+            if ratio is not None
+            else f"a ratio of {answer.f_test_ratio:.3g}"
+        )
+        render.console.print(
+            f"(the F-test, if the seeds were normal, would promise {promised})",
+            markup=False,
+            soft_wrap=True,
+        )
     render.console.print(f"({answer.method})", markup=False, soft_wrap=True)
-

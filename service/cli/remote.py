@@ -46,21 +46,22 @@ def ask(client: Client, method: str, path: str, **kwargs: Any) -> Any:
         return client.request(method, path, **kwargs)
 
 
-def pages(client: Client, path: str, limit: int, params: dict[str, Any] | None = None
-          ) -> Iterator[Any]:
+def pages(
+    client: Client, path: str, limit: int, params: dict[str, Any] | None = None
+) -> Iterator[Any]:
     """Every item of a paged list endpoint, a page of `limit` at a time."""
     with _stop_on_errors(client):
         yield from client.pages(path, limit, params)
 
 
-def export(client: Client, experiment_id: int, target: Path, file_format: str,
-           what: str) -> int:
+def export(client: Client, experiment_id: int, target: Path, file_format: str, what: str) -> int:
     """The experiment's export written to `target` (Client.export); the bytes written."""
     try:
         return client.export(experiment_id, target, file_format, what)
     except Unreachable as exc:
-        raise fail(f"cannot export from the seedgrid API at {client.base_url}: "
-                   f"{exc.error}") from None
+        raise fail(
+            f"cannot export from the seedgrid API at {client.base_url}: {exc.error}"
+        ) from None
     except ApiError as exc:
         raise refused(exc, fields=False) from None
     except OSError as exc:
@@ -72,9 +73,11 @@ def _stop_on_errors(client: Client) -> Iterator[None]:
     try:
         yield
     except Unreachable as exc:
-        raise fail(f"cannot reach the seedgrid API at {client.base_url} (from "
-                   f"{client.url_source}; set --url or SEEDGRID_URL to reach another): "
-                   f"{exc.error}") from None
+        raise fail(
+            f"cannot reach the seedgrid API at {client.base_url} (from "
+            f"{client.url_source}; set --url or SEEDGRID_URL to reach another): "
+            f"{exc.error}"
+        ) from None
     except ApiError as exc:
         raise refused(exc) from None
 
@@ -87,19 +90,29 @@ def refused(error: ApiError, fields: bool = True) -> typer.Exit:
     """The exit of a command the API refused: a 503 or 429 after its retries, with what they
     waited; with `fields`, a 422's invalid fields one a line."""
     if error.retry_after_s is not None:
-        tried = (f" (after {error.retries} retries over {error.waited_s:.0f} s)"
-                 if error.retries else "")
+        tried = (
+            f" (after {error.retries} retries over {error.waited_s:.0f} s)" if error.retries else ""
+        )
         return fail(f"{_answer(error)}{tried}; it asks to retry in {error.retry_after_s:g} s")
     if error.status_code == 422 and fields:
         detail = error.detail
-        lines = ([f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
-                 if isinstance(detail, list) else [f"  {detail}"])
-        what = ("the spec was rejected" if (error.method, error.path) == ("POST", "/experiments")
-                else f"{error.method} {error.path} was refused")
+        lines = (
+            [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
+            if isinstance(detail, list)
+            else [f"  {detail}"]
+        )
+        what = (
+            "the spec was rejected"
+            if (error.method, error.path) == ("POST", "/experiments")
+            else f"{error.method} {error.path} was refused"
+        )
         return fail(f"{what}:\n" + "\n".join(lines))
     return fail(_answer(error))
 
 
 def _say_retry(error: ApiError, wait_s: float) -> None:
-    render.err.print(f"{_answer(error)}; retrying in {wait_s:g} s ({error.retries + 1} of "
-                     f"{MAX_RETRIES})", markup=False, soft_wrap=True)
+    render.err.print(
+        f"{_answer(error)}; retrying in {wait_s:g} s ({error.retries + 1} of {MAX_RETRIES})",
+        markup=False,
+        soft_wrap=True,
+    )

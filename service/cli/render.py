@@ -22,8 +22,7 @@ from rich.table import Table
 from api_schemas import environment
 
 # A pipe gets 160 columns unless COLUMNS says otherwise (rich reads COLUMNS itself).
-console = Console(width=None if sys.stdout.isatty() or environment.terminal_columns_set()
-                  else 160)
+console = Console(width=None if sys.stdout.isatty() or environment.terminal_columns_set() else 160)
 err = Console(stderr=True)
 
 
@@ -44,8 +43,9 @@ def print_json(data: Any) -> None:
 def print_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(columns)
-    writer.writerows([json.dumps(v) if isinstance(v, list | dict) else v for v in row]
-                     for row in rows)
+    writer.writerows(
+        [json.dumps(v) if isinstance(v, list | dict) else v for v in row] for row in rows
+    )
 
 
 # Longest unbroken word a text column is kept wide enough for; longer ones fold.
@@ -54,9 +54,16 @@ MAX_WORD_WIDTH = 40
 TABLE_GAP = 3
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]],
-                text_columns: set[str], factors: Sequence[str] = (),
-                width: int | None = None, *, keep_whole: Collection[str] = ()) -> None:
+def print_table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    text_columns: set[str],
+    factors: Sequence[str] = (),
+    width: int | None = None,
+    *,
+    keep_whole: Collection[str] = (),
+) -> None:
     """A table that stays readable in a narrow terminal: text columns wrap at spaces (a
     condition key at its commas), the others never wrap and are as wide as their widest cell,
     so that no number is cut. When the words of the text columns are too wide for that with
@@ -67,20 +74,31 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     legend: dict[str, str] = {}
     if _min_width(columns, rows, text_columns, keep_whole) > width and factors:
         legend = abbreviations(factors)
-        rows = [[_abbreviate(cell, legend) if col in text_columns else cell
-                 for col, cell in zip(columns, row, strict=True)] for row in rows]
+        rows = [
+            [
+                _abbreviate(cell, legend) if col in text_columns else cell
+                for col, cell in zip(columns, row, strict=True)
+            ]
+            for row in rows
+        ]
     widths = _column_widths(columns, rows, text_columns, width, keep_whole)
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for name, column_width in zip(columns, widths, strict=True):
-        table.add_column(name, overflow="fold", width=column_width,
-                         justify="left" if name in text_columns else "right")
+        table.add_column(
+            name,
+            overflow="fold",
+            width=column_width,
+            justify="left" if name in text_columns else "right",
+        )
     for row in rows:
         table.add_row(*(escape(cell) for cell in row))
     console.print(table, width=width)
     if legend:
-        console.print("factors: " + ", ".join(f"{short} = {full}"
-                                              for full, short in legend.items()),
-                      markup=False, soft_wrap=True)
+        console.print(
+            "factors: " + ", ".join(f"{short} = {full}" for full, short in legend.items()),
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def stats_factors(stats: dict[str, Any]) -> list[str]:
@@ -92,8 +110,11 @@ def stats_factors(stats: dict[str, Any]) -> list[str]:
 
 def key_factors(keys: Iterator[str] | Sequence[str]) -> list[str]:
     """The factor names in condition keys (`factor=level,factor=level`)."""
-    return list(dict.fromkeys(part.split("=", 1)[0] for key in keys for part in key.split(",")
-                              if "=" in part))
+    return list(
+        dict.fromkeys(
+            part.split("=", 1)[0] for key in keys for part in key.split(",") if "=" in part
+        )
+    )
 
 
 def _word_width(header: str, rows: Sequence[Sequence[str]], i: int) -> int:
@@ -101,29 +122,42 @@ def _word_width(header: str, rows: Sequence[Sequence[str]], i: int) -> int:
     return min(max((len(w) for w in words), default=1), MAX_WORD_WIDTH)
 
 
-def _min_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
-                text_columns: set[str]) -> list[int]:
+def _min_widths(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], text_columns: set[str]
+) -> list[int]:
     """Each column's narrowest width with every word of a text column and every number of
     the others whole (a header may wrap at its spaces)."""
-    return [_word_width(name, rows, i) if name in text_columns
-            else max([len(row[i]) for row in rows] + [len(max(name.split(), key=len))])
-            for i, name in enumerate(columns)]
+    return [
+        _word_width(name, rows, i)
+        if name in text_columns
+        else max([len(row[i]) for row in rows] + [len(max(name.split(), key=len))])
+        for i, name in enumerate(columns)
+    ]
 
 
-def _min_width(columns: Sequence[str], rows: Sequence[Sequence[str]],
-               text_columns: set[str], keep_whole: Collection[str] = ()) -> int:
+def _min_width(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    text_columns: set[str],
+    keep_whole: Collection[str] = (),
+) -> int:
     """The narrowest the table can be with every word, every number and its header, and every
     cell of `keep_whole` whole."""
     narrowest = _min_widths(columns, rows, text_columns - set(keep_whole))
-    widths = [narrowest[i] if name in text_columns
-              else max([len(row[i]) for row in rows] + [len(name)])
-              for i, name in enumerate(columns)]
+    widths = [
+        narrowest[i] if name in text_columns else max([len(row[i]) for row in rows] + [len(name)])
+        for i, name in enumerate(columns)
+    ]
     return sum(widths) + TABLE_GAP * (len(columns) - 1)
 
 
-def _column_widths(columns: Sequence[str], rows: Sequence[Sequence[str]],
-                   text_columns: set[str], width: int,
-                   keep_whole: Collection[str] = ()) -> list[int | None]:
+def _column_widths(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    text_columns: set[str],
+    width: int,
+    keep_whole: Collection[str] = (),
+) -> list[int | None]:
     """Fixed widths that fit `width`: each column's natural width when all fit, else its
     narrowest whole-word width (the cells of `keep_whole` whole, when that fits) with the room
     left given to the number columns first. None each (rich decides, folding inside words)
@@ -195,8 +229,7 @@ def _flag(item: dict[str, Any]) -> str:
 
 
 CONDITION_COLUMNS = ("condition", "n", "mean", "ci95", "std", "noise share", "!")
-COMPARISON_COLUMNS = ("pair", "within", "n", "pairing", "var ratio", "primary ci95", "Holm p",
-                      "!")
+COMPARISON_COLUMNS = ("pair", "within", "n", "pairing", "var ratio", "primary ci95", "Holm p", "!")
 # The significance marks of a Holm-adjusted p-value, as the dashboard shows them.
 SIGNIFICANCE_MARKS = ((0.01, "**"), (0.05, "*"))
 # Ratio intervals whose high end is null when it is unbounded (infinity).
@@ -219,9 +252,18 @@ def ratio_interval(interval: list[float | None] | None, digits: int = 2) -> str:
 
 
 def condition_rows(stats: dict[str, Any]) -> list[list[str]]:
-    return [[spaced(c["condition_key"]) or "(all)", str(c["n"]), fmt(c["mean"]),
-             fmt(c["ci95"]), fmt(c["std"], 3), fmt(c.get("noise_floor_share"), 2), _flag(c)]
-            for c in stats["conditions"]]
+    return [
+        [
+            spaced(c["condition_key"]) or "(all)",
+            str(c["n"]),
+            fmt(c["mean"]),
+            fmt(c["ci95"]),
+            fmt(c["std"], 3),
+            fmt(c.get("noise_floor_share"), 2),
+            _flag(c),
+        ]
+        for c in stats["conditions"]
+    ]
 
 
 def comparison_rows(stats: dict[str, Any], marks: bool = True) -> list[list[str]]:
@@ -232,9 +274,18 @@ def comparison_rows(stats: dict[str, Any], marks: bool = True) -> list[list[str]
         holm = c.get("primary_p_holm_factor")
         mark = _mark(holm) if marks else ""
         shown = fmt(holm, 3) + (f" {mark}" if mark else "")
-        rows.append([f"{c['factor']}: {c['a']} vs {c['b']}", spaced(_within(c)),
-                     f"{c['n_a']}/{c['n_b']}", c.get("pairing") or "-", fmt(c["var_ratio"], 3),
-                     ratio_interval(c.get("primary_ci95")), shown, _flag(c)])
+        rows.append(
+            [
+                f"{c['factor']}: {c['a']} vs {c['b']}",
+                spaced(_within(c)),
+                f"{c['n_a']}/{c['n_b']}",
+                c.get("pairing") or "-",
+                fmt(c["var_ratio"], 3),
+                ratio_interval(c.get("primary_ci95")),
+                shown,
+                _flag(c),
+            ]
+        )
     return rows
 
 
@@ -243,7 +294,8 @@ def print_interim(stats: dict[str, Any], width: int | None = None) -> None:
     if stats.get("interim"):
         note = stats.get("interim_note") or (
             "interim: this adaptive experiment is still adding seeds; every p-value and interval "
-            "here is an interim look, not adjusted for the looks its rule takes")
+            "here is an interim look, not adjusted for the looks its rule takes"
+        )
         console.print(note, style="yellow", markup=False, width=width)
 
 
@@ -260,25 +312,39 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
     factors = stats_factors(stats)
     print_table(title, CONDITION_COLUMNS, condition_rows(stats), {"condition"}, factors, width)
     scale = " (log scale)" if stats.get("scale") == "log" else ""
-    title = (f"variance comparisons of {stats['metric']}{scale}: var_a / var_b within cells, "
-             "primary test; Holm p adjusted per factor")
+    title = (
+        f"variance comparisons of {stats['metric']}{scale}: var_a / var_b within cells, "
+        "primary test; Holm p adjusted per factor"
+    )
     # The interval wraps at its space only when abbreviations leave too little room.
-    print_table(title, COMPARISON_COLUMNS, comparison_rows(stats),
-                {"pair", "within", "primary ci95"}, factors, width, keep_whole={"primary ci95"})
+    print_table(
+        title,
+        COMPARISON_COLUMNS,
+        comparison_rows(stats),
+        {"pair", "within", "primary ci95"},
+        factors,
+        width,
+        keep_whole={"primary ci95"},
+    )
     if stats["comparisons"]:
-        console.print("primary test: randomisation test of squared deviations from the cell "
-                      "medians (paired: signs flipped within each seed; unpaired: permuted "
-                      "within cells); ci95: the ratios it does not reject; Holm p: its p "
-                      "Holm-adjusted over the factor's comparisons (* < 0.05, ** < 0.01). "
-                      "F-test, Brown-Forsythe, the mean test and raw p-values: --all",
-                      markup=False, width=width)
+        console.print(
+            "primary test: randomisation test of squared deviations from the cell "
+            "medians (paired: signs flipped within each seed; unpaired: permuted "
+            "within cells); ci95: the ratios it does not reject; Holm p: its p "
+            "Holm-adjusted over the factor's comparisons (* < 0.05, ** < 0.01). "
+            "F-test, Brown-Forsythe, the mean test and raw p-values: --all",
+            markup=False,
+            width=width,
+        )
     if stats.get("source_decomposition"):
         print_source_decomposition(stats)
     warned = sum(1 for c in stats["comparisons"] + stats["conditions"] if c.get("warnings"))
     if warned:
-        console.print(f"!n: n warnings on {warned} rows (numbers from fewer seeds than they "
-                      "need);\n`seedgrid stats ID --all` lists them with every field",
-                      markup=False)
+        console.print(
+            f"!n: n warnings on {warned} rows (numbers from fewer seeds than they "
+            "need);\n`seedgrid stats ID --all` lists them with every field",
+            markup=False,
+        )
     _print_page(stats)
 
 
@@ -287,17 +353,21 @@ def print_stats_csv(stats: dict[str, Any]) -> None:
     row leaves the other table's columns empty."""
     columns = ["table", *CONDITION_COLUMNS[:-1], *COMPARISON_COLUMNS[:-1], "warnings"]
     blank_c, blank_p = [""] * (len(CONDITION_COLUMNS) - 1), [""] * (len(COMPARISON_COLUMNS) - 1)
-    rows = [["condition", *r[:-1], *blank_p, len(c.get("warnings", []))]
-            for r, c in zip(condition_rows(stats), stats["conditions"], strict=True)]
-    rows += [["comparison", *blank_c, *r[:-1], len(c.get("warnings", []))]
-             for r, c in zip(comparison_rows(stats, marks=False), stats["comparisons"],
-                             strict=True)]
+    rows = [
+        ["condition", *r[:-1], *blank_p, len(c.get("warnings", []))]
+        for r, c in zip(condition_rows(stats), stats["conditions"], strict=True)
+    ]
+    rows += [
+        ["comparison", *blank_c, *r[:-1], len(c.get("warnings", []))]
+        for r, c in zip(comparison_rows(stats, marks=False), stats["comparisons"], strict=True)
+    ]
     print_csv(columns, rows)
 
 
 def print_all_stats(stats: dict[str, Any]) -> None:
     """Every field, one per line, grouped per condition, comparison, family and omnibus test;
     each p-value says whether it is raw or Holm-adjusted."""
+
     def block(title: str, item: dict[str, Any]) -> None:
         console.print(title, markup=False, style="bold")
         for key, value in item.items():
@@ -308,21 +378,26 @@ def print_all_stats(stats: dict[str, Any]) -> None:
                 console.print(f"  {key}: {_field(key, value)}", markup=False, soft_wrap=True)
 
     print_interim(stats)
-    console.print(f"metric {stats['metric']}, scale {stats.get('scale', 'raw')}, bounds "
-                  f"{fmt(stats.get('metric_bounds'))}, {stats['n_completed']} completed runs",
-                  markup=False)
+    console.print(
+        f"metric {stats['metric']}, scale {stats.get('scale', 'raw')}, bounds "
+        f"{fmt(stats.get('metric_bounds'))}, {stats['n_completed']} completed runs",
+        markup=False,
+    )
     for c in stats["conditions"]:
-        block(f"condition {c['condition_key'] or '(all)'}",
-              {k: v for k, v in c.items() if k not in {"condition", "condition_key"}})
+        block(
+            f"condition {c['condition_key'] or '(all)'}",
+            {k: v for k, v in c.items() if k not in {"condition", "condition_key"}},
+        )
     for c in stats["comparisons"]:
-        block(f"comparison {c['factor']}: {c['a']} vs {c['b']} ({_within(c)})",
-              {k: v for k, v in c.items() if k not in {"factor", "a", "b", "within"}})
+        block(
+            f"comparison {c['factor']}: {c['a']} vs {c['b']} ({_within(c)})",
+            {k: v for k, v in c.items() if k not in {"factor", "a", "b", "within"}},
+        )
     for family in stats.get("multiplicity", []):
         name = f"factor {family['factor']}" if family["factor"] is not None else "all"
         block(f"Holm family: {name}", {k: v for k, v in family.items() if k != "factor"})
     for omnibus in stats.get("omnibus", []):
-        block(f"omnibus {omnibus['factor']}",
-              {k: v for k, v in omnibus.items() if k != "factor"})
+        block(f"omnibus {omnibus['factor']}", {k: v for k, v in omnibus.items() if k != "factor"})
     _print_page(stats)
 
 
@@ -345,8 +420,10 @@ def _field(key: str, value: Any) -> str:
 
 def _print_page(stats: dict[str, Any]) -> None:
     if stats.get("next_offset") is not None:
-        console.print(f"showing comparisons {stats['offset'] + 1}-{stats['next_offset']} of "
-                      f"{stats['total_comparisons']}")
+        console.print(
+            f"showing comparisons {stats['offset'] + 1}-{stats['next_offset']} of "
+            f"{stats['total_comparisons']}"
+        )
 
 
 def print_source_decomposition(stats: dict[str, Any]) -> None:
@@ -370,4 +447,3 @@ def print_message(detail: dict[str, Any]) -> None:
     """Why the experiment stopped before all its runs had run (its first runs all failed)."""
     if detail.get("message"):
         console.print(detail["message"], style="red", markup=False, soft_wrap=True)
-

@@ -72,8 +72,11 @@ def sqlite_file(database_url: str) -> Path | None:
     from sqlalchemy.engine import make_url
 
     url = make_url(database_url)
-    if (url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:")
-            or url.query.get("uri")):
+    if (
+        url.get_backend_name() != "sqlite"
+        or url.database in (None, "", ":memory:")
+        or url.query.get("uri")
+    ):
         return None
     return Path(url.database)
 
@@ -88,10 +91,14 @@ def warn_of_the_old_default(settings: Settings) -> None:
     if not on_default_database(settings) or not old.is_file() or old == default.absolute():
         return
     move = "" if default.exists() else f", or move it to {default}"
-    render.err.print(f"warning: {old} is seedgrid's old default database; the default is now "
-                     f"{default}. To keep using this one, set "
-                     f"SEEDGRID_DATABASE_URL=sqlite:///{old}{move}",
-                     markup=False, soft_wrap=True, style="yellow")
+    render.err.print(
+        f"warning: {old} is seedgrid's old default database; the default is now "
+        f"{default}. To keep using this one, set "
+        f"SEEDGRID_DATABASE_URL=sqlite:///{old}{move}",
+        markup=False,
+        soft_wrap=True,
+        style="yellow",
+    )
 
 
 def database_name(settings: Settings) -> str:
@@ -101,8 +108,7 @@ def database_name(settings: Settings) -> str:
     from service.storage.db import masked_url
 
     if on_default_database(settings):
-        return (f"{default_database_path()} (the default; SEEDGRID_DATABASE_URL selects "
-                "another)")
+        return f"{default_database_path()} (the default; SEEDGRID_DATABASE_URL selects another)"
     return masked_url(settings.database_url)
 
 
@@ -114,9 +120,11 @@ def refuse_open_exposure(settings: Settings, insecure: bool, host_option: bool =
     if settings.api_token.get_secret_value() or insecure or is_loopback(settings.host):
         return
     host = f"--host {settings.host}" if host_option else f"SEEDGRID_HOST={settings.host}"
-    raise fail(f"{host} is reachable from other machines and "
-               "SEEDGRID_API_TOKEN is not set: set a token (e.g. `openssl rand -hex 32`), "
-               "listen on 127.0.0.1, or pass --insecure to serve it open anyway")
+    raise fail(
+        f"{host} is reachable from other machines and "
+        "SEEDGRID_API_TOKEN is not set: set a token (e.g. `openssl rand -hex 32`), "
+        "listen on 127.0.0.1, or pass --insecure to serve it open anyway"
+    )
 
 
 def upgrade_schema(settings: Settings) -> None:
@@ -129,8 +137,10 @@ def upgrade_schema(settings: Settings) -> None:
         try:
             default_database_path().parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise fail(f"cannot make the directory of the default database "
-                       f"{default_database_path()}: {exc.strerror}") from None
+            raise fail(
+                f"cannot make the directory of the default database "
+                f"{default_database_path()}: {exc.strerror}"
+            ) from None
     try:
         done = upgrade_database(settings.database_url)
     except DatabaseError as exc:
@@ -142,8 +152,9 @@ def upgrade_schema(settings: Settings) -> None:
         change = f"schema at revision {done.after}, up to date"
     else:
         change = f"schema upgraded from {done.before or 'an empty database'} to {done.after}"
-    render.console.print(f"database {database_name(settings)}: {change}", markup=False,
-                         soft_wrap=True)
+    render.console.print(
+        f"database {database_name(settings)}: {change}", markup=False, soft_wrap=True
+    )
 
 
 def end_ray() -> None:
@@ -166,8 +177,11 @@ def connect_ray(settings: Settings) -> None:
     try:
         ensure_ray(settings)
     except Exception as exc:
-        where = (f"connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}"
-                 if settings.ray_address else "start a local Ray")
+        where = (
+            f"connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}"
+            if settings.ray_address
+            else "start a local Ray"
+        )
         raise fail(f"cannot {where}: {_first_line(exc)}") from None
 
 
@@ -202,30 +216,45 @@ def ray_ended_on_exit() -> Iterator[None]:
 def serve(
     dispatch: Annotated[
         bool,
-        typer.Option(help="run the dispatcher in this process (embedded mode); --no-dispatch: "
-                          "the API only, with `seedgrid dispatcher` running elsewhere"),
+        typer.Option(
+            help="run the dispatcher in this process (embedded mode); --no-dispatch: "
+            "the API only, with `seedgrid dispatcher` running elsewhere"
+        ),
     ] = True,
     workers: Annotated[
         int, typer.Option(min=1, help="API worker processes (more than 1 needs --no-dispatch)")
     ] = 1,
     insecure: Annotated[
         bool,
-        typer.Option("--insecure", help="listen on a non-loopback SEEDGRID_HOST without "
-                                        "SEEDGRID_API_TOKEN (anyone who reaches it can submit)"),
+        typer.Option(
+            "--insecure",
+            help="listen on a non-loopback SEEDGRID_HOST without "
+            "SEEDGRID_API_TOKEN (anyone who reaches it can submit)",
+        ),
     ] = False,
-    host: Annotated[str | None, typer.Option(
-        help="address to listen on [default: SEEDGRID_HOST, else 127.0.0.1]",
-        show_default=False)] = None,
-    port: Annotated[int | None, typer.Option(
-        help="port to listen on [default: SEEDGRID_PORT, else 8000]; the client commands "
-             "find it when SEEDGRID_PORT says the same", show_default=False)] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="address to listen on [default: SEEDGRID_HOST, else 127.0.0.1]", show_default=False
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="port to listen on [default: SEEDGRID_PORT, else 8000]; the client commands "
+            "find it when SEEDGRID_PORT says the same",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API (and, by default, the dispatcher) with uvicorn."""
     import uvicorn
 
     if workers > 1 and dispatch:
-        raise fail("--workers: more than one worker process needs --no-dispatch (run the "
-                   "dispatcher as its own process: `seedgrid dispatcher`)")
+        raise fail(
+            "--workers: more than one worker process needs --no-dispatch (run the "
+            "dispatcher as its own process: `seedgrid dispatcher`)"
+        )
     settings = load_settings(host=host, port=port)
     refuse_open_exposure(settings, insecure, host_option=host is not None)
     log_to_stderr(settings.log_level)
@@ -237,12 +266,22 @@ def serve(
             # Ray from the main thread (see connect_ray), also for a standby: it is then ready to
             # take over at once.
             connect_ray(settings)
-            uvicorn.run(create_app(settings, dispatch=True), host=settings.host,
-                        port=settings.port, log_level=settings.log_level)
+            uvicorn.run(
+                create_app(settings, dispatch=True),
+                host=settings.host,
+                port=settings.port,
+                log_level=settings.log_level,
+            )
         else:
             # Each worker process builds its app from the same SEEDGRID_* environment.
-            uvicorn.run("service.api.app:create_api_app", factory=True, workers=workers,
-                        host=settings.host, port=settings.port, log_level=settings.log_level)
+            uvicorn.run(
+                "service.api.app:create_api_app",
+                factory=True,
+                workers=workers,
+                host=settings.host,
+                port=settings.port,
+                log_level=settings.log_level,
+            )
 
 
 def dispatcher() -> None:
@@ -303,7 +342,8 @@ def run(
             render.console.print(
                 f"experiment {created['id']} {created['name']}: "
                 f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
-                f"(API at {server.url})", markup=False
+                f"(API at {server.url})",
+                markup=False,
             )
             watch(client, created["id"], in_process=database_name(settings))
             trouble = report(client, created["id"], metric)
@@ -325,10 +365,15 @@ def db_current(database_url: DatabaseUrlOpt = None) -> None:
     name = database_name(settings)
     path = sqlite_file(settings.database_url)
     if path is not None and not path.is_file():
-        raise fail(f"there is no database at {path}" + (
-            " (the default; `seedgrid serve` or `seedgrid db upgrade` makes it, "
-            "SEEDGRID_DATABASE_URL or --database-url selects another)"
-            if on_default_database(settings) else ""))
+        raise fail(
+            f"there is no database at {path}"
+            + (
+                " (the default; `seedgrid serve` or `seedgrid db upgrade` makes it, "
+                "SEEDGRID_DATABASE_URL or --database-url selects another)"
+                if on_default_database(settings)
+                else ""
+            )
+        )
     try:
         revision = database_revision(settings.database_url)
     except DatabaseError as exc:
@@ -339,4 +384,3 @@ def db_current(database_url: DatabaseUrlOpt = None) -> None:
     else:
         state = f"revision {revision}" + (" (head)" if revision == head else f", head is {head}")
     render.console.print(f"database {name}: {state}", markup=False, soft_wrap=True)
-

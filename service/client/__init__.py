@@ -43,8 +43,23 @@ from service.client.http import (
 )
 
 __all__ = [
-    "DEFAULT_HOST", "DEFAULT_PORT", "DEFAULT_RETRY_AFTER_S", "MAX_RETRIES", "MAX_RETRY_WAIT_S",
-    "POINT_COLUMNS", "RETRIED_STATUSES", "WILDCARD_HOSTS", "ApiError", "Client", "RetryHook",
-    "StatsFrames", "Unreachable", "default_address", "default_url", "error_detail",
-    "has_ended", "http_url", "retry_after_s",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "DEFAULT_RETRY_AFTER_S",
+    "MAX_RETRIES",
+    "MAX_RETRY_WAIT_S",
+    "POINT_COLUMNS",
+    "RETRIED_STATUSES",
+    "WILDCARD_HOSTS",
+    "ApiError",
+    "Client",
+    "RetryHook",
+    "StatsFrames",
+    "Unreachable",
+    "default_address",
+    "default_url",
+    "error_detail",
+    "has_ended",
+    "http_url",
+    "retry_after_s",
 ]

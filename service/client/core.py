@@ -78,11 +78,18 @@ class Client:
     `max_retry_wait_s` of waiting in all (`on_retry` is told before each); `transport` replaces
     the network (httpx.MockTransport, in tests)."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, *,
-                 timeout_s: float = 60.0, retries: int = MAX_RETRIES,
-                 max_retry_wait_s: float = MAX_RETRY_WAIT_S, on_retry: RetryHook | None = None,
-                 url_source: str = "the url given",
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float = 60.0,
+        retries: int = MAX_RETRIES,
+        max_retry_wait_s: float = MAX_RETRY_WAIT_S,
+        on_retry: RetryHook | None = None,
+        url_source: str = "the url given",
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         if url:
             self.url, self.url_source = url, url_source
         else:
@@ -92,8 +99,9 @@ class Client:
         self.on_retry = on_retry
         token = token if token is not None else environment.text(environment.API_TOKEN)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers,
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout_s, headers=headers, transport=transport
+        )
 
     @property
     def base_url(self) -> str:
@@ -106,8 +114,12 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.close()
 
     # -- experiments ---------------------------------------------------------------------------
@@ -125,15 +137,22 @@ class Client:
     def experiment(self, experiment_id: int) -> ExperimentDetail:
         return ExperimentDetail.model_validate(self.request("GET", f"/experiments/{experiment_id}"))
 
-    def experiments(self, status: ExperimentStatus | str | None = None
-                    ) -> list[ExperimentSummary]:
+    def experiments(self, status: ExperimentStatus | str | None = None) -> list[ExperimentSummary]:
         """Every experiment (newest first), optionally of one status."""
         params = {} if status is None else {"status": str(status)}
-        return [ExperimentSummary.model_validate(e)
-                for e in self.pages("/experiments", EXPERIMENTS_PAGE, params)]
+        return [
+            ExperimentSummary.model_validate(e)
+            for e in self.pages("/experiments", EXPERIMENTS_PAGE, params)
+        ]
 
-    def wait(self, experiment_id: int, *, progress: bool = True, poll_s: float = 0.5,
-             timeout_s: float | None = None) -> ExperimentDetail:
+    def wait(
+        self,
+        experiment_id: int,
+        *,
+        progress: bool = True,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
+    ) -> ExperimentDetail:
         """Poll until every run of the experiment has ended; with `progress`, a progress bar of
         ended runs (rich). TimeoutError after `timeout_s` (None: no limit)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -143,16 +162,24 @@ class Client:
                 _sleep_or_time_out(poll_s, deadline, detail)
                 detail = self.experiment(experiment_id)
             return detail
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[counts]}"), TimeElapsedColumn()) as bar:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TimeElapsedColumn(),
+        ) as bar:
             task = bar.add_task(detail.name, total=detail.n_runs, counts="")
             while True:
                 counts = detail.counts.model_dump()
-                ended = sum(n for status, n in counts.items()
-                            if status not in RunStatus.active())
+                ended = sum(n for status, n in counts.items() if status not in RunStatus.active())
                 # an adaptive experiment's total grows with each round
-                bar.update(task, total=detail.n_runs, completed=ended,
-                           counts=", ".join(f"{s} {n}" for s, n in counts.items() if n))
+                bar.update(
+                    task,
+                    total=detail.n_runs,
+                    completed=ended,
+                    counts=", ".join(f"{s} {n}" for s, n in counts.items() if n),
+                )
                 if _ended(detail):
                     return detail
                 _sleep_or_time_out(poll_s, deadline, detail)
@@ -160,22 +187,24 @@ class Client:
 
     def cancel(self, experiment_id: int) -> ExperimentDetail:
         return ExperimentDetail.model_validate(
-            self.request("POST", f"/experiments/{experiment_id}/cancel"))
+            self.request("POST", f"/experiments/{experiment_id}/cancel")
+        )
 
     def add_seeds(self, experiment_id: int, seeds: int | list[int]) -> SeedsAdded:
         """More seeds for every condition: a count (the next unused seeds) or explicit seeds."""
-        body = AddSeeds.model_validate({"seeds": seeds}).model_dump(mode="json",
-                                                                    exclude_unset=True)
+        body = AddSeeds.model_validate({"seeds": seeds}).model_dump(mode="json", exclude_unset=True)
         return SeedsAdded.model_validate(
-            self.request("POST", f"/experiments/{experiment_id}/seeds", json=body))
+            self.request("POST", f"/experiments/{experiment_id}/seeds", json=body)
+        )
 
     # -- runs ----------------------------------------------------------------------------------
-    def run_list(self, experiment_id: int, status: RunStatus | str | None = None
-                 ) -> list[RunOut]:
+    def run_list(self, experiment_id: int, status: RunStatus | str | None = None) -> list[RunOut]:
         """Every run of the experiment as the API's models, in run order."""
         params = {} if status is None else {"status": str(status)}
-        return [RunOut.model_validate(r) for r in
-                self.pages(f"/experiments/{experiment_id}/runs", RUNS_PAGE, params)]
+        return [
+            RunOut.model_validate(r)
+            for r in self.pages(f"/experiments/{experiment_id}/runs", RUNS_PAGE, params)
+        ]
 
     def runs(self, experiment_id: int, status: RunStatus | str | None = None) -> pd.DataFrame:
         """One row per run: id, seed, status, condition_key, one column per grid factor, each
@@ -184,22 +213,36 @@ class Client:
 
         rows = []
         for run in self.run_list(experiment_id, status):
-            row: dict[str, Any] = {"run_id": run.id, "seed": run.seed,
-                                   "status": str(run.status),
-                                   "condition_key": run.condition_key}
+            row: dict[str, Any] = {
+                "run_id": run.id,
+                "seed": run.seed,
+                "status": str(run.status),
+                "condition_key": run.condition_key,
+            }
             row.update(_factor_columns(run.condition, reserved=row))
             row.update({f"metric.{name}": value for name, value in run.metrics.items()})
-            row.update({"attempts": run.attempts, "error": run.error,
-                        "started_at": run.started_at, "finished_at": run.finished_at,
-                        "warnings": len(run.warnings)})
+            row.update(
+                {
+                    "attempts": run.attempts,
+                    "error": run.error,
+                    "started_at": run.started_at,
+                    "finished_at": run.finished_at,
+                    "warnings": len(run.warnings),
+                }
+            )
             rows.append(row)
         return pd.DataFrame(rows)
 
     def run(self, run_id: int) -> RunDetail:
         return RunDetail.model_validate(self.request("GET", f"/runs/{run_id}"))
 
-    def curves(self, experiment_id: int | None = None, *, run_ids: list[int] | None = None,
-               name: str | None = None) -> pd.DataFrame:
+    def curves(
+        self,
+        experiment_id: int | None = None,
+        *,
+        run_ids: list[int] | None = None,
+        name: str | None = None,
+    ) -> pd.DataFrame:
         """Metric curves in long form: run_id, seed, condition_key, one column per grid factor,
         step, epoch, name, value; of every run of an experiment, or of the given runs.
         `name` keeps one metric."""
@@ -207,16 +250,24 @@ class Client:
 
         if (experiment_id is None) == (run_ids is None):
             raise ValueError("give either experiment_id or run_ids")
-        runs: list[RunOut] = (self.run_list(experiment_id) if experiment_id is not None
-                              else [self.run(i) for i in run_ids or []])
+        runs: list[RunOut] = (
+            self.run_list(experiment_id)
+            if experiment_id is not None
+            else [self.run(i) for i in run_ids or []]
+        )
         frames = []
         for run in runs:
-            points = list(self.pages(f"/runs/{run.id}/metrics", POINTS_PAGE,
-                                      {} if name is None else {"name": name}))
-            head: dict[str, Any] = {"run_id": run.id, "seed": run.seed,
-                                    "condition_key": run.condition_key}
-            head.update(_factor_columns(run.condition,
-                                        reserved={*head, *POINT_COLUMNS}))
+            points = list(
+                self.pages(
+                    f"/runs/{run.id}/metrics", POINTS_PAGE, {} if name is None else {"name": name}
+                )
+            )
+            head: dict[str, Any] = {
+                "run_id": run.id,
+                "seed": run.seed,
+                "condition_key": run.condition_key,
+            }
+            head.update(_factor_columns(run.condition, reserved={*head, *POINT_COLUMNS}))
             frame = pd.DataFrame(points, columns=POINT_COLUMNS).assign(**head)
             frames.append(frame[[*head, *POINT_COLUMNS]])
         if not frames:
@@ -224,8 +275,13 @@ class Client:
         return pd.concat(frames, ignore_index=True)
 
     # -- statistics ----------------------------------------------------------------------------
-    def stats(self, experiment_id: int, metric: str | None = None,
-              factor: str | None = None, scale: str | None = None) -> StatsFrames:
+    def stats(
+        self,
+        experiment_id: int,
+        metric: str | None = None,
+        factor: str | None = None,
+        scale: str | None = None,
+    ) -> StatsFrames:
         """/stats of `metric` (default: the spec's) on `scale` ("raw" or "log"; default: the
         spec's analysis.scale), every comparison (pages followed), as DataFrames: conditions
         (one column per grid factor, then the summary; intervals split into `<name>_low` and
@@ -244,7 +300,8 @@ class Client:
         comparisons = list(stats.comparisons)
         while stats.next_offset is not None:
             page = Stats.model_validate(
-                self.request("GET", path, params={**params, "offset": stats.next_offset}))
+                self.request("GET", path, params={**params, "offset": stats.next_offset})
+            )
             comparisons += page.comparisons
             stats = stats.model_copy(update={"next_offset": page.next_offset})
         stats = stats.model_copy(update={"comparisons": comparisons, "offset": 0})
@@ -256,8 +313,11 @@ class Client:
             row.update(_split_intervals(fields))
             condition_rows.append(row)
         comparison_rows = [_split_intervals(c.model_dump(mode="json")) for c in comparisons]
-        return StatsFrames(conditions=pd.DataFrame(condition_rows),
-                           comparisons=pd.DataFrame(comparison_rows), stats=stats)
+        return StatsFrames(
+            conditions=pd.DataFrame(condition_rows),
+            comparisons=pd.DataFrame(comparison_rows),
+            stats=stats,
+        )
 
     def compare(self, a: int, b: int, metric: str | None = None) -> ExperimentComparison:
         """/compare of two experiments, every shared condition (pages followed)."""
@@ -267,8 +327,9 @@ class Client:
         result = ExperimentComparison.model_validate(self.request("GET", "/compare", params=params))
         conditions = list(result.conditions)
         while result.next_offset is not None:
-            page = ExperimentComparison.model_validate(self.request(
-                "GET", "/compare", params={**params, "offset": result.next_offset}))
+            page = ExperimentComparison.model_validate(
+                self.request("GET", "/compare", params={**params, "offset": result.next_offset})
+            )
             conditions += page.conditions
             result = result.model_copy(update={"next_offset": page.next_offset})
         return result.model_copy(update={"conditions": conditions, "offset": 0})
@@ -281,8 +342,9 @@ class Client:
         return Health.model_validate(self.request("GET", "/healthz"))
 
     # -- exports -------------------------------------------------------------------------------
-    def export(self, experiment_id: int, target: str | Path, file_format: str = "csv",
-               what: str = "runs") -> int:
+    def export(
+        self, experiment_id: int, target: str | Path, file_format: str = "csv", what: str = "runs"
+    ) -> int:
         """GET /experiments/{id}/export (`what`: runs or curves; `file_format`: csv or parquet)
         streamed into `target`, through a temporary file beside it, so that a broken download
         never leaves a truncated file under the name asked for; the bytes written. An OSError
@@ -290,8 +352,11 @@ class Client:
         target = Path(target)
         partial = target.with_name(target.name + ".part")
         written = 0
-        with self.stream("GET", f"/experiments/{experiment_id}/export",
-                         params={"format": file_format, "what": what}) as response:
+        with self.stream(
+            "GET",
+            f"/experiments/{experiment_id}/export",
+            params={"format": file_format, "what": what},
+        ) as response:
             try:
                 with partial.open("wb") as out:
                     for chunk in response.iter_bytes():
@@ -336,21 +401,24 @@ class Client:
             time.sleep(wait)
             retry, waited_s = retry + 1, waited_s + wait
 
-    def pages(self, path: str, limit: int, params: Mapping[str, Any] | None = None
-              ) -> Iterator[Any]:
+    def pages(
+        self, path: str, limit: int, params: Mapping[str, Any] | None = None
+    ) -> Iterator[Any]:
         """Every item of a paged list: pages of `limit` (the endpoint's page size,
         api_schemas.pages) from offset 0 until one comes back short."""
         offset = 0
         while True:
-            page = self.request("GET", path,
-                                params={**(params or {}), "limit": limit, "offset": offset})
+            page = self.request(
+                "GET", path, params={**(params or {}), "limit": limit, "offset": offset}
+            )
             yield from page
             if len(page) < limit:
                 return
             offset += len(page)
 
-    def _retry_wait(self, method: str, path: str, response: httpx.Response, retry: int,
-                    waited_s: float) -> float:
+    def _retry_wait(
+        self, method: str, path: str, response: httpx.Response, retry: int, waited_s: float
+    ) -> float:
         """The seconds to wait before sending a refused request again, after telling
         `on_retry`; raises the answer as an ApiError when it is not one to retry, or when the
         retries or their time are used up."""
@@ -370,8 +438,9 @@ class Client:
 def has_ended(status: ExperimentStatus | str, counts: Mapping[str, int]) -> bool:
     """Whether an experiment is over: its status one that has ended, and none of its runs
     (`counts`: runs per run status) still active."""
-    return (status in ExperimentStatus.ended()
-            and not any(counts.get(s, 0) for s in RunStatus.active()))
+    return status in ExperimentStatus.ended() and not any(
+        counts.get(s, 0) for s in RunStatus.active()
+    )
 
 
 def _ended(detail: ExperimentDetail) -> bool:
@@ -380,13 +449,13 @@ def _ended(detail: ExperimentDetail) -> bool:
 
 def _sleep_or_time_out(poll_s: float, deadline: float | None, detail: ExperimentDetail) -> None:
     if deadline is not None and time.monotonic() + poll_s > deadline:
-        raise TimeoutError(f"experiment {detail.id} is still {detail.status} "
-                           f"({detail.counts.model_dump()})")
+        raise TimeoutError(
+            f"experiment {detail.id} is still {detail.status} ({detail.counts.model_dump()})"
+        )
     time.sleep(poll_s)
 
 
-def _factor_columns(condition: Mapping[str, Any], *, reserved: Collection[str]
-                    ) -> dict[str, Any]:
+def _factor_columns(condition: Mapping[str, Any], *, reserved: Collection[str]) -> dict[str, Any]:
     """A condition's factors as columns; a factor whose name another column already has
     becomes `condition.<name>`."""
     return {(f"condition.{k}" if k in reserved else k): v for k, v in condition.items()}

@@ -32,9 +32,17 @@ class ApiError(Exception):
     (`waited_s`) and the wait the last answer asked for (`retry_after_s`; None for an answer
     that is not retried)."""
 
-    def __init__(self, method: str, path: str, status_code: int, detail: Any, *,
-                 retries: int = 0, waited_s: float = 0.0,
-                 retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        status_code: int,
+        detail: Any,
+        *,
+        retries: int = 0,
+        waited_s: float = 0.0,
+        retry_after_s: float | None = None,
+    ) -> None:
         self.method = method
         self.path = path
         self.status_code = status_code
@@ -43,8 +51,11 @@ class ApiError(Exception):
         self.waited_s = waited_s
         self.retry_after_s = retry_after_s
         if isinstance(detail, list):
-            shown = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
-                              for e in detail if isinstance(e, dict))
+            shown = "; ".join(
+                f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
+                for e in detail
+                if isinstance(e, dict)
+            )
         else:
             shown = str(detail)
         super().__init__(f"{method} {path}: {status_code} {shown}")
@@ -80,8 +91,7 @@ def default_address() -> tuple[str, str]:
     host = environment.text(environment.HOST) or DEFAULT_HOST
     port_text = environment.text(environment.PORT) or str(DEFAULT_PORT)
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise environment.BadVariable(environment.PORT, port_text,
-                                      "a port number from 1 to 65535")
+        raise environment.BadVariable(environment.PORT, port_text, "a port number from 1 to 65535")
     given = [name for name in (environment.HOST, environment.PORT) if environment.is_set(name)]
     source = " and ".join(given) if given else "the default address"
     return http_url(host, int(port_text)), source

@@ -38,8 +38,13 @@ if TYPE_CHECKING:
     from service.scheduling.preflight import ClusterPreflight
 
 
-def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Settings,
-                      preflight: ClusterPreflight | None = None) -> Experiment:
+def create_experiment(
+    *,
+    session: Session,
+    spec: ExperimentSpec,
+    settings: Settings,
+    preflight: ClusterPreflight | None = None,
+) -> Experiment:
     """Validate, check on the cluster (`preflight`: what would fail every run before it
     trains), expand into condition x seed runs and store everything in one transaction.
     The spec's config is stored once, with the experiment; a run stores its condition."""
@@ -72,8 +77,9 @@ def create_experiment(*, session: Session, spec: ExperimentSpec, settings: Setti
     return experiment
 
 
-def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
-              settings: Settings) -> SeedsAdded:
+def add_seeds(
+    *, session: Session, experiment_id: int, request: AddSeeds, settings: Settings
+) -> SeedsAdded:
     """More seeds for every condition of an experiment, queued now; their runs join its
     statistics as they complete. An ended experiment runs again; a cancelled one is a
     Conflict, and so is an adaptive one, stopped or not: its rule decides its seeds, and seeds
@@ -88,39 +94,62 @@ def add_seeds(*, session: Session, experiment_id: int, request: AddSeeds,
     if experiment.cancel_requested or experiment.status == ExperimentStatus.cancelled:
         raise Conflict(f"experiment {experiment_id} was cancelled: submit a new one")
     if experiment.adaptive is not None:
-        raise Conflict(f"experiment {experiment_id} is adaptive: its rule decides its seeds "
-                       "(experiment.adaptive), and seeds added by hand, even after it stopped, "
-                       "would be a look the rule did not count, so its false-stop rate would "
-                       "no longer be its alpha; submit a new experiment for more seeds")
-    have = set(session.exec(select(Run.seed).where(Run.experiment_id == experiment_id)
-                            .distinct()).all())
+        raise Conflict(
+            f"experiment {experiment_id} is adaptive: its rule decides its seeds "
+            "(experiment.adaptive), and seeds added by hand, even after it stopped, "
+            "would be a look the rule did not count, so its false-stop rate would "
+            "no longer be its alpha; submit a new experiment for more seeds"
+        )
+    have = set(
+        session.exec(select(Run.seed).where(Run.experiment_id == experiment_id).distinct()).all()
+    )
     if isinstance(request.seeds, int):
         start = max(have, default=-1) + 1
         seeds = list(range(start, start + request.seeds))
         if seeds[-1] > MAX_SEED:
-            raise SpecError([body_error(["seeds"], f"the next {request.seeds} seeds after "
-                                    f"{start - 1} pass the largest seed, {MAX_SEED}")])
+            raise SpecError(
+                [
+                    body_error(
+                        ["seeds"],
+                        f"the next {request.seeds} seeds after "
+                        f"{start - 1} pass the largest seed, {MAX_SEED}",
+                    )
+                ]
+            )
     else:
         seeds = list(request.seeds)
         repeated = sorted(have.intersection(seeds))
         if repeated:
-            raise SpecError([body_error(["seeds"], f"experiment {experiment_id} has seeds "
-                                    f"{repeated[:10]} already")])
+            raise SpecError(
+                [
+                    body_error(
+                        ["seeds"], f"experiment {experiment_id} has seeds {repeated[:10]} already"
+                    )
+                ]
+            )
     spec = experiment.stored_spec
     conditions = grid_conditions(stats_grid(spec))
     adding = len(conditions) * len(seeds)
     if experiment.n_runs + adding > settings.max_runs_per_experiment:
-        raise SpecError([body_error(["seeds"], f"{experiment.n_runs} runs + {len(conditions)} "
-                                f"conditions x {len(seeds)} seeds = {experiment.n_runs + adding} "
-                                f"runs, over the limit of {settings.max_runs_per_experiment} "
-                                "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)")])
+        raise SpecError(
+            [
+                body_error(
+                    ["seeds"],
+                    f"{experiment.n_runs} runs + {len(conditions)} "
+                    f"conditions x {len(seeds)} seeds = {experiment.n_runs + adding} "
+                    f"runs, over the limit of {settings.max_runs_per_experiment} "
+                    "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)",
+                )
+            ]
+        )
     queued = count_queue(session, store, adding, settings)
     store.add_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
     recount_queue(session, store, queued, adding, settings)
     store.commit()
     session.refresh(experiment)
-    return SeedsAdded(experiment_id=experiment_id, seeds=seeds, runs_added=adding,
-                      n_runs=experiment.n_runs)
+    return SeedsAdded(
+        experiment_id=experiment_id, seeds=seeds, runs_added=adding, n_runs=experiment.n_runs
+    )
 
 
 def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
@@ -158,8 +187,10 @@ def delete_experiment(*, session: Session, experiment_id: int) -> None:
         raise NotFound(f"experiment {experiment_id} not found")
     active = experiment_counts(experiment).active
     if active or experiment.status in ExperimentStatus.active():
-        raise Conflict(f"experiment {experiment_id} is {experiment.status} ({active} runs queued, "
-                       f"pending or running): cancel it (POST /experiments/{experiment_id}/cancel) "
-                       "and delete it once its runs have ended")
+        raise Conflict(
+            f"experiment {experiment_id} is {experiment.status} ({active} runs queued, "
+            f"pending or running): cancel it (POST /experiments/{experiment_id}/cancel) "
+            "and delete it once its runs have ended"
+        )
     store.mark_deleted(experiment_id)
     store.commit()

@@ -41,42 +41,63 @@ def _config_errors(trainer: Trainer, config: dict[str, Any]) -> tuple[list[dict[
     fields and a place in a 25.7 MB answer)."""
     fields = trainer.Config.model_fields
     unknown = [key for key in config if key not in fields]
-    errors = [body_error(["config", key], unknown_field(trainer, key), "extra_forbidden")
-              for key in unknown[:MAX_ERRORS_SHOWN]]
+    errors = [
+        body_error(["config", key], unknown_field(trainer, key), "extra_forbidden")
+        for key in unknown[:MAX_ERRORS_SHOWN]
+    ]
     try:  # the known fields' values, once the unknown ones are out of the way
         trainer.Config.model_validate({k: v for k, v in config.items() if k in fields})
     except pydantic.ValidationError as exc:
-        errors += [body_error(["config", *err["loc"]], err["msg"], err["type"])
-                   for err in exc.errors(include_url=False, include_context=False,
-                                         include_input=False)]
+        errors += [
+            body_error(["config", *err["loc"]], err["msg"], err["type"])
+            for err in exc.errors(include_url=False, include_context=False, include_input=False)
+        ]
     return errors, max(0, len(unknown) - MAX_ERRORS_SHOWN)
 
 
-def _named_comparison_errors(named: NamedComparison, grid: dict[str, list[Any]],
-                             loc: list[str]) -> list[dict[str, Any]]:
+def _named_comparison_errors(
+    named: NamedComparison, grid: dict[str, list[Any]], loc: list[str]
+) -> list[dict[str, Any]]:
     """A named comparison must be one /stats serves: two different levels of a grid factor,
     within levels of all the other factors or pooled over them."""
     if named.factor not in grid:
-        return [body_error([*loc, "factor"], f"{named.factor!r} is not a factor of the grid; its "
-                       f"factors: {', '.join(grid) or 'none'}")]
+        return [
+            body_error(
+                [*loc, "factor"],
+                f"{named.factor!r} is not a factor of the grid; its "
+                f"factors: {', '.join(grid) or 'none'}",
+            )
+        ]
     errors = []
     levels = {level_key(v) for v in grid[named.factor]}
     for side in ("a", "b"):
         if level_key(getattr(named, side)) not in levels:
-            errors.append(body_error([*loc, side], f"{getattr(named, side)!r} is not a level of "
-                                 f"{named.factor!r}: {grid[named.factor]}"))
+            errors.append(
+                body_error(
+                    [*loc, side],
+                    f"{getattr(named, side)!r} is not a level of "
+                    f"{named.factor!r}: {grid[named.factor]}",
+                )
+            )
     if level_key(named.a) == level_key(named.b):
         errors.append(body_error([*loc, "b"], "a and b must be different levels"))
     if named.within is not None:
         others = [f for f in grid if f != named.factor]
         if sorted(named.within) != sorted(others):
-            errors.append(body_error([*loc, "within"], f"within must give a level of each other "
-                                 f"factor ({', '.join(others) or 'none'}), or be null to pool "
-                                 "over them"))
+            errors.append(
+                body_error(
+                    [*loc, "within"],
+                    f"within must give a level of each other "
+                    f"factor ({', '.join(others) or 'none'}), or be null to pool "
+                    "over them",
+                )
+            )
         else:
-            errors += [body_error([*loc, "within", f], f"{v!r} is not a level of {f!r}: {grid[f]}")
-                       for f, v in named.within.items()
-                       if level_key(v) not in {level_key(x) for x in grid[f]}]
+            errors += [
+                body_error([*loc, "within", f], f"{v!r} is not a level of {f!r}: {grid[f]}")
+                for f, v in named.within.items()
+                if level_key(v) not in {level_key(x) for x in grid[f]}
+            ]
     return errors
 
 
@@ -89,8 +110,12 @@ def validate_spec(
     trainer = REGISTRY.get(spec.trainer)
     if trainer is None:
         raise SpecError(
-            [body_error(["trainer"], f"unknown trainer {spec.trainer!r}; available: "
-                    f"{', '.join(sorted(REGISTRY))}")]
+            [
+                body_error(
+                    ["trainer"],
+                    f"unknown trainer {spec.trainer!r}; available: {', '.join(sorted(REGISTRY))}",
+                )
+            ]
         )
     fields = trainer.Config.model_fields
     errors, unlisted = _config_errors(trainer, spec.config)
@@ -102,8 +127,9 @@ def validate_spec(
         if field == SOURCE_FACTOR:
             continue  # refused by _source_errors
         if field not in fields:
-            errors.append(body_error(["grid", field], unknown_field(trainer, field),
-                                 "extra_forbidden"))
+            errors.append(
+                body_error(["grid", field], unknown_field(trainer, field), "extra_forbidden")
+            )
             continue
         for i, level in enumerate(levels):
             try:
@@ -117,8 +143,9 @@ def validate_spec(
     if spec.metric is not None and (problem := unknown_metric(trainer, spec.metric)):
         errors.append(body_error(["metric"], problem))
     if spec.adaptive is not None:
-        errors += _named_comparison_errors(spec.adaptive.comparison, stats_grid(spec),
-                                           ["adaptive", "comparison"])
+        errors += _named_comparison_errors(
+            spec.adaptive.comparison, stats_grid(spec), ["adaptive", "comparison"]
+        )
     errors += _stop_check_errors(trainer, spec.stop_on_checks)
     errors += _seeds_per_task_errors(trainer, spec)
     if errors:
@@ -133,20 +160,30 @@ def validate_spec(
     if n_runs > max_runs:
         where = ["adaptive", "max_seeds"] if spec.adaptive else ["grid"]
         at_most = " at most" if spec.adaptive else ""
-        raise SpecError([body_error(where, f"{n_conditions} conditions x{at_most} {seeds} seeds = "
-                                f"{n_runs} runs, over the limit of {max_runs} "
-                                "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)")])
+        raise SpecError(
+            [
+                body_error(
+                    where,
+                    f"{n_conditions} conditions x{at_most} {seeds} seeds = "
+                    f"{n_runs} runs, over the limit of {max_runs} "
+                    "(SEEDGRID_MAX_RUNS_PER_EXPERIMENT)",
+                )
+            ]
+        )
     conditions = grid_conditions(spec.grid)
     refusals = Refusals(spec)
     for condition in conditions:
         try:
             config = trainer.Config.model_validate(merged_config(spec.config, condition))
         except pydantic.ValidationError as exc:
-            errors += [body_error(["grid"], f"condition {condition_key(condition)}: {e['msg']}")
-                       for e in exc.errors(include_url=False)]
+            errors += [
+                body_error(["grid"], f"condition {condition_key(condition)}: {e['msg']}")
+                for e in exc.errors(include_url=False)
+            ]
             continue
-        _check_operator_limits(trainer, config, condition, settings, refusals,
-                               seeds_per_task(trainer, spec))
+        _check_operator_limits(
+            trainer, config, condition, settings, refusals, seeds_per_task(trainer, spec)
+        )
     errors += refusals.errors()
     if errors:
         raise SpecError(errors)
@@ -159,16 +196,31 @@ def _source_errors(spec: ExperimentSpec) -> list[dict[str, Any]]:
     """What the spec's random-source fields cannot mean (service.analysis.sources)."""
     errors = []
     if SOURCE_FACTOR in spec.grid:
-        errors.append(body_error(["grid", SOURCE_FACTOR], f"{SOURCE_FACTOR!r} is reserved for the "
-                             "source decomposition: ask for it with decompose_sources: true"))
+        errors.append(
+            body_error(
+                ["grid", SOURCE_FACTOR],
+                f"{SOURCE_FACTOR!r} is reserved for the "
+                "source decomposition: ask for it with decompose_sources: true",
+            )
+        )
     if spec.decompose_sources:
         if spec.seed_sources:
-            errors.append(body_error(["seed_sources"], "seed_sources cannot be combined with "
-                                 "decompose_sources: the decomposition pins the sources itself "
-                                 "(to the first seed)"))
+            errors.append(
+                body_error(
+                    ["seed_sources"],
+                    "seed_sources cannot be combined with "
+                    "decompose_sources: the decomposition pins the sources itself "
+                    "(to the first seed)",
+                )
+            )
         if len(spec.seed_list()) < 2:
-            errors.append(body_error(["seeds"], "decompose_sources needs at least 2 seeds: a "
-                                 "source's variance over one seed is undefined"))
+            errors.append(
+                body_error(
+                    ["seeds"],
+                    "decompose_sources needs at least 2 seeds: a "
+                    "source's variance over one seed is undefined",
+                )
+            )
     return errors
 
 
@@ -176,50 +228,91 @@ def _seeds_per_task_errors(trainer: Trainer, spec: ExperimentSpec) -> list[dict[
     asked = spec.resources.seeds_per_task
     if asked is None or asked <= trainer.max_seeds_per_task:
         return []
-    return [body_error(["resources", "seeds_per_task"], f"trainer {trainer.name!r} runs at most "
-                   f"{trainer.max_seeds_per_task} seeds per task, not {asked}")]
+    return [
+        body_error(
+            ["resources", "seeds_per_task"],
+            f"trainer {trainer.name!r} runs at most "
+            f"{trainer.max_seeds_per_task} seeds per task, not {asked}",
+        )
+    ]
 
 
 def _stop_check_errors(trainer: Trainer, names: list[str]) -> list[dict[str, Any]]:
     """Each name in stop_on_checks that is not a check the trainer can stop on."""
     if not trainer.stop_checks:
-        return [body_error(["stop_on_checks", i], f"trainer {trainer.name!r} has no checks a run "
-                       "can stop on; leave stop_on_checks out") for i in range(len(names))]
-    return [body_error(["stop_on_checks", i], f"unknown check {name!r} of trainer "
-                   f"{trainer.name!r}; a run can stop on: {', '.join(trainer.stop_checks)}")
-            for i, name in enumerate(names) if name not in trainer.stop_checks]
+        return [
+            body_error(
+                ["stop_on_checks", i],
+                f"trainer {trainer.name!r} has no checks a run "
+                "can stop on; leave stop_on_checks out",
+            )
+            for i in range(len(names))
+        ]
+    return [
+        body_error(
+            ["stop_on_checks", i],
+            f"unknown check {name!r} of trainer "
+            f"{trainer.name!r}; a run can stop on: {', '.join(trainer.stop_checks)}",
+        )
+        for i, name in enumerate(names)
+        if name not in trainer.stop_checks
+    ]
 
 
-def _check_operator_limits(trainer: Trainer, config: Any, condition: dict[str, Any],
-                           settings: Settings, refusals: Refusals, per_task: int = 1) -> None:
+def _check_operator_limits(
+    trainer: Trainer,
+    config: Any,
+    condition: dict[str, Any],
+    settings: Settings,
+    refusals: Refusals,
+    per_task: int = 1,
+) -> None:
     """What the operator allows a run: which data roots, downloads, memory, logged points.
     `per_task`: the seeds one task runs; they share its process, so its memory is theirs
     together (an upper bound: the data is loaded once)."""
     root = getattr(config, "data_root", None)
     if root is not None and root not in settings.data_root_names:
         configured = ", ".join(settings.data_root_names) or "none are configured"
-        refusals.add("data_root", "data_root",
-                     f"data root {root!r} is not one of this service's named data roots "
-                     f"(SEEDGRID_DATA_ROOTS: {configured}); leave data_root out for the default "
-                     "root", condition)
+        refusals.add(
+            "data_root",
+            "data_root",
+            f"data root {root!r} is not one of this service's named data roots "
+            f"(SEEDGRID_DATA_ROOTS: {configured}); leave data_root out for the default "
+            "root",
+            condition,
+        )
     if getattr(config, "download", False) and not settings.allow_download:
-        refusals.add("download", "download",
-                     "download: true is refused: downloads are off on this service (the "
-                     "operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true); the operator puts "
-                     "the dataset's files under the data root instead", condition)
+        refusals.add(
+            "download",
+            "download",
+            "download: true is refused: downloads are off on this service (the "
+            "operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true); the operator puts "
+            "the dataset's files under the data root instead",
+            condition,
+        )
     estimate = trainer.estimate(config)
     limit_bytes = settings.max_run_memory_gb * 1e9
     if estimate.memory_bytes * per_task > limit_bytes:
         fields = ", ".join(estimate.memory_fields)
-        what = "one run needs" if per_task == 1 else (
-            f"one task of {per_task} seeds (resources.seeds_per_task) needs {per_task} x")
-        refusals.add("memory", refusals.named(estimate.memory_fields),
-                     f"{what} about {estimate.memory_bytes / 1e9:,.1f} GB (estimated from "
-                     f"{fields}), over SEEDGRID_MAX_RUN_MEMORY_GB={settings.max_run_memory_gb:g}",
-                     condition)
+        what = (
+            "one run needs"
+            if per_task == 1
+            else (f"one task of {per_task} seeds (resources.seeds_per_task) needs {per_task} x")
+        )
+        refusals.add(
+            "memory",
+            refusals.named(estimate.memory_fields),
+            f"{what} about {estimate.memory_bytes / 1e9:,.1f} GB (estimated from "
+            f"{fields}), over SEEDGRID_MAX_RUN_MEMORY_GB={settings.max_run_memory_gb:g}",
+            condition,
+        )
     if estimate.logged_points > settings.max_points_per_run:
         fields = ", ".join(estimate.points_fields)
-        refusals.add("points", refusals.named(estimate.points_fields),
-                     f"one run would log {estimate.logged_points:,} metric points (from "
-                     f"{fields}), over SEEDGRID_MAX_POINTS_PER_RUN="
-                     f"{settings.max_points_per_run:,}", condition)
+        refusals.add(
+            "points",
+            refusals.named(estimate.points_fields),
+            f"one run would log {estimate.logged_points:,} metric points (from "
+            f"{fields}), over SEEDGRID_MAX_POINTS_PER_RUN="
+            f"{settings.max_points_per_run:,}",
+            condition,
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pydantic
 from sqlalchemy import func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from api_schemas import (
     AttemptOut,
@@ -65,13 +65,20 @@ def stop_message(experiment: Experiment) -> str | None:
 
 
 def list_experiments(
-    *, session: Session, status: ExperimentStatus | None, limit: int, offset: int,
+    *,
+    session: Session,
+    status: ExperimentStatus | None,
+    limit: int,
+    offset: int,
     name: str | None = None,
 ) -> list[ExperimentSummary]:
     """One page of experiments, newest first, optionally only those in `status` and those
     whose name contains `name` (case-insensitive)."""
-    query = (select(Experiment).where(Experiment.deleted == False)  # noqa: E712
-             .order_by(Experiment.id.desc()))  # type: ignore[union-attr]
+    query = (
+        select(Experiment)
+        .where(col(Experiment.deleted) == False)  # noqa: E712
+        .order_by(col(Experiment.id).desc())
+    )
     if status is not None:
         query = query.where(Experiment.status == status)
     if name:
@@ -115,7 +122,11 @@ def run_stop(run: Run) -> RunStop | None:
 
 
 def list_runs(
-    *, session: Session, experiment_id: int, status: RunStatus | None = None, limit: int,
+    *,
+    session: Session,
+    experiment_id: int,
+    status: RunStatus | None = None,
+    limit: int,
     offset: int = 0,
 ) -> list[RunOut]:
     """One page of an experiment's runs in id order, optionally only those in `status`."""

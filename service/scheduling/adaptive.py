@@ -69,8 +69,11 @@ WELCH_T = "Welch t"
 Interval = tuple[float | None, tuple[float, float] | None, str | None, str | None]
 
 
-def comparison_strata(grid: dict[str, list[Any]], named: NamedComparison,
-                      runs: Sequence[tuple[Mapping[str, Any], int, float]]) -> list[Stratum]:
+def comparison_strata(
+    grid: dict[str, list[Any]],
+    named: NamedComparison,
+    runs: Sequence[tuple[Mapping[str, Any], int, float]],
+) -> list[Stratum]:
     """The named comparison's strata from (condition, seed, value) per completed run: one per
     combination of the other factors' levels (only `within`'s when it names one), each with
     level a's and level b's values and seeds."""
@@ -79,20 +82,27 @@ def comparison_strata(grid: dict[str, list[Any]], named: NamedComparison,
     for condition, seed, value in runs:
         if any(f not in condition for f in factors):
             continue  # not a condition of this grid
-        values, seeds = cells.setdefault(tuple(level_key(condition[f]) for f in factors),
-                                         ([], []))
+        values, seeds = cells.setdefault(tuple(level_key(condition[f]) for f in factors), ([], []))
         values.append(value)
         seeds.append(seed)
     others = {f: levels for f, levels in grid.items() if f != named.factor}
     combinations = [named.within] if named.within is not None else grid_conditions(others)
     strata = []
     for combination in combinations:
-        sides = [cells.get(tuple(level_key({**combination, named.factor: level}[f])
-                                 for f in factors), ([], []))
-                 for level in (named.a, named.b)]
-        strata.append(Stratum(np.asarray(sides[0][0], dtype=float),
-                              np.asarray(sides[1][0], dtype=float),
-                              tuple(sides[0][1]), tuple(sides[1][1])))
+        sides = [
+            cells.get(
+                tuple(level_key({**combination, named.factor: level}[f]) for f in factors), ([], [])
+            )
+            for level in (named.a, named.b)
+        ]
+        strata.append(
+            Stratum(
+                np.asarray(sides[0][0], dtype=float),
+                np.asarray(sides[1][0], dtype=float),
+                tuple(sides[0][1]),
+                tuple(sides[1][1]),
+            )
+        )
     return strata
 
 
@@ -102,16 +112,19 @@ def _too_few(n_a: int, n_b: int) -> str:
 
 def within_cell_variance(cells: Sequence[np.ndarray]) -> float:
     """sum_k (n_k - 1) s_k^2 / sum_k (n_k - 1): the spread of each cell around its own mean."""
-    return (sum(float(((c - c.mean()) ** 2).sum()) for c in cells)
-            / sum(len(c) - 1 for c in cells))
+    return sum(float(((c - c.mean()) ** 2).sum()) for c in cells) / sum(len(c) - 1 for c in cells)
 
 
 def variance_interval(strata: Sequence[Stratum], confidence: float) -> Interval:
     """var_a / var_b (within cells) and the interval that inverts the primary variance test."""
     usable = usable_strata(strata)
     if not usable:
-        return None, None, None, _too_few(sum(len(s.a) for s in strata),
-                                          sum(len(s.b) for s in strata))
+        return (
+            None,
+            None,
+            None,
+            _too_few(sum(len(s.a) for s in strata), sum(len(s.b) for s in strata)),
+        )
     var_a = within_cell_variance([s.a for s in usable])
     var_b = within_cell_variance([s.b for s in usable])
     prep = prepare(usable)
@@ -120,9 +133,11 @@ def variance_interval(strata: Sequence[Stratum], confidence: float) -> Interval:
     result = randomisation_test(prep, null=1.0, confidence=confidence)
     notes = [prep.note] if prep.note else []
     if 2 / result.resamples > 1 - confidence:
-        notes.append(f"{result.resamples} re-assignments are too few for the test to exclude "
-                     f"any ratio at confidence {confidence:.4g}: the interval is [0, inf] and "
-                     "this look cannot stop the experiment")
+        notes.append(
+            f"{result.resamples} re-assignments are too few for the test to exclude "
+            f"any ratio at confidence {confidence:.4g}: the interval is [0, inf] and "
+            "this look cannot stop the experiment"
+        )
     return var_a / var_b, result.interval, prep.name, "; ".join(notes) or None
 
 
@@ -137,12 +152,19 @@ def paired_differences(strata: Sequence[Stratum]) -> tuple[np.ndarray | None, st
     per_cell = []
     for s in filled:
         a_seeds, b_seeds = s.a_seeds or (), s.b_seeds or ()
-        if (len(set(a_seeds)) != len(a_seeds) or len(set(b_seeds)) != len(b_seeds)
-                or set(a_seeds) != seeds or set(b_seeds) != seeds):
-            return None, ("Welch: the two levels did not complete the same seeds in every cell "
-                          "(failed runs), so the seeds do not pair up")
-        per_cell.append(s.a[np.argsort(a_seeds, kind="stable")]
-                        - s.b[np.argsort(b_seeds, kind="stable")])
+        if (
+            len(set(a_seeds)) != len(a_seeds)
+            or len(set(b_seeds)) != len(b_seeds)
+            or set(a_seeds) != seeds
+            or set(b_seeds) != seeds
+        ):
+            return None, (
+                "Welch: the two levels did not complete the same seeds in every cell "
+                "(failed runs), so the seeds do not pair up"
+            )
+        per_cell.append(
+            s.a[np.argsort(a_seeds, kind="stable")] - s.b[np.argsort(b_seeds, kind="stable")]
+        )
     return np.mean(per_cell, axis=0), None
 
 
@@ -158,8 +180,12 @@ def mean_interval(strata: Sequence[Stratum], confidence: float) -> Interval:
         diff = float(differences.mean())
         sd = float(differences.std(ddof=1))
         if sd <= 0:
-            return diff, None, PAIRED_T, ("every seed has the same difference: the paired t "
-                                          "interval is undefined")
+            return (
+                diff,
+                None,
+                PAIRED_T,
+                ("every seed has the same difference: the paired t interval is undefined"),
+            )
         half = float(stats.t.ppf(tail, len(differences) - 1)) * sd / math.sqrt(len(differences))
         return diff, (diff - half, diff + half), PAIRED_T, None
     diff = float(a.mean() - b.mean())
@@ -184,34 +210,46 @@ def take_look(rule: AdaptiveSpec, look: int, strata: Sequence[Stratum]) -> Adapt
     null = rule.null_value
     excludes = interval is not None and (interval[0] > null or interval[1] < null)
     return AdaptiveLook(
-        look=look, seeds_per_condition=rule.seeds_at_look(look),
-        n_a=sum(len(s.a) for s in strata), n_b=sum(len(s.b) for s in strata),
+        look=look,
+        seeds_per_condition=rule.seeds_at_look(look),
+        n_a=sum(len(s.a) for s in strata),
+        n_b=sum(len(s.b) for s in strata),
         estimate=estimate,
         # JSON has no inf: an end the test cannot bound is null
-        interval=None if interval is None else [v if math.isfinite(v) else None
-                                                for v in interval],
-        confidence=confidence, excludes_null=excludes, test=test, note=note)
+        interval=None if interval is None else [v if math.isfinite(v) else None for v in interval],
+        confidence=confidence,
+        excludes_null=excludes,
+        test=test,
+        note=note,
+    )
 
 
 def _end(value: float | None) -> str:
     return "inf" if value is None else f"{value:.4g}"
 
 
-def next_step(rule: AdaptiveSpec, state: AdaptiveState, latest: AdaptiveLook, *,
-              cancelled: bool) -> tuple[str | None, bool | None]:
+def next_step(
+    rule: AdaptiveSpec, state: AdaptiveState, latest: AdaptiveLook, *, cancelled: bool
+) -> tuple[str | None, bool | None]:
     """(stop reason, significant) after `latest`; (None, None) when the next round is due."""
     if latest.excludes_null:
         assert latest.interval is not None
         low, high = latest.interval
-        return (f"significant at look {latest.look} of {state.planned_looks} "
-                f"({latest.seeds_per_condition} seeds per condition): the {rule.target} "
-                f"interval [{_end(low)}, {_end(high)}] ({latest.test}) at "
-                f"{latest.confidence:.2%} excludes {rule.null_value:g}", True)
+        return (
+            f"significant at look {latest.look} of {state.planned_looks} "
+            f"({latest.seeds_per_condition} seeds per condition): the {rule.target} "
+            f"interval [{_end(low)}, {_end(high)}] ({latest.test}) at "
+            f"{latest.confidence:.2%} excludes {rule.null_value:g}",
+            True,
+        )
     if cancelled:
         return f"cancelled at look {latest.look} of {state.planned_looks}", False
     if latest.seeds_per_condition >= rule.max_seeds:
-        return (f"max_seeds reached ({rule.max_seeds} per condition) at look {latest.look} "
-                f"without the interval excluding {rule.null_value:g}", False)
+        return (
+            f"max_seeds reached ({rule.max_seeds} per condition) at look {latest.look} "
+            f"without the interval excluding {rule.null_value:g}",
+            False,
+        )
     return None, None
 
 
@@ -249,18 +287,23 @@ def _decide(session: Session, experiment_id: int, settings: Settings) -> int:
     taken = 0
     if state.next_round is None:
         rows = session.exec(
-            select(col(Run.condition), col(Run.seed), col(Run.metrics))
-            .where(col(Run.experiment_id) == experiment_id,
-                   col(Run.status) == RunStatus.completed)
+            select(col(Run.condition), col(Run.seed), col(Run.metrics)).where(
+                col(Run.experiment_id) == experiment_id, col(Run.status) == RunStatus.completed
+            )
         ).all()
-        strata = comparison_strata(grid, rule.comparison, [
-            (condition, seed, value) for condition, seed, metrics in rows
-            if (value := metric_value(metrics, experiment.metric)) is not None])
+        strata = comparison_strata(
+            grid,
+            rule.comparison,
+            [
+                (condition, seed, value)
+                for condition, seed, metrics in rows
+                if (value := metric_value(metrics, experiment.metric)) is not None
+            ],
+        )
         latest = take_look(rule, len(state.looks) + 1, strata)
         state.looks.append(latest)
         taken = 1
-        reason, significant = next_step(rule, state, latest,
-                                        cancelled=experiment.cancel_requested)
+        reason, significant = next_step(rule, state, latest, cancelled=experiment.cancel_requested)
         if reason is not None:
             state.stop_reason, state.significant = reason, significant
             store.record_look(experiment_id, state.model_dump(mode="json"), stopped=True)
@@ -269,8 +312,10 @@ def _decide(session: Session, experiment_id: int, settings: Settings) -> int:
             return taken
         state.next_round = [latest.seeds_per_condition, rule.seeds_at_look(latest.look + 1)]
     elif experiment.cancel_requested:
-        state.stop_reason = (f"cancelled at look {len(state.looks)} of {state.planned_looks}, "
-                             "its next round still waiting for room in the queue")
+        state.stop_reason = (
+            f"cancelled at look {len(state.looks)} of {state.planned_looks}, "
+            "its next round still waiting for room in the queue"
+        )
         state.significant, state.next_round, state.waiting = False, None, None
         store.record_look(experiment_id, state.model_dump(mode="json"), stopped=True)
         store.commit()
@@ -283,9 +328,11 @@ def _decide(session: Session, experiment_id: int, settings: Settings) -> int:
         recount_queue(session, store, queued, len(runs), settings)
     except QueueFull:
         session.rollback()
-        waiting = (f"the round to {last} seeds per condition ({len(runs):,} runs) waits for room "
-                   f"in the queue: it would pass the cap of {settings.max_queued_runs:,} queued "
-                   "runs (SEEDGRID_MAX_QUEUED_RUNS)")
+        waiting = (
+            f"the round to {last} seeds per condition ({len(runs):,} runs) waits for room "
+            f"in the queue: it would pass the cap of {settings.max_queued_runs:,} queued "
+            "runs (SEEDGRID_MAX_QUEUED_RUNS)"
+        )
         if taken or state.waiting != waiting:  # recorded once, not at every pass
             state.waiting = waiting
             store = RunStore(session)
@@ -297,8 +344,7 @@ def _decide(session: Session, experiment_id: int, settings: Settings) -> int:
     state.next_round, state.waiting = None, None
     store.record_look(experiment_id, state.model_dump(mode="json"), stopped=False)
     store.commit()
-    log.info("experiment %s look %s: next round to %s seeds", experiment_id, len(state.looks),
-             last)
+    log.info("experiment %s look %s: next round to %s seeds", experiment_id, len(state.looks), last)
     return taken
 
 
@@ -320,11 +366,16 @@ def stop_on_error(session: Session, experiment_id: int, error: BaseException) ->
             rule = experiment.stored_spec.adaptive
         except ValueError:
             rule = None
-        state = (AdaptiveState.start(rule) if rule is not None else
-                 AdaptiveState(rule="(unreadable)", planned_looks=0, alpha_per_look=0.0))
+        state = (
+            AdaptiveState.start(rule)
+            if rule is not None
+            else AdaptiveState(rule="(unreadable)", planned_looks=0, alpha_per_look=0.0)
+        )
     state.error = message
-    state.stop_reason = (f"stopped at look {len(state.looks) + 1} of {state.planned_looks}: the "
-                         f"look failed ({message}); its completed runs are kept")
+    state.stop_reason = (
+        f"stopped at look {len(state.looks) + 1} of {state.planned_looks}: the "
+        f"look failed ({message}); its completed runs are kept"
+    )
     state.significant, state.next_round, state.waiting = None, None, None
     store.record_look(experiment_id, state.model_dump(mode="json"), stopped=True)
     store.commit()

@@ -28,8 +28,9 @@ def count_queue(session: Session, store: RunStore, adding: int, settings: Settin
     return queued
 
 
-def recount_queue(session: Session, store: RunStore, queued: int, adding: int,
-                   settings: Settings) -> None:
+def recount_queue(
+    session: Session, store: RunStore, queued: int, adding: int, settings: Settings
+) -> None:
     # On SQLite the insert holds the database's write lock: counted again now, the queue
     # includes every submission that committed meanwhile.
     if store.queued_runs() > settings.max_queued_runs:

@@ -60,7 +60,11 @@ class Dispatcher(Launching, Harvesting):
     (service.scheduling.harvesting)."""
 
     def __init__(
-        self, settings: Settings, engine: Engine, *, lock: DispatchLock | None = None,
+        self,
+        settings: Settings,
+        engine: Engine,
+        *,
+        lock: DispatchLock | None = None,
         metrics: DispatcherMetrics | None = None,
     ) -> None:
         self.settings = settings
@@ -144,8 +148,11 @@ class Dispatcher(Launching, Harvesting):
             acquired = self.lock.try_acquire()
         except (DBAPIError, OSError) as exc:
             if not self._database_unreachable:
-                log.warning("cannot take the dispatch lock (%s); retrying every %s s",
-                            error_line(exc), STANDBY_POLL_S)
+                log.warning(
+                    "cannot take the dispatch lock (%s); retrying every %s s",
+                    error_line(exc),
+                    STANDBY_POLL_S,
+                )
                 self._database_unreachable = True
             return None
         self._database_unreachable = False
@@ -171,15 +178,20 @@ class Dispatcher(Launching, Harvesting):
         self.state = DispatcherState.active
         self._standby_announced = False
         self._last_lock_check = time.monotonic()
-        log.info("dispatcher %s is active on %s", self.identity,
-                 masked_url(self.settings.database_url))
+        log.info(
+            "dispatcher %s is active on %s", self.identity, masked_url(self.settings.database_url)
+        )
         return True
 
     def _announce_standby(self) -> None:
         if not self._standby_announced:
-            log.info("dispatcher %s is standby: %s holds the dispatch lock on %s; polling "
-                     "every %s s", self.identity, self.lock.holder() or "another dispatcher",
-                     masked_url(self.settings.database_url), STANDBY_POLL_S)
+            log.info(
+                "dispatcher %s is standby: %s holds the dispatch lock on %s; polling every %s s",
+                self.identity,
+                self.lock.holder() or "another dispatcher",
+                masked_url(self.settings.database_url),
+                STANDBY_POLL_S,
+            )
             self._standby_announced = True
 
     def _stand_by(self) -> None:
@@ -199,8 +211,13 @@ class Dispatcher(Launching, Harvesting):
         the lock back (then it is kept) or sees that another dispatcher holds it."""
         self.lock.drop()
         self.state = DispatcherState.standby
-        log.error("dispatcher %s lost the dispatch lock (%s) and stopped dispatching; %d runs "
-                  "are left in Ray", self.identity, reason, len(self.in_flight))
+        log.error(
+            "dispatcher %s lost the dispatch lock (%s) and stopped dispatching; %d runs "
+            "are left in Ray",
+            self.identity,
+            reason,
+            len(self.in_flight),
+        )
 
     # -- taking over and stopping --------------------------------------------------------------
 
@@ -220,8 +237,9 @@ class Dispatcher(Launching, Harvesting):
             orphans = store.requeue_orphans({i: f.attempt for i, f in ours.items()})
             store.commit()
         kept = set(ours) - set(orphans)
-        dropped = [self.in_flight.pop(run_id) for run_id in list(self.in_flight)
-                   if run_id not in kept]
+        dropped = [
+            self.in_flight.pop(run_id) for run_id in list(self.in_flight) if run_id not in kept
+        ]
         for task in tasks_of(dropped):
             # Cooperatively: the trainer returns at its next step and the worker stays warm.
             ray.cancel(task.generator)
@@ -241,8 +259,11 @@ class Dispatcher(Launching, Harvesting):
         self._cancel_in_ray("the dispatcher stopped", force=True)
         self.lock.close()
         self.state = DispatcherState.stopped
-        log.info("dispatcher %s stopped%s", self.identity,
-                 " and released the dispatch lock" if was_active else "")
+        log.info(
+            "dispatcher %s stopped%s",
+            self.identity,
+            " and released the dispatch lock" if was_active else "",
+        )
 
     def _save_and_interrupt(self) -> None:
         self._save_unsaved()
@@ -268,8 +289,9 @@ class Dispatcher(Launching, Harvesting):
         Cooperatively unless `force`: the trainers return at their next step, and their
         workers stay up for the next runs."""
         if self.in_flight:
-            log.warning("cancelling the %d runs this dispatcher had in Ray: %s",
-                        len(self.in_flight), reason)
+            log.warning(
+                "cancelling the %d runs this dispatcher had in Ray: %s", len(self.in_flight), reason
+            )
             for task in tasks_of(self.in_flight.values()):
                 ray.cancel(task.generator, force=force)
             self.in_flight.clear()
@@ -296,8 +318,9 @@ class Dispatcher(Launching, Harvesting):
                     return
                 self.error = exc
                 self.step_errors += 1
-                self.last_step_error = storable_text(f"{type(exc).__name__}: {error_line(exc)}",
-                                                     1000)
+                self.last_step_error = storable_text(
+                    f"{type(exc).__name__}: {error_line(exc)}", 1000
+                )
                 self.failing = True
                 self.metrics.step_errors.inc()
                 log.exception("dispatcher step failed; retrying")

@@ -45,8 +45,9 @@ class InFlight:
 
     @property
     def key(self) -> AttemptKey:
-        return AttemptKey(run_id=self.run_id, experiment_id=self.experiment_id,
-                          attempt=self.attempt)
+        return AttemptKey(
+            run_id=self.run_id, experiment_id=self.experiment_id, attempt=self.attempt
+        )
 
     @property
     def generator(self) -> Any:
@@ -99,6 +100,7 @@ class Harvest:
             flights={i: f for i, f in self.flights.items() if i in run_ids},
         )
 
+
 class TaskRun(Protocol):
     """What task_groups reads of a run: a ClaimedRun, or a queued run's row before its claim."""
 
@@ -126,8 +128,12 @@ def task_groups(claimed: list[R], sizes: dict[int, int]) -> list[list[R]]:
         if size <= 1:
             groups.append([run])
             continue
-        key = (run.experiment_id, json.dumps(run.condition, sort_keys=True), run.num_cpus,
-               run.num_gpus)
+        key = (
+            run.experiment_id,
+            json.dumps(run.condition, sort_keys=True),
+            run.num_cpus,
+            run.num_gpus,
+        )
         group = open_groups.get(key)
         if group is None or len(group) >= size:
             group = open_groups[key] = []

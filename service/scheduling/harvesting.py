@@ -62,8 +62,13 @@ class Harvesting(DispatcherBase):
                 self._drain(task, harvest)
             except Exception as exc:  # a message this process cannot read: this task only
                 log.exception("cannot read the messages of task %s", task.runs)
-                self._lose(task, harvest, storable_text(
-                    f"its messages could not be read: {type(exc).__name__}: {error_line(exc)}"))
+                self._lose(
+                    task,
+                    harvest,
+                    storable_text(
+                        f"its messages could not be read: {type(exc).__name__}: {error_line(exc)}"
+                    ),
+                )
         return harvest
 
     def _drain(self, task: TaskFlight, harvest: Harvest) -> None:
@@ -82,12 +87,14 @@ class Harvesting(DispatcherBase):
             except RayError as exc:
                 # After a cancel, a worker that ends (forced, or the worker ending itself when
                 # its trainer outlasts the grace: workers.task) ends its runs cancelled.
-                if (task.cancel_sent_at is not None
-                        or isinstance(getattr(exc, "cause", None), TaskCancelledError)):
+                if task.cancel_sent_at is not None or isinstance(
+                    getattr(exc, "cause", None), TaskCancelledError
+                ):
                     self._end_cancelled(task, harvest)
                 else:
-                    self._lose(task, harvest,
-                               storable_text(f"{type(exc).__name__}: {error_line(exc)}"))
+                    self._lose(
+                        task, harvest, storable_text(f"{type(exc).__name__}: {error_line(exc)}")
+                    )
                 return
             if isinstance(message, Started):
                 now = time.monotonic()
@@ -112,10 +119,8 @@ class Harvesting(DispatcherBase):
                 if ended is not None:
                     harvest.results.append((ended, message.storable()))
                     del self.in_flight[ended.run_id]
-                    began = (ended.started_at if ended.started_at is not None
-                             else task.claimed_at)
-                    self.metrics.run_duration.labels(task.trainer).observe(
-                        time.monotonic() - began)
+                    began = ended.started_at if ended.started_at is not None else task.claimed_at
+                    self.metrics.run_duration.labels(task.trainer).observe(time.monotonic() - began)
                 if not task.runs:
                     return
             if not generator.next_ready():
@@ -146,18 +151,38 @@ class Harvesting(DispatcherBase):
         with self._session() as session:
             store = RunStore(session)
             store.lock_experiments(flight.experiment_id for flight in harvest.flights.values())
-            store.start([StartedAttempt(key=flight.key, node_id=started.node_id,
-                                        worker_id=started.worker_id, pid=started.pid)
-                         for flight, started in harvest.started])
+            store.start(
+                [
+                    StartedAttempt(
+                        key=flight.key,
+                        node_id=started.node_id,
+                        worker_id=started.worker_id,
+                        pid=started.pid,
+                    )
+                    for flight, started in harvest.started
+                ]
+            )
             store.record_points(harvest.metrics)
-            store.finish([FinishedAttempt(
-                key=flight.key, status=result.status, metrics=result.metrics,
-                diagnostics=result.diagnostics, warnings=result.warnings,
-                # where it ran and who stored it, beside what the trainer recorded
-                provenance={**result.provenance,
+            store.finish(
+                [
+                    FinishedAttempt(
+                        key=flight.key,
+                        status=result.status,
+                        metrics=result.metrics,
+                        diagnostics=result.diagnostics,
+                        warnings=result.warnings,
+                        # where it ran and who stored it, beside what the trainer recorded
+                        provenance={
+                            **result.provenance,
                             "hostname": flight.started.hostname if flight.started else None,
-                            "attempt": flight.attempt, "dispatcher": self.identity},
-                error=result.error) for flight, result in harvest.results])
+                            "attempt": flight.attempt,
+                            "dispatcher": self.identity,
+                        },
+                        error=result.error,
+                    )
+                    for flight, result in harvest.results
+                ]
+            )
             for flight in harvest.cancelled:
                 store.end_cancelled(flight.key)
             for flight, reason in harvest.lost:

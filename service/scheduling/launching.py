@@ -57,12 +57,19 @@ class Launching(DispatcherBase):
             def whole_tasks(rows: list[Any]) -> list[Any]:
                 """The runs of the first `free` tasks the candidates make, no more: one task
                 slot is one task, however many seeds it runs."""
-                sizes = {i: task_size(t) for i, t in self._run_templates(
-                    store, {row.experiment_id for row in rows}).items()}
+                sizes = {
+                    i: task_size(t)
+                    for i, t in self._run_templates(
+                        store, {row.experiment_id for row in rows}
+                    ).items()
+                }
                 return [row for group in task_groups(rows, sizes)[:free] for row in group]
 
-            claimed = store.claim(free * factor, take=whole_tasks,
-                                  unschedulable=lambda cpus, gpus: infeasible(cpus, gpus, nodes))
+            claimed = store.claim(
+                free * factor,
+                take=whole_tasks,
+                unschedulable=lambda cpus, gpus: infeasible(cpus, gpus, nodes),
+            )
             templates = self._run_templates(store, {run.experiment_id for run in claimed})
             store.commit()
         refused: list[tuple[ClaimedRun, str]] = []
@@ -70,22 +77,33 @@ class Launching(DispatcherBase):
             try:
                 task = self._submit(group, templates[group[0].experiment_id])
             except Exception as exc:  # this task's runs fail; the other tasks go on
-                reason = storable_text(f"its task could not be submitted to Ray: "
-                                       f"{type(exc).__name__}: {error_line(exc)}")
+                reason = storable_text(
+                    f"its task could not be submitted to Ray: "
+                    f"{type(exc).__name__}: {error_line(exc)}"
+                )
                 template = templates[group[0].experiment_id]
                 reason = template if isinstance(template, str) else reason
                 log.error("runs %s: %s", ",".join(str(run.id) for run in group), reason)
                 refused += [(run, reason) for run in group]
                 continue
             for index, run in enumerate(group):
-                flight = InFlight(run_id=run.id, experiment_id=run.experiment_id,
-                                  attempt=run.attempt, task=task, index=index)
+                flight = InFlight(
+                    run_id=run.id,
+                    experiment_id=run.experiment_id,
+                    attempt=run.attempt,
+                    task=task,
+                    index=index,
+                )
                 task.runs[index] = flight
                 self.in_flight[run.id] = flight
         if refused:
-            self._refused += [(AttemptKey(run_id=run.id, experiment_id=run.experiment_id,
-                                          attempt=run.attempt), reason)
-                              for run, reason in refused]
+            self._refused += [
+                (
+                    AttemptKey(run_id=run.id, experiment_id=run.experiment_id, attempt=run.attempt),
+                    reason,
+                )
+                for run, reason in refused
+            ]
             self._store_refused()
         return len(claimed)
 
@@ -101,12 +119,15 @@ class Launching(DispatcherBase):
         name = "seedgrid-run-" + ",".join(str(run.id) for run in group)
         generator = run_task.options(
             num_cpus=first.num_cpus, num_gpus=first.num_gpus, name=name
-        ).remote(first.trainer, config, [run.seed for run in group],
-                 self.settings.metrics_batch_interval_s,
-                 [template.sources.source_seeds(run.condition) for run in group],
-                 template.stop_on_checks)
-        return TaskFlight(generator=generator, trainer=first.trainer,
-                          claimed_at=time.monotonic())
+        ).remote(
+            first.trainer,
+            config,
+            [run.seed for run in group],
+            self.settings.metrics_batch_interval_s,
+            [template.sources.source_seeds(run.condition) for run in group],
+            template.stop_on_checks,
+        )
+        return TaskFlight(generator=generator, trainer=first.trainer, claimed_at=time.monotonic())
 
     def _store_refused(self) -> None:
         """End the claimed runs Ray refused a task for `failed`, with the reason (not retried:
@@ -122,8 +143,9 @@ class Launching(DispatcherBase):
             store.commit()
         self._refused = []
 
-    def _run_templates(self, store: RunStore, experiment_ids: set[int]
-                       ) -> dict[int, RunTemplate | str]:
+    def _run_templates(
+        self, store: RunStore, experiment_ids: set[int]
+    ) -> dict[int, RunTemplate | str]:
         """What the runs of each experiment share (from its spec, stored once), read once
         while it has runs in flight: a spec never changes. A spec that cannot make a template
         gives the reason instead, and only that experiment's runs fail."""
@@ -132,13 +154,15 @@ class Launching(DispatcherBase):
             try:
                 spec = ExperimentSpec.stored(stored)
                 self._templates[i] = RunTemplate(
-                    config=dict(spec.config), sources=SourcePlan.of(spec),
+                    config=dict(spec.config),
+                    sources=SourcePlan.of(spec),
                     stop_on_checks=tuple(spec.stop_on_checks),
-                    seeds_per_task=spec_seeds_per_task(spec))
+                    seeds_per_task=spec_seeds_per_task(spec),
+                )
             except Exception as exc:  # a spec stored by an older version, say
                 self._templates[i] = storable_text(
-                    f"its stored spec cannot make a task: {type(exc).__name__}: "
-                    f"{error_line(exc)}")
+                    f"its stored spec cannot make a task: {type(exc).__name__}: {error_line(exc)}"
+                )
         return {i: self._templates[i] for i in experiment_ids if i in self._templates}
 
     def _node_capacities(self) -> list[tuple[float, float]]:
@@ -150,7 +174,8 @@ class Launching(DispatcherBase):
         if now - self._nodes_checked_at > NODE_CHECK_INTERVAL_S:
             self._nodes = [
                 (float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)))
-                for n in ray.nodes() if n.get("Alive")
+                for n in ray.nodes()
+                if n.get("Alive")
             ]
             self._nodes_checked_at = now
         return self._nodes

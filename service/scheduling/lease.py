@@ -141,17 +141,21 @@ class PostgresLock(DispatchLock):
 
     def holder(self) -> str | None:
         try:
-            row = self._connect().execute(
-                text(
-                    "SELECT a.application_name, a.client_addr, a.pid FROM pg_locks l "
-                    "JOIN pg_stat_activity a ON a.pid = l.pid "
-                    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :high "
-                    "AND l.objid = :low AND l.objsubid = 1 "
-                    "AND l.database = (SELECT oid FROM pg_database "
-                    "WHERE datname = current_database())"
-                ),
-                {"high": _KEY_HIGH, "low": _KEY_LOW},
-            ).first()
+            row = (
+                self._connect()
+                .execute(
+                    text(
+                        "SELECT a.application_name, a.client_addr, a.pid FROM pg_locks l "
+                        "JOIN pg_stat_activity a ON a.pid = l.pid "
+                        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :high "
+                        "AND l.objid = :low AND l.objsubid = 1 "
+                        "AND l.database = (SELECT oid FROM pg_database "
+                        "WHERE datname = current_database())"
+                    ),
+                    {"high": _KEY_HIGH, "low": _KEY_LOW},
+                )
+                .first()
+            )
             self._connect().rollback()
         except DBAPIError:
             self._discard_connection()

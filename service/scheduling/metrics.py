@@ -39,20 +39,28 @@ class DispatcherMetrics:
         self.dispatch_latency = Histogram(
             "seedgrid_dispatch_latency_seconds",
             "Time from a run's claim by the dispatcher to its worker's Started message",
-            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
         self.run_duration = Histogram(
             "seedgrid_run_duration_seconds",
             "Time from a run's Started message to its result, by trainer (observed when the "
             "result arrives: completed, stopped, failed or diverged)",
-            ["trainer"], buckets=DURATION_BUCKETS_S, registry=self.registry)
+            ["trainer"],
+            buckets=DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
         self.worker_losses = Counter(
             "seedgrid_worker_losses",
             "Attempts lost with their worker or node (retried or failed by max_retries)",
-            registry=self.registry)
+            registry=self.registry,
+        )
         self.step_errors = Counter(
             "seedgrid_dispatcher_step_errors",
             "Dispatcher passes that failed (the database or Ray did not answer; retried a "
-            "second later)", registry=self.registry)
+            "second later)",
+            registry=self.registry,
+        )
 
 
 class _Snapshot(Collector):
@@ -67,33 +75,47 @@ class _Snapshot(Collector):
 
 def database_families(session: Session) -> list[Metric]:
     """Runs by status and the queue depth, summed over the experiments' run counters."""
-    columns = [func.coalesce(func.sum(getattr(Experiment, f"runs_{status.value}")), 0)
-               for status in RunStatus]
-    totals = session.execute(
-        select(*columns).where(col(Experiment.deleted) == False)).one()  # noqa: E712
+    columns = [
+        func.coalesce(func.sum(getattr(Experiment, f"runs_{status.value}")), 0)
+        for status in RunStatus
+    ]
+    totals = session.execute(select(*columns).where(col(Experiment.deleted) == False)).one()  # noqa: E712
     by_status = dict(zip(RunStatus, (int(t) for t in totals), strict=True))
-    runs = GaugeMetricFamily("seedgrid_runs", "Runs by status, over every experiment",
-                             labels=["status"])
+    runs = GaugeMetricFamily(
+        "seedgrid_runs", "Runs by status, over every experiment", labels=["status"]
+    )
     for status, count in by_status.items():
         runs.add_metric([status.value], count)
-    queue = GaugeMetricFamily("seedgrid_queue_depth", "Runs queued, not yet handed to Ray",
-                              value=by_status[RunStatus.queued])
+    queue = GaugeMetricFamily(
+        "seedgrid_queue_depth",
+        "Runs queued, not yet handed to Ray",
+        value=by_status[RunStatus.queued],
+    )
     return [runs, queue]
 
 
-def exposition(session: Session, dispatcher_metrics: DispatcherMetrics | None,
-               in_flight: int | None) -> bytes:
+def exposition(
+    session: Session, dispatcher_metrics: DispatcherMetrics | None, in_flight: int | None
+) -> bytes:
     """The scrape: the database's families, then (with a dispatcher in this process) runs in
     flight and the dispatcher's histograms and counter."""
     registry = CollectorRegistry(auto_describe=True)
     families = database_families(session)
     if in_flight is not None:
-        families.append(GaugeMetricFamily(
-            "seedgrid_runs_in_flight", "Runs this process's dispatcher has handed to Ray",
-            value=in_flight))
+        families.append(
+            GaugeMetricFamily(
+                "seedgrid_runs_in_flight",
+                "Runs this process's dispatcher has handed to Ray",
+                value=in_flight,
+            )
+        )
     registry.register(_Snapshot(families))
     if dispatcher_metrics is not None:
-        for metric in (dispatcher_metrics.dispatch_latency, dispatcher_metrics.run_duration,
-                       dispatcher_metrics.worker_losses, dispatcher_metrics.step_errors):
+        for metric in (
+            dispatcher_metrics.dispatch_latency,
+            dispatcher_metrics.run_duration,
+            dispatcher_metrics.worker_losses,
+            dispatcher_metrics.step_errors,
+        ):
             registry.register(metric)
     return generate_latest(registry)

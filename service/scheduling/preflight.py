@@ -58,15 +58,20 @@ class Node:
 
 
 def alive_nodes() -> list[Node]:
-    return [Node(node_id=n["NodeID"], address=n.get("NodeManagerAddress", "?"),
-                 hostname=n.get("NodeManagerHostname", "?"),
-                 cpus=float(n["Resources"].get("CPU", 0)),
-                 gpus=float(n["Resources"].get("GPU", 0)))
-            for n in ray.nodes() if n.get("Alive")]
+    return [
+        Node(
+            node_id=n["NodeID"],
+            address=n.get("NodeManagerAddress", "?"),
+            hostname=n.get("NodeManagerHostname", "?"),
+            cpus=float(n["Resources"].get("CPU", 0)),
+            gpus=float(n["Resources"].get("GPU", 0)),
+        )
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
 
 
-def pick_node(nodes: list[Node], num_cpus: float, num_gpus: float,
-              wants_gpu: bool) -> Node | None:
+def pick_node(nodes: list[Node], num_cpus: float, num_gpus: float, wants_gpu: bool) -> Node | None:
     """A node where the runs can go (it has their CPUs and GPUs), one with a GPU first when a
     config asks for `device: cuda`; None when no node can hold them."""
     fits = [n for n in nodes if n.cpus >= num_cpus and n.gpus >= num_gpus]
@@ -85,8 +90,9 @@ class Check:
     conditions: list[dict[str, Any]] = field(default_factory=list)
 
 
-def distinct_checks(trainer: Trainer, spec: ExperimentSpec,
-                    conditions: list[dict[str, Any]]) -> list[Check]:
+def distinct_checks(
+    trainer: Trainer, spec: ExperimentSpec, conditions: list[dict[str, Any]]
+) -> list[Check]:
     """The conditions grouped by what the trainer's pre-flight reads of their configs; the
     conditions with nothing to check are left out."""
     checks: dict[str, Check] = {}
@@ -100,22 +106,28 @@ def distinct_checks(trainer: Trainer, spec: ExperimentSpec,
     return list(checks.values())
 
 
-def no_gpu_errors(spec: ExperimentSpec, checks: list[Check],
-                  nodes: list[Node]) -> list[dict[str, Any]]:
+def no_gpu_errors(
+    spec: ExperimentSpec, checks: list[Check], nodes: list[Node]
+) -> list[dict[str, Any]]:
     """`device: cuda` on a cluster none of whose nodes has a GPU: known without a task."""
     refusals = Refusals(spec)
     for check in checks:
         if check.inputs.get("device") == "cuda":
             for condition in check.conditions:
-                refusals.add("device", "device",
-                             f"device 'cuda' requested but no node of the Ray cluster has a GPU "
-                             f"({len(nodes)} alive nodes); use device 'auto' or 'cpu', or add "
-                             "GPU nodes", condition)
+                refusals.add(
+                    "device",
+                    "device",
+                    f"device 'cuda' requested but no node of the Ray cluster has a GPU "
+                    f"({len(nodes)} alive nodes); use device 'auto' or 'cpu', or add "
+                    "GPU nodes",
+                    condition,
+                )
     return refusals.errors()
 
 
-def report_errors(spec: ExperimentSpec, checks: list[Check],
-                  problems: list[list[tuple[str, str]]], node: Node) -> list[dict[str, Any]]:
+def report_errors(
+    spec: ExperimentSpec, checks: list[Check], problems: list[list[tuple[str, str]]], node: Node
+) -> list[dict[str, Any]]:
     """The problems a pre-flight task found, one error per field and message, each naming the
     node it was found on and (for a grid) the conditions it hits."""
     refusals = Refusals(spec)
@@ -152,18 +164,24 @@ class ClusterPreflight:
         def join() -> None:
             try:
                 ensure_ray(self.settings)
-                log.info("joined Ray at %s for the pre-flight of submissions",
-                         self.settings.ray_address)
+                log.info(
+                    "joined Ray at %s for the pre-flight of submissions", self.settings.ray_address
+                )
             except Exception as exc:  # noqa: BLE001 - logged; the runs store covers it
-                log.warning("pre-flight checks are off in this process: cannot join Ray at %s "
-                            "(%s: %s)", self.settings.ray_address, type(exc).__name__, exc)
+                log.warning(
+                    "pre-flight checks are off in this process: cannot join Ray at %s (%s: %s)",
+                    self.settings.ray_address,
+                    type(exc).__name__,
+                    exc,
+                )
             finally:
                 joined.set()
 
         threading.Thread(target=join, name="seedgrid-preflight-join", daemon=True).start()
 
-    def check(self, trainer: Trainer, spec: ExperimentSpec,
-              conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def check(
+        self, trainer: Trainer, spec: ExperimentSpec, conditions: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """The errors (SpecError's, a 422) that would fail every run of some conditions; empty
         when there are none, or when the cluster cannot tell in time (logged)."""
         if self.settings.preflight_timeout_s == 0:
@@ -182,8 +200,9 @@ class ClusterPreflight:
             self._skipped(f"{type(exc).__name__}: {_last_line(exc)}")
             return []
 
-    def _on_cluster(self, trainer: Trainer, spec: ExperimentSpec,
-                    checks: list[Check]) -> list[dict[str, Any]]:
+    def _on_cluster(
+        self, trainer: Trainer, spec: ExperimentSpec, checks: list[Check]
+    ) -> list[dict[str, Any]]:
         nodes = alive_nodes()
         wants_gpu = any(c.inputs.get("device") == "cuda" for c in checks)
         # An autoscaling cluster may still add a GPU node (SEEDGRID_FAIL_INFEASIBLE_RUNS=false).
@@ -192,8 +211,10 @@ class ClusterPreflight:
                 return errors
         node = pick_node(nodes, spec.resources.num_cpus, spec.resources.num_gpus, wants_gpu)
         if node is None:
-            self._skipped(f"no alive node has num_cpus={spec.resources.num_cpus:g} and "
-                          f"num_gpus={spec.resources.num_gpus:g}")
+            self._skipped(
+                f"no alive node has num_cpus={spec.resources.num_cpus:g} and "
+                f"num_gpus={spec.resources.num_gpus:g}"
+            )
             return []
         task = preflight_task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
@@ -203,8 +224,10 @@ class ClusterPreflight:
             report = ray.get(task, timeout=self.settings.preflight_timeout_s)
         except GetTimeoutError:
             ray.cancel(task)
-            self._skipped(f"{node} did not answer within {self.settings.preflight_timeout_s:g} "
-                          "s (SEEDGRID_PREFLIGHT_TIMEOUT_S)")
+            self._skipped(
+                f"{node} did not answer within {self.settings.preflight_timeout_s:g} "
+                "s (SEEDGRID_PREFLIGHT_TIMEOUT_S)"
+            )
             return []
         return report_errors(spec, checks, report.problems, node)
 

@@ -37,8 +37,9 @@ SQLITE_PAUSE_S = 0.1
 RETRY_S = 5.0
 
 
-def purge_deleted(engine: Engine, *, batch: int = PURGE_BATCH,
-                  stopping: threading.Event | None = None) -> list[int]:
+def purge_deleted(
+    engine: Engine, *, batch: int = PURGE_BATCH, stopping: threading.Event | None = None
+) -> list[int]:
     """Remove every row of every experiment marked deleted, a batch per transaction; the ids
     of the experiments whose rows are all gone (fewer when `stopping` was set meanwhile)."""
     sqlite = engine.dialect.name == "sqlite"
@@ -92,8 +93,10 @@ class Purger:
             try:
                 purged = purge_deleted(self.engine, stopping=self._stopping)
             except Exception:  # noqa: BLE001 - logged and tried again: the marks stay
-                log.exception("could not remove the rows of deleted experiments; trying again "
-                              "in %.0f s", RETRY_S)
+                log.exception(
+                    "could not remove the rows of deleted experiments; trying again in %.0f s",
+                    RETRY_S,
+                )
                 self._stopping.wait(RETRY_S)
                 self._wake.set()
                 continue

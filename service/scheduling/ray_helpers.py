@@ -17,9 +17,11 @@ def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]
     if not nodes or any(c >= num_cpus and g >= num_gpus for c, g in nodes):
         return None
     cpus, gpus = max(c for c, _ in nodes), max(g for _, g in nodes)
-    return (f"no node of the Ray cluster can hold this run: it asks for num_cpus={num_cpus:g}, "
-            f"num_gpus={num_gpus:g}, and the largest nodes have {cpus:g} CPUs and {gpus:g} GPUs "
-            f"(set SEEDGRID_FAIL_INFEASIBLE_RUNS=false on an autoscaling cluster)")
+    return (
+        f"no node of the Ray cluster can hold this run: it asks for num_cpus={num_cpus:g}, "
+        f"num_gpus={num_gpus:g}, and the largest nodes have {cpus:g} CPUs and {gpus:g} GPUs "
+        f"(set SEEDGRID_FAIL_INFEASIBLE_RUNS=false on an autoscaling cluster)"
+    )
 
 
 def ensure_ray(settings: Settings) -> None:
@@ -38,6 +40,7 @@ def ensure_ray(settings: Settings) -> None:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
 
 def error_line(exc: BaseException) -> str:
     """The first line of an exception (of the driver's error, for a database one)."""

@@ -32,22 +32,45 @@ from service.scheduling.run_rules import (
 from service.storage.db import AttemptOutcome, Run, RunAttempt, RunMetric, utcnow
 
 _THIS_ATTEMPT = (RUN.c.id == bindparam("b_run"), RUN.c.attempts == bindparam("b_attempt"))
-_START_RUN = update(RUN).where(*_THIS_ATTEMPT).values(
-    started_at=bindparam("v_started_at"), node_id=bindparam("v_node_id"),
-    worker_id=bindparam("v_worker_id"), worker_pid=bindparam("v_worker_pid"))
-_ATTEMPT_ROW = (ATTEMPT.c.run_id == bindparam("b_run"),
-                ATTEMPT.c.attempt == bindparam("b_attempt"))
-_START_ATTEMPT = update(ATTEMPT).where(*_ATTEMPT_ROW).values(
-    node_id=bindparam("v_node_id"), worker_pid=bindparam("v_worker_pid"))
+_START_RUN = (
+    update(RUN)
+    .where(*_THIS_ATTEMPT)
+    .values(
+        started_at=bindparam("v_started_at"),
+        node_id=bindparam("v_node_id"),
+        worker_id=bindparam("v_worker_id"),
+        worker_pid=bindparam("v_worker_pid"),
+    )
+)
+_ATTEMPT_ROW = (ATTEMPT.c.run_id == bindparam("b_run"), ATTEMPT.c.attempt == bindparam("b_attempt"))
+_START_ATTEMPT = (
+    update(ATTEMPT)
+    .where(*_ATTEMPT_ROW)
+    .values(node_id=bindparam("v_node_id"), worker_pid=bindparam("v_worker_pid"))
+)
 # (no IN: an expanding parameter cannot run once per batch)
-_FINISH_RUN = update(RUN).where(*_THIS_ATTEMPT, or_(*(RUN.c.status == s for s in HELD))).values(
-    status=bindparam("v_status"), metrics=bindparam("v_metrics"),
-    diagnostics=bindparam("v_diagnostics"), warnings=bindparam("v_warnings"),
-    provenance=bindparam("v_provenance"), error=bindparam("v_error"),
-    finished_at=bindparam("v_finished_at"))
-_END_ATTEMPT = update(ATTEMPT).where(*_ATTEMPT_ROW).values(
-    outcome=bindparam("v_outcome"), error=bindparam("v_error"),
-    finished_at=bindparam("v_finished_at"))
+_FINISH_RUN = (
+    update(RUN)
+    .where(*_THIS_ATTEMPT, or_(*(RUN.c.status == s for s in HELD)))
+    .values(
+        status=bindparam("v_status"),
+        metrics=bindparam("v_metrics"),
+        diagnostics=bindparam("v_diagnostics"),
+        warnings=bindparam("v_warnings"),
+        provenance=bindparam("v_provenance"),
+        error=bindparam("v_error"),
+        finished_at=bindparam("v_finished_at"),
+    )
+)
+_END_ATTEMPT = (
+    update(ATTEMPT)
+    .where(*_ATTEMPT_ROW)
+    .values(
+        outcome=bindparam("v_outcome"),
+        error=bindparam("v_error"),
+        finished_at=bindparam("v_finished_at"),
+    )
+)
 
 
 class RunMoves(RunReads):
@@ -75,26 +98,41 @@ class RunMoves(RunReads):
 
     # -- claiming ------------------------------------------------------------------------------
 
-    def claim(self, limit: int, *,
-              unschedulable: Callable[[float, float], str | None] | None = None,
-              take: Callable[[list[QueuedRun]], list[QueuedRun]] | None = None
-              ) -> list[ClaimedRun]:
+    def claim(
+        self,
+        limit: int,
+        *,
+        unschedulable: Callable[[float, float], str | None] | None = None,
+        take: Callable[[list[QueuedRun]], list[QueuedRun]] | None = None,
+    ) -> list[ClaimedRun]:
         """Up to `limit` queued runs in claim order (priority first, then oldest) become
         pending (handed to Ray; `start` makes them running), each with a new attempt.
         `unschedulable(num_cpus, num_gpus)` says why no node can ever hold a run (it then fails
         now) or None. `take(rows)`, when given, keeps the rows (in claim order, each with the
         run's id, experiment_id, condition, num_cpus and num_gpus) that are claimed: the
         dispatcher keeps as many whole tasks as it has room for."""
-        candidates = [QueuedRun(*row) for row in self.session.execute(
-            sa_select(RUN.c.id, RUN.c.experiment_id, RUN.c.trainer, RUN.c.condition, RUN.c.seed,
-                   RUN.c.num_cpus, RUN.c.num_gpus)
-            .where(RUN.c.status == RunStatus.queued)
-            .order_by(RUN.c.priority.desc(), RUN.c.id)
-            .limit(limit)
-        ).all()]
+        candidates = [
+            QueuedRun(*row)
+            for row in self.session.execute(
+                sa_select(
+                    RUN.c.id,
+                    RUN.c.experiment_id,
+                    RUN.c.trainer,
+                    RUN.c.condition,
+                    RUN.c.seed,
+                    RUN.c.num_cpus,
+                    RUN.c.num_gpus,
+                )
+                .where(RUN.c.status == RunStatus.queued)
+                .order_by(RUN.c.priority.desc(), RUN.c.id)
+                .limit(limit)
+            ).all()
+        ]
         self.lock_experiments(row.experiment_id for row in candidates)
-        problems = {row.id: unschedulable(row.num_cpus, row.num_gpus) if unschedulable else None
-                    for row in candidates}
+        problems = {
+            row.id: unschedulable(row.num_cpus, row.num_gpus) if unschedulable else None
+            for row in candidates
+        }
         for row in candidates:
             problem = problems[row.id]
             if problem is not None:
@@ -105,22 +143,40 @@ class RunMoves(RunReads):
         if not schedulable:
             return []
         # One statement for all: a run a concurrent cancel ended meanwhile is not returned.
-        attempts: dict[int, int] = dict(self.session.execute(
-            update(RUN).where(RUN.c.id.in_([row.id for row in schedulable]),
-                              RUN.c.status == RunStatus.queued)
-            .values(status=RunStatus.pending, attempts=RUN.c.attempts + 1,
-                    cancel_requested=False)
-            .returning(RUN.c.id, RUN.c.attempts)
-        ).all())
-        claimed = [ClaimedRun(id=row.id, experiment_id=row.experiment_id,
-                              attempt=attempts[row.id], trainer=row.trainer,
-                              condition=row.condition, seed=row.seed, num_cpus=row.num_cpus,
-                              num_gpus=row.num_gpus)
-                   for row in schedulable if row.id in attempts]
+        attempts: dict[int, int] = dict(
+            self.session.execute(
+                update(RUN)
+                .where(
+                    RUN.c.id.in_([row.id for row in schedulable]), RUN.c.status == RunStatus.queued
+                )
+                .values(
+                    status=RunStatus.pending, attempts=RUN.c.attempts + 1, cancel_requested=False
+                )
+                .returning(RUN.c.id, RUN.c.attempts)
+            ).all()
+        )
+        claimed = [
+            ClaimedRun(
+                id=row.id,
+                experiment_id=row.experiment_id,
+                attempt=attempts[row.id],
+                trainer=row.trainer,
+                condition=row.condition,
+                seed=row.seed,
+                num_cpus=row.num_cpus,
+                num_gpus=row.num_gpus,
+            )
+            for row in schedulable
+            if row.id in attempts
+        ]
         if claimed:
-            self.session.execute(insert(ATTEMPT), [
-                {"run_id": run.id, "attempt": run.attempt, "started_at": utcnow()}
-                for run in claimed])
+            self.session.execute(
+                insert(ATTEMPT),
+                [
+                    {"run_id": run.id, "attempt": run.attempt, "started_at": utcnow()}
+                    for run in claimed
+                ],
+            )
         for run in claimed:
             self._moved(run.experiment_id, RunStatus.queued, RunStatus.pending)
         return claimed
@@ -128,16 +184,28 @@ class RunMoves(RunReads):
     def _fail_unschedulable(self, run_id: int, experiment_id: int, problem: str) -> None:
         now = utcnow()
         attempt = self.session.execute(
-            update(RUN).where(RUN.c.id == run_id, RUN.c.status == RunStatus.queued)
-            .values(status=RunStatus.failed, attempts=RUN.c.attempts + 1, error=problem,
-                    finished_at=now)
+            update(RUN)
+            .where(RUN.c.id == run_id, RUN.c.status == RunStatus.queued)
+            .values(
+                status=RunStatus.failed, attempts=RUN.c.attempts + 1, error=problem, finished_at=now
+            )
             .returning(RUN.c.attempts)
         ).scalar()
         if attempt is not None:
             self._moved(experiment_id, RunStatus.queued, RunStatus.failed)
-            self.session.execute(insert(ATTEMPT), [{
-                "run_id": run_id, "attempt": attempt, "outcome": AttemptOutcome.failed,
-                "error": problem, "started_at": now, "finished_at": now}])
+            self.session.execute(
+                insert(ATTEMPT),
+                [
+                    {
+                        "run_id": run_id,
+                        "attempt": attempt,
+                        "outcome": AttemptOutcome.failed,
+                        "error": problem,
+                        "started_at": now,
+                        "finished_at": now,
+                    }
+                ],
+            )
 
     # -- running attempts ----------------------------------------------------------------------
 
@@ -148,19 +216,32 @@ class RunMoves(RunReads):
         if not started:
             return
         now = utcnow()
-        rows = [{"b_run": s.key.run_id, "b_attempt": s.key.attempt, "v_node_id": s.node_id,
-                 "v_worker_id": s.worker_id, "v_worker_pid": s.pid, "v_started_at": now}
-                for s in started]
+        rows = [
+            {
+                "b_run": s.key.run_id,
+                "b_attempt": s.key.attempt,
+                "v_node_id": s.node_id,
+                "v_worker_id": s.worker_id,
+                "v_worker_pid": s.pid,
+                "v_started_at": now,
+            }
+            for s in started
+        ]
         held = self._held_attempts([s.key.run_id for s in started])
-        starting = [s.key for s in started
-                    if held.get(s.key.run_id) == (s.key.attempt, RunStatus.pending)]
+        starting = [
+            s.key for s in started if held.get(s.key.run_id) == (s.key.attempt, RunStatus.pending)
+        ]
         if starting:
             # The dispatcher holds these runs (its lock) and their experiments' rows: no other
             # writer moves them between the read above and this update.
             self.session.execute(
-                update(RUN).where(RUN.c.id.in_([key.run_id for key in starting]),
-                                  RUN.c.status == RunStatus.pending)
-                .values(status=RunStatus.running))
+                update(RUN)
+                .where(
+                    RUN.c.id.in_([key.run_id for key in starting]),
+                    RUN.c.status == RunStatus.pending,
+                )
+                .values(status=RunStatus.running)
+            )
         for key in starting:
             self._moved(key.experiment_id, RunStatus.pending, RunStatus.running)
         self.session.execute(_START_RUN, rows)
@@ -180,46 +261,79 @@ class RunMoves(RunReads):
             if f.status not in RESULT_STATUSES:
                 raise ValueError(f"a result cannot end a run as {f.status}")
         held = self._held_attempts([f.key.run_id for f in finished])
-        ending = [f for f in finished
-                  if f.key.run_id in held and held[f.key.run_id][0] == f.key.attempt]
+        ending = [
+            f for f in finished if f.key.run_id in held and held[f.key.run_id][0] == f.key.attempt
+        ]
         if not ending:
             return
         now = utcnow()
-        self.session.execute(_FINISH_RUN, [
-            {"b_run": f.key.run_id, "b_attempt": f.key.attempt, "v_status": f.status,
-             "v_metrics": f.metrics, "v_diagnostics": f.diagnostics, "v_warnings": f.warnings,
-             "v_provenance": f.provenance, "v_error": f.error, "v_finished_at": now}
-            for f in ending])
-        self.session.execute(_END_ATTEMPT, [
-            {"b_run": f.key.run_id, "b_attempt": f.key.attempt,
-             "v_outcome": AttemptOutcome(f.status.value), "v_error": f.error,
-             "v_finished_at": now}
-            for f in ending])
+        self.session.execute(
+            _FINISH_RUN,
+            [
+                {
+                    "b_run": f.key.run_id,
+                    "b_attempt": f.key.attempt,
+                    "v_status": f.status,
+                    "v_metrics": f.metrics,
+                    "v_diagnostics": f.diagnostics,
+                    "v_warnings": f.warnings,
+                    "v_provenance": f.provenance,
+                    "v_error": f.error,
+                    "v_finished_at": now,
+                }
+                for f in ending
+            ],
+        )
+        self.session.execute(
+            _END_ATTEMPT,
+            [
+                {
+                    "b_run": f.key.run_id,
+                    "b_attempt": f.key.attempt,
+                    "v_outcome": AttemptOutcome(f.status.value),
+                    "v_error": f.error,
+                    "v_finished_at": now,
+                }
+                for f in ending
+            ],
+        )
         for f in ending:
             self._moved(f.key.experiment_id, held[f.key.run_id][1], f.status)
 
     def end_cancelled(self, attempt: AttemptKey) -> None:
         """Ray reports the attempt's task cancelled (a cancel the dispatcher forwarded)."""
-        self._end_held(attempt, RunStatus.cancelled, AttemptOutcome.cancelled, None,
-                       cancelled=True)
+        self._end_held(attempt, RunStatus.cancelled, AttemptOutcome.cancelled, None, cancelled=True)
 
     def fail(self, attempt: AttemptKey, reason: str) -> None:
         """The attempt's rows cannot be stored: the run fails, not retried (the same config
         would send the same rows again)."""
         self._end_held(attempt, RunStatus.failed, AttemptOutcome.failed, reason)
 
-    def _end_held(self, attempt: AttemptKey, status: RunStatus, outcome: AttemptOutcome,
-                  reason: str | None, *, cancelled: bool = False) -> None:
+    def _end_held(
+        self,
+        attempt: AttemptKey,
+        status: RunStatus,
+        outcome: AttemptOutcome,
+        reason: str | None,
+        *,
+        cancelled: bool = False,
+    ) -> None:
         """End the attempt's run, pending or running, as `status`; the run's error is `reason`,
         or for a cancel, whether the run had started."""
         for held in HELD:
             # a cancel keeps an error already set (the first-failures stop's reason)
             error = func.coalesce(col(Run.error), cancelled_error(held)) if cancelled else reason
-            moved = changed(self.session.execute(
-                update(Run).where(col(Run.id) == attempt.run_id, col(Run.status) == held,
-                                  col(Run.attempts) == attempt.attempt)
-                .values(status=status, finished_at=utcnow(), error=error)
-            ))
+            moved = changed(
+                self.session.execute(
+                    update(Run)
+                    .where(
+                        col(Run.id) == attempt.run_id,
+                        col(Run.status) == held,
+                        col(Run.attempts) == attempt.attempt,
+                    )
+                    .values(status=status, finished_at=utcnow(), error=error)
+                )
+            )
             if moved:
                 self._moved(attempt.experiment_id, held, status)
                 self._end_attempt(attempt, outcome, reason)
@@ -233,23 +347,28 @@ class RunMoves(RunReads):
         if run is None or run.status not in HELD or run.attempts != attempt.attempt:
             return None
         started = run.status == RunStatus.running
-        self._end_attempt(attempt, AttemptOutcome.lost if started else AttemptOutcome.interrupted,
-                          reason)
+        self._end_attempt(
+            attempt, AttemptOutcome.lost if started else AttemptOutcome.interrupted, reason
+        )
         self._after_lost(run, reason)
         return run.status
 
-    def _after_lost(self, run: Run, reason: str,
-                    uncharged: dict[int, tuple[int, int]] | None = None) -> None:
+    def _after_lost(
+        self, run: Run, reason: str, uncharged: dict[int, tuple[int, int]] | None = None
+    ) -> None:
         """Retry or fail `run` by `retry_decision`, its attempts counted from their rows
         (`uncharged`: `_uncharged_attempts` of it, when the caller has read it already)."""
         assert run.id is not None
         if uncharged is None:
             uncharged = self._uncharged_attempts([run.id])
         interrupted, unstarted = uncharged.get(run.id, (0, 0))
-        status, error = retry_decision(cancel_requested=run.cancel_requested,
-                                       charged_attempts=run.attempts - interrupted,
-                                       max_retries=run.max_retries, reason=reason,
-                                       unstarted_losses=unstarted)
+        status, error = retry_decision(
+            cancel_requested=run.cancel_requested,
+            charged_attempts=run.attempts - interrupted,
+            max_retries=run.max_retries,
+            reason=reason,
+            unstarted_losses=unstarted,
+        )
         if status == RunStatus.queued:
             # the next attempt logs its own curves
             self.session.execute(delete(RunMetric).where(col(RunMetric.run_id) == run.id))
@@ -266,17 +385,29 @@ class RunMoves(RunReads):
         (or ends cancelled when a cancel was asked), not charged an attempt."""
         for attempt in attempts:
             for held in HELD:
-                this_attempt = (col(Run.id) == attempt.run_id, col(Run.status) == held,
-                                col(Run.attempts) == attempt.attempt)
-                cancelled = changed(self.session.execute(
-                    update(Run).where(*this_attempt, col(Run.cancel_requested) == True)  # noqa: E712
-                    .values(status=RunStatus.cancelled, finished_at=utcnow(),
-                            error=func.coalesce(col(Run.error), cancelled_error(held)))
-                ))
-                requeued = changed(self.session.execute(
-                    update(Run).where(*this_attempt, col(Run.cancel_requested) == False)  # noqa: E712
-                    .values(status=RunStatus.queued)
-                ))
+                this_attempt = (
+                    col(Run.id) == attempt.run_id,
+                    col(Run.status) == held,
+                    col(Run.attempts) == attempt.attempt,
+                )
+                cancelled = changed(
+                    self.session.execute(
+                        update(Run)
+                        .where(*this_attempt, col(Run.cancel_requested) == True)  # noqa: E712
+                        .values(
+                            status=RunStatus.cancelled,
+                            finished_at=utcnow(),
+                            error=func.coalesce(col(Run.error), cancelled_error(held)),
+                        )
+                    )
+                )
+                requeued = changed(
+                    self.session.execute(
+                        update(Run)
+                        .where(*this_attempt, col(Run.cancel_requested) == False)  # noqa: E712
+                        .values(status=RunStatus.queued)
+                    )
+                )
                 self._moved(attempt.experiment_id, held, RunStatus.cancelled, cancelled)
                 self._moved(attempt.experiment_id, held, RunStatus.queued, requeued)
             self.session.execute(delete(RunMetric).where(col(RunMetric.run_id) == attempt.run_id))
@@ -289,28 +420,34 @@ class RunMoves(RunReads):
         when its dispatcher died) is recorded interrupted, not charged: a service that crashes
         a few times in a row must not fail runs that never ran. Returns the orphans' ids."""
         held = col(Run.status).in_(HELD)
-        self.lock_experiments(self.session.exec(
-            select(col(Run.experiment_id)).where(held).distinct()).all())
+        self.lock_experiments(
+            self.session.exec(select(col(Run.experiment_id)).where(held).distinct()).all()
+        )
         running = self.session.exec(select(Run).where(held)).all()
         orphans = [run for run in running if kept.get(run.id or -1) != run.attempts]
         now = utcnow()
         for run in orphans:
             unfinished = (col(RunAttempt.run_id) == run.id, col(RunAttempt.finished_at).is_(None))
             self.session.execute(
-                update(RunAttempt).where(*unfinished, col(RunAttempt.worker_pid).is_(None))
-                .values(outcome=AttemptOutcome.interrupted, error=ORPHANED, finished_at=now))
+                update(RunAttempt)
+                .where(*unfinished, col(RunAttempt.worker_pid).is_(None))
+                .values(outcome=AttemptOutcome.interrupted, error=ORPHANED, finished_at=now)
+            )
             self.session.execute(
-                update(RunAttempt).where(*unfinished)
-                .values(outcome=AttemptOutcome.lost, error=ORPHANED, finished_at=now))
+                update(RunAttempt)
+                .where(*unfinished)
+                .values(outcome=AttemptOutcome.lost, error=ORPHANED, finished_at=now)
+            )
         uncharged = self._uncharged_attempts([run.id for run in orphans if run.id])
         for run in orphans:
             self._after_lost(run, ORPHANED, uncharged)
         return [run.id for run in orphans if run.id is not None]
 
-    def _end_attempt(self, attempt: AttemptKey, outcome: AttemptOutcome,
-                     error: str | None) -> None:
+    def _end_attempt(self, attempt: AttemptKey, outcome: AttemptOutcome, error: str | None) -> None:
         self.session.execute(
-            update(RunAttempt).where(col(RunAttempt.run_id) == attempt.run_id,
-                                     col(RunAttempt.attempt) == attempt.attempt)
+            update(RunAttempt)
+            .where(
+                col(RunAttempt.run_id) == attempt.run_id, col(RunAttempt.attempt) == attempt.attempt
+            )
             .values(outcome=outcome, error=error, finished_at=utcnow())
         )

@@ -33,6 +33,7 @@ def ids(rows: Iterable[int | None]) -> list[int]:
     """The ids read from a primary key column (typed nullable: never null once stored)."""
     return [i for i in rows if i is not None]
 
+
 def count_column(status: RunStatus) -> Any:
     """The experiment's column that counts its runs in `status`."""
     return getattr(Experiment, f"runs_{status.value}")
@@ -41,10 +42,12 @@ def count_column(status: RunStatus) -> Any:
 def experiment_counts(experiment: Experiment) -> ExperimentCounts:
     return ExperimentCounts(**{s.value: getattr(experiment, f"runs_{s.value}") for s in RunStatus})
 
+
 def recount(session: Session, experiment_id: int) -> ExperimentCounts:
     """An experiment's run counts counted from its runs (what the kept counts must equal)."""
     rows = session.exec(
-        select(col(Run.status), func.count()).where(col(Run.experiment_id) == experiment_id)
+        select(col(Run.status), func.count())
+        .where(col(Run.experiment_id) == experiment_id)
         .group_by(col(Run.status))
     ).all()
     counts: Counter[str] = Counter({RunStatus(status).value: n for status, n in rows})
@@ -70,44 +73,60 @@ class RunReads:
             return
         if self.session.get_bind().dialect.name == "postgresql":
             self.session.execute(
-                select(col(Experiment.id)).where(col(Experiment.id).in_(ids))
-                .order_by(col(Experiment.id)).with_for_update()
+                select(col(Experiment.id))
+                .where(col(Experiment.id).in_(ids))
+                .order_by(col(Experiment.id))
+                .with_for_update()
             )
         else:
             self.session.execute(
-                update(Experiment).where(col(Experiment.id).in_(ids))
+                update(Experiment)
+                .where(col(Experiment.id).in_(ids))
                 .values(priority=col(Experiment.priority))
-                .execution_options(synchronize_session=False))
+                .execution_options(synchronize_session=False)
+            )
 
-    def _read_counts(self, experiment_id: int,
-                     *columns: Any) -> tuple[Any, ExperimentCounts] | None:
+    def _read_counts(
+        self, experiment_id: int, *columns: Any
+    ) -> tuple[Any, ExperimentCounts] | None:
         """The experiment's `columns` (a row) and its run counts, in one read; None when it is
         gone."""
         row = self.session.execute(
-            select(*columns, *(count_column(s) for s in RunStatus))
-            .where(col(Experiment.id) == experiment_id)
+            select(*columns, *(count_column(s) for s in RunStatus)).where(
+                col(Experiment.id) == experiment_id
+            )
         ).first()
         if row is None:
             return None
-        return row, ExperimentCounts(**{s.value: row[len(columns) + i]
-                                        for i, s in enumerate(RunStatus)})
+        return row, ExperimentCounts(
+            **{s.value: row[len(columns) + i] for i, s in enumerate(RunStatus)}
+        )
 
     def due_decisions(self) -> list[int]:
         """Adaptive experiments whose next look is due: deciding, with no run queued, pending
         or running (their cancel included: the look then records the stop)."""
-        return ids(self.session.exec(
-            select(col(Experiment.id)).where(
-                col(Experiment.deciding) == True,  # noqa: E712
-                count_column(RunStatus.queued) == 0, count_column(RunStatus.pending) == 0,
-                count_column(RunStatus.running) == 0)
-            .order_by(col(Experiment.id))
-        ).all())
+        return ids(
+            self.session.exec(
+                select(col(Experiment.id))
+                .where(
+                    col(Experiment.deciding) == True,  # noqa: E712
+                    count_column(RunStatus.queued) == 0,
+                    count_column(RunStatus.pending) == 0,
+                    count_column(RunStatus.running) == 0,
+                )
+                .order_by(col(Experiment.id))
+            ).all()
+        )
 
     def next_queued_experiments(self, limit: int) -> list[int]:
         """The experiments of the next `limit` queued runs in claim order."""
-        runs = (select(col(Run.experiment_id)).where(col(Run.status) == RunStatus.queued)
-                .order_by(col(Run.priority).desc(), col(Run.id))
-                .limit(limit).subquery())
+        runs = (
+            select(col(Run.experiment_id))
+            .where(col(Run.status) == RunStatus.queued)
+            .order_by(col(Run.priority).desc(), col(Run.id))
+            .limit(limit)
+            .subquery()
+        )
         return sorted(self.session.exec(select(runs.c.experiment_id).distinct()).all())
 
     def queued_runs(self) -> int:
@@ -118,25 +137,31 @@ class RunReads:
     def specs(self, experiment_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
         """Each experiment's stored spec (its base config, how its runs seed their sources)."""
         rows = self.session.exec(
-            select(col(Experiment.id), col(Experiment.spec))
-            .where(col(Experiment.id).in_(sorted(experiment_ids)))
+            select(col(Experiment.id), col(Experiment.spec)).where(
+                col(Experiment.id).in_(sorted(experiment_ids))
+            )
         ).all()
         return {i: spec for i, spec in rows if i is not None}
 
     def cancel_requested(self, run_ids: Iterable[int]) -> list[int]:
         """Of these runs, the ones a cancel was asked for."""
-        return ids(self.session.exec(
-            select(col(Run.id)).where(col(Run.id).in_(list(run_ids)),
-                                      col(Run.cancel_requested) == True)  # noqa: E712
-        ).all())
+        return ids(
+            self.session.exec(
+                select(col(Run.id)).where(
+                    col(Run.id).in_(list(run_ids)),
+                    col(Run.cancel_requested) == True,  # noqa: E712
+                )
+            ).all()
+        )
 
     def _held_attempts(self, run_ids: list[int]) -> dict[int, tuple[int, RunStatus]]:
         """Of these runs, the pending or running ones: the attempt each holds, and its status."""
         if not run_ids:
             return {}
         rows = self.session.execute(
-            select(RUN.c.id, RUN.c.attempts, RUN.c.status)
-            .where(RUN.c.id.in_(run_ids), RUN.c.status.in_(HELD))
+            select(RUN.c.id, RUN.c.attempts, RUN.c.status).where(
+                RUN.c.id.in_(run_ids), RUN.c.status.in_(HELD)
+            )
         ).all()
         return {run_id: (attempt, RunStatus(status)) for run_id, attempt, status in rows}
 
@@ -147,16 +172,25 @@ class RunReads:
         if not run_ids:
             return {}
         rows = self.session.execute(
-            select(col(RunAttempt.run_id), func.count(),
-                   func.count(case((col(RunAttempt.worker_pid).is_(None), 1))))
-            .where(col(RunAttempt.run_id).in_(run_ids),
-                   col(RunAttempt.outcome) == AttemptOutcome.interrupted)
+            select(
+                col(RunAttempt.run_id),
+                func.count(),
+                func.count(case((col(RunAttempt.worker_pid).is_(None), 1))),
+            )
+            .where(
+                col(RunAttempt.run_id).in_(run_ids),
+                col(RunAttempt.outcome) == AttemptOutcome.interrupted,
+            )
             .group_by(col(RunAttempt.run_id))
         ).all()
         return {run_id: (count, unstarted) for run_id, count, unstarted in rows}
 
     def deleted_experiments(self) -> list[int]:
         """The experiments marked deleted whose rows are not all removed yet."""
-        return ids(self.session.exec(
-            select(col(Experiment.id)).where(col(Experiment.deleted) == True)  # noqa: E712
-            .order_by(col(Experiment.id))).all())
+        return ids(
+            self.session.exec(
+                select(col(Experiment.id))
+                .where(col(Experiment.deleted) == True)  # noqa: E712
+                .order_by(col(Experiment.id))
+            ).all()
+        )

@@ -25,8 +25,10 @@ def check_move(old: RunStatus, new: RunStatus) -> None:
     """Raise IllegalRunMove unless a run in `old` may move to `new` (RunStatus.moves())."""
     if not old.may_move_to(new):
         allowed = ", ".join(sorted(RunStatus.moves()[old])) or "nothing: it has ended"
-        raise IllegalRunMove(f"internal error: the runs store moved a run from {old.value} to "
-                             f"{new.value}; a {old.value} run may move to {allowed}")
+        raise IllegalRunMove(
+            f"internal error: the runs store moved a run from {old.value} to "
+            f"{new.value}; a {old.value} run may move to {allowed}"
+        )
 
 
 def cancelled_error(held: RunStatus) -> str:
@@ -41,8 +43,14 @@ def cancelled_error(held: RunStatus) -> str:
 UNSTARTED_LOSSES_ALLOWED = 5
 
 
-def retry_decision(*, cancel_requested: bool, charged_attempts: int, max_retries: int,
-                   reason: str, unstarted_losses: int = 0) -> tuple[RunStatus, str | None]:
+def retry_decision(
+    *,
+    cancel_requested: bool,
+    charged_attempts: int,
+    max_retries: int,
+    reason: str,
+    unstarted_losses: int = 0,
+) -> tuple[RunStatus, str | None]:
     """What a run whose attempt was lost (worker or node died, dispatcher gone) becomes: the
     one retry policy. A cancel asked for wins; then the run is re-queued while its charged
     attempts are within max_retries + 1 and its attempts lost before a worker started them
@@ -50,15 +58,18 @@ def retry_decision(*, cancel_requested: bool, charged_attempts: int, max_retries
     if cancel_requested:
         return RunStatus.cancelled, "cancelled"
     if unstarted_losses > max_retries + 1 + UNSTARTED_LOSSES_ALLOWED:
-        return RunStatus.failed, (f"lost before any worker started it on each of "
-                                  f"{unstarted_losses} attempts; last: {reason}")
+        return RunStatus.failed, (
+            f"lost before any worker started it on each of "
+            f"{unstarted_losses} attempts; last: {reason}"
+        )
     if charged_attempts <= max_retries:
         return RunStatus.queued, None
     return RunStatus.failed, f"lost on each of {charged_attempts} attempts; last: {reason}"
 
 
-def experiment_status(*, cancel_requested: bool, n_runs: int, counts: ExperimentCounts,
-                      deciding: bool = False) -> ExperimentStatus:
+def experiment_status(
+    *, cancel_requested: bool, n_runs: int, counts: ExperimentCounts, deciding: bool = False
+) -> ExperimentStatus:
     """An experiment's status from its run counts. Once every run has ended, it is completed
     when each run completed or was stopped by a check its spec asked to stop on (the outcomes
     the spec asked for), failed when none did and some failed or diverged (calling that partial
@@ -92,8 +103,12 @@ def failure_stop(*, counts: ExperimentCounts, stop_after: int) -> bool:
     stopped or diverged, and none was cancelled: a cancel, or this stop, came first), while
     some are still queued, pending or running. A lost worker's retry is not an end; a run lost
     on every attempt is a failure."""
-    return (stop_after > 0 and counts.failed >= stop_after and counts.ended == counts.failed
-            and counts.active > 0)
+    return (
+        stop_after > 0
+        and counts.failed >= stop_after
+        and counts.ended == counts.failed
+        and counts.active > 0
+    )
 
 
 def failure_stop_message(n_failed: int, errors: Sequence[str | None]) -> str:
@@ -102,5 +117,6 @@ def failure_stop_message(n_failed: int, errors: Sequence[str | None]) -> str:
     lines = [first_line(e) for e in errors] or ["(no error message)"]
     others = len(set(lines)) - 1
     runs = "run" if n_failed == 1 else f"{n_failed} runs"
-    return (f"stopped after its first {runs} failed: {lines[0][:1000]}"
-            + (f" (and {others} other errors: see its failed runs)" if others else ""))
+    return f"stopped after its first {runs} failed: {lines[0][:1000]}" + (
+        f" (and {others} other errors: see its failed runs)" if others else ""
+    )

@@ -88,9 +88,19 @@ from service.storage.db import (
 
 # The store's vocabulary, importable from here as before the store was split.
 __all__ = [
-    "UNSTARTED_LOSSES_ALLOWED", "AttemptKey", "ClaimedRun", "FinishedAttempt", "IllegalRunMove",
-    "QueuedRun", "RunStore", "StartedAttempt", "experiment_counts", "experiment_status",
-    "failure_stop", "recount", "retry_decision",
+    "UNSTARTED_LOSSES_ALLOWED",
+    "AttemptKey",
+    "ClaimedRun",
+    "FinishedAttempt",
+    "IllegalRunMove",
+    "QueuedRun",
+    "RunStore",
+    "StartedAttempt",
+    "experiment_counts",
+    "experiment_status",
+    "failure_stop",
+    "recount",
+    "retry_decision",
 ]
 
 log = logging.getLogger("seedgrid.runs")
@@ -108,11 +118,18 @@ class RunStore(RunMoves):
 
     def flush_counts(self) -> None:
         for experiment_id in sorted(self._touched):
-            moves = {count_column(s).key: count_column(s) + n
-                     for s, n in self._moves.get(experiment_id, Counter()).items() if n}
+            moves = {
+                count_column(s).key: count_column(s) + n
+                for s, n in self._moves.get(experiment_id, Counter()).items()
+                if n
+            }
             if moves:
-                self.session.execute(update(Experiment).where(col(Experiment.id) == experiment_id)
-                                     .values(**moves).execution_options(synchronize_session=False))
+                self.session.execute(
+                    update(Experiment)
+                    .where(col(Experiment.id) == experiment_id)
+                    .values(**moves)
+                    .execution_options(synchronize_session=False)
+                )
             if experiment_id in self._failed:
                 self._stop_after_failures(experiment_id)
             self._refresh_status(experiment_id)
@@ -134,7 +151,8 @@ class RunStore(RunMoves):
         if not failure_stop(counts=counts, stop_after=1):
             return  # a run ended otherwise (the usual case): the spec is not read
         spec, adaptive = self.session.execute(
-            select(col(Experiment.spec), col(Experiment.adaptive)).where(this)).one()
+            select(col(Experiment.spec), col(Experiment.adaptive)).where(this)
+        ).one()
         try:
             stop_after = ExperimentSpec.stored(spec).stop_after_failures
         except pydantic.ValidationError:
@@ -142,77 +160,123 @@ class RunStore(RunMoves):
         if not failure_stop(counts=counts, stop_after=stop_after):
             return
         errors = self.session.exec(
-            select(col(Run.error)).where(col(Run.experiment_id) == experiment_id,
-                                         col(Run.status) == RunStatus.failed)
-            .order_by(col(Run.finished_at), col(Run.id)).limit(counts.failed)
+            select(col(Run.error))
+            .where(col(Run.experiment_id) == experiment_id, col(Run.status) == RunStatus.failed)
+            .order_by(col(Run.finished_at), col(Run.id))
+            .limit(counts.failed)
         ).all()
         message = failure_stop_message(counts.failed, errors)
         error = storable_text(STOPPED_RUN_PREFIX + message)
         mine = col(Run.experiment_id) == experiment_id
         check_move(RunStatus.queued, RunStatus.cancelled)  # counted below, not by _moved
-        cancelled = changed(self.session.execute(
-            update(Run).where(mine, col(Run.status) == RunStatus.queued)
-            .values(status=RunStatus.cancelled, finished_at=utcnow(), error=error)
-        ))
-        flagged = changed(self.session.execute(
-            update(Run).where(mine, col(Run.status) == RunStatus.pending,
-                              col(Run.cancel_requested) == False)  # noqa: E712
-            .values(cancel_requested=True, error=error)
-        ))
+        cancelled = changed(
+            self.session.execute(
+                update(Run)
+                .where(mine, col(Run.status) == RunStatus.queued)
+                .values(status=RunStatus.cancelled, finished_at=utcnow(), error=error)
+            )
+        )
+        flagged = changed(
+            self.session.execute(
+                update(Run)
+                .where(
+                    mine,
+                    col(Run.status) == RunStatus.pending,
+                    col(Run.cancel_requested) == False,  # noqa: E712
+                )
+                .values(cancel_requested=True, error=error)
+            )
+        )
         if not cancelled and not flagged:
             return
         values: dict[str, Any] = {
             "runs_queued": col(Experiment.runs_queued) - cancelled,
             "runs_cancelled": col(Experiment.runs_cancelled) + cancelled,
             # the message as its runs' errors carry it (storable_text may have shortened it)
-            "stop_message": error.removeprefix(STOPPED_RUN_PREFIX)}
+            "stop_message": error.removeprefix(STOPPED_RUN_PREFIX),
+        }
         if adaptive is not None:
-            values |= {"deciding": False, "adaptive": {**adaptive, "stop_reason": message,
-                                                       "significant": False}}
-        self.session.execute(update(Experiment).where(this)
-                             .values(**values).execution_options(synchronize_session=False))
-        log.warning("experiment %s %s; %d queued runs cancelled, %d not yet started being "
-                    "cancelled", experiment_id, message, cancelled, flagged)
+            values |= {
+                "deciding": False,
+                "adaptive": {**adaptive, "stop_reason": message, "significant": False},
+            }
+        self.session.execute(
+            update(Experiment)
+            .where(this)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        log.warning(
+            "experiment %s %s; %d queued runs cancelled, %d not yet started being cancelled",
+            experiment_id,
+            message,
+            cancelled,
+            flagged,
+        )
 
     def _refresh_status(self, experiment_id: int) -> None:
-        read = self._read_counts(experiment_id, col(Experiment.n_runs),
-                                 col(Experiment.cancel_requested),
-                                 col(Experiment.finished_at), col(Experiment.deciding))
+        read = self._read_counts(
+            experiment_id,
+            col(Experiment.n_runs),
+            col(Experiment.cancel_requested),
+            col(Experiment.finished_at),
+            col(Experiment.deciding),
+        )
         if read is None:
             return
         row, counts = read
-        status = experiment_status(cancel_requested=row.cancel_requested, n_runs=row.n_runs,
-                                   counts=counts, deciding=row.deciding)
+        status = experiment_status(
+            cancel_requested=row.cancel_requested,
+            n_runs=row.n_runs,
+            counts=counts,
+            deciding=row.deciding,
+        )
         values: dict[str, Any] = {"status": status}
         ended = status.is_ended
         if ended and counts.active == 0 and row.finished_at is None:
             values["finished_at"] = utcnow()
         elif not ended and row.finished_at is not None:
             values["finished_at"] = None  # seeds were added to an ended experiment
-        self.session.execute(update(Experiment).where(col(Experiment.id) == experiment_id)
-                             .values(**values).execution_options(synchronize_session=False))
+        self.session.execute(
+            update(Experiment)
+            .where(col(Experiment.id) == experiment_id)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
 
     # -- creating runs and looks ------------------------------------------------------------------
 
-    def create_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]],
-                    shared: dict[str, Any]) -> None:
+    def create_runs(
+        self, experiment: Experiment, rows: Sequence[dict[str, Any]], shared: dict[str, Any]
+    ) -> None:
         """Insert an experiment's runs, all queued (the experiment was created with
         runs_queued = n_runs)."""
-        defaults = {"status": RunStatus.queued, "attempts": 0, "cancel_requested": False,
-                    "metrics": {}, "diagnostics": {}, "warnings": [], "provenance": {},
-                    "experiment_id": experiment.id, "created_at": utcnow()}
+        defaults = {
+            "status": RunStatus.queued,
+            "attempts": 0,
+            "cancel_requested": False,
+            "metrics": {},
+            "diagnostics": {},
+            "warnings": [],
+            "provenance": {},
+            "experiment_id": experiment.id,
+            "created_at": utcnow(),
+        }
         self.session.execute(insert(Run), [{**defaults, **shared, **row} for row in rows])
 
-    def add_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]],
-                 shared: dict[str, Any]) -> None:
+    def add_runs(
+        self, experiment: Experiment, rows: Sequence[dict[str, Any]], shared: dict[str, Any]
+    ) -> None:
         """More queued runs for an experiment that has some (seeds added by hand or by an
         adaptive round): its run total and queued count grow in the same transaction."""
         assert experiment.id is not None
         self.create_runs(experiment, rows, shared)
         self.session.execute(
-            update(Experiment).where(col(Experiment.id) == experiment.id)
+            update(Experiment)
+            .where(col(Experiment.id) == experiment.id)
             .values(n_runs=col(Experiment.n_runs) + len(rows))
-            .execution_options(synchronize_session=False))
+            .execution_options(synchronize_session=False)
+        )
         self._moves[experiment.id][RunStatus.queued] += len(rows)
         self._touched.add(experiment.id)
 
@@ -220,9 +284,11 @@ class RunStore(RunMoves):
         """Store an adaptive experiment's record after a look; `stopped` ends its rounds (its
         status then follows from its runs like any experiment's)."""
         self.session.execute(
-            update(Experiment).where(col(Experiment.id) == experiment_id)
+            update(Experiment)
+            .where(col(Experiment.id) == experiment_id)
             .values(adaptive=state, deciding=not stopped)
-            .execution_options(synchronize_session=False))
+            .execution_options(synchronize_session=False)
+        )
         self._touched.add(experiment_id)
 
     # -- cancelling an experiment --------------------------------------------------------------
@@ -233,20 +299,28 @@ class RunStore(RunMoves):
         pending run's task is dropped from Ray's queue, a running one's stops)."""
         assert experiment.id is not None
         self.lock_experiments([experiment.id])
-        cancelled = changed(self.session.execute(
-            update(Run).where(col(Run.experiment_id) == experiment.id,
-                              col(Run.status) == RunStatus.queued)
-            .values(status=RunStatus.cancelled, finished_at=now or utcnow(),
-                    error="cancelled before start")
-        ))
+        cancelled = changed(
+            self.session.execute(
+                update(Run)
+                .where(col(Run.experiment_id) == experiment.id, col(Run.status) == RunStatus.queued)
+                .values(
+                    status=RunStatus.cancelled,
+                    finished_at=now or utcnow(),
+                    error="cancelled before start",
+                )
+            )
+        )
         self.session.execute(
-            update(Run).where(col(Run.experiment_id) == experiment.id,
-                              col(Run.status).in_(HELD))
+            update(Run)
+            .where(col(Run.experiment_id) == experiment.id, col(Run.status).in_(HELD))
             .values(cancel_requested=True)
         )
-        self.session.execute(update(Experiment).where(col(Experiment.id) == experiment.id)
-                             .values(cancel_requested=True)
-                             .execution_options(synchronize_session=False))
+        self.session.execute(
+            update(Experiment)
+            .where(col(Experiment.id) == experiment.id)
+            .values(cancel_requested=True)
+            .execution_options(synchronize_session=False)
+        )
         self._moved(experiment.id, RunStatus.queued, RunStatus.cancelled, cancelled)
 
     # -- deleting an ended experiment ----------------------------------------------------------
@@ -257,9 +331,12 @@ class RunStore(RunMoves):
         one due,
         is off. The caller has locked the experiment and checked that no run of it is queued,
         pending or running."""
-        self.session.execute(update(Experiment).where(col(Experiment.id) == experiment_id)
-                             .values(deleted=True, deciding=False)
-                             .execution_options(synchronize_session=False))
+        self.session.execute(
+            update(Experiment)
+            .where(col(Experiment.id) == experiment_id)
+            .values(deleted=True, deciding=False)
+            .execution_options(synchronize_session=False)
+        )
         self._touched.discard(experiment_id)
 
     def purge_step(self, experiment_id: int, limit: int) -> bool:
@@ -271,15 +348,26 @@ class RunStore(RunMoves):
         tables: tuple[tuple[type[RunMetric | RunAttempt | Run], Any, Any], ...] = (
             (RunMetric, col(RunMetric.id), col(RunMetric.run_id).in_(runs)),
             (RunAttempt, col(RunAttempt.id), col(RunAttempt.run_id).in_(runs)),
-            (Run, col(Run.id), col(Run.experiment_id) == experiment_id))
+            (Run, col(Run.id), col(Run.experiment_id) == experiment_id),
+        )
         for table, id_column, mine in tables:
             batch = sa_select(id_column).where(mine).limit(limit).scalar_subquery()
             if changed(self.session.execute(delete(table).where(id_column.in_(batch)))):
                 return False
-        self.session.execute(delete(StatsCache)
-                             .where(col(StatsCache.experiment_id) == experiment_id))
-        self.session.execute(delete(CompareCache).where(
-            or_(col(CompareCache.a_id) == experiment_id, col(CompareCache.b_id) == experiment_id)))
-        self.session.execute(delete(Experiment).where(col(Experiment.id) == experiment_id,
-                                                      col(Experiment.deleted) == True))  # noqa: E712
+        self.session.execute(
+            delete(StatsCache).where(col(StatsCache.experiment_id) == experiment_id)
+        )
+        self.session.execute(
+            delete(CompareCache).where(
+                or_(
+                    col(CompareCache.a_id) == experiment_id, col(CompareCache.b_id) == experiment_id
+                )
+            )
+        )
+        self.session.execute(
+            delete(Experiment).where(
+                col(Experiment.id) == experiment_id,
+                col(Experiment.deleted) == True,  # noqa: E712
+            )
+        )
         return True

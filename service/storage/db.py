@@ -61,10 +61,12 @@ class StatusColumn(TypeDecorator[StrEnum]):
         return None if value is None else self.enum(value)
 
 
-def status_column(enum: type[StrEnum], *, default: StrEnum | None, index: bool = False,
-                  nullable: bool = False) -> Any:
-    return Field(default=default, sa_column=Column(StatusColumn(enum), index=index,
-                                                   nullable=nullable))
+def status_column(
+    enum: type[StrEnum], *, default: StrEnum | None, index: bool = False, nullable: bool = False
+) -> Any:
+    return Field(
+        default=default, sa_column=Column(StatusColumn(enum), index=index, nullable=nullable)
+    )
 
 
 def run_count_column() -> Any:
@@ -87,8 +89,9 @@ class Experiment(SQLModel, table=True):
     # The spec as submitted (ExperimentSpec.model_dump); read it as `stored_spec`, not by key.
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     metric: str
-    status: ExperimentStatus = status_column(ExperimentStatus, default=ExperimentStatus.queued,
-                                             index=True)
+    status: ExperimentStatus = status_column(
+        ExperimentStatus, default=ExperimentStatus.queued, index=True
+    )
     priority: int = 0
     n_conditions: int
     n_runs: int
@@ -156,9 +159,7 @@ class Run(SQLModel, table=True):
     warnings: list[dict[str, Any]] = Field(
         default_factory=list, sa_column=Column(JSON, nullable=False)
     )
-    provenance: dict[str, Any] = Field(
-        default_factory=dict, sa_column=Column(JSON, nullable=False)
-    )
+    provenance: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     error: str | None = None
     node_id: str | None = None
     worker_id: str | None = None
@@ -213,9 +214,7 @@ class StatsCache(SQLModel, table=True):
     number changes, so that every API replica serves the same stored result."""
 
     __tablename__ = "statscache"
-    __table_args__ = (
-        UniqueConstraint("experiment_id", "metric", "page", name="uq_stats_page"),
-    )
+    __table_args__ = (UniqueConstraint("experiment_id", "metric", "page", name="uq_stats_page"),)
 
     id: int | None = Field(default=None, primary_key=True)
     experiment_id: int = Field(foreign_key="experiment.id", index=True)
@@ -233,9 +232,7 @@ class CompareCache(SQLModel, table=True):
     of either experiment changed."""
 
     __tablename__ = "comparecache"
-    __table_args__ = (
-        UniqueConstraint("a_id", "b_id", "metric", "page", name="uq_compare_page"),
-    )
+    __table_args__ = (UniqueConstraint("a_id", "b_id", "metric", "page", name="uq_compare_page"),)
 
     id: int | None = Field(default=None, primary_key=True)
     a_id: int = Field(foreign_key="experiment.id")
@@ -290,17 +287,26 @@ def make_engine(database_url: str, *, lock_wait_s: float | None = None) -> Engin
     if url.get_backend_name() == "sqlite":
         busy_timeout_s = SQLITE_BUSY_TIMEOUT_S if lock_wait_s is None else lock_wait_s
         engine = create_engine(
-            database_url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s},
+            database_url,
+            connect_args={"check_same_thread": False, "timeout": busy_timeout_s},
             **bounded,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     connect_args: dict[str, Any] = {}
     if lock_wait_s is not None:
-        connect_args = {"options": f"-c lock_timeout={math.ceil(lock_wait_s * 1000)}",
-                        "connect_timeout": CONNECT_TIMEOUT_S}
-    return create_engine(database_url, pool_pre_ping=True, pool_size=10, max_overflow=20,
-                         connect_args=connect_args, **bounded)
+        connect_args = {
+            "options": f"-c lock_timeout={math.ceil(lock_wait_s * 1000)}",
+            "connect_timeout": CONNECT_TIMEOUT_S,
+        }
+    return create_engine(
+        database_url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        connect_args=connect_args,
+        **bounded,
+    )
 
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -324,7 +330,8 @@ def database_trouble(exc: BaseException) -> bool:
     """Whether a failed statement looks like the database's state (a dropped connection, a
     lock held too long) rather than the data's: retried, never blamed on one experiment."""
     return isinstance(exc, OperationalError | InterfaceError) or bool(
-        getattr(exc, "connection_invalidated", False))
+        getattr(exc, "connection_invalidated", False)
+    )
 
 
 @dataclass(frozen=True)
@@ -435,8 +442,9 @@ def _broken_references(connection: Connection) -> set[tuple[Any, ...]]:
     return {tuple(row) for row in connection.exec_driver_sql("PRAGMA foreign_key_check")}
 
 
-def _check_references(connection: Connection, database_url: str,
-                      before: set[tuple[Any, ...]]) -> None:
+def _check_references(
+    connection: Connection, database_url: str, before: set[tuple[Any, ...]]
+) -> None:
     """Refuse (roll back) an upgrade that left rows referring to rows that do not exist; what
     was broken before it (a database no seedgrid made) is not its doing."""
     broken = sorted(_broken_references(connection) - before, key=repr)
@@ -445,7 +453,8 @@ def _check_references(connection: Connection, database_url: str,
         raise DatabaseError(
             f"cannot migrate the database {masked_url(database_url)}: the upgrade left "
             f"{len(broken)} rows referring to rows that do not exist (the first: {table} row "
-            f"{rowid}, in {parent}); nothing was changed")
+            f"{rowid}, in {parent}); nothing was changed"
+        )
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:

@@ -23,7 +23,11 @@ def get_experiment(*, session: Session, experiment_id: int) -> Experiment:
 def get_run(*, session: Session, run_id: int) -> Run:
     """The run; NotFound when there is none or its experiment was deleted."""
     run = session.get(Run, run_id)
-    if run is None or session.exec(
-            select(Experiment.deleted).where(Experiment.id == run.experiment_id)).first():
+    if (
+        run is None
+        or session.exec(
+            select(Experiment.deleted).where(Experiment.id == run.experiment_id)
+        ).first()
+    ):
         raise NotFound(f"run {run_id} not found")
     return run

@@ -57,12 +57,22 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # Values for the variables compose.yaml requires from the host (interpolation in the test); the
 # token is one seedgrid accepts (16 characters or more, no placeholder).
-COMPOSE_ENV = {"SEEDGRID_DB_PASSWORD": "test-password",
-               "SEEDGRID_API_TOKEN": "test-token-4f1c9a7e2b8d",
-               "SEEDGRID_RAY_TOKEN": "test-ray-token-9d3b6a1c"}
+COMPOSE_ENV = {
+    "SEEDGRID_DB_PASSWORD": "test-password",
+    "SEEDGRID_API_TOKEN": "test-token-4f1c9a7e2b8d",
+    "SEEDGRID_RAY_TOKEN": "test-ray-token-9d3b6a1c",
+}
 # Values people leave in place when a file says "replace this"; seedgrid refuses them as a token.
-PLACEHOLDER_SECRETS = {"change-me", "change-me-too", "changeme", "replace-me", "replaceme",
-                       "secret", "token", "password"}
+PLACEHOLDER_SECRETS = {
+    "change-me",
+    "change-me-too",
+    "changeme",
+    "replace-me",
+    "replaceme",
+    "secret",
+    "token",
+    "password",
+}
 DOCS = ROOT / "docs" / "deploy.md"
 SEEDGRID_SERVICES = {"ray-head", "ray-gpu-worker", "api", "dispatcher"}
 # Variables whose value is a mode, not a secret, though it may read "token" (a placeholder).
@@ -176,8 +186,7 @@ def compose_env(service: dict[str, Any], host: dict[str, str] = COMPOSE_ENV) -> 
 def seedgrid_invocations_in_shell(script: str) -> list[list[str]]:
     """The argument lists of `seedgrid ...` commands in a shell command line."""
     return [
-        shlex.split(m[1])
-        for m in re.finditer(r"(?:^|&&|;|\bexec)\s*seedgrid\s+([^;&|]+)", script)
+        shlex.split(m[1]) for m in re.finditer(r"(?:^|&&|;|\bexec)\s*seedgrid\s+([^;&|]+)", script)
     ]
 
 
@@ -194,8 +203,9 @@ def check_seedgrid_env(env: dict[str, str], where: str) -> None:
     """Every SEEDGRID_* name is one seedgrid reads, and the settings accept the values."""
     unknown = {k for k in env if k.startswith("SEEDGRID_")} - read_env_names()
     assert not unknown, f"{where}: seedgrid reads no variable named {sorted(unknown)}"
-    given = {k.removeprefix("SEEDGRID_").lower(): v for k, v in env.items()
-             if k.startswith("SEEDGRID_")}
+    given = {
+        k.removeprefix("SEEDGRID_").lower(): v for k, v in env.items() if k.startswith("SEEDGRID_")
+    }
     fields = {k: v for k, v in given.items() if k in Settings.model_fields}
     Settings(**fields)  # raises ValidationError naming the field on a bad value
 
@@ -243,8 +253,9 @@ def test_dockerfile_builds_seedgrid_on_the_pinned_torch_as_a_non_root_user() -> 
     assert f"{match[1]}.0" in SpecifierSet(PYPROJECT["project"]["requires-python"])
 
     # Every exact pin of pyproject.toml (torch, torchvision) is installed with the same pin.
-    installed = {Requirement(r).name: Requirement(r) for r in pip_requirements(instructions)
-                 if r != "."}
+    installed = {
+        Requirement(r).name: Requirement(r) for r in pip_requirements(instructions) if r != "."
+    }
     pins = [Requirement(d) for d in PYPROJECT["project"]["dependencies"]]
     pins = [r for r in pins if len(r.specifier) == 1 and next(iter(r.specifier)).operator == "=="]
     assert {p.name for p in pins} >= {"torch", "torchvision"}
@@ -257,8 +268,9 @@ def test_dockerfile_builds_seedgrid_on_the_pinned_torch_as_a_non_root_user() -> 
 
     # Its Ray version is one pyproject.toml allows.
     ray_version = dockerfile_args()["RAY_VERSION"]
-    ray_req = next(Requirement(d) for d in PYPROJECT["project"]["dependencies"]
-                   if Requirement(d).name == "ray")
+    ray_req = next(
+        Requirement(d) for d in PYPROJECT["project"]["dependencies"] if Requirement(d).name == "ray"
+    )
     assert ray_version in ray_req.specifier
     assert installed["ray"].specifier == SpecifierSet(f"=={ray_version}")
 
@@ -280,8 +292,9 @@ def test_dockerfile_copies_every_package_and_the_context_keeps_them() -> None:
         assert (ROOT / source).exists(), f"COPY {source}: no such path in the repository"
         assert not dockerignore_excludes(source), f".dockerignore drops {source}, COPY needs it"
     # Every package pyproject.toml installs is copied before `pip install .`.
-    packages = [p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]
-                ["include"]]
+    packages = [
+        p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    ]
     assert set(packages) <= set(sources), f"packages not copied: {set(packages) - set(sources)}"
     assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= set(sources)
     # ... and the heavy or private things stay out of the build context.
@@ -297,21 +310,37 @@ def test_what_the_image_copies_builds_a_wheel_with_every_package_file(tmp_path: 
         if keyword == "COPY" and "--from" not in args:
             for source in [w for w in shlex.split(args) if not w.startswith("--")][:-1]:
                 if (ROOT / source).is_dir():
-                    shutil.copytree(ROOT / source, context / source,
-                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                    shutil.copytree(
+                        ROOT / source,
+                        context / source,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                    )
                 else:
                     (context / source).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(ROOT / source, context / source)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(context), "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path / "dist"), "--quiet"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(context),
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     (wheel,) = (tmp_path / "dist").glob("seedgrid-*.whl")
     in_wheel = set(zipfile.ZipFile(wheel).namelist())
-    packages = [p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]
-                ["include"]]
+    packages = [
+        p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    ]
     expected = {
         path.relative_to(ROOT).as_posix()
         for package in packages
@@ -324,8 +353,12 @@ def test_what_the_image_copies_builds_a_wheel_with_every_package_file(tmp_path: 
 
 def dockerfile_env() -> dict[str, str]:
     """The variables the Dockerfile's ENV instructions set (KEY=VALUE form)."""
-    return dict(word.split("=", 1) for keyword, args in dockerfile_instructions()
-                if keyword == "ENV" for word in shlex.split(args))
+    return dict(
+        word.split("=", 1)
+        for keyword, args in dockerfile_instructions()
+        if keyword == "ENV"
+        for word in shlex.split(args)
+    )
 
 
 def image_user() -> tuple[int, int, str]:
@@ -336,8 +369,12 @@ def image_user() -> tuple[int, int, str]:
     match = re.fullmatch(r"(\d+):(\d+)", user)
     assert match, f"USER {user}: give uid:gid by number (Kubernetes' runAsNonRoot checks it)"
     uid, gid = int(match[1]), int(match[2])
-    commands = [shlex.split(part) for keyword, args in instructions if keyword == "RUN"
-                for part in re.split(r"&&|;", args)]
+    commands = [
+        shlex.split(part)
+        for keyword, args in instructions
+        if keyword == "RUN"
+        for part in re.split(r"&&|;", args)
+    ]
     (useradd,) = [words for words in commands if words[:1] == ["useradd"]]
     options: dict[str, str] = {}
     words = iter(useradd[1:])
@@ -345,7 +382,8 @@ def image_user() -> tuple[int, int, str]:
         if word in {"--uid", "--gid", "--home-dir", "--shell"}:
             options[word] = next(words)
     assert (options.get("--uid"), options.get("--gid")) == (str(uid), str(gid)), (
-        f"USER {user} is not the user that useradd creates: {useradd}")
+        f"USER {user} is not the user that useradd creates: {useradd}"
+    )
     home = options.get("--home-dir", "")
     assert home.startswith("/") and "--create-home" in useradd, f"no home directory: {useradd}"
     assert dockerfile_env().get("HOME") == home, "HOME is not the user's home directory"
@@ -359,14 +397,19 @@ def test_the_image_runs_as_a_numbered_non_root_user_the_pods_run_as() -> None:
     uid, gid, home = image_user()
     assert uid != 0 and gid != 0, "the image runs as root"
     assert home != "/" and not home.startswith(("/usr", "/opt", "/etc")), home
-    containers = [(where, spec, c) for where, _, spec in k8s_pods(k8s_objects())
-                  for c in all_containers(spec) if c["image"] == "seedgrid"]
+    containers = [
+        (where, spec, c)
+        for where, _, spec in k8s_pods(k8s_objects())
+        for c in all_containers(spec)
+        if c["image"] == "seedgrid"
+    ]
     assert len(containers) == 4, [where for where, _, _ in containers]
     for where, spec, container in containers:
         context = effective_security_context(spec, container)
         assert (context.get("runAsUser"), context.get("runAsGroup")) == (uid, gid), (
             f"{where} runs as {context.get('runAsUser')}:{context.get('runAsGroup')}, "
-            f"the image's user is {uid}:{gid}")
+            f"the image's user is {uid}:{gid}"
+        )
     for name in SEEDGRID_SERVICES:
         assert compose_services()[name].get("user") is None, f"compose {name} overrides USER"
 
@@ -399,8 +442,11 @@ def test_compose_file_wires_database_ray_gpu_workers_api_and_dispatcher() -> Non
             if condition.get("condition") == "service_healthy":
                 assert "healthcheck" in services[dep], f"{name} waits on {dep}'s missing check"
     # ... and each process starts once what it connects to answers.
-    for name, deps in (("api", {"postgres"}), ("dispatcher", {"postgres", "ray-head"}),
-                       ("ray-gpu-worker", {"ray-head"})):
+    for name, deps in (
+        ("api", {"postgres"}),
+        ("dispatcher", {"postgres", "ray-head"}),
+        ("ray-gpu-worker", {"ray-head"}),
+    ):
         for dep in deps:
             assert services[name]["depends_on"][dep] == {"condition": "service_healthy"}, name
 
@@ -431,7 +477,9 @@ def test_compose_file_wires_database_ray_gpu_workers_api_and_dispatcher() -> Non
     url = urlsplit(api_env["SEEDGRID_DATABASE_URL"])
     assert url.scheme == "postgresql+psycopg" and url.hostname == "postgres"
     assert (url.username, url.password, url.path.lstrip("/")) == (
-        pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"], pg_env["POSTGRES_DB"]
+        pg_env["POSTGRES_USER"],
+        pg_env["POSTGRES_PASSWORD"],
+        pg_env["POSTGRES_DB"],
     )
     assert dispatcher_env["SEEDGRID_RAY_ADDRESS"] == f"ray-head:{head_port}"
 
@@ -467,9 +515,10 @@ def test_compose_file_wires_database_ray_gpu_workers_api_and_dispatcher() -> Non
 def compose_command() -> list[str] | None:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
-    if shutil.which("docker") and subprocess.run(
-        ["docker", "compose", "version"], capture_output=True
-    ).returncode == 0:
+    if (
+        shutil.which("docker")
+        and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+    ):
         return ["docker", "compose"]
     return None
 
@@ -477,8 +526,10 @@ def compose_command() -> list[str] | None:
 def published_host_ips(service: dict[str, Any]) -> list[str]:
     """Host addresses of a resolved service's ports: docker-compose 1.29 writes
     "IP:HOST:CONTAINER/tcp", Compose v2 a mapping with host_ip (absent: every interface)."""
-    return [p.get("host_ip", "0.0.0.0") if isinstance(p, dict) else p.rsplit(":", 2)[0]
-            for p in service.get("ports", [])]
+    return [
+        p.get("host_ip", "0.0.0.0") if isinstance(p, dict) else p.rsplit(":", 2)[0]
+        for p in service.get("ports", [])
+    ]
 
 
 def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
@@ -496,8 +547,7 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
     run = [*command, "--env-file", str(no_env_file), "-f", str(COMPOSE), "config"]
 
     def config(host: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(run, env=base_env | host, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run(run, env=base_env | host, capture_output=True, text=True, timeout=60)
 
     done = config(COMPOSE_ENV)
     assert done.returncode == 0, done.stderr
@@ -520,19 +570,25 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
     assert published_ports(resolved["services"]["ray-head"]) == []
     # ... which the override publishes on 127.0.0.1 only.
     run_with_dashboard = [*run[:-1], "-f", str(COMPOSE_DASHBOARD), "config"]
-    done = subprocess.run(run_with_dashboard, env=base_env | COMPOSE_ENV, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        run_with_dashboard, env=base_env | COMPOSE_ENV, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     with_dashboard = yaml.safe_load(done.stdout)["services"]
     assert published_ports(with_dashboard["ray-head"]) == [
-        ("127.0.0.1", str(RAY_DASHBOARD_PORT), RAY_DASHBOARD_PORT)]
+        ("127.0.0.1", str(RAY_DASHBOARD_PORT), RAY_DASHBOARD_PORT)
+    ]
     assert with_dashboard["api"] == resolved["services"]["api"]
 
     # Without the database password or a token the file refuses to resolve, naming it; an empty
     # token (authentication off) too.
-    for required, value in (("SEEDGRID_DB_PASSWORD", None), ("SEEDGRID_API_TOKEN", None),
-                            ("SEEDGRID_API_TOKEN", ""), ("SEEDGRID_RAY_TOKEN", None),
-                            ("SEEDGRID_RAY_TOKEN", "")):
+    for required, value in (
+        ("SEEDGRID_DB_PASSWORD", None),
+        ("SEEDGRID_API_TOKEN", None),
+        ("SEEDGRID_API_TOKEN", ""),
+        ("SEEDGRID_RAY_TOKEN", None),
+        ("SEEDGRID_RAY_TOKEN", ""),
+    ):
         host = {k: v for k, v in COMPOSE_ENV.items() if k != required}
         done = config(host if value is None else host | {required: value})
         assert done.returncode != 0 and f"set {required}" in done.stderr, (
@@ -540,16 +596,22 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
         )
 
 
-def published_ports(service: dict[str, Any],
-                    host: dict[str, str] = COMPOSE_ENV) -> list[tuple[str, str, int]]:
+def published_ports(
+    service: dict[str, Any], host: dict[str, str] = COMPOSE_ENV
+) -> list[tuple[str, str, int]]:
     """(host address, host port, container port) of a service's ports: the short syntax
     "[IP:][HOST:]CONTAINER[/proto]" of the files and of docker-compose 1.29's output, or Compose
     v2's mapping; no address is every interface."""
     found = []
     for port in service.get("ports", []):
         if isinstance(port, dict):
-            found.append((port.get("host_ip", "0.0.0.0"), str(port.get("published", "")),
-                          int(port["target"])))
+            found.append(
+                (
+                    port.get("host_ip", "0.0.0.0"),
+                    str(port.get("published", "")),
+                    int(port["target"]),
+                )
+            )
             continue
         parts = interpolate(str(port), host).split("/")[0].rsplit(":", 2)
         parts = ["0.0.0.0"] * (3 - len(parts)) + parts
@@ -571,8 +633,11 @@ def compose_connects_to_ray(service: dict[str, Any]) -> bool:
     `ray start` in its shell command, or a Ray address seedgrid joins."""
     command = service.get("command") or []
     script = " ".join(command) if isinstance(command, list) else command
-    return (service.get("entrypoint") == ["ray"] or "ray start" in script
-            or bool(compose_env(service).get("SEEDGRID_RAY_ADDRESS")))
+    return (
+        service.get("entrypoint") == ["ray"]
+        or "ray start" in script
+        or bool(compose_env(service).get("SEEDGRID_RAY_ADDRESS"))
+    )
 
 
 def test_compose_turns_on_ray_token_auth_for_every_ray_process_and_driver() -> None:
@@ -598,7 +663,8 @@ def test_compose_turns_on_ray_token_auth_for_every_ray_process_and_driver() -> N
         compose_env(services["ray-head"], without)
     for name in set(services) - connecting:
         assert not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(compose_env(services[name])), (
-            f"compose {name} does not join Ray but holds the Ray token")
+            f"compose {name} does not join Ray but holds the Ray token"
+        )
     # The Ray node in the dispatcher's container does not inherit the database URL, which only
     # the dispatcher process needs.
     (script,) = services["dispatcher"]["command"]
@@ -615,7 +681,8 @@ def test_compose_publishes_the_ray_dashboard_only_with_its_override_file() -> No
     assert set(override) == {"services"} and set(override["services"]) == {"ray-head"}
     assert set(override["services"]["ray-head"]) == {"ports"}, "the override changes more"
     assert published_ports(override["services"]["ray-head"]) == [
-        ("127.0.0.1", str(RAY_DASHBOARD_PORT), RAY_DASHBOARD_PORT)]
+        ("127.0.0.1", str(RAY_DASHBOARD_PORT), RAY_DASHBOARD_PORT)
+    ]
     head = services["ray-head"]["command"]
     assert "--dashboard-host=0.0.0.0" in head, "the override would publish a port no one serves"
 
@@ -671,16 +738,21 @@ def k8s_pods(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, str], d
         assert kind not in {"Pod", "Job", "CronJob", "DaemonSet", "ReplicaSet"}, kind
         if kind in {"Deployment", "StatefulSet"}:
             template = obj["spec"]["template"]
-            pods.append((f"{kind} {name}", template["metadata"].get("labels", {}),
-                         template["spec"]))
+            pods.append(
+                (f"{kind} {name}", template["metadata"].get("labels", {}), template["spec"])
+            )
         elif kind == "RayCluster":
             groups = [("head", "headgroup", obj["spec"]["headGroupSpec"])] + [
-                ("worker", g["groupName"], g) for g in obj["spec"]["workerGroupSpecs"]]
+                ("worker", g["groupName"], g) for g in obj["spec"]["workerGroupSpecs"]
+            ]
             for node_type, group, spec in groups:
                 template = spec["template"]
                 labels = (template.get("metadata") or {}).get("labels", {}) | {
-                    "ray.io/cluster": name, "ray.io/node-type": node_type,
-                    "ray.io/group": group, "ray.io/is-ray-node": "yes"}
+                    "ray.io/cluster": name,
+                    "ray.io/node-type": node_type,
+                    "ray.io/group": group,
+                    "ray.io/is-ray-node": "yes",
+                }
                 pods.append((f"RayCluster {name} {group}", labels, template["spec"]))
     return pods
 
@@ -696,16 +768,20 @@ def literal_env(container: dict[str, Any]) -> dict[str, str]:
 
 def secret_env(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """The container's env items taken from a Secret: name -> (Secret, key)."""
-    return {e["name"]: (ref["name"], ref["key"]) for e in container.get("env", [])
-            if (ref := (e.get("valueFrom") or {}).get("secretKeyRef"))}
+    return {
+        e["name"]: (ref["name"], ref["key"])
+        for e in container.get("env", [])
+        if (ref := (e.get("valueFrom") or {}).get("secretKeyRef"))
+    }
 
 
 def effective_security_context(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
     """The container's security context with the pod's fields it inherits (the container's own
     win, as in Kubernetes)."""
     pod = spec.get("securityContext") or {}
-    inherited = {k: pod[k] for k in ("runAsNonRoot", "runAsUser", "runAsGroup", "seccompProfile")
-                 if k in pod}
+    inherited = {
+        k: pod[k] for k in ("runAsNonRoot", "runAsUser", "runAsGroup", "seccompProfile") if k in pod
+    }
     return inherited | (container.get("securityContext") or {})
 
 
@@ -720,8 +796,9 @@ def writable_volume_mounts(spec: dict[str, Any], container: dict[str, Any]) -> d
     return found
 
 
-def k8s_connects_to_ray(container: dict[str, Any], in_raycluster: bool,
-                        config: dict[str, str]) -> bool:
+def k8s_connects_to_ray(
+    container: dict[str, Any], in_raycluster: bool, config: dict[str, str]
+) -> bool:
     """Whether a container runs a Ray process or a Ray driver: every RayCluster container, and
     a container that runs `ray start` or whose Ray address (the ConfigMap's, unless its own env
     overrides it) is not empty."""
@@ -749,20 +826,29 @@ openssl() {
 def documented_secret_scripts() -> dict[str, str]:
     """The shell lines that tell the operator to create seedgrid-secrets: the bash block of
     docs/deploy.md and the indented comment lines of kustomization.yaml."""
-    blocks = [textwrap.dedent(m[2]) for m in
-              re.finditer(r"^( *)```bash\n(.*?)^\1```", DOCS.read_text(), re.M | re.S)]
+    blocks = [
+        textwrap.dedent(m[2])
+        for m in re.finditer(r"^( *)```bash\n(.*?)^\1```", DOCS.read_text(), re.M | re.S)
+    ]
     (docs,) = [b for b in blocks if "create secret generic seedgrid-secrets" in b]
-    comment = "\n".join(line.removeprefix("#   ")
-                        for line in (K8S / "kustomization.yaml").read_text().splitlines()
-                        if line.startswith("#   "))
+    comment = "\n".join(
+        line.removeprefix("#   ")
+        for line in (K8S / "kustomization.yaml").read_text().splitlines()
+        if line.startswith("#   ")
+    )
     return {"docs/deploy.md": docs, "kustomization.yaml": comment}
 
 
 def documented_secret(where: str, script: str) -> dict[str, str]:
     """Runs the documented lines with kubectl stubbed and returns the Secret they create, after
     checking that the namespace is applied first and the Secret created in it."""
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", SHELL_STUBS + script], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", SHELL_STUBS + script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, f"{where}: {done.stderr}"
     calls = [call.split("\x1f")[:-1] for call in done.stdout.split("\x1e")[:-1]]
     namespace = yaml_documents(K8S / "kustomization.yaml")[0]["namespace"]
@@ -796,13 +882,20 @@ def secret_key_refs(node: Any) -> Iterator[dict[str, str]]:
 def test_kustomize_builds_everything_into_the_seedgrid_namespace() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        tool_missing("kubectl is not installed (kustomize v4.1 or newer, i.e. kubectl 1.22 or "
-                     "newer: Debian 12's kubernetes-client 1.20 is too old for the "
-                     "kustomization); the structural Kubernetes tests still ran")
+        tool_missing(
+            "kubectl is not installed (kustomize v4.1 or newer, i.e. kubectl 1.22 or "
+            "newer: Debian 12's kubernetes-client 1.20 is too old for the "
+            "kustomization); the structural Kubernetes tests still ran"
+        )
     # `kubectl apply --dry-run=client` needs an API server even for client-side dry runs
     # (discovery); `kubectl kustomize` is the part of kubectl that works with no cluster.
-    done = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True,
-                          timeout=60, env=os.environ | {"KUBECONFIG": os.devnull})
+    done = subprocess.run(
+        [kubectl, "kustomize", str(K8S)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"KUBECONFIG": os.devnull},
+    )
     assert done.returncode == 0, done.stderr
     built = [d for d in yaml.safe_load_all(done.stdout) if d]
     kustomization = yaml_documents(K8S / "kustomization.yaml")[0]
@@ -831,8 +924,10 @@ def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
     try:
         import kubernetes_validate
     except ImportError:
-        tool_missing("kubernetes-validate is not installed (it is in the dev extras: "
-                     "pip install -e '.[dev]'); the structural Kubernetes tests still ran")
+        tool_missing(
+            "kubernetes-validate is not installed (it is in the dev extras: "
+            "pip install -e '.[dev]'); the structural Kubernetes tests still ran"
+        )
     objects = k8s_objects()
     checked = []
     for obj in objects:
@@ -840,8 +935,12 @@ def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
             # The operator's CRD is not in the schemas; its pod templates are plain pods.
             groups = [obj["spec"]["headGroupSpec"], *obj["spec"]["workerGroupSpecs"]]
             for i, group in enumerate(groups):
-                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"ray-{i}"},
-                       "spec": group["template"]["spec"]}
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"ray-{i}"},
+                    "spec": group["template"]["spec"],
+                }
                 kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
                 checked.append(f"RayCluster group {i}")
             continue
@@ -887,15 +986,19 @@ def test_raycluster_has_a_head_and_gpu_workers_whose_ray_gpus_match_their_limits
             check_seedgrid_env(env, f"RayCluster group {group['groupName']}")
             mount = next(m for m in container["volumeMounts"] if m["mountPath"] == data_root)
             assert mount.get("readOnly") is True
-            volume = next(v for v in group["template"]["spec"]["volumes"]
-                          if v["name"] == mount["name"])
+            volume = next(
+                v for v in group["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+            )
             find(objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
     assert gpu_groups >= 1, "no worker group gets an nvidia.com/gpu"
 
     # The address seedgrid joins is the Service KubeRay makes for the head: <name>-head-svc.
     config = find(objects, "ConfigMap", "seedgrid-config")["data"]
-    gcs_port = next(p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]
-                    if p["name"] == "gcs")
+    gcs_port = next(
+        p["containerPort"]
+        for p in head["template"]["spec"]["containers"][0]["ports"]
+        if p["name"] == "gcs"
+    )
     assert config["SEEDGRID_RAY_ADDRESS"] == f"{cluster['metadata']['name']}-head-svc:{gcs_port}"
 
 
@@ -905,19 +1008,23 @@ def test_the_documented_secret_gives_what_the_manifests_read() -> None:
     kustomization.yaml. Both copies create the same keys, every key the manifests read from
     it, a token seedgrid accepts and a Ray token."""
     objects = k8s_objects()
-    secrets = {where: documented_secret(where, script)
-               for where, script in documented_secret_scripts().items()}
+    secrets = {
+        where: documented_secret(where, script)
+        for where, script in documented_secret_scripts().items()
+    }
     assert secrets["kustomization.yaml"] == secrets["docs/deploy.md"], (
         "kustomization.yaml's comment and docs/deploy.md create different Secrets"
     )
     secret = secrets["docs/deploy.md"]
-    referenced = {ref["key"] for ref in secret_key_refs(objects)
-                  if ref["name"] == "seedgrid-secrets"}
+    referenced = {
+        ref["key"] for ref in secret_key_refs(objects) if ref["name"] == "seedgrid-secrets"
+    }
     # Whatever the pods read (secretKeyRef), and always the database URL (without it each pod
     # would open a SQLite file of its own), the API token (without it anyone who reaches the
     # Service is served) and Ray's token (without it Ray's token authentication cannot start).
-    missing = (referenced | {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN", "RAY_AUTH_TOKEN"}
-               ) - secret.keys()
+    missing = (
+        referenced | {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN", "RAY_AUTH_TOKEN"}
+    ) - secret.keys()
     assert not missing, f"the documented Secret lacks {sorted(missing)}"
     for key in ("SEEDGRID_API_TOKEN", "RAY_AUTH_TOKEN"):
         token = secret[key]
@@ -936,8 +1043,9 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     assert api_container["args"][:2] == ["serve", "--no-dispatch"]
     api_env = literal_env(api_container)
     check_seedgrid_env(config | secret | api_env, "the API Deployment")
-    port = next(p for p in api_container["ports"] if p["containerPort"] == int(
-        api_env["SEEDGRID_PORT"]))
+    port = next(
+        p for p in api_container["ports"] if p["containerPort"] == int(api_env["SEEDGRID_PORT"])
+    )
     assert api_env["SEEDGRID_HOST"] == "0.0.0.0"
     assert api_container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     service = find(objects, "Service", "seedgrid-api")
@@ -959,22 +1067,27 @@ def test_k8s_api_dispatcher_and_postgres_hang_together() -> None:
     # Both read the ConfigMap, and of the Secret the operator creates only the keys each needs
     # (never the whole Secret through envFrom): the dispatcher no API token, the API no Ray
     # token (Ray's token authentication: test_k8s_ray_token_authentication_...).
-    for deployment, keys in ((api, {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN"}),
-                             (dispatcher, {"SEEDGRID_DATABASE_URL", "RAY_AUTH_TOKEN"})):
+    for deployment, keys in (
+        (api, {"SEEDGRID_DATABASE_URL", "SEEDGRID_API_TOKEN"}),
+        (dispatcher, {"SEEDGRID_DATABASE_URL", "RAY_AUTH_TOKEN"}),
+    ):
         (container,) = pod_containers(deployment)
         refs = container["envFrom"]
         assert {r["configMapRef"]["name"] for r in refs if "configMapRef" in r} == {
-            "seedgrid-config"}
+            "seedgrid-config"
+        }
         assert not [r for r in refs if "secretRef" in r], "the whole Secret in a pod's env"
-        assert secret_env(container) == {k: ("seedgrid-secrets", k) for k in keys}, (
-            deployment["metadata"]["name"])
+        assert secret_env(container) == {k: ("seedgrid-secrets", k) for k in keys}, deployment[
+            "metadata"
+        ]["name"]
 
     # PostgreSQL: the URL in the documented Secret reaches the StatefulSet's Service with its
     # credentials.
     postgres = find(objects, "StatefulSet", "postgres")
     pg_service = find(objects, "Service", postgres["spec"]["serviceName"])
     assert pg_service["spec"]["selector"].items() <= (
-        postgres["spec"]["template"]["metadata"]["labels"].items())
+        postgres["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert postgres["spec"]["volumeClaimTemplates"], "PostgreSQL without a persistent volume"
     (pg,) = pod_containers(postgres)
     pg_env = {e["name"]: e.get("value") for e in pg["env"]}
@@ -1003,13 +1116,18 @@ def test_k8s_ray_token_authentication_is_on_for_every_ray_container_and_driver()
             joins = k8s_connects_to_ray(container, where.startswith("RayCluster"), config)
             (connecting if joins else others).append((where, container))
     assert {where for where, _ in connecting} == {
-        "RayCluster seedgrid headgroup", "RayCluster seedgrid gpu",
-        "Deployment seedgrid-dispatcher"}, [where for where, _ in connecting]
+        "RayCluster seedgrid headgroup",
+        "RayCluster seedgrid gpu",
+        "Deployment seedgrid-dispatcher",
+    }, [where for where, _ in connecting]
     for where, container in connecting:
         assert literal_env(container).get("RAY_AUTH_MODE") == "token", (
-            f"{where}: Ray's token authentication is off")
+            f"{where}: Ray's token authentication is off"
+        )
         assert secret_env(container).get("RAY_AUTH_TOKEN") == (
-            "seedgrid-secrets", "RAY_AUTH_TOKEN"), f"{where}: RAY_AUTH_TOKEN not from the Secret"
+            "seedgrid-secrets",
+            "RAY_AUTH_TOKEN",
+        ), f"{where}: RAY_AUTH_TOKEN not from the Secret"
     assert secret.get("RAY_AUTH_TOKEN"), "the documented Secret has no RAY_AUTH_TOKEN"
     assert not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & config.keys()
     for where, container in others:
@@ -1022,7 +1140,8 @@ def test_k8s_ray_token_authentication_is_on_for_every_ray_container_and_driver()
     assert "authOptions" not in cluster, "authOptions next to the token from the Secret"
     head = cluster["headGroupSpec"]
     assert head["rayStartParams"].get("dashboard-host") == "127.0.0.1", (
-        "the dashboard (and its job API) listens beyond the head pod's loopback")
+        "the dashboard (and its job API) listens beyond the head pod's loopback"
+    )
     ports = {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
     assert 10001 not in ports, "the head publishes the Ray Client port"
     # The Ray node in the dispatcher's pod does not inherit the database URL.
@@ -1064,8 +1183,11 @@ def test_k8s_every_pod_and_container_runs_confined() -> None:
                 assert pod.get("fsGroupChangePolicy") == "OnRootMismatch", at
                 pgdata = next(e["value"] for e in container["env"] if e["name"] == "PGDATA")
                 data = next(path for path in writable if pgdata.startswith(path + "/"))
-                needed = {"/tmp": "emptyDir", "/var/run/postgresql": "emptyDir",
-                          data: "persistentVolumeClaim"}
+                needed = {
+                    "/tmp": "emptyDir",
+                    "/var/run/postgresql": "emptyDir",
+                    data: "persistentVolumeClaim",
+                }
             assert needed.items() <= writable.items(), f"{at}: writable {writable}"
 
 
@@ -1081,31 +1203,45 @@ def policy_peers(rule: dict[str, Any], pods: list[tuple[str, dict[str, str], Any
             continue
         selector = peer["podSelector"]
         assert set(selector) == {"matchLabels"} and selector["matchLabels"], selector
-        found |= {name for name, labels, _ in pods
-                  if selector["matchLabels"].items() <= labels.items()}
+        found |= {
+            name for name, labels, _ in pods if selector["matchLabels"].items() <= labels.items()
+        }
     return found
 
 
-def admitted_ingress(policies: list[dict[str, Any]], pods: list[tuple[str, dict[str, str], Any]],
-                     target: tuple[str, dict[str, str], dict[str, Any]]) -> dict[str, Any] | None:
+def admitted_ingress(
+    policies: list[dict[str, Any]],
+    pods: list[tuple[str, dict[str, str], Any]],
+    target: tuple[str, dict[str, str], dict[str, Any]],
+) -> dict[str, Any] | None:
     """NetworkPolicy's ingress semantics for one pod: None when no policy selects it (open to
     all), else source -> the container ports it may reach ("all" for a rule without ports)."""
     _, labels, spec = target
-    selecting = [p["spec"] for p in policies
-                 if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()]
+    selecting = [
+        p["spec"]
+        for p in policies
+        if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+    ]
     for policy in selecting:
         assert policy.get("policyTypes"), "policyTypes left to the defaults"
         assert set(policy["podSelector"]) <= {"matchLabels"}, policy["podSelector"]
     selecting = [p for p in selecting if "Ingress" in p["policyTypes"]]
     if not selecting:
         return None
-    named = {port["name"]: port["containerPort"]
-             for c in spec["containers"] for port in c.get("ports", []) if "name" in port}
+    named = {
+        port["name"]: port["containerPort"]
+        for c in spec["containers"]
+        for port in c.get("ports", [])
+        if "name" in port
+    }
     admitted: dict[str, Any] = {}
     for policy in selecting:
         for rule in policy.get("ingress", []):
-            ports = ({named.get(p["port"], p["port"]) for p in rule["ports"]}
-                     if rule.get("ports") else "all")
+            ports = (
+                {named.get(p["port"], p["port"]) for p in rule["ports"]}
+                if rule.get("ports")
+                else "all"
+            )
             for source in policy_peers(rule, pods):
                 previous = admitted.get(source, set())
                 admitted[source] = "all" if "all" in (ports, previous) else previous | ports
@@ -1135,8 +1271,9 @@ def test_network_policies_admit_only_seedgrid_pods_to_ray_and_postgres() -> None
         assert set(admitted[name]) == ray_nodes, f"{name} admits {sorted(admitted[name])}"
     assert set(admitted[dispatcher]) <= ray_nodes, f"the dispatcher admits {admitted[dispatcher]}"
     assert {head, workers} <= set(admitted[dispatcher]), "the Ray pods cannot reach the driver"
-    (pg_port,) = [p["containerPort"] for c in by_name[postgres][2]["containers"]
-                  for p in c["ports"]]
+    (pg_port,) = [
+        p["containerPort"] for c in by_name[postgres][2]["containers"] for p in c["ports"]
+    ]
     assert admitted[postgres] == {api: {pg_port}, dispatcher: {pg_port}}, admitted[postgres]
     # ... and the API stays reachable, on its port only.
     (api_port,) = [p["containerPort"] for c in by_name[api][2]["containers"] for p in c["ports"]]
@@ -1175,8 +1312,9 @@ def test_no_deploy_file_carries_a_token_or_a_password() -> None:
     assert DOCKERFILE in files and COMPOSE in files
     for path in files:
         where = path.relative_to(ROOT)
-        placeholders = re.findall(r"\b(?:change-?me(?:-too)?|replace-?me)\b", path.read_text(),
-                                  re.I)
+        placeholders = re.findall(
+            r"\b(?:change-?me(?:-too)?|replace-?me)\b", path.read_text(), re.I
+        )
         assert not placeholders, f"{where} holds {placeholders}"
         if path.suffix not in {".yaml", ".yml"}:
             continue

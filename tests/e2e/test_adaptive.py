@@ -36,15 +36,24 @@ def service(backend_service: Service, monkeypatch: pytest.MonkeyPatch) -> Servic
 
 
 def toy(name: str, lrs: list[float], **fields: Any) -> dict[str, Any]:
-    return {"name": name, "trainer": "toy", "config": {"steps": STEPS, "log_every": 1},
-            "grid": {"lr": lrs}, **fields}
+    return {
+        "name": name,
+        "trainer": "toy",
+        "config": {"steps": STEPS, "log_every": 1},
+        "grid": {"lr": lrs},
+        **fields,
+    }
 
 
 def cli(service: Service, *args: str) -> str:
     """The seedgrid command's output against the test's service."""
-    done = subprocess.run([sys.executable, "-m", "service.cli", *args, "--url", service.server.url],
-                          capture_output=True, text=True, timeout=60,
-                          env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", *args, "--url", service.server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -62,9 +71,16 @@ def wait_ended(service: Service, experiment_id: int, timeout_s: float = 120.0) -
 
 
 def test_an_adaptive_experiment_adds_rounds_until_its_interval_excludes_one(
-        service: Service) -> None:
-    rule = {"comparison": {"factor": "lr", "a": 0.1, "b": 0.2}, "target": "var_ratio",
-            "min_seeds": 4, "step": 4, "max_seeds": 8, "alpha": 0.05}
+    service: Service,
+) -> None:
+    rule = {
+        "comparison": {"factor": "lr", "a": 0.1, "b": 0.2},
+        "target": "var_ratio",
+        "min_seeds": 4,
+        "step": 4,
+        "max_seeds": 8,
+        "alpha": 0.05,
+    }
     created = service.submit(toy("adaptive", [0.1, 0.2], adaptive=rule))
     assert created["n_runs"] == 8  # the first round only
     detail = wait_ended(service, created["id"])
@@ -105,10 +121,13 @@ def test_an_adaptive_experiment_adds_rounds_until_its_interval_excludes_one(
     assert len(service.runs(created["id"])) == 16
 
 
-def test_an_adaptive_experiment_without_a_difference_stops_at_max_seeds(
-        service: Service) -> None:
-    rule = {"comparison": {"factor": "lr", "a": 0.1, "b": 0.1001}, "min_seeds": 2, "step": 2,
-            "max_seeds": 4}
+def test_an_adaptive_experiment_without_a_difference_stops_at_max_seeds(service: Service) -> None:
+    rule = {
+        "comparison": {"factor": "lr", "a": 0.1, "b": 0.1001},
+        "min_seeds": 2,
+        "step": 2,
+        "max_seeds": 4,
+    }
     created = service.submit(toy("no-difference", [0.1, 0.1001], adaptive=rule))
     detail = wait_ended(service, created["id"])
     state = detail["adaptive"]
@@ -117,34 +136,45 @@ def test_an_adaptive_experiment_without_a_difference_stops_at_max_seeds(
     # 2 and 4 seeds a side: too few re-assignments to exclude any ratio at 0.025
     assert [look["interval"] for look in state["looks"]] == [[0, None], [0, None]]
     assert state["significant"] is False
-    assert state["stop_reason"] == ("max_seeds reached (4 per condition) at look 2 without the "
-                                    "interval excluding 1")
+    assert state["stop_reason"] == (
+        "max_seeds reached (4 per condition) at look 2 without the interval excluding 1"
+    )
 
 
 def test_adaptive_specs_are_checked_against_the_grid(service: Service) -> None:
     def refused(rule: dict[str, Any], **fields: Any) -> list[Any]:
-        response = service.client.post("/experiments", json=toy("bad", [0.1, 0.2],
-                                                                 adaptive=rule, **fields))
+        response = service.client.post(
+            "/experiments", json=toy("bad", [0.1, 0.2], adaptive=rule, **fields)
+        )
         assert response.status_code == 422, response.text
         return [e["loc"] for e in response.json()["detail"]]
 
     named = {"factor": "lr", "a": 0.1, "b": 0.2}
     assert refused({"comparison": {**named, "factor": "steps"}}) == [
-        ["body", "adaptive", "comparison", "factor"]]
-    assert refused({"comparison": {**named, "b": 0.3}}) == [
-        ["body", "adaptive", "comparison", "b"]]
-    assert refused({"comparison": {**named, "b": 0.1}}) == [
-        ["body", "adaptive", "comparison", "b"]]
+        ["body", "adaptive", "comparison", "factor"]
+    ]
+    assert refused({"comparison": {**named, "b": 0.3}}) == [["body", "adaptive", "comparison", "b"]]
+    assert refused({"comparison": {**named, "b": 0.1}}) == [["body", "adaptive", "comparison", "b"]]
     # 10,000 runs per experiment at most (the setting's default): the whole plan must fit.
     lrs = [0.1 + i / 1000 for i in range(11)]
-    response = service.client.post("/experiments", json=toy(
-        "too-many", lrs, adaptive={"comparison": {**named, "a": lrs[0], "b": lrs[1]},
-                                    "min_seeds": 2, "max_seeds": 1000}))
+    response = service.client.post(
+        "/experiments",
+        json=toy(
+            "too-many",
+            lrs,
+            adaptive={
+                "comparison": {**named, "a": lrs[0], "b": lrs[1]},
+                "min_seeds": 2,
+                "max_seeds": 1000,
+            },
+        ),
+    )
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"] == ["body", "adaptive", "max_seeds"]
     assert "11 conditions x at most 1000 seeds = 11000 runs" in response.text
-    response = service.client.post("/experiments", json=toy("bad", [0.1, 0.2], seeds=5,
-                                                            adaptive={"comparison": named}))
+    response = service.client.post(
+        "/experiments", json=toy("bad", [0.1, 0.2], seeds=5, adaptive={"comparison": named})
+    )
     assert response.status_code == 422 and "seeds: an adaptive spec" in response.text
     assert service.sql("SELECT count(*) FROM experiment") == [(0,)]
 
@@ -155,8 +185,12 @@ def test_seeds_added_by_hand_join_the_statistics(service: Service) -> None:
     url = f"/experiments/{created['id']}/seeds"
     added = service.client.post(url, json={"seeds": 2})
     assert added.status_code == 201, added.text
-    assert added.json() == {"experiment_id": created["id"], "seeds": [2, 3], "runs_added": 4,
-                            "n_runs": 8}
+    assert added.json() == {
+        "experiment_id": created["id"],
+        "seeds": [2, 3],
+        "runs_added": 4,
+        "n_runs": 8,
+    }
     detail = wait_ended(service, created["id"])
     assert detail["status"] == "completed" and detail["counts"]["completed"] == 8
     assert detail["finished_at"] is not None
@@ -173,8 +207,9 @@ def test_seeds_added_by_hand_join_the_statistics(service: Service) -> None:
     assert "has seeds [3] already" in again.text
     assert service.client.post(url, json={"seeds": 0}).status_code == 422
     assert service.client.post("/experiments/999999/seeds", json={"seeds": 1}).status_code == 404
-    slow = service.submit(toy("cancelled", [0.1], seeds=1,
-                              config={"steps": 10**9, "log_every": 10**6}))
+    slow = service.submit(
+        toy("cancelled", [0.1], seeds=1, config={"steps": 10**9, "log_every": 10**6})
+    )
     assert service.client.post(f"/experiments/{slow['id']}/cancel").status_code == 202
     refused = service.client.post(f"/experiments/{slow['id']}/seeds", json={"seeds": 1})
     assert refused.status_code == 409 and "cancelled" in refused.text
@@ -185,8 +220,9 @@ def test_two_experiments_compare_side_by_side(service: Service) -> None:
     # Same seeds, one more step in b: at lr 0.2 each seed's loss is 0.6^2 times a's, so the
     # variance ratio a / b is 0.6^-4 and the mean difference a's mean times (1 - 0.36).
     a = service.submit(toy("first", [0.1, 0.2], seeds=3))
-    b = service.submit({**toy("follow-up", [0.2, 0.3], seeds=3),
-                        "config": {"steps": STEPS + 1, "log_every": 1}})
+    b = service.submit(
+        {**toy("follow-up", [0.2, 0.3], seeds=3), "config": {"steps": STEPS + 1, "log_every": 1}}
+    )
     for experiment in (a, b):
         assert wait_ended(service, experiment["id"])["status"] == "completed"
     response = service.client.get("/compare", params={"a": a["id"], "b": b["id"]})
@@ -198,14 +234,17 @@ def test_two_experiments_compare_side_by_side(service: Service) -> None:
     assert side["condition"] == {"lr": 0.2} and side["a"]["n"] == 3 and side["b"]["n"] == 3
     # each value beside its run and seed: a's runs of lr=0.2, seeds 0, 1, 2
     for experiment, summary in ((a, side["a"]), (b, side["b"])):
-        stored = {(r["id"], r["seed"], r["metrics"]["loss"]) for r in service.runs(experiment["id"])
-                  if r["condition_key"] == "lr=0.2"}
+        stored = {
+            (r["id"], r["seed"], r["metrics"]["loss"])
+            for r in service.runs(experiment["id"])
+            if r["condition_key"] == "lr=0.2"
+        }
         served = [(r["run_id"], r["seed"], r["value"]) for r in summary["runs"]]
         assert set(served) == stored and [v for _, _, v in served] == summary["values"]
         assert sorted(seed for _, seed, _ in served) == [0, 1, 2]
     tests = side["comparison"]
     assert (tests["factor"], tests["a"], tests["b"]) == ("experiment", a["id"], b["id"])
-    assert tests["var_ratio"] == pytest.approx(0.6 ** -4, rel=1e-6)
+    assert tests["var_ratio"] == pytest.approx(0.6**-4, rel=1e-6)
     assert tests["mean_diff"] == pytest.approx(side["a"]["mean"] * (1 - 0.36), rel=1e-6)
 
     shown = cli(service, "compare", str(a["id"]), str(b["id"]))
@@ -220,8 +259,10 @@ def test_two_experiments_compare_side_by_side(service: Service) -> None:
     assert refused({"a": a["id"], "b": a["id"]}) == ["query", "b"]
     assert refused({"a": a["id"], "b": b["id"], "metric": "nope"}) == ["query", "metric"]
     assert refused({"a": a["id"], "b": b["id"], "offset": 5}) == ["query", "offset"]
-    other = service.client.post("/experiments", json={"name": "other", "trainer": "collapse",
-                                                      "config": {"steps": 5}, "seeds": 1})
+    other = service.client.post(
+        "/experiments",
+        json={"name": "other", "trainer": "collapse", "config": {"steps": 5}, "seeds": 1},
+    )
     assert other.status_code == 201
     assert refused({"a": a["id"], "b": other.json()["id"]}) == ["query", "b"]
     assert service.client.get("/compare", params={"a": a["id"], "b": 999999}).status_code == 404

@@ -115,7 +115,10 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
     # the null defaults show the values the run used (lr for stop_gradient false; a logged
     # point every 2 steps, as the curve above has), as the worker recorded them
     assert (one["condition"], one["config"]["lr"], one["config"]["log_every"]) == (
-        {"stop_gradient": False}, 0.5, 2)
+        {"stop_gradient": False},
+        0.5,
+        2,
+    )
     assert one["config"] == one["provenance"]["config"]
 
     # The same config and seed, run again through the whole system, give identical metrics.
@@ -132,14 +135,21 @@ def test_grid_runs_to_completion_and_stats_equal_scipy(service: Service) -> None
     # The final metrics and diagnostics are served as stored, each number of its JSON type (the
     # schema types them: numbers or null, nested JSON); a stored metric that is not a number
     # is served as null, as the statistics read it.
-    stored = {run_id: (stored_json(metrics), stored_json(diagnostics)) for run_id, metrics,
-              diagnostics in service.sql("SELECT id, metrics, diagnostics FROM run WHERE "
-                                         "experiment_id = :e", e=created["id"])}
+    stored = {
+        run_id: (stored_json(metrics), stored_json(diagnostics))
+        for run_id, metrics, diagnostics in service.sql(
+            "SELECT id, metrics, diagnostics FROM run WHERE experiment_id = :e", e=created["id"]
+        )
+    }
     served = {r["id"]: (r["metrics"], r["diagnostics"]) for r in runs}
     assert json.dumps(served, sort_keys=True) == json.dumps(
-        {run_id: stored[run_id] for run_id in served}, sort_keys=True)
-    service.sql("UPDATE run SET metrics = '{\"min_l2\": 0.5, \"count\": 3, \"note\": \"x\", "
-                "\"flag\": true}' WHERE id = :id", id=run_id)
+        {run_id: stored[run_id] for run_id in served}, sort_keys=True
+    )
+    service.sql(
+        'UPDATE run SET metrics = \'{"min_l2": 0.5, "count": 3, "note": "x", '
+        '"flag": true}\' WHERE id = :id',
+        id=run_id,
+    )
     response = service.client.get(f"/runs/{run_id}")
     assert response.status_code == 200, response.text
     assert response.json()["metrics"] == {"min_l2": 0.5, "count": 3.0, "note": None, "flag": None}
@@ -198,13 +208,20 @@ def test_trainers_and_health(service: Service) -> None:
 
 def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(service: Service) -> None:
     # One seed per task (collapse batches 8 by default): six tasks for Ray's 2 CPUs.
-    created = service.submit(spec(config={"steps": 10**7, "stop_gradient": True}, grid={}, seeds=6,
-                                  resources={"seeds_per_task": 1}))
+    created = service.submit(
+        spec(
+            config={"steps": 10**7, "stop_gradient": True},
+            grid={},
+            seeds=6,
+            resources={"seeds_per_task": 1},
+        )
+    )
     # All six are handed to Ray at once; its 2 CPUs run two, and the other four wait there as
     # pending: `running` never counts more runs than the cluster runs.
     deadline = time.monotonic() + 60
-    while (counts := service.client.get(f"/experiments/{created['id']}").json()["counts"]
-           )["running"] < 2:
+    while (counts := service.client.get(f"/experiments/{created['id']}").json()["counts"])[
+        "running"
+    ] < 2:
         assert counts["running"] + counts["pending"] + counts["queued"] == 6, counts
         assert time.monotonic() < deadline, counts
         time.sleep(0.1)
@@ -255,9 +272,7 @@ def running_attempt(service: Service, run_id: int) -> tuple[int, int] | None:
 def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> None:
     # ~2 s in a Ray worker: its pid is reported within ~0.3 s, so the kill lands mid-run.
     # (20,000 steps: the trainer's default with stop_gradient, left null in the spec)
-    created = service.submit(
-        spec(config={"stop_gradient": True}, grid={}, seeds=1, max_retries=2)
-    )
+    created = service.submit(spec(config={"stop_gradient": True}, grid={}, seeds=1, max_retries=2))
     (run,) = service.runs(created["id"])
     # before a worker ran it, the config shows what it will run with
     before = service.client.get(f"/runs/{run['id']}").json()
@@ -282,8 +297,11 @@ def test_killed_worker_is_retried_and_the_run_completes(service: Service) -> Non
     assert [a["outcome"] for a in history] == ["lost", "completed"]
     assert history[0]["worker_pid"] == pid and final["provenance"]["worker_pid"] != pid
     # /metrics counts the loss, and both attempts' dispatch (claim to Started)
-    scraped = {s.name: s.value for family in text_string_to_metric_families(
-        service.client.get("/metrics").text) for s in family.samples}
+    scraped = {
+        s.name: s.value
+        for family in text_string_to_metric_families(service.client.get("/metrics").text)
+        for s in family.samples
+    }
     assert scraped["seedgrid_worker_losses_total"] == 1
     assert scraped["seedgrid_dispatch_latency_seconds_count"] == 2
     # the metrics of the lost attempt were dropped: one curve, not two
@@ -316,7 +334,7 @@ def test_trainer_exception_makes_the_run_failed_with_its_message(service: Servic
         "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
         "n_conditions, n_runs, runs_queued, cancel_requested, created_at) VALUES ('old', "
         "'collapse', "
-        "'{\"name\": \"old\", \"trainer\": \"collapse\", \"config\": {\"retired_field\": 1}, "
+        '\'{"name": "old", "trainer": "collapse", "config": {"retired_field": 1}, '
         "\"grid\": {}}', 'min_l2', 'queued', 0, 1, 1, 1, false, '2026-01-01 00:00:00') "
         "RETURNING id",
     )
@@ -348,36 +366,63 @@ def test_runs_left_running_by_a_previous_process_are_requeued(start_service) -> 
     first.server.stop()
     (finished_at,) = first.sql("SELECT finished_at FROM run WHERE id = :id", id=done)[0]
     for run_id, status, pid in ((started, "running", 4242), (waiting, "pending", None)):
-        first.sql("UPDATE run SET status = :status, metrics = '{}', finished_at = NULL, "
-                  "worker_pid = :pid WHERE id = :id", id=run_id, status=status, pid=pid)
+        first.sql(
+            "UPDATE run SET status = :status, metrics = '{}', finished_at = NULL, "
+            "worker_pid = :pid WHERE id = :id",
+            id=run_id,
+            status=status,
+            pid=pid,
+        )
         first.sql("DELETE FROM metricpoint WHERE run_id = :id AND step > 100", id=run_id)
-        first.sql("UPDATE runattempt SET outcome = NULL, finished_at = NULL, worker_pid = :pid "
-                  "WHERE run_id = :id", id=run_id, pid=pid)
+        first.sql(
+            "UPDATE runattempt SET outcome = NULL, finished_at = NULL, worker_pid = :pid "
+            "WHERE run_id = :id",
+            id=run_id,
+            pid=pid,
+        )
     # as the runs store keeps them: one run completed, one running, one pending
-    first.sql("UPDATE experiment SET status = 'running', finished_at = NULL, "
-              "runs_completed = 1, runs_running = 1, runs_pending = 1")
+    first.sql(
+        "UPDATE experiment SET status = 'running', finished_at = NULL, "
+        "runs_completed = 1, runs_running = 1, runs_pending = 1"
+    )
 
     second = start_service("restart.db")
     assert second.wait(created["id"])["status"] == "completed"
-    history = {run_id: [a["outcome"] for a in
-                        second.client.get(f"/runs/{run_id}").json()["attempt_history"]]
-               for run_id in (done, started, waiting)}
-    assert history == {done: ["completed"], started: ["lost", "completed"],
-                       waiting: ["interrupted", "completed"]}
-    assert second.sql("SELECT attempts, finished_at FROM run WHERE id = :id",
-                      id=done) == [(1, finished_at)]
+    history = {
+        run_id: [
+            a["outcome"] for a in second.client.get(f"/runs/{run_id}").json()["attempt_history"]
+        ]
+        for run_id in (done, started, waiting)
+    }
+    assert history == {
+        done: ["completed"],
+        started: ["lost", "completed"],
+        waiting: ["interrupted", "completed"],
+    }
+    assert second.sql("SELECT attempts, finished_at FROM run WHERE id = :id", id=done) == [
+        (1, finished_at)
+    ]
     for run in second.runs(created["id"]):
         assert run["status"] == "completed" and "min_l2" in run["metrics"]
-        steps = [p["step"] for p in second.client.get(
-            f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()]
+        steps = [
+            p["step"]
+            for p in second.client.get(f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()
+        ]
         assert steps == list(range(0, 401, 2)), run["id"]  # one whole curve each
 
 
 def test_queue_runs_higher_priority_first(start_service) -> None:
     service = start_service("priority.db", max_in_flight=1)
     # one seed per task: a seed-batched task would claim all four low runs at once
-    low = service.submit(spec(name="low", grid={}, seeds=4, config={**FAST, "steps": 3000},
-                              resources={"seeds_per_task": 1}))
+    low = service.submit(
+        spec(
+            name="low",
+            grid={},
+            seeds=4,
+            config={**FAST, "steps": 3000},
+            resources={"seeds_per_task": 1},
+        )
+    )
     high = service.submit(spec(name="high", grid={}, seeds=1, priority=10))
     service.wait(low["id"])
     service.wait(high["id"])

@@ -44,8 +44,11 @@ def browser() -> Iterator[Browser]:
     executable = shutil.which("chromium")
     if executable is None:
         # Fails, not skips: CI must not pass without having looked at the pages.
-        pytest.fail("chromium is not installed: scripts/test.sh installs it "
-                    "(apt-get install -y --no-install-recommends chromium)", pytrace=False)
+        pytest.fail(
+            "chromium is not installed: scripts/test.sh installs it "
+            "(apt-get install -y --no-install-recommends chromium)",
+            pytrace=False,
+        )
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=executable)
         yield launched
@@ -118,7 +121,8 @@ def test_dashboard_and_offline_docs_in_chromium(
     page.wait_for_function(
         "() => document.querySelector('.facts [data-status]')?.dataset.status === 'completed'"
         f" && document.querySelectorAll('[data-role=seed-point]').length === {2 * SEEDS}",
-        timeout=120_000)
+        timeout=120_000,
+    )
     assert service.wait(experiment_id)["status"] == "completed"
     runs = service.runs(experiment_id)
     stats = service.client.get(f"/experiments/{experiment_id}/stats").json()
@@ -148,8 +152,9 @@ def test_dashboard_and_offline_docs_in_chromium(
         key = condition["condition_key"]
         points = page.locator(f"[data-role=seed-point][data-condition='{key}']")
         assert points.count() == condition["n"] == SEEDS
-        shown_runs = sorted(int(points.nth(i).get_attribute("data-run-id") or -1)
-                            for i in range(points.count()))
+        shown_runs = sorted(
+            int(points.nth(i).get_attribute("data-run-id") or -1) for i in range(points.count())
+        )
         assert shown_runs == sorted(r["id"] for r in runs if r["condition_key"] == key)
     assert page.locator("[data-role=box]").count() == 2
 
@@ -161,21 +166,28 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert page.locator("[data-role=seed-curve]").count() == 0
     page.check("[data-role=show-seeds]")
     page.wait_for_function(
-        f"() => document.querySelectorAll('[data-role=seed-curve]').length === {len(runs)}")
+        f"() => document.querySelectorAll('[data-role=seed-curve]').length === {len(runs)}"
+    )
 
     # The comparison row: the within-cell variance ratio (one factor: the sample variances'
     # ratio) against numpy, the primary test's interval, raw p and Holm p as /stats serves them,
     # and the F interval (a tooltip now: secondary) against scipy.
-    by_level = {level: np.array([r["metrics"]["min_l2"] for r in runs
-                                 if r["condition"]["stop_gradient"] is level], dtype=np.float64)
-                for level in (False, True)}
+    by_level = {
+        level: np.array(
+            [r["metrics"]["min_l2"] for r in runs if r["condition"]["stop_gradient"] is level],
+            dtype=np.float64,
+        )
+        for level in (False, True)
+    }
     comparison = stats["comparisons"][0]
     a, b = by_level[comparison["a"]], by_level[comparison["b"]]
     ratio = a.var(ddof=1) / b.var(ddof=1)
     assert comparison["var_ratio"] == pytest.approx(ratio, rel=1e-9)
     df_a, df_b = len(a) - 1, len(b) - 1
-    f_interval = (ratio / scipy_stats.f.ppf(0.975, df_a, df_b),
-                  ratio / scipy_stats.f.ppf(0.025, df_a, df_b))
+    f_interval = (
+        ratio / scipy_stats.f.ppf(0.975, df_a, df_b),
+        ratio / scipy_stats.f.ppf(0.025, df_a, df_b),
+    )
     comparison_row = page.locator("[data-role=comparison-row]").first
     assert "pooled" in comparison_row.inner_text()
     shown_ratio = _numbers(comparison_row.locator("[data-role=var-ratio]").inner_text())
@@ -184,13 +196,15 @@ def test_dashboard_and_offline_docs_in_chromium(
     low, high = comparison["primary_ci95"]
     shown_interval = interval_cell.inner_text()
     assert _numbers(shown_interval) == pytest.approx(
-        [_as_shown(v) for v in ([low] if high is None else [low, high])], rel=1e-9)
+        [_as_shown(v) for v in ([low] if high is None else [low, high])], rel=1e-9
+    )
     assert shown_interval.endswith("∞]") == (high is None)
     f_tooltip = (interval_cell.get_attribute("title") or "").split("F interval")[1]
     assert _numbers(f_tooltip) == pytest.approx([_as_shown(v) for v in f_interval], rel=1e-9)
     assert comparison_row.locator("[data-role=pairing]").inner_text() == comparison["pairing"]
     assert _numbers(comparison_row.locator("[data-role=primary-p]").inner_text())[0] == (
-        pytest.approx(comparison["primary_p"], rel=1e-3, abs=1e-4))
+        pytest.approx(comparison["primary_p"], rel=1e-3, abs=1e-4)
+    )
     holm = comparison["primary_p_holm_factor"]
     holm_cell = comparison_row.locator("[data-role=holm-p]").inner_text()
     assert _numbers(holm_cell)[0] == pytest.approx(holm, rel=1e-3, abs=1e-4)
@@ -202,8 +216,11 @@ def test_dashboard_and_offline_docs_in_chromium(
     if os.environ.get("SEEDGRID_UPDATE_README_SCREENSHOT") == "1":
         # The top of the page: distributions, comparisons and curves.
         README_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=README_SCREENSHOT, full_page=True,
-                        clip={"x": 0, "y": 0, "width": 1280, "height": 1750})
+        page.screenshot(
+            path=README_SCREENSHOT,
+            full_page=True,
+            clip={"x": 0, "y": 0, "width": 1280, "height": 1750},
+        )
 
     # The run page of one seed: its curves, diagnostics and provenance.
     first = page.locator("[data-role=seed-point]").first
@@ -223,8 +240,10 @@ def test_dashboard_and_offline_docs_in_chromium(
     page.goto(f"{origin}/docs")
     page.wait_for_selector(".opblock")
     assert page.locator(".opblock").count() == operations
-    assert page.locator(".opblock-summary-path", has_text="/experiments/{experiment_id}/stats"
-                        ).count() == 1
+    assert (
+        page.locator(".opblock-summary-path", has_text="/experiments/{experiment_id}/stats").count()
+        == 1
+    )
     watched.shot("docs")
     page.goto(f"{origin}/redoc")
     page.wait_for_selector("[data-section-id^='operation/']")
@@ -237,14 +256,22 @@ def test_dashboard_and_offline_docs_in_chromium(
 
 
 def test_pages_are_open_without_the_token_and_load_nothing_from_outside(
-    start_service: Callable[..., Service]
+    start_service: Callable[..., Service],
 ) -> None:
     """Checked over plain HTTP, so that a broken page shows up even where chromium is missing."""
     service = start_service(api_token=TOKEN)
     anon = service.client
-    pages = ["/ui", "/ui/app.js", "/ui/app.css", "/docs", "/redoc",
-             "/docs-assets/swagger-ui-bundle.js", "/docs-assets/swagger-ui.css",
-             "/docs-assets/redoc.standalone.js", "/docs-assets/favicon.png"]
+    pages = [
+        "/ui",
+        "/ui/app.js",
+        "/ui/app.css",
+        "/docs",
+        "/redoc",
+        "/docs-assets/swagger-ui-bundle.js",
+        "/docs-assets/swagger-ui.css",
+        "/docs-assets/redoc.standalone.js",
+        "/docs-assets/favicon.png",
+    ]
     for path in pages:
         assert anon.get(path).status_code == 200, path
     # The data stays behind the token, and so does any other file name under /ui.
@@ -273,8 +300,9 @@ def test_without_a_token_the_dashboard_opens_and_shows_why_an_experiment_stopped
     # one task in Ray at a time: the runs after the first three are still queued when the
     # stop comes (with every run in flight at once, all could fail before it)
     service = start_service(max_in_flight=1)
-    experiment_id = service.submit({"name": "browser-fails", "trainer": "toy",
-                                    "config": {"fail_at_step": 0}, "seeds": 6})["id"]
+    experiment_id = service.submit(
+        {"name": "browser-fails", "trainer": "toy", "config": {"fail_at_step": 0}, "seeds": 6}
+    )["id"]
     detail = service.wait(experiment_id)
     assert detail["status"] == "failed" and detail["message"], detail
     origin = service.server.url.rstrip("/")

@@ -30,8 +30,9 @@ def wait_until(predicate, timeout_s: float):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("trainer", sorted(CASES))
-def test_a_cancel_ends_a_long_run_of_every_trainer_within_two_seconds(service: Service,
-                                                                      trainer: str) -> None:
+def test_a_cancel_ends_a_long_run_of_every_trainer_within_two_seconds(
+    service: Service, trainer: str
+) -> None:
     client = service.client
     config = dict(CASES[trainer].long)
     if "epochs" in config:
@@ -40,14 +41,19 @@ def test_a_cancel_ends_a_long_run_of_every_trainer_within_two_seconds(service: S
     created = client.post("/experiments", json=spec)
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
-    (run,) = wait_until(lambda: [r for r in client.get(f"/experiments/{experiment_id}/runs")
-                                 .json() if r["started_at"]], timeout_s=120)
+    (run,) = wait_until(
+        lambda: [
+            r for r in client.get(f"/experiments/{experiment_id}/runs").json() if r["started_at"]
+        ],
+        timeout_s=120,
+    )
     time.sleep(TRAIN_BEFORE_CANCEL_S)
     assert client.get(f"/runs/{run['id']}").json()["status"] == "running"
     cancelled_at = time.monotonic()
     assert client.post(f"/experiments/{experiment_id}/cancel").status_code == 202
-    ended = wait_until(lambda: (r := client.get(f"/runs/{run['id']}").json())["finished_at"]
-                       and r, timeout_s=60)
+    ended = wait_until(
+        lambda: (r := client.get(f"/runs/{run['id']}").json())["finished_at"] and r, timeout_s=60
+    )
     elapsed = time.monotonic() - cancelled_at
     assert ended["status"] == "cancelled", ended
     assert elapsed < CANCEL_BOUND_S, f"{trainer} ended {elapsed:.2f} s after the cancel"

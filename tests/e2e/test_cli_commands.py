@@ -25,22 +25,36 @@ DIVERGING = {"lr": 50.0, "steps": 2000, "log_every": 1}
 
 
 def seedgrid(service: Service, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args, "--url",
-                           service.server.url], capture_output=True, text=True, timeout=180,
-                          cwd=ROOT, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args, "--url", service.server.url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
 
 
 def spec_file(tmp_path: Path, **spec: object) -> str:
     path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump({"name": "cli", "trainer": "collapse", "config": QUICK,
-                                    "grid": {}, "seeds": 1, **spec}))
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "cli", "trainer": "collapse", "config": QUICK, "grid": {}, "seeds": 1, **spec}
+        )
+    )
     return str(path)
 
 
 def test_watch_follows_a_running_experiment_to_its_end(service: Service) -> None:
-    created = service.submit({"name": "watched", "trainer": "collapse",
-                              "config": {"n_samples": 64, "steps": 3000},
-                              "grid": {"r": [0.0, 0.5]}, "seeds": 2})
+    created = service.submit(
+        {
+            "name": "watched",
+            "trainer": "collapse",
+            "config": {"n_samples": 64, "steps": 3000},
+            "grid": {"r": [0.0, 0.5]},
+            "seeds": 2,
+        }
+    )
     before = service.client.get(f"/experiments/{created['id']}").json()
     assert before["status"] in {"queued", "running"}
     watched = seedgrid(service, "watch", str(created["id"]), "--poll", "0.2")
@@ -53,20 +67,31 @@ def test_watch_follows_a_running_experiment_to_its_end(service: Service) -> None
     assert f"experiment {created['id']} completed: completed 4" in watched.stdout
 
 
-def test_ctrl_c_leaves_the_experiment_running_and_says_how_to_re_attach(
-        service: Service) -> None:
-    created = service.submit({"name": "long", "trainer": "collapse",
-                              "config": {"n_samples": 64, "steps": 10**7}, "grid": {},
-                              "seeds": 1})
+def test_ctrl_c_leaves_the_experiment_running_and_says_how_to_re_attach(service: Service) -> None:
+    created = service.submit(
+        {
+            "name": "long",
+            "trainer": "collapse",
+            "config": {"n_samples": 64, "steps": 10**7},
+            "grid": {},
+            "seeds": 1,
+        }
+    )
     experiment_id = created["id"]
     # The command as `python -m service.cli` runs it, saying when its imports are done: a
     # Ctrl-C before then is Python's own (a traceback), not the command's, and on a busy CI
     # machine the imports can outlast the experiment's start.
-    started = ("import runpy, sys; import service.cli; print('imported', file=sys.stderr, "
-               "flush=True); runpy.run_module('service.cli', run_name='__main__')")
-    watcher = subprocess.Popen([sys.executable, "-c", started, "watch", str(experiment_id),
-                                "--url", service.server.url], cwd=ROOT, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    started = (
+        "import runpy, sys; import service.cli; print('imported', file=sys.stderr, "
+        "flush=True); runpy.run_module('service.cli', run_name='__main__')"
+    )
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", started, "watch", str(experiment_id), "--url", service.server.url],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert watcher.stderr is not None and watcher.stderr.readline().strip() == "imported"
     deadline = time.monotonic() + 60
     while service.client.get(f"/experiments/{experiment_id}").json()["status"] != "running":
@@ -87,9 +112,14 @@ def test_ctrl_c_leaves_the_experiment_running_and_says_how_to_re_attach(
 
 
 def test_an_all_failed_experiment_is_failed_and_submit_wait_exits_non_zero(
-        service: Service, tmp_path: Path) -> None:
-    result = seedgrid(service, "submit", spec_file(tmp_path, name="diverging", config=DIVERGING,
-                                                   seeds=3), "--wait")
+    service: Service, tmp_path: Path
+) -> None:
+    result = seedgrid(
+        service,
+        "submit",
+        spec_file(tmp_path, name="diverging", config=DIVERGING, seeds=3),
+        "--wait",
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     (experiment,) = service.client.get("/experiments", params={"name": "diverging"}).json()
     assert experiment["status"] == "failed" and experiment["counts"]["diverged"] == 3
@@ -105,28 +135,33 @@ def test_an_all_failed_experiment_is_failed_and_submit_wait_exits_non_zero(
 
 
 def test_a_field_typo_names_the_closest_field_and_a_diagnostic_is_named_as_one(
-        service: Service, tmp_path: Path) -> None:
+    service: Service, tmp_path: Path
+) -> None:
     typo = seedgrid(service, "submit", spec_file(tmp_path, config={"n_sample": 64}))
     assert typo.returncode == 2
     assert "body.config.n_sample: unknown config field 'n_sample'" in typo.stderr
     assert "did you mean 'n_samples'?" in typo.stderr and "valid fields: " in typo.stderr
-    response = service.client.post("/experiments", json={
-        "name": "x", "trainer": "collapse", "grid": {"stop_gradiant": [False, True]}})
+    response = service.client.post(
+        "/experiments",
+        json={"name": "x", "trainer": "collapse", "grid": {"stop_gradiant": [False, True]}},
+    )
     assert response.status_code == 422
     (error,) = response.json()["detail"]
     assert error["loc"] == ["body", "grid", "stop_gradiant"]
     assert "did you mean 'stop_gradient'?" in error["msg"]
 
-    created = service.submit({"name": "metrics", "trainer": "collapse", "config": QUICK,
-                              "grid": {}, "seeds": 1})
+    created = service.submit(
+        {"name": "metrics", "trainer": "collapse", "config": QUICK, "grid": {}, "seeds": 1}
+    )
     service.wait(created["id"])
     unknown = seedgrid(service, "stats", str(created["id"]), "--metric", "min_l3")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert f"GET /experiments/{created['id']}/stats was refused" in unknown.stderr
     assert "did you mean 'min_l2'?" in unknown.stderr
     assert "known metrics: loss, train_accuracy" in unknown.stderr
-    diagnostic = service.client.get(f"/experiments/{created['id']}/stats",
-                                    params={"metric": "min_l2_peak"})
+    diagnostic = service.client.get(
+        f"/experiments/{created['id']}/stats", params={"metric": "min_l2_peak"}
+    )
     assert diagnostic.status_code == 422
     assert "'min_l2_peak' is a diagnostic" in diagnostic.json()["detail"][0]["msg"]
 
@@ -147,9 +182,15 @@ def _cells(stdout: str) -> set[str]:
 
 
 def test_tables_at_80_columns_show_whole_condition_keys_and_p_values(service: Service) -> None:
-    created = service.submit({"name": "narrow", "trainer": "collapse", "config": QUICK,
-                              "grid": {"stop_gradient": [False, True],
-                                       "frustration_spread": ["all", "others"]}, "seeds": 3})
+    created = service.submit(
+        {
+            "name": "narrow",
+            "trainer": "collapse",
+            "config": QUICK,
+            "grid": {"stop_gradient": [False, True], "frustration_spread": ["all", "others"]},
+            "seeds": 3,
+        }
+    )
     service.wait(created["id"])
     stats = service.client.get(f"/experiments/{created['id']}/stats").json()
     shown = seedgrid(service, "stats", str(created["id"]), COLUMNS="80")
@@ -189,7 +230,8 @@ def test_tables_at_80_columns_show_whole_condition_keys_and_p_values(service: Se
 
 
 def test_trainers_lists_config_fields_with_defaults_and_protocol_needs_a_declaring_trainer(
-        service: Service) -> None:
+    service: Service,
+) -> None:
     fields = seedgrid(service, "trainers", "collapse", "--csv")
     assert fields.returncode == 0, fields.stderr
     rows = {line.split(",")[0]: line for line in fields.stdout.splitlines()[1:]}
@@ -198,8 +240,9 @@ def test_trainers_lists_config_fields_with_defaults_and_protocol_needs_a_declari
     assert rows["stop_gradient"].startswith("stop_gradient,boolean,false,")
     typo = seedgrid(service, "trainers", "colapse")
     assert typo.returncode == 2 and "did you mean 'collapse'?" in typo.stderr
-    created = service.submit({"name": "no-protocol", "trainer": "collapse", "config": QUICK,
-                              "grid": {}, "seeds": 1})
+    created = service.submit(
+        {"name": "no-protocol", "trainer": "collapse", "config": QUICK, "grid": {}, "seeds": 1}
+    )
     refused = seedgrid(service, "protocol", str(created["id"]))
     assert refused.returncode == 2 and "404" in refused.stderr and "Traceback" not in refused.stderr
 
@@ -209,19 +252,32 @@ def answered(service: Service, answer: str, *args: str) -> subprocess.CompletedP
     controller, terminal = pty.openpty()
     try:
         os.write(controller, answer.encode() + b"\n")
-        return subprocess.run([sys.executable, "-m", "service.cli", *args, "--url",
-                               service.server.url], stdin=terminal, capture_output=True,
-                              text=True, timeout=180, cwd=ROOT)
+        return subprocess.run(
+            [sys.executable, "-m", "service.cli", *args, "--url", service.server.url],
+            stdin=terminal,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+        )
     finally:
         os.close(terminal)
         os.close(controller)
 
 
-def test_delete_asks_naming_the_experiment_and_its_runs_and_yes_skips_it(
-        service: Service) -> None:
-    kept, other = (service.submit({"name": name, "trainer": "collapse",
-                                   "config": {"n_samples": 64, "steps": 50}, "grid": {},
-                                   "seeds": 2}) for name in ("kept", "other"))
+def test_delete_asks_naming_the_experiment_and_its_runs_and_yes_skips_it(service: Service) -> None:
+    kept, other = (
+        service.submit(
+            {
+                "name": name,
+                "trainer": "collapse",
+                "config": {"n_samples": 64, "steps": 50},
+                "grid": {},
+                "seeds": 2,
+            }
+        )
+        for name in ("kept", "other")
+    )
     for created in (kept, other):
         assert service.wait(created["id"])["status"] == "completed"
 
@@ -229,17 +285,33 @@ def test_delete_asks_naming_the_experiment_and_its_runs_and_yes_skips_it(
         return service.client.get(f"/experiments/{experiment_id}").status_code == 200
 
     # nobody to ask (a pipe, a script, CI): refused, nothing deleted
-    unasked = subprocess.run([sys.executable, "-m", "service.cli", "delete", str(kept["id"]),
-                              "--url", service.server.url], stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=180, cwd=ROOT)
+    unasked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "delete",
+            str(kept["id"]),
+            "--url",
+            service.server.url,
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert unasked.returncode == 2 and exists(kept["id"])
     assert unasked.stderr == (
         f"error: not deleting experiment {kept['id']} 'kept' (collapse, completed) with its 2 "
-        "runs: no one can confirm (stdin is not a terminal); pass --yes to delete it\n")
+        "runs: no one can confirm (stdin is not a terminal); pass --yes to delete it\n"
+    )
     declined = answered(service, "n", "delete", str(kept["id"]))
     assert declined.returncode == 1 and exists(kept["id"]), declined.stderr
-    assert (f"Delete experiment {kept['id']} 'kept' (collapse, completed) with its 2 runs, their "
-            "metric points and statistics? [y/N]") in declined.stdout
+    assert (
+        f"Delete experiment {kept['id']} 'kept' (collapse, completed) with its 2 runs, their "
+        "metric points and statistics? [y/N]"
+    ) in declined.stdout
     assert "nothing deleted" in declined.stderr
     confirmed = answered(service, "y", "delete", str(kept["id"]))
     assert confirmed.returncode == 0, confirmed.stderr

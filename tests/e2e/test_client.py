@@ -44,9 +44,18 @@ def same(a: object, b: object) -> bool:
 
 def test_submit_wait_and_read_runs_stats_and_curves(service: Service, tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump({
-        "name": "client", "trainer": "collapse", "config": FAST,
-        "grid": {"stop_gradient": [False, True]}, "seeds": 3, "metric": "min_l2"}))
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "client",
+                "trainer": "collapse",
+                "config": FAST,
+                "grid": {"stop_gradient": [False, True]},
+                "seeds": 3,
+                "metric": "min_l2",
+            }
+        )
+    )
     with Client(service.server.url) as sg:
         created = sg.submit(spec_file)
         assert (created.n_conditions, created.n_runs) == (2, 6)
@@ -57,8 +66,7 @@ def test_submit_wait_and_read_runs_stats_and_curves(service: Service, tmp_path: 
         runs = sg.runs(created.id)
         assert list(runs["run_id"]) == [r["id"] for r in served_runs]
         assert list(runs["seed"]) == [r["seed"] for r in served_runs]
-        assert list(runs["stop_gradient"]) == [r["condition"]["stop_gradient"]
-                                               for r in served_runs]
+        assert list(runs["stop_gradient"]) == [r["condition"]["stop_gradient"] for r in served_runs]
         assert list(runs["metric.min_l2"]) == [r["metrics"]["min_l2"] for r in served_runs]
         assert set(runs["status"]) == {RunStatus.completed.value}
 
@@ -76,8 +84,14 @@ def test_submit_wait_and_read_runs_stats_and_curves(service: Service, tmp_path: 
                 else:
                     assert same(row[key], value), key
             # and against float64 arithmetic on the runs' final metrics
-            values = np.array([r["metrics"]["min_l2"] for r in served_runs
-                               if r["condition_key"] == row["condition_key"]], dtype=np.float64)
+            values = np.array(
+                [
+                    r["metrics"]["min_l2"]
+                    for r in served_runs
+                    if r["condition_key"] == row["condition_key"]
+                ],
+                dtype=np.float64,
+            )
             assert row["mean"] == pytest.approx(values.mean(), rel=1e-12)
             assert row["var"] == pytest.approx(values.var(ddof=1), rel=1e-12)
         assert len(comparisons) == len(served["comparisons"]) == 1
@@ -93,25 +107,33 @@ def test_submit_wait_and_read_runs_stats_and_curves(service: Service, tmp_path: 
         # the two levels' sample variances), against numpy on the stored metrics
         log = sg.stats(created.id, scale="log")
         assert log.stats.scale == "log" and list(log.comparisons["scale"]) == ["log"]
-        logs = {level: np.log([r["metrics"]["min_l2"] for r in served_runs
-                               if r["condition"]["stop_gradient"] is level])
-                for level in (False, True)}
+        logs = {
+            level: np.log(
+                [
+                    r["metrics"]["min_l2"]
+                    for r in served_runs
+                    if r["condition"]["stop_gradient"] is level
+                ]
+            )
+            for level in (False, True)
+        }
         a_level, b_level = expected["a"], expected["b"]
         assert log.comparisons.iloc[0]["var_ratio"] == pytest.approx(
-            logs[a_level].var(ddof=1) / logs[b_level].var(ddof=1), rel=1e-9)
+            logs[a_level].var(ddof=1) / logs[b_level].var(ddof=1), rel=1e-9
+        )
 
         curves = sg.curves(created.id, name="min_l2")
         assert list(curves.columns[:4]) == ["run_id", "seed", "condition_key", "stop_gradient"]
         for run in served_runs:
-            points = service.client.get(f"/runs/{run['id']}/metrics",
-                                        params={"name": "min_l2"}).json()
+            points = service.client.get(
+                f"/runs/{run['id']}/metrics", params={"name": "min_l2"}
+            ).json()
             mine = curves[curves["run_id"] == run["id"]]
             assert len(points) > 0 and list(mine["step"]) == [p["step"] for p in points]
             assert list(mine["value"]) == [p["value"] for p in points]
             assert set(mine["seed"]) == {run["seed"]}
         by_id = sg.curves(run_ids=[served_runs[0]["id"]], name="min_l2")
-        assert by_id.equals(curves[curves["run_id"] == served_runs[0]["id"]]
-                            .reset_index(drop=True))
+        assert by_id.equals(curves[curves["run_id"] == served_runs[0]["id"]].reset_index(drop=True))
 
         added = sg.add_seeds(created.id, 1)
         assert added.seeds == [3] and (added.runs_added, added.n_runs) == (2, 8)
@@ -134,12 +156,14 @@ def test_errors_carry_the_status_and_the_api_detail(service: Service, tmp_path: 
 
         readme = tmp_path / "README.md"
         readme.write_text("# not a spec\n")
-        with pytest.raises(ValueError,
-                           match=r"expected a \.json, \.yaml or \.yml spec file, got README\.md"):
+        with pytest.raises(
+            ValueError, match=r"expected a \.json, \.yaml or \.yml spec file, got README\.md"
+        ):
             sg.submit(readme)
 
-        slow = sg.submit({"name": "slow", "trainer": "collapse",
-                          "config": {**FAST, "steps": 10**7}, "seeds": 2})
+        slow = sg.submit(
+            {"name": "slow", "trainer": "collapse", "config": {**FAST, "steps": 10**7}, "seeds": 2}
+        )
         assert sg.cancel(slow.id).id == slow.id
         assert sg.wait(slow.id, progress=False, timeout_s=60).status is ExperimentStatus.cancelled
         with pytest.raises(ApiError) as again:
@@ -148,7 +172,8 @@ def test_errors_carry_the_status_and_the_api_detail(service: Service, tmp_path: 
 
 
 def test_url_and_token_come_from_the_environment(
-        start_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch) -> None:
+    start_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
     guarded = start_service(api_token=TOKEN)
     monkeypatch.setenv("SEEDGRID_URL", guarded.server.url)
     monkeypatch.setenv("SEEDGRID_API_TOKEN", TOKEN)
@@ -160,17 +185,27 @@ def test_url_and_token_come_from_the_environment(
     assert refused.value.status_code == 401 and refused.value.detail == "invalid bearer token"
 
 
-def test_compare_of_two_experiments_is_what_the_api_serves(service: Service,
-                                                           tmp_path: Path) -> None:
+def test_compare_of_two_experiments_is_what_the_api_serves(
+    service: Service, tmp_path: Path
+) -> None:
     """Client.compare pages /compare with a page size the server allows (it once asked for 500
     conditions a page where /compare allows 200, and every call was a 422)."""
     spec_file = tmp_path / "spec.yaml"
     ids = []
     with Client(service.server.url) as sg:
         for name in ("compare-a", "compare-b"):
-            spec_file.write_text(yaml.safe_dump({
-                "name": name, "trainer": "collapse", "config": FAST,
-                "grid": {"stop_gradient": [False, True]}, "seeds": 3, "metric": "min_l2"}))
+            spec_file.write_text(
+                yaml.safe_dump(
+                    {
+                        "name": name,
+                        "trainer": "collapse",
+                        "config": FAST,
+                        "grid": {"stop_gradient": [False, True]},
+                        "seeds": 3,
+                        "metric": "min_l2",
+                    }
+                )
+            )
             ids.append(sg.submit(spec_file).id)
         for experiment_id in ids:
             assert sg.wait(experiment_id, progress=False, timeout_s=120).counts.completed == 6

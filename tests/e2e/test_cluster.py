@@ -39,8 +39,11 @@ GPU_RUNS_PER_NODE = int(NODE_GPUS / RESOURCES["num_gpus"])
 MAX_IN_FLIGHT = 8
 # The GCS declares a node dead after `failure_threshold` missed health checks (default 5 x 3 s):
 # about 3 s here, so that a killed node's runs are re-queued quickly.
-HEALTH_CHECK = {"health_check_period_ms": "1000", "health_check_timeout_ms": "2000",
-                "health_check_failure_threshold": "3"}
+HEALTH_CHECK = {
+    "health_check_period_ms": "1000",
+    "health_check_timeout_ms": "2000",
+    "health_check_failure_threshold": "3",
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +61,12 @@ def cluster() -> Iterator[LocalRayCluster]:
 
 @pytest.fixture(scope="module")
 def service(cluster: LocalRayCluster) -> Iterator[ServiceProcess]:
-    service = ServiceProcess(cluster, cluster.root / "seedgrid.db",
-                             SEEDGRID_METRICS_BATCH_INTERVAL_S="0.2",
-                             SEEDGRID_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT))
+    service = ServiceProcess(
+        cluster,
+        cluster.root / "seedgrid.db",
+        SEEDGRID_METRICS_BATCH_INTERVAL_S="0.2",
+        SEEDGRID_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT),
+    )
     try:
         # The service imports and connects while the worker nodes join. Its Ray driver attaches
         # to the head's raylet (Ray prefers the head among the nodes of one host), so it
@@ -78,10 +84,15 @@ def service(cluster: LocalRayCluster) -> Iterator[ServiceProcess]:
 def spec(seeds: int, steps: int, **overrides: Any) -> dict[str, Any]:
     # One thread per Ray worker (Ray sets OMP_NUM_THREADS from num_cpus): ~40 us per step.
     return {
-        "name": "cluster", "trainer": "collapse",
+        "name": "cluster",
+        "trainer": "collapse",
         "config": {"n_samples": 200, "steps": steps, "stop_gradient": True, "r": 0.1},
-        "grid": {}, "seeds": seeds, "metric": "min_l2", "resources": RESOURCES,
-        "max_retries": 2, **overrides,
+        "grid": {},
+        "seeds": seeds,
+        "metric": "min_l2",
+        "resources": RESOURCES,
+        "max_retries": 2,
+        **overrides,
     }
 
 
@@ -89,8 +100,9 @@ def gpu_nodes(cluster: LocalRayCluster) -> dict[str, RayNode]:
     return {n.node_id: n for n in cluster.nodes if n.num_gpus}
 
 
-def wait_all_running(service: ServiceProcess, experiment_id: int,
-                     timeout_s: float = 60.0) -> list[dict[str, Any]]:
+def wait_all_running(
+    service: ServiceProcess, experiment_id: int, timeout_s: float = 60.0
+) -> list[dict[str, Any]]:
     """Until every run of the experiment runs in a worker that has reported its pid."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -101,8 +113,9 @@ def wait_all_running(service: ServiceProcess, experiment_id: int,
         time.sleep(0.05)
 
 
-def assert_each_completed_once(service: ServiceProcess, experiment_id: int,
-                               n_runs: int) -> list[dict[str, Any]]:
+def assert_each_completed_once(
+    service: ServiceProcess, experiment_id: int, n_runs: int
+) -> list[dict[str, Any]]:
     """Every run completed, by its last attempt only, with one metric curve; the counts add up.
     Returns the runs' details."""
     detail = service.client.get(f"/experiments/{experiment_id}").json()
@@ -119,8 +132,12 @@ def assert_each_completed_once(service: ServiceProcess, experiment_id: int,
         assert run["provenance"]["ray_node_id"] == history[-1]["node_id"]
         assert run["provenance"]["worker_pid"] == history[-1]["worker_pid"]
         assert "min_l2" in run["metrics"]
-        steps = [p["step"] for p in service.client.get(
-            f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()]
+        steps = [
+            p["step"]
+            for p in service.client.get(
+                f"/runs/{run['id']}/metrics", params={"name": "loss"}
+            ).json()
+        ]
         # the lost attempts' points were dropped: one curve from step 0 to the end, no repeats
         assert steps == sorted(set(steps)), steps
         assert (steps[0], steps[-1]) == (0, run["config"]["steps"]), steps
@@ -158,8 +175,9 @@ def test_runs_no_node_can_hold_fail_at_once_and_do_not_block_the_queue(
     """A run asking for more than any node has (Ray would keep it pending for ever and it
     would hold an in-flight slot) fails with an error naming the resources, and an experiment
     submitted after MAX_IN_FLIGHT of them still runs."""
-    infeasible = service.submit(spec(seeds=MAX_IN_FLIGHT, steps=100,
-                                     resources={"num_cpus": 0.5, "num_gpus": 2}))["id"]
+    infeasible = service.submit(
+        spec(seeds=MAX_IN_FLIGHT, steps=100, resources={"num_cpus": 0.5, "num_gpus": 2})
+    )["id"]
     feasible = service.submit(spec(seeds=1, steps=100))["id"]
     assert service.wait(feasible, timeout_s=30)["status"] == "completed"
     detail = service.wait(infeasible, timeout_s=30)
@@ -216,13 +234,15 @@ def test_a_node_killed_mid_experiment_moves_its_runs_to_the_other_node(
         history = run["attempt_history"]
         if run["id"] in on_doomed:
             assert [(a["outcome"], a["node_id"]) for a in history] == [
-                ("lost", doomed.node_id), ("completed", survivor.node_id)]
+                ("lost", doomed.node_id),
+                ("completed", survivor.node_id),
+            ]
             assert history[0]["error"].startswith("NodeDiedError"), history[0]["error"]
         else:
             assert [(a["outcome"], a["node_id"]) for a in history] == [
-                ("completed", survivor.node_id)]
-    assert Counter(r["attempts"] for r in runs) == {1: n_runs - len(on_doomed),
-                                                    2: len(on_doomed)}
+                ("completed", survivor.node_id)
+            ]
+    assert Counter(r["attempts"] for r in runs) == {1: n_runs - len(on_doomed), 2: len(on_doomed)}
     # the service carries on with the smaller cluster
     deadline = time.monotonic() + 30
     while (health := service.client.get("/healthz").json())["cluster_resources"].get("GPU") != 1:

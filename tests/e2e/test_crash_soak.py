@@ -88,30 +88,43 @@ class Kill:
 
     def describe(self) -> str:
         state = "dispatcher active" if self.active else ("Ray up" if self.ray_up else "before Ray")
-        return (f"aimed at {self.phase}, {self.at_s:.1f} s after start ({state}); executing "
-                f"{sorted(self.executing)}; left running {sorted(self.left_running)}, pending "
-                f"{sorted(self.left_pending)}; {self.completed} completed; leftovers killed: "
-                f"{self.leftovers}")
+        return (
+            f"aimed at {self.phase}, {self.at_s:.1f} s after start ({state}); executing "
+            f"{sorted(self.executing)}; left running {sorted(self.left_running)}, pending "
+            f"{sorted(self.left_pending)}; {self.completed} completed; leftovers killed: "
+            f"{self.leftovers}"
+        )
 
 
 def serve_env(database: Path) -> dict[str, str]:
     """The embedded default mode on a SQLite file, with a local Ray of its own."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"}
-    env.update(SEEDGRID_DATABASE_URL=f"sqlite:///{database}", SEEDGRID_RAY_NUM_CPUS="2",
-               SEEDGRID_METRICS_BATCH_INTERVAL_S="0.1", SEEDGRID_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT),
-               SEEDGRID_LOG_LEVEL="info", SEEDGRID_HOST="127.0.0.1",
-               SEEDGRID_PORT=str(free_port()))
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"
+    }
+    env.update(
+        SEEDGRID_DATABASE_URL=f"sqlite:///{database}",
+        SEEDGRID_RAY_NUM_CPUS="2",
+        SEEDGRID_METRICS_BATCH_INTERVAL_S="0.1",
+        SEEDGRID_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT),
+        SEEDGRID_LOG_LEVEL="info",
+        SEEDGRID_HOST="127.0.0.1",
+        SEEDGRID_PORT=str(free_port()),
+    )
     return env
 
 
 def snapshot(database: Path, experiment_id: int) -> Snapshot:
     with closing(sqlite3.connect(database)) as db:
-        runs = {i: (s, a, f) for i, s, a, f in db.execute(
-            "SELECT id, status, attempts, finished_at FROM run WHERE experiment_id = ?",
-            (experiment_id,))}
-        attempts: dict[int, list[tuple[int, str | None, str | None, int | None]]] = (
-            defaultdict(list))
+        runs = {
+            i: (s, a, f)
+            for i, s, a, f in db.execute(
+                "SELECT id, status, attempts, finished_at FROM run WHERE experiment_id = ?",
+                (experiment_id,),
+            )
+        }
+        attempts: dict[int, list[tuple[int, str | None, str | None, int | None]]] = defaultdict(
+            list
+        )
         for run_id, attempt, outcome, error, pid in db.execute(
             "SELECT a.run_id, a.attempt, a.outcome, a.error, a.worker_pid FROM runattempt a "
             "JOIN run r ON r.id = a.run_id WHERE r.experiment_id = ? ORDER BY a.run_id, a.attempt",
@@ -122,7 +135,8 @@ def snapshot(database: Path, experiment_id: int) -> Snapshot:
         for run_id, *point in db.execute(
             "SELECT p.run_id, p.name, p.step, p.epoch, p.value FROM metricpoint p "
             "JOIN run r ON r.id = p.run_id WHERE r.experiment_id = ? AND r.status = 'completed' "
-            "ORDER BY p.run_id, p.name, p.step, p.id", (experiment_id,),
+            "ORDER BY p.run_id, p.name, p.step, p.id",
+            (experiment_id,),
         ):
             points[run_id].append(tuple(point))
     return Snapshot(runs, dict(attempts), dict(points))
@@ -130,8 +144,9 @@ def snapshot(database: Path, experiment_id: int) -> Snapshot:
 
 def executing_runs(session: int) -> set[int]:
     """Runs a Ray worker of this session executes now (Ray titles a worker after its task)."""
-    return {run_id for proc in processes() if proc.session == session
-            for run_id in run_ids_of(proc)}
+    return {
+        run_id for proc in processes() if proc.session == session for run_id in run_ids_of(proc)
+    }
 
 
 def reference_curves(seeds: range) -> dict[tuple[bool, int], list[tuple[Any, ...]]]:
@@ -148,14 +163,16 @@ def reference_curves(seeds: range) -> dict[tuple[bool, int], list[tuple[Any, ...
                 config = trainer.Config(**{**CONFIG, "stop_gradient": stop_gradient})
                 trainer.run(config, seed, reporter)
                 curves[stop_gradient, seed] = sorted(
-                    (name, step, epoch, value) for step, epoch, name, value in reporter.points)
+                    (name, step, epoch, value) for step, epoch, name, value in reporter.points
+                )
         return curves
     finally:
         torch.set_num_threads(threads)
 
 
-def wait_until(condition: Callable[[], bool], what: str, process: SeedgridProcess,
-               timeout_s: float = 60) -> None:
+def wait_until(
+    condition: Callable[[], bool], what: str, process: SeedgridProcess, timeout_s: float = 60
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert process.process.poll() is None, f"{process.name} exited:\n{process.log()}"
@@ -177,8 +194,16 @@ def ended(process: SeedgridProcess, experiment_id: int) -> bool:
     return now is not None and now["queued"] == now["pending"] == now["running"] == 0
 
 
-def reach(phase: str, process: SeedgridProcess, *, rng: random.Random, since: float,
-          startup_s: float, experiment_id: int, completed_before: int) -> None:
+def reach(
+    phase: str,
+    process: SeedgridProcess,
+    *,
+    rng: random.Random,
+    since: float,
+    startup_s: float,
+    experiment_id: int,
+    completed_before: int,
+) -> None:
     """Wait for the moment of the serve's life that a kill aims at."""
     if phase == "starting":  # anywhere in start-up: imports, migrations, Ray, the take-over
         time.sleep(max(0.0, since + rng.uniform(0.0, 0.9 * startup_s) - time.monotonic()))
@@ -229,15 +254,26 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
     database = tmp_path / "seedgrid.db"
     with ThreadPoolExecutor(1) as pool:
         references: Future[dict[tuple[bool, int], list[tuple[Any, ...]]]] = pool.submit(
-            reference_curves, range(SEEDS))
+            reference_curves, range(SEEDS)
+        )
 
         process = serve("serve-0")
         spawned = time.monotonic()
         process.wait_for_log(ACTIVE, timeout_s=90)
         startup_s = time.monotonic() - spawned
-        response = httpx.post(f"{process.url}/experiments", timeout=30, json={
-            "name": "crash-soak", "trainer": "collapse", "config": CONFIG, "grid": GRID,
-            "seeds": SEEDS, "metric": "min_l2", "max_retries": MAX_RETRIES})
+        response = httpx.post(
+            f"{process.url}/experiments",
+            timeout=30,
+            json={
+                "name": "crash-soak",
+                "trainer": "collapse",
+                "config": CONFIG,
+                "grid": GRID,
+                "seeds": SEEDS,
+                "metric": "min_l2",
+                "max_retries": MAX_RETRIES,
+            },
+        )
         assert response.status_code == 201, response.text
         experiment_id = response.json()["id"]
         n_runs = len(GRID["stop_gradient"]) * SEEDS
@@ -250,29 +286,49 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
                 process = serve(f"serve-{number - 1}")
                 spawned = time.monotonic()
             session = process.process.pid
-            reach(phase, process, rng=rng, since=spawned, startup_s=startup_s,
-                  experiment_id=experiment_id, completed_before=completed_before)
+            reach(
+                phase,
+                process,
+                rng=rng,
+                since=spawned,
+                startup_s=startup_s,
+                experiment_id=experiment_id,
+                completed_before=completed_before,
+            )
             log = process.log()
             executing = executing_runs(session)
             at_s = time.monotonic() - spawned
             process.process.send_signal(signal.SIGKILL)
             assert process.process.wait(10) == -signal.SIGKILL
-            leftovers = sorted(p.title.split()[0] if p.title else p.comm
-                               for p in alive_in_sessions([session]))
+            leftovers = sorted(
+                p.title.split()[0] if p.title else p.comm for p in alive_in_sessions([session])
+            )
             kill_sessions([session])
             state = snapshot(database, experiment_id)
             completed_before = len(state.with_status("completed"))
-            kills.append(Kill(phase, at_s, OWN_RAY in log, bool(ACTIVE.search(log)), executing,
-                              state.with_status("running"), state.with_status("pending"),
-                              completed_before, leftovers))
+            kills.append(
+                Kill(
+                    phase,
+                    at_s,
+                    OWN_RAY in log,
+                    bool(ACTIVE.search(log)),
+                    executing,
+                    state.with_status("running"),
+                    state.with_status("pending"),
+                    completed_before,
+                    leftovers,
+                )
+            )
             snapshots.append(state)
             print(f"kill {number}/{len(schedule)}: {kills[-1].describe()}")
             assert completed_before < n_runs, (
-                f"the experiment ended after {number} of {len(schedule)} kills: make it longer")
+                f"the experiment ended after {number} of {len(schedule)} kills: make it longer"
+            )
 
         process = serve("serve-final")
-        wait_until(lambda: ended(process, experiment_id), "the experiment to end", process,
-                   timeout_s=180)
+        wait_until(
+            lambda: ended(process, experiment_id), "the experiment to end", process, timeout_s=180
+        )
         detail = httpx.get(f"{process.url}/experiments/{experiment_id}", timeout=30).json()
         runs = httpx.get(f"{process.url}/experiments/{experiment_id}/runs", timeout=30).json()
         assert process.terminate() in {0, -signal.SIGTERM}, process.log()
@@ -297,18 +353,20 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
     # (pending: no worker reported it); a kill before the take-over leaves the same attempts:
     # counted once
     cut_short = {(cut, "running") for kill in kills for cut in kill.left_running.items()} | {
-        (cut, "pending") for kill in kills for cut in kill.left_pending.items()}
+        (cut, "pending") for kill in kills for cut in kill.left_pending.items()
+    }
     for (run_id, attempt), status in cut_short:
         outcome, error, pid = {a: (o, e, p) for a, o, e, p in final.attempts[run_id]}[attempt]
         assert (outcome, pid is None) == (
-            ("lost", False) if status == "running" else ("interrupted", True)), (
-            run_id, attempt, status)
+            ("lost", False) if status == "running" else ("interrupted", True)
+        ), (run_id, attempt, status)
         assert "dispatcher stopped" in (error or ""), (run_id, attempt, error)
     # a run completed before a kill never runs again: same attempts, end time and points
     rerun = sum(
         (final.runs[run_id], final.attempts[run_id], final.points.get(run_id))
         != (state.runs[run_id], state.attempts[run_id], state.points.get(run_id))
-        for state in snapshots for run_id in state.with_status("completed")
+        for state in snapshots
+        for run_id in state.with_status("completed")
     )
     # each run's points are exactly its trainer's curve: none lost, none twice, same values
     lost = duplicated = wrong = 0
@@ -329,8 +387,11 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
     interrupted = {i for kill in kills for i in kill.executing & kill.left_running.keys()}
     retried = {r["id"] for r in runs if r["id"] in interrupted and r["attempts"] >= 2}
     run_s = statistics.median(
-        (datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"]))
-        .total_seconds() for r in runs)
+        (
+            datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"])
+        ).total_seconds()
+        for r in runs
+    )
     total_s = time.monotonic() - began
     figures = {
         "faults injected (SIGKILL, exit -9)": len(kills),

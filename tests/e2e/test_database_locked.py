@@ -23,9 +23,14 @@ from sqlalchemy.engine import make_url
 from service.client import Client
 from tests.conftest import Service
 
-LONG_RUN = {"name": "locked", "trainer": "collapse",
-            "config": {"n_samples": 64, "steps": 10**7, "stop_gradient": True}, "grid": {},
-            "seeds": 1, "resources": {"seeds_per_task": 1}}
+LONG_RUN = {
+    "name": "locked",
+    "trainer": "collapse",
+    "config": {"n_samples": 64, "steps": 10**7, "stop_gradient": True},
+    "grid": {},
+    "seeds": 1,
+    "resources": {"seeds_per_task": 1},
+}
 LOCK_S = {"sqlite": 40.0, "postgresql": 20.0}
 # The API waits 5 s for a lock; what it may take beyond that on a busy machine.
 ANSWER_WITHIN_S = 15.0
@@ -43,17 +48,20 @@ def database_locked(service: Service, experiment_id: int) -> Iterator[None]:
             connection.execute("ROLLBACK")
             connection.close()
         return
-    dsn = make_url(service.database_url).set(drivername="postgresql").render_as_string(
-        hide_password=False)
+    dsn = (
+        make_url(service.database_url)
+        .set(drivername="postgresql")
+        .render_as_string(hide_password=False)
+    )
     with psycopg.connect(dsn) as connection:
-        connection.execute("SELECT id FROM experiment WHERE id = %s FOR UPDATE",
-                           (experiment_id,))
+        connection.execute("SELECT id FROM experiment WHERE id = %s FOR UPDATE", (experiment_id,))
         yield
         connection.rollback()
 
 
 def test_a_cancel_while_the_database_is_locked_is_a_503_and_never_lost(
-        start_backend_service: Callable[..., Service], backend: str) -> None:
+    start_backend_service: Callable[..., Service], backend: str
+) -> None:
     service = start_backend_service()
     experiment_id = service.submit(LONG_RUN)["id"]
     deadline = time.monotonic() + 60

@@ -102,16 +102,32 @@ def submit_wait_stats(base_url: str) -> tuple[int, list[tuple[str, int, int, flo
 
 
 def test_a_generated_client_type_checks_and_reads_stats(
-        service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     schema = service.client.get("/openapi.json").json()
     (tmp_path / "openapi.json").write_text(json.dumps(schema))
     # No post hooks: the package is checked exactly as the generator's templates write it.
     (tmp_path / "config.yaml").write_text(
-        f"project_name_override: {PACKAGE}\npackage_name_override: {PACKAGE}\npost_hooks: []\n")
+        f"project_name_override: {PACKAGE}\npackage_name_override: {PACKAGE}\npost_hooks: []\n"
+    )
     generated = subprocess.run(
-        [str(VENV_BIN / "openapi-python-client"), "generate", "--path", "openapi.json",
-         "--meta", "none", "--output-path", PACKAGE, "--config", "config.yaml"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        [
+            str(VENV_BIN / "openapi-python-client"),
+            "generate",
+            "--path",
+            "openapi.json",
+            "--meta",
+            "none",
+            "--output-path",
+            PACKAGE,
+            "--config",
+            "config.yaml",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert generated.returncode == 0, generated.stdout + generated.stderr
     # Every operation and every model made it into the client (the generator skips what it
     # cannot parse, with a warning, and still exits 0).
@@ -133,14 +149,28 @@ def test_a_generated_client_type_checks_and_reads_stats(
     # nested JSON: an object is the recursive JsonObject model, a list of lists still typed
     diagnostics = value_type("run_out_diagnostics")
     assert diagnostics == value_type("json_object") == value_type("run_detail_provenance")
-    assert diagnostics.startswith("bool | float | int | JsonObject | list[bool | float | int | "
-                                  "JsonObject | list["), diagnostics
+    assert diagnostics.startswith(
+        "bool | float | int | JsonObject | list[bool | float | int | JsonObject | list["
+    ), diagnostics
 
     (tmp_path / "use_client.py").write_text(USE_CLIENT)
     checked = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
-         str(tmp_path / ".mypy_cache"), PACKAGE, "use_client.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / ".mypy_cache"),
+            PACKAGE,
+            "use_client.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -148,10 +178,16 @@ def test_a_generated_client_type_checks_and_reads_stats(
     experiment_id, runs, final = use_client.submit_wait_stats(service.server.url)
 
     # The values /stats serves, each beside the run and seed the database holds for it.
-    stored = {(key, run_id, seed, metrics["min_l2"]) for run_id, key, seed, metrics in (
-        (row[0], row[1], row[2], json.loads(row[3]) if isinstance(row[3], str) else row[3])
-        for row in service.sql("SELECT id, condition_key, seed, metrics FROM run "
-                               "WHERE experiment_id = :e", e=experiment_id))}
+    stored = {
+        (key, run_id, seed, metrics["min_l2"])
+        for run_id, key, seed, metrics in (
+            (row[0], row[1], row[2], json.loads(row[3]) if isinstance(row[3], str) else row[3])
+            for row in service.sql(
+                "SELECT id, condition_key, seed, metrics FROM run WHERE experiment_id = :e",
+                e=experiment_id,
+            )
+        )
+    }
     assert len(runs) == 4 and set(runs) == stored
     assert final == {run_id: value for _, run_id, _, value in stored}
     served = service.client.get(f"/experiments/{experiment_id}/stats").json()

@@ -25,8 +25,14 @@ ONE_MIB = 1_048_576
 
 
 def spec(**overrides):
-    return {"name": "hardening", "trainer": "collapse", "config": FAST, "grid": {}, "seeds": 1,
-            **overrides}
+    return {
+        "name": "hardening",
+        "trainer": "collapse",
+        "config": FAST,
+        "grid": {},
+        "seeds": 1,
+        **overrides,
+    }
 
 
 class Guarded:
@@ -36,8 +42,9 @@ class Guarded:
         self.service = service
         self.service.client.headers["Authorization"] = f"Bearer {TOKEN}"
         self.anon = httpx.Client(base_url=service.server.url, timeout=60)
-        self.wrong = httpx.Client(base_url=service.server.url, timeout=60,
-                                  headers={"Authorization": f"Bearer {WRONG}"})
+        self.wrong = httpx.Client(
+            base_url=service.server.url, timeout=60, headers={"Authorization": f"Bearer {WRONG}"}
+        )
 
 
 @pytest.fixture
@@ -62,10 +69,13 @@ def table_counts(service: Service) -> tuple[int, int]:
     """Experiments and runs as reads see them: a deleted experiment's rows are removed in the
     background (service.scheduling.purge), whatever request comes next."""
     return tuple(  # type: ignore[return-value]
-        service.sql(query)[0][0] for query in (
+        service.sql(query)[0][0]
+        for query in (
             "SELECT count(*) FROM experiment WHERE NOT deleted",
             "SELECT count(*) FROM run JOIN experiment ON experiment.id = run.experiment_id "
-            "WHERE NOT experiment.deleted"))
+            "WHERE NOT experiment.deleted",
+        )
+    )
 
 
 def assert_refused(response: httpx.Response, error: str | None) -> None:
@@ -86,21 +96,30 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
     guarded.service.wait(to_delete["id"])
     (run,) = guarded.service.runs(done["id"])
     path_values = {"experiment_id": done["id"], "run_id": run["id"], "report_name": "audit"}
-    bodies = {("POST", "/experiments"): spec(name="via-route-walk"),
-              ("POST", "/experiments/{experiment_id}/seeds"): {"seeds": 1}}
-    queries = {("GET", "/planning/seeds"): {"ratio": 4.0},
-               ("GET", "/compare"): {"a": done["id"], "b": slow["id"]}}
-    expected = {("POST", "/experiments"): 201, ("POST", "/experiments/{experiment_id}/cancel"): 202,
-                ("POST", "/experiments/{experiment_id}/seeds"): 201,
-                ("DELETE", "/experiments/{experiment_id}"): 204,
-                # a collapse experiment has no reports (feedback declares the protocol)
-                ("GET", "/experiments/{experiment_id}/protocol"): 404,
-                ("GET", "/experiments/{experiment_id}/reports/protocol"): 404,
-                ("GET", "/experiments/{experiment_id}/reports/{report_name}"): 404}
+    bodies = {
+        ("POST", "/experiments"): spec(name="via-route-walk"),
+        ("POST", "/experiments/{experiment_id}/seeds"): {"seeds": 1},
+    }
+    queries = {
+        ("GET", "/planning/seeds"): {"ratio": 4.0},
+        ("GET", "/compare"): {"a": done["id"], "b": slow["id"]},
+    }
+    expected = {
+        ("POST", "/experiments"): 201,
+        ("POST", "/experiments/{experiment_id}/cancel"): 202,
+        ("POST", "/experiments/{experiment_id}/seeds"): 201,
+        ("DELETE", "/experiments/{experiment_id}"): 204,
+        # a collapse experiment has no reports (feedback declares the protocol)
+        ("GET", "/experiments/{experiment_id}/protocol"): 404,
+        ("GET", "/experiments/{experiment_id}/reports/protocol"): 404,
+        ("GET", "/experiments/{experiment_id}/reports/{report_name}"): 404,
+    }
     # The routes whose answer depends on state: cancel the long experiment, not the ended one;
     # delete an ended one of its own, so that the routes after it still find `done`.
-    overrides = {("POST", "/experiments/{experiment_id}/cancel"): {"experiment_id": slow["id"]},
-                 ("DELETE", "/experiments/{experiment_id}"): {"experiment_id": to_delete["id"]}}
+    overrides = {
+        ("POST", "/experiments/{experiment_id}/cancel"): {"experiment_id": slow["id"]},
+        ("DELETE", "/experiments/{experiment_id}"): {"experiment_id": to_delete["id"]},
+    }
 
     # Every operation the app serves, from the schema FastAPI builds out of its routes (app.routes
     # itself holds opaque wrappers of the included routers since FastAPI 0.16x).
@@ -120,12 +139,14 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
             continue
         before = table_counts(guarded.service)
         assert_refused(guarded.anon.request(method, url, json=body, params=params), None)
-        assert_refused(guarded.wrong.request(method, url, json=body, params=params),
-                       "invalid_token")
+        assert_refused(
+            guarded.wrong.request(method, url, json=body, params=params), "invalid_token"
+        )
         assert table_counts(guarded.service) == before, f"{method} {template} changed the store"
         response = client.request(method, url, json=body, params=params)
         assert response.status_code == expected.get((method, template), 200), (
-            f"{method} {url}: {response.status_code} {response.text[:300]}")
+            f"{method} {url}: {response.status_code} {response.text[:300]}"
+        )
     assert guarded.service.wait(slow["id"])["status"] == "cancelled"
 
 
@@ -133,8 +154,10 @@ def test_malformed_authorization_and_unknown_paths_are_refused(guarded: Guarded)
     for header in ("Basic dXNlcjpwYXNz", "Bearer", TOKEN, f"Token {TOKEN}"):
         response = guarded.anon.get("/experiments", headers={"Authorization": header})
         assert_refused(response, "invalid_request")
-    assert guarded.anon.get("/experiments",
-                            headers={"Authorization": f"bearer {TOKEN}"}).status_code == 200
+    assert (
+        guarded.anon.get("/experiments", headers={"Authorization": f"bearer {TOKEN}"}).status_code
+        == 200
+    )
     # Without the token nothing says which paths exist.
     assert_refused(guarded.anon.get("/no-such-path"), None)
     assert guarded.service.client.get("/no-such-path").status_code == 404
@@ -146,7 +169,10 @@ def test_health_and_docs_are_open_and_the_schema_declares_the_token(guarded: Gua
     assert guarded.anon.get("/docs").status_code == 200
     schema = guarded.anon.get("/openapi.json").json()
     assert schema["components"]["securitySchemes"]["bearerAuth"] == {
-        "type": "http", "scheme": "bearer", "description": "the token in SEEDGRID_API_TOKEN"}
+        "type": "http",
+        "scheme": "bearer",
+        "description": "the token in SEEDGRID_API_TOKEN",
+    }
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             if (method, path) == ("get", "/healthz"):
@@ -182,9 +208,20 @@ def test_cli_sends_the_token_from_the_environment(guarded: Guarded) -> None:
         if token is not None:
             env["SEEDGRID_API_TOKEN"] = token
         return subprocess.run(
-            [sys.executable, "-m", "service.cli", "status", str(created["id"]),
-             "--url", guarded.service.server.url],
-            capture_output=True, text=True, timeout=120, env=env)
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "status",
+                str(created["id"]),
+                "--url",
+                guarded.service.server.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
 
     ok = status(TOKEN)
     assert ok.returncode == 0 and "cli-visible" in ok.stdout, ok.stderr
@@ -197,24 +234,28 @@ def test_request_bodies_over_the_limit_get_413_and_store_nothing(guarded: Guarde
     client = guarded.service.client
     payload = httpx.Request("POST", "/experiments", json=spec(name="padded")).content
     at_limit = payload + b" " * (ONE_MIB - len(payload))
-    response = client.post("/experiments", content=at_limit,
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/experiments", content=at_limit, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 201, response.text
     before = table_counts(guarded.service)
 
-    response = client.post("/experiments", content=at_limit + b" ",
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/experiments", content=at_limit + b" ", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
     assert response.json()["detail"] == (
-        f"request body larger than {ONE_MIB} bytes (SEEDGRID_MAX_REQUEST_BODY_BYTES)")
+        f"request body larger than {ONE_MIB} bytes (SEEDGRID_MAX_REQUEST_BODY_BYTES)"
+    )
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the server must count what arrives
         yield payload
         for _ in range(64):
             yield b" " * 65_536
 
-    response = client.post("/experiments", content=chunks(),
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/experiments", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert "content-length" not in response.request.headers
     assert response.request.headers["transfer-encoding"] == "chunked"
     assert response.status_code == 413 and "SEEDGRID_MAX_REQUEST_BODY_BYTES" in response.text
@@ -228,8 +269,11 @@ def test_request_bodies_over_the_limit_get_413_and_store_nothing(guarded: Guarde
 def test_the_body_limit_is_a_setting(start_service: Callable[..., Service]) -> None:
     service = start_service(max_request_body_bytes=4096)
     assert service.client.post("/experiments", json=spec(name="x" * 100)).status_code == 201
-    response = service.client.post("/experiments", content=b"[" + b" " * 4096 + b"]",
-                                   headers={"content-type": "application/json"})
+    response = service.client.post(
+        "/experiments",
+        content=b"[" + b" " * 4096 + b"]",
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 413 and "4096 bytes" in response.json()["detail"]
 
 
@@ -244,16 +288,27 @@ HOSTILE = [
     ("name too long", spec(name="n" * 201), ["body", "name"]),
     ("trainer too long", spec(trainer="t" * 65), ["body", "trainer"]),
     ("metric too long", spec(metric="m" * (MAX_KEY_LENGTH + 1)), ["body", "metric"]),
-    ("too many axes", spec(grid={f"axis{i}": [0] for i in range(MAX_GRID_AXES + 1)}),
-     ["body", "grid"]),
-    ("too many levels", spec(grid={"r": [i / 1e4 for i in range(MAX_GRID_LEVELS + 1)]}),
-     ["body", "grid", "r"]),
+    (
+        "too many axes",
+        spec(grid={f"axis{i}": [0] for i in range(MAX_GRID_AXES + 1)}),
+        ["body", "grid"],
+    ),
+    (
+        "too many levels",
+        spec(grid={"r": [i / 1e4 for i in range(MAX_GRID_LEVELS + 1)]}),
+        ["body", "grid", "r"],
+    ),
     ("axis name too long", spec(grid={"k" * (MAX_KEY_LENGTH + 1): [1]}), ["body", "grid"]),
-    ("string level too long", spec(grid={"loss": ["mse", "c" * (MAX_LEVEL_LENGTH + 1)]}),
-     ["body", "grid", "loss", 1]),
-    ("grid product over max runs",
-     spec(grid={"r": [i / 1e3 for i in range(1000)], "dim": list(range(1, 12))}),
-     ["body", "grid"]),
+    (
+        "string level too long",
+        spec(grid={"loss": ["mse", "c" * (MAX_LEVEL_LENGTH + 1)]}),
+        ["body", "grid", "loss", 1],
+    ),
+    (
+        "grid product over max runs",
+        spec(grid={"r": [i / 1e3 for i in range(1000)], "dim": list(range(1, 12))}),
+        ["body", "grid"],
+    ),
     ("seed count absurd", spec(seeds=10**12), ["body", "seeds"]),
     ("seed too large to store", spec(seeds=[0, 2**31]), ["body", "seeds"]),
     ("seed past 64 bits", spec(seeds=[2**70]), ["body", "seeds"]),
@@ -262,10 +317,16 @@ HOSTILE = [
     ("NUL in the name", spec(name="a\x00b"), ["body", "name"]),
     ("lone surrogate in the name", spec(name="\ud800"), ["body", "name"]),
     ("NUL in a grid level", spec(grid={"loss": ["mse", "a\x00"]}), ["body", "grid", "loss", 1]),
-    ("Infinity in the config", spec(config={**FAST, "input_noise": float("inf")}),
-     ["body", "config"]),
-    ("NaN in a grid level", spec(grid={"input_noise": [float("nan")]}),
-     ["body", "grid", "input_noise", 0]),
+    (
+        "Infinity in the config",
+        spec(config={**FAST, "input_noise": float("inf")}),
+        ["body", "config"],
+    ),
+    (
+        "NaN in a grid level",
+        spec(grid={"input_noise": [float("nan")]}),
+        ["body", "grid", "input_noise", 0],
+    ),
     # Echoed back in the error, these once broke the 422 itself into a 500.
     ("Infinity where a string belongs", spec(name=float("inf")), ["body", "name"]),
     ("lone surrogates where a short string belongs", spec(name="\ud800" * 300), ["body", "name"]),
@@ -277,8 +338,9 @@ HOSTILE = [
 def test_hostile_specs_get_422_naming_the_field_and_store_nothing(guarded: Guarded) -> None:
     for label, body, loc in HOSTILE:
         # json.dumps as Python writes it: Infinity, NaN and lone surrogates (escaped) pass.
-        response = guarded.service.client.post("/experiments", content=json.dumps(body),
-                                               headers={"content-type": "application/json"})
+        response = guarded.service.client.post(
+            "/experiments", content=json.dumps(body), headers={"content-type": "application/json"}
+        )
         assert response.status_code == 422, (label, response.status_code, response.text[:300])
         locs = [e["loc"] for e in response.json()["detail"]]
         assert any(list(found[: len(loc)]) == loc for found in locs), (label, locs)
@@ -309,8 +371,11 @@ def test_ids_offsets_and_steps_past_the_database_range_get_422(guarded: Guarded)
         response = client.get(url)
         assert response.status_code == 422, (url, response.status_code, response.text[:300])
         assert [e["loc"] for e in response.json()["detail"]] == [loc], url
-    for url in (f"/experiments/{past_ids - 1}", f"/runs/{past_ids - 1}",
-                f"/experiments/{past_ids - 1}/runs?offset={huge - 1}"):
+    for url in (
+        f"/experiments/{past_ids - 1}",
+        f"/runs/{past_ids - 1}",
+        f"/experiments/{past_ids - 1}/runs?offset={huge - 1}",
+    ):
         assert client.get(url).status_code == 404, url
     assert client.get(f"/experiments?offset={huge - 1}").json() == []
 
@@ -319,8 +384,9 @@ def test_ids_offsets_and_steps_past_the_database_range_get_422(guarded: Guarded)
 # safe defaults at start-up, and text made storable
 
 
-@pytest.mark.parametrize("token", ["change-me-too", "CHANGE-ME", "secret", "short-token-15c",
-                                   "your-token-here"])
+@pytest.mark.parametrize(
+    "token", ["change-me-too", "CHANGE-ME", "secret", "short-token-15c", "your-token-here"]
+)
 def test_placeholder_and_short_tokens_are_refused_at_start(token: str) -> None:
     with pytest.raises(ValueError, match="at least 16 characters, not a placeholder"):
         Settings(api_token=token)
@@ -328,8 +394,13 @@ def test_placeholder_and_short_tokens_are_refused_at_start(token: str) -> None:
 
 def seedgrid_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_")}
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
-                          text=True, timeout=120, env=clean | env)
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean | env,
+    )
 
 
 def test_serve_refuses_an_open_non_loopback_address_without_a_token() -> None:
@@ -339,15 +410,18 @@ def test_serve_refuses_an_open_non_loopback_address_without_a_token() -> None:
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "SEEDGRID_HOST=0.0.0.0 is reachable from other machines" in refused.stderr
     assert "--insecure" in refused.stderr
-    for args, env in ((["serve", "--insecure"], {"SEEDGRID_HOST": "0.0.0.0"}),
-                      (["serve"], {"SEEDGRID_HOST": "0.0.0.0", "SEEDGRID_API_TOKEN": TOKEN}),
-                      (["serve"], {"SEEDGRID_HOST": "127.0.0.1"}),
-                      (["serve"], {"SEEDGRID_HOST": "::1"})):
+    for args, env in (
+        (["serve", "--insecure"], {"SEEDGRID_HOST": "0.0.0.0"}),
+        (["serve"], {"SEEDGRID_HOST": "0.0.0.0", "SEEDGRID_API_TOKEN": TOKEN}),
+        (["serve"], {"SEEDGRID_HOST": "127.0.0.1"}),
+        (["serve"], {"SEEDGRID_HOST": "::1"}),
+    ):
         passed = seedgrid_cli(*args, **env, SEEDGRID_DATABASE_URL=unreachable)
         assert passed.returncode == 2, passed.stderr
         assert "cannot connect to the database" in passed.stderr, (args, env, passed.stderr)
-    placeholder = seedgrid_cli("serve", SEEDGRID_API_TOKEN="change-me-too",
-                               SEEDGRID_DATABASE_URL=unreachable)
+    placeholder = seedgrid_cli(
+        "serve", SEEDGRID_API_TOKEN="change-me-too", SEEDGRID_DATABASE_URL=unreachable
+    )
     assert placeholder.returncode == 2 and "SEEDGRID_API_TOKEN" in placeholder.stderr
     assert "placeholder" in placeholder.stderr and "Traceback" not in placeholder.stderr
 
@@ -363,4 +437,6 @@ def test_text_is_made_storable_and_the_rule_names_what_is_wrong() -> None:
     assert text_problem("fine") is None
     assert text_problem("a" * 1001) == "is 1001 characters long, more than 1000"
     assert json_problems({"a": [{"b": "\x00"}], "c": float("nan")}, "config") == [
-        "config.a[0].b contains NUL (U+0000)", "config.c is nan: numbers must be finite"]
+        "config.a[0].b contains NUL (U+0000)",
+        "config.c is nan: numbers must be finite",
+    ]

@@ -49,8 +49,14 @@ class Api:
         self.client = httpx.Client(base_url=server.url, timeout=60)
 
     def submit(self, **overrides: Any) -> int:
-        spec = {"name": "bounds", "trainer": "collapse", "config": FAST, "grid": {}, "seeds": 1,
-                **overrides}
+        spec = {
+            "name": "bounds",
+            "trainer": "collapse",
+            "config": FAST,
+            "grid": {},
+            "seeds": 1,
+            **overrides,
+        }
         response = self.client.post("/experiments", json=spec)
         assert response.status_code == 201, response.text
         return int(response.json()["id"])
@@ -65,8 +71,7 @@ def start_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
 
     def start(**overrides: Any) -> Api:
         db_path = tmp_path / f"api-{len(started)}.db"
-        settings = Settings(database_url=f"sqlite:///{db_path}", preflight_timeout_s=0,
-                            **overrides)
+        settings = Settings(database_url=f"sqlite:///{db_path}", preflight_timeout_s=0, **overrides)
         api = Api(BackgroundServer(settings, dispatch=False).start(), db_path)
         started.append(api)
         return api
@@ -85,22 +90,36 @@ def store_completed(api: Api, levels: int, seeds: int, rng_seed: int) -> int:
     n_runs = levels * seeds
     engine = make_engine(f"sqlite:///{api.db_path}")
     with Session(engine) as session:
-        experiment = Experiment(name="stored", trainer="collapse", metric="min_l2",
-                                spec={"name": "stored", "trainer": "collapse", "grid": grid},
-                                n_conditions=levels,
-                                n_runs=n_runs, runs_completed=n_runs,
-                                status=ExperimentStatus.completed)
+        experiment = Experiment(
+            name="stored",
+            trainer="collapse",
+            metric="min_l2",
+            spec={"name": "stored", "trainer": "collapse", "grid": grid},
+            n_conditions=levels,
+            n_runs=n_runs,
+            runs_completed=n_runs,
+            status=ExperimentStatus.completed,
+        )
         session.add(experiment)
         session.commit()
         experiment_id = experiment.id
         for r in grid["r"]:
             condition = {"r": r}
             for seed in range(seeds):
-                session.add(Run(
-                    experiment_id=experiment_id, condition=condition,
-                    condition_key=condition_key(condition), seed=seed, trainer="collapse",
-                    status=RunStatus.completed, warnings=[], provenance={}, diagnostics={},
-                    metrics={"min_l2": float(rng.lognormal()), "loss": float(rng.normal())}))
+                session.add(
+                    Run(
+                        experiment_id=experiment_id,
+                        condition=condition,
+                        condition_key=condition_key(condition),
+                        seed=seed,
+                        trainer="collapse",
+                        status=RunStatus.completed,
+                        warnings=[],
+                        provenance={},
+                        diagnostics={},
+                        metrics={"min_l2": float(rng.lognormal()), "loss": float(rng.normal())},
+                    )
+                )
         session.commit()
     engine.dispose()
     assert experiment_id is not None
@@ -111,16 +130,26 @@ def store_completed(api: Api, levels: int, seeds: int, rng_seed: int) -> int:
 
 
 def test_a_config_of_90k_unknown_keys_gets_a_small_422_in_well_under_a_second(
-        start_api: Callable[..., Api]) -> None:
+    start_api: Callable[..., Api],
+) -> None:
     api = start_api()
     config = {f"k{i}": 0 for i in range(90_000)}
-    body = json.dumps({"name": "keys", "trainer": "collapse", "config": config,
-                       "grid": {"r": [0.0, 0.5]}, "seeds": 1}, separators=(",", ":"))
+    body = json.dumps(
+        {
+            "name": "keys",
+            "trainer": "collapse",
+            "config": config,
+            "grid": {"r": [0.0, 0.5]},
+            "seeds": 1,
+        },
+        separators=(",", ":"),
+    )
     assert 0.9e6 < len(body) < 1_000_000  # the probe's 0.99 MB, under the 1 MiB body bound
     api.client.get("/healthz")  # the connection and the first request's set-up, not counted
     cpu = time.process_time()  # this process's, the API's thread included
-    response = api.client.post("/experiments", content=body,
-                               headers={"content-type": "application/json"})
+    response = api.client.post(
+        "/experiments", content=body, headers={"content-type": "application/json"}
+    )
     cpu = time.process_time() - cpu
     assert response.status_code == 422
     assert len(response.content) < 20_000, len(response.content)  # was 25.7 MB
@@ -135,18 +164,19 @@ def test_a_config_of_90k_unknown_keys_gets_a_small_422_in_well_under_a_second(
 
 
 def test_pydantic_errors_are_capped_and_their_echoed_input_cut(
-        start_api: Callable[..., Api]) -> None:
+    start_api: Callable[..., Api],
+) -> None:
     api = start_api()
-    many = api.client.post("/experiments", json={"name": "x", "trainer": "collapse",
-                                                 "seeds": ["x"] * 20_000})
+    many = api.client.post(
+        "/experiments", json={"name": "x", "trainer": "collapse", "seeds": ["x"] * 20_000}
+    )
     assert many.status_code == 422
     assert len(many.content) < 20_000, len(many.content)
     detail = many.json()["detail"]
     assert len(detail) == 21 and detail[-1]["type"] == "too_many_errors"
     assert all(len(json.dumps(e.get("input"))) < 300 for e in detail)
     assert any(e["loc"][:2] == ["body", "seeds"] for e in detail[:20])
-    long_name = api.client.post("/experiments", json={"name": "a" * 900_000,
-                                                      "trainer": "collapse"})
+    long_name = api.client.post("/experiments", json={"name": "a" * 900_000, "trainer": "collapse"})
     assert long_name.status_code == 422
     assert len(long_name.content) < 2_000, len(long_name.content)
     (error,) = long_name.json()["detail"]
@@ -157,7 +187,8 @@ def test_pydantic_errors_are_capped_and_their_echoed_input_cut(
 
 
 def test_past_the_heavy_read_limit_a_cold_page_is_refused_at_once_and_stored_ones_are_served(
-        start_api: Callable[..., Api]) -> None:
+    start_api: Callable[..., Api],
+) -> None:
     api = start_api(max_heavy_reads=1)
     heavy = api.server.app.state.heavy_reads
     # 120 comparisons: more than a page computed without a slot (stats_store.LIGHT_COMPARISONS)
@@ -185,10 +216,11 @@ def test_past_the_heavy_read_limit_a_cold_page_is_refused_at_once_and_stored_one
         while heavy.in_use == 0:
             assert time.monotonic() < deadline and holder.is_alive(), cold
             time.sleep(0.01)
-        refused = [api.client.get(url, params={"metric": "loss", "factor": "r", "limit": 5,
-                                               "offset": 5}),
-                   api.client.get(f"/experiments/{experiment_id}/export"),
-                   api.client.get("/compare", params={"a": experiment_id, "b": other_id})]
+        refused = [
+            api.client.get(url, params={"metric": "loss", "factor": "r", "limit": 5, "offset": 5}),
+            api.client.get(f"/experiments/{experiment_id}/export"),
+            api.client.get("/compare", params={"a": experiment_id, "b": other_id}),
+        ]
         started = time.monotonic()
         stored = api.client.get(url, params=stored_page)
         health = api.client.get("/healthz")
@@ -211,8 +243,12 @@ def test_past_the_heavy_read_limit_a_cold_page_is_refused_at_once_and_stored_one
     # The slots are free again: the refused reads now go through.
     export = api.client.get(f"/experiments/{experiment_id}/export")
     assert export.status_code == 200 and export.text.count("\n") == 16 * 4 + 1
-    assert api.client.get(url, params={"metric": "loss", "factor": "r", "limit": 5,
-                                       "offset": 5}).status_code == 200
+    assert (
+        api.client.get(
+            url, params={"metric": "loss", "factor": "r", "limit": 5, "offset": 5}
+        ).status_code
+        == 200
+    )
     assert heavy.in_use == 0
 
 
@@ -224,15 +260,25 @@ def test_without_a_token_other_sites_pages_are_refused(start_api: Callable[..., 
     experiment_id = api.submit()
     port = api.server.port
     # A cross-site form POST, as a page of evil.example makes a visitor's browser send it.
-    form = api.client.post(f"/experiments/{experiment_id}/cancel", content="x=1", headers={
-        "Origin": EVIL, "Content-Type": "application/x-www-form-urlencoded",
-        "Sec-Fetch-Site": "cross-site"})
+    form = api.client.post(
+        f"/experiments/{experiment_id}/cancel",
+        content="x=1",
+        headers={
+            "Origin": EVIL,
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Sec-Fetch-Site": "cross-site",
+        },
+    )
     assert form.status_code == 403, form.text
     detail = form.json()["detail"]
     assert "\n" not in detail and "evil.example" in detail and "SEEDGRID_API_TOKEN" in detail
     assert api.status(experiment_id) == "queued"  # nothing cancelled
-    for headers in ({"Origin": "null"}, {"Origin": f"http://127.0.0.1:{port + 1}"},
-                    {"Origin": f"http://localhost:{port}"}, {"Sec-Fetch-Site": "cross-site"}):
+    for headers in (
+        {"Origin": "null"},
+        {"Origin": f"http://127.0.0.1:{port + 1}"},
+        {"Origin": f"http://localhost:{port}"},
+        {"Sec-Fetch-Site": "cross-site"},
+    ):
         refused = api.client.post(f"/experiments/{experiment_id}/cancel", headers=headers)
         assert refused.status_code == 403, (headers, refused.text)
     assert api.client.get("/experiments", headers={"Origin": EVIL}).status_code == 403
@@ -242,8 +288,10 @@ def test_without_a_token_other_sites_pages_are_refused(start_api: Callable[..., 
     assert api.status(experiment_id) == "queued"
 
     # The service's own pages, loopback names, and clients that send no Origin are served.
-    own = api.client.post(f"/experiments/{experiment_id}/cancel",
-                          headers={"Origin": api.url, "Sec-Fetch-Site": "same-origin"})
+    own = api.client.post(
+        f"/experiments/{experiment_id}/cancel",
+        headers={"Origin": api.url, "Sec-Fetch-Site": "same-origin"},
+    )
     assert own.status_code == 202, own.text
     assert api.status(experiment_id) == "cancelled"
     for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
@@ -264,10 +312,15 @@ def test_security_headers_and_head_healthz(start_api: Callable[..., Api]) -> Non
     anon = api.client
     head = anon.head("/healthz")
     assert head.status_code == 200 and head.content == b""  # was 401 with a token set
-    answers = [anon.get("/healthz"), anon.get("/ui"), anon.get("/ui/app.js"),
-               anon.get("/experiments"), anon.get("/nothing-here"),
-               anon.post("/experiments", json={}, headers={"Authorization": f"Bearer {TOKEN}"}),
-               head]
+    answers = [
+        anon.get("/healthz"),
+        anon.get("/ui"),
+        anon.get("/ui/app.js"),
+        anon.get("/experiments"),
+        anon.get("/nothing-here"),
+        anon.post("/experiments", json={}, headers={"Authorization": f"Bearer {TOKEN}"}),
+        head,
+    ]
     assert [r.status_code for r in answers] == [200, 200, 200, 401, 401, 422, 200]
     for response in answers:
         assert response.headers["x-content-type-options"] == "nosniff", response.request.url

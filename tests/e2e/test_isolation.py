@@ -42,24 +42,37 @@ def collapse(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 def counts(service: Service) -> tuple[int, int]:
-    return (service.sql("SELECT count(*) FROM experiment")[0][0],
-            service.sql("SELECT count(*) FROM run")[0][0])
+    return (
+        service.sql("SELECT count(*) FROM experiment")[0][0],
+        service.sql("SELECT count(*) FROM run")[0][0],
+    )
 
 
-@pytest.mark.parametrize(("overrides", "loc"), [
-    ({"adaptive": {"comparison": {"factor": "stop_gradient", "a": False, "b": True},
-                   "alpha": 5e-324}, "grid": {"stop_gradient": [False, True]}},
-     ["body", "adaptive", "alpha"]),
-    ({"resources": {"num_cpus": 0.00001}}, ["body", "resources", "num_cpus"]),
-    ({"resources": {"num_gpus": 0.00005}}, ["body", "resources", "num_gpus"]),
-    # no value is coerced: these were 1 seed, 2 seeds and 1 CPU
-    ({"seeds": True}, ["body", "seeds", "int"]),
-    ({"seeds": 2.0}, ["body", "seeds", "int"]),
-    ({"resources": {"num_cpus": "1"}}, ["body", "resources", "num_cpus"]),
-    ({"max_retries": "2"}, ["body", "max_retries"]),
-])
+@pytest.mark.parametrize(
+    ("overrides", "loc"),
+    [
+        (
+            {
+                "adaptive": {
+                    "comparison": {"factor": "stop_gradient", "a": False, "b": True},
+                    "alpha": 5e-324,
+                },
+                "grid": {"stop_gradient": [False, True]},
+            },
+            ["body", "adaptive", "alpha"],
+        ),
+        ({"resources": {"num_cpus": 0.00001}}, ["body", "resources", "num_cpus"]),
+        ({"resources": {"num_gpus": 0.00005}}, ["body", "resources", "num_gpus"]),
+        # no value is coerced: these were 1 seed, 2 seeds and 1 CPU
+        ({"seeds": True}, ["body", "seeds", "int"]),
+        ({"seeds": 2.0}, ["body", "seeds", "int"]),
+        ({"resources": {"num_cpus": "1"}}, ["body", "resources", "num_cpus"]),
+        ({"max_retries": "2"}, ["body", "max_retries"]),
+    ],
+)
 def test_what_ray_or_the_spec_would_refuse_is_a_422_naming_the_field(
-        backend_service: Service, overrides: dict[str, Any], loc: list[str]) -> None:
+    backend_service: Service, overrides: dict[str, Any], loc: list[str]
+) -> None:
     before = counts(backend_service)
     response = backend_service.client.post("/experiments", json=collapse("refused", **overrides))
     assert response.status_code == 422, response.text
@@ -70,15 +83,19 @@ def test_what_ray_or_the_spec_would_refuse_is_a_422_naming_the_field(
 def test_add_seeds_refuses_a_number_in_a_string(backend_service: Service) -> None:
     created = backend_service.submit(collapse("seeds"))
     backend_service.wait(created["id"])
-    response = backend_service.client.post(f"/experiments/{created['id']}/seeds",
-                                           json={"seeds": "3"})
+    response = backend_service.client.post(
+        f"/experiments/{created['id']}/seeds", json={"seeds": "3"}
+    )
     assert response.status_code == 422, response.text
     assert backend_service.runs(created["id"]).__len__() == 2
 
 
 def test_a_task_ray_refuses_fails_its_own_runs_and_strands_no_other(
-        backend: str, start_backend_service: Callable[..., Service], tmp_path: Path,
-        request: pytest.FixtureRequest) -> None:
+    backend: str,
+    start_backend_service: Callable[..., Service],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     """Runs stored with num_cpus 1e-5 (as an older version accepted them, written here behind
     the API's back) are claimed in one pass with another experiment's runs: Ray refuses their
     task, they fail with the reason, and the other experiment's runs, claimed after them in
@@ -97,25 +114,33 @@ def test_a_task_ray_refuses_fails_its_own_runs_and_strands_no_other(
         one_per_task = {"resources": {"seeds_per_task": 1}}
         poisoned = service.submit(collapse("poisoned", **one_per_task))
         innocent = service.submit(collapse("innocent", **one_per_task))
-        service.sql("UPDATE run SET num_cpus = 0.00001 WHERE experiment_id = :id",
-                    id=poisoned["id"])
+        service.sql(
+            "UPDATE run SET num_cpus = 0.00001 WHERE experiment_id = :id", id=poisoned["id"]
+        )
     finally:
         holder.close()
     assert service.wait(innocent["id"], timeout_s=60)["status"] == "completed"
     detail = service.wait(poisoned["id"], timeout_s=30)
     assert detail["status"] == "failed" and detail["counts"]["failed"] == 2, detail
     for run in service.runs(poisoned["id"]):
-        assert run["error"].startswith("its task could not be submitted to Ray: ValueError: "
-                                       "The precision of the fractional quantity of resource "
-                                       "num_cpus"), run
-    assert service.sql("SELECT count(*) FROM run WHERE status IN ('queued', 'pending', "
-                       "'running')")[0][0] == 0
+        assert run["error"].startswith(
+            "its task could not be submitted to Ray: ValueError: "
+            "The precision of the fractional quantity of resource "
+            "num_cpus"
+        ), run
+    assert (
+        service.sql("SELECT count(*) FROM run WHERE status IN ('queued', 'pending', 'running')")[0][
+            0
+        ]
+        == 0
+    )
     health = service.client.get("/healthz").json()
     assert health["status"] == "ok" and health["dispatcher_step_errors"] == 0, health
 
 
 def test_a_failing_dispatcher_pass_is_reported_by_healthz_and_metrics(
-        backend_service: Service) -> None:
+    backend_service: Service,
+) -> None:
     """While every pass fails (its runs table renamed away behind its back), /healthz says
     degraded with the error and /metrics counts the failed passes; once the table is back the
     next pass succeeds, /healthz is ok again and an experiment runs."""
@@ -123,8 +148,10 @@ def test_a_failing_dispatcher_pass_is_reported_by_healthz_and_metrics(
     assert service.client.get("/healthz").json()["dispatcher_step_errors"] == 0
     service.sql("ALTER TABLE run RENAME TO run_away")
     try:
-        health = wait_for(lambda: (h := service.client.get("/healthz").json())
-                          ["status"] == "degraded" and h, timeout_s=30)
+        health = wait_for(
+            lambda: (h := service.client.get("/healthz").json())["status"] == "degraded" and h,
+            timeout_s=30,
+        )
     finally:
         service.sql("ALTER TABLE run_away RENAME TO run")
     assert health["dispatcher"] == "active" and health["database"] == "ok"
@@ -152,13 +179,19 @@ def running_attempt(service: Service, run_id: int, attempt: int) -> int | None:
 
 def toy_task(name: str, steps: int, **overrides: Any) -> dict[str, Any]:
     """Four toy seeds in one task, one after another (the toy does not batch)."""
-    return {"name": name, "trainer": "toy", "seeds": 4,
-            "config": {"steps": steps, "log_every": 10_000, "lr": 0.01},
-            "resources": {"seeds_per_task": 4}, **overrides}
+    return {
+        "name": name,
+        "trainer": "toy",
+        "seeds": 4,
+        "config": {"steps": steps, "log_every": 10_000, "lr": 0.01},
+        "resources": {"seeds_per_task": 4},
+        **overrides,
+    }
 
 
 def test_a_worker_killed_twice_during_seed_0_leaves_the_other_seeds_uncharged(
-        service: Service, toy: ToyTrainer) -> None:
+    service: Service, toy: ToyTrainer
+) -> None:
     """max_retries 1: seed 0 fails, lost on both of its charged attempts; seeds 1-3 waited in
     the task, so their lost attempts are not charged and they complete."""
     # a few seconds per seed: each kill lands while seed 0 trains
@@ -179,17 +212,24 @@ def test_a_worker_killed_twice_during_seed_0_leaves_the_other_seeds_uncharged(
         history = final["attempt_history"]
         # every attempt before the last was lost unstarted: interrupted, no worker pid
         assert [a["outcome"] for a in history] == ["interrupted"] * (len(history) - 1) + [
-            "completed"], history
+            "completed"
+        ], history
         assert all(a["worker_pid"] is None for a in history[:-1])
         assert final["started_at"] is not None
 
 
 def test_a_cancelled_sequential_task_starts_no_further_seed(
-        service: Service, toy: ToyTrainer) -> None:
+    service: Service, toy: ToyTrainer
+) -> None:
     """Each seed stalls 3 s at its first step: a task that started its remaining three seeds
     after the cancel would take 9 s more to end; it ends at once."""
-    created = service.submit(toy_task("cancel-sequential", 10**9, config={
-        "steps": 10**9, "log_every": 10**6, "stall_at_step": 0, "stall_s": 3.0}))
+    created = service.submit(
+        toy_task(
+            "cancel-sequential",
+            10**9,
+            config={"steps": 10**9, "log_every": 10**6, "stall_at_step": 0, "stall_s": 3.0},
+        )
+    )
     runs = sorted(service.runs(created["id"]), key=lambda r: r["seed"])
     wait_for(lambda: running_attempt(service, runs[0]["id"], 1), timeout_s=60)
     time.sleep(3.5)  # past seed 0's stall: it checks for a cancel at every step now
@@ -205,15 +245,21 @@ def test_a_cancelled_sequential_task_starts_no_further_seed(
 
 
 def test_a_trainer_that_ignores_its_cancel_ends_its_worker(
-        service: Service, toy: ToyTrainer) -> None:
+    service: Service, toy: ToyTrainer
+) -> None:
     """A step that sleeps through the cancel: past the worker's grace (10 s) the worker
     process ends, the run ends cancelled (not lost and retried), and the next run gets a
     fresh worker."""
     from workers.task import CANCEL_GRACE_S
 
-    created = service.submit({"name": "stall", "trainer": "toy", "seeds": 1,
-                              "config": {"steps": 10**9, "log_every": 10**6, "stall_at_step": 100,
-                                         "stall_s": 300.0}})
+    created = service.submit(
+        {
+            "name": "stall",
+            "trainer": "toy",
+            "seeds": 1,
+            "config": {"steps": 10**9, "log_every": 10**6, "stall_at_step": 100, "stall_s": 300.0},
+        }
+    )
     (run,) = service.runs(created["id"])
     pid = wait_for(lambda: running_attempt(service, run["id"], 1), timeout_s=60)
     time.sleep(0.5)  # into the stall
@@ -238,14 +284,17 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_first_claim_of_a_fresh_dispatcher_keeps_a_task_whole(
-        start_service: Callable[..., Service], tmp_path: Any) -> None:
+    start_service: Callable[..., Service], tmp_path: Any
+) -> None:
     """Two task slots and 8 seeds per task: the first claim of a dispatcher that just started
     (as after a restart) runs the 8 seeds in one task, not in tasks of 2."""
     service = start_service(max_in_flight=2)
     created = service.submit(collapse("whole", seeds=8, resources={"seeds_per_task": 8}))
     assert service.wait(created["id"])["status"] == "completed"
-    tasks = {tuple(run_detail(service, r["id"])["provenance"]["task_seeds"])
-             for r in service.runs(created["id"])}
+    tasks = {
+        tuple(run_detail(service, r["id"])["provenance"]["task_seeds"])
+        for r in service.runs(created["id"])
+    }
     assert tasks == {tuple(range(8))}
 
 

@@ -27,17 +27,20 @@ def scrape(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     response = service.client.get("/metrics")
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain")
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(response.text)
-            for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
 
 
 def database_counts(service: Service) -> dict[str, int]:
     """Runs per status counted over the run rows themselves (the endpoint sums the experiments'
     counters instead)."""
     counts = {status.value: 0 for status in RunStatus}
-    counts.update({status: n for status, n in
-                   service.sql("SELECT status, count(*) FROM run GROUP BY status")})
+    counts.update(
+        {status: n for status, n in service.sql("SELECT status, count(*) FROM run GROUP BY status")}
+    )
     return counts
 
 
@@ -46,8 +49,15 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
     assert before[("seedgrid_queue_depth", ())] == 0
     assert before[("seedgrid_worker_losses_total", ())] == 0
 
-    done = service.submit({"name": "metrics", "trainer": "collapse", "config": FAST,
-                           "grid": {"stop_gradient": [False, True]}, "seeds": 2})
+    done = service.submit(
+        {
+            "name": "metrics",
+            "trainer": "collapse",
+            "config": FAST,
+            "grid": {"stop_gradient": [False, True]},
+            "seeds": 2,
+        }
+    )
     assert service.wait(done["id"])["status"] == "completed"
     samples = scrape(service)
     for status, n in database_counts(service).items():
@@ -64,8 +74,15 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
     assert samples[("seedgrid_worker_losses_total", ())] == 0
 
     # Queued and cancelled runs are counted too: an experiment too long to finish, cancelled.
-    slow = service.submit({"name": "metrics-slow", "trainer": "collapse",
-                           "config": {**FAST, "steps": 10**7}, "grid": {}, "seeds": 3})
+    slow = service.submit(
+        {
+            "name": "metrics-slow",
+            "trainer": "collapse",
+            "config": {**FAST, "steps": 10**7},
+            "grid": {},
+            "seeds": 3,
+        }
+    )
     assert service.client.post(f"/experiments/{slow['id']}/cancel").status_code == 202
     assert service.wait(slow["id"])["status"] == "cancelled"
     samples = scrape(service)
@@ -75,7 +92,6 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
         assert samples[("seedgrid_runs", (("status", status),))] == n, status
     assert samples[("seedgrid_queue_depth", ())] == counts["queued"] == 0
 
-
     # An API without a dispatcher (--no-dispatch) on the same database: the database's counts,
     # and none of the dispatcher's metrics, which live in the dispatcher's process.
     with BackgroundServer(Settings(database_url=service.database_url), dispatch=False) as api:
@@ -83,14 +99,18 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
     assert response.status_code == 200
     names = {s.name for f in text_string_to_metric_families(response.text) for s in f.samples}
     assert names == {"seedgrid_runs", "seedgrid_queue_depth"}
-    api_only = {tuple(s.labels.values()): s.value
-                for f in text_string_to_metric_families(response.text) for s in f.samples
-                if s.name == "seedgrid_runs"}
+    api_only = {
+        tuple(s.labels.values()): s.value
+        for f in text_string_to_metric_families(response.text)
+        for s in f.samples
+        if s.name == "seedgrid_runs"
+    }
     assert api_only == {(status,): n for status, n in counts.items()}
 
 
 def test_metrics_need_the_token_when_one_is_set(
-        start_backend_service: Callable[..., Service]) -> None:
+    start_backend_service: Callable[..., Service],
+) -> None:
     guarded = start_backend_service(api_token="metrics-token-0123456789abcdef")
     assert guarded.client.get("/metrics").status_code == 401
     guarded.client.headers["Authorization"] = "Bearer metrics-token-0123456789abcdef"

@@ -25,10 +25,12 @@ def _restart_postgresql() -> float:
     """Restart the local cluster (Debian's pg_ctlcluster); returns the seconds it was down."""
     tool = shutil.which("pg_ctlcluster")
     if tool is None:
-        pytest.fail("pg_ctlcluster not found: this test restarts the local PostgreSQL",
-                    pytrace=False)
-    clusters = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True,
-                              check=True).stdout.split()
+        pytest.fail(
+            "pg_ctlcluster not found: this test restarts the local PostgreSQL", pytrace=False
+        )
+    clusters = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+    ).stdout.split()
     version, name = clusters[0], clusters[1]
     started = time.monotonic()
     subprocess.run([tool, version, name, "restart"], check=True, timeout=120)
@@ -58,22 +60,28 @@ def test_postgresql_restart_mid_experiment_loses_and_duplicates_nothing(
     settings = Settings(database_url=url, metrics_batch_interval_s=0.2)
     service = Service(BackgroundServer(settings).start(), None, url)
     try:
-        created = service.submit({
-            "name": "pg-restart",
-            "trainer": "collapse",
-            "config": {"n_samples": 200, "steps": STEPS, "log_every": LOG_EVERY},
-            "grid": {"stop_gradient": [False, True]},
-            "seeds": 3,
-            "max_retries": 3,
-        })
+        created = service.submit(
+            {
+                "name": "pg-restart",
+                "trainer": "collapse",
+                "config": {"n_samples": 200, "steps": STEPS, "log_every": LOG_EVERY},
+                "grid": {"stop_gradient": [False, True]},
+                "seeds": 3,
+                "max_retries": 3,
+            }
+        )
         experiment = created["id"]
         # wait until runs are in flight and have streamed metric points
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             runs = service.runs(experiment)
             running = [r for r in runs if r["status"] == "running" and r["started_at"]]
-            if running and service.client.get(
-                    f"/runs/{running[0]['id']}/metrics", params={"name": "loss"}).json():
+            if (
+                running
+                and service.client.get(
+                    f"/runs/{running[0]['id']}/metrics", params={"name": "loss"}
+                ).json()
+            ):
                 break
             time.sleep(0.2)
         else:
@@ -94,10 +102,10 @@ def test_postgresql_restart_mid_experiment_loses_and_duplicates_nothing(
         assert detail["status"] == "completed" and counts["completed"] == 6, (down_s, detail)
         runs = _poll(service.client, f"/experiments/{experiment}/runs")
         assert sorted((r["condition_key"], r["seed"]) for r in runs) == sorted(
-            (f"stop_gradient={sg}", s) for sg in ("false", "true") for s in range(3))
+            (f"stop_gradient={sg}", s) for sg in ("false", "true") for s in range(3)
+        )
         # the restart really happened mid-experiment: runs ended after it began
-        ended_after = [r for r in runs
-                       if datetime.fromisoformat(r["finished_at"]) > restart_began]
+        ended_after = [r for r in runs if datetime.fromisoformat(r["finished_at"]) > restart_began]
         assert ended_after, (down_s, [r["finished_at"] for r in runs])
         for run in runs:
             history = _poll(service.client, f"/runs/{run['id']}")["attempt_history"]

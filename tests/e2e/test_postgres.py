@@ -32,14 +32,20 @@ def test_api_replicas_and_the_dispatcher_share_one_database(
     try:
         assert all(server.server.started for server in servers)
         dispatcher, replica_a, replica_b = services
-        bad = replica_a.client.post("/experiments", json={"name": "x", "trainer": "collapse",
-                                                          "grid": {"r": []}})
+        bad = replica_a.client.post(
+            "/experiments", json={"name": "x", "trainer": "collapse", "grid": {"r": []}}
+        )
         assert bad.status_code == 422
-        created = replica_a.submit({
-            "name": "pg", "trainer": "collapse",
-            "config": {"n_samples": 100, "steps": 200, "r": 0.1},
-            "grid": {"stop_gradient": [False, True]}, "seeds": 3, "metric": "min_l2",
-        })
+        created = replica_a.submit(
+            {
+                "name": "pg",
+                "trainer": "collapse",
+                "config": {"n_samples": 100, "steps": 200, "r": 0.1},
+                "grid": {"stop_gradient": [False, True]},
+                "seeds": 3,
+                "metric": "min_l2",
+            }
+        )
         detail = replica_b.wait(created["id"])
         assert detail["status"] == "completed" and detail["counts"]["completed"] == 6
         runs = replica_b.runs(created["id"])
@@ -48,8 +54,9 @@ def test_api_replicas_and_the_dispatcher_share_one_database(
         a = [r["metrics"]["min_l2"] for r in runs if r["condition"]["stop_gradient"] is False]
         b = [r["metrics"]["min_l2"] for r in runs if r["condition"]["stop_gradient"] is True]
         assert_matches(stats["comparisons"][0], reference_comparison(a, b))
-        curve = replica_b.client.get(f"/runs/{runs[0]['id']}/metrics",
-                                     params={"name": "loss"}).json()
+        curve = replica_b.client.get(
+            f"/runs/{runs[0]['id']}/metrics", params={"name": "loss"}
+        ).json()
         assert [p["step"] for p in curve] == list(range(201))
         for service in services:
             assert service.client.get("/healthz").json()["database"] == "ok"

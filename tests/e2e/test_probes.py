@@ -30,19 +30,28 @@ def service(backend_service: Service) -> Service:
 
 
 def spec(**overrides: Any) -> dict[str, Any]:
-    return {"name": "probe", "trainer": "collapse", "config": FAST, "grid": {}, "seeds": 1,
-            **overrides}
+    return {
+        "name": "probe",
+        "trainer": "collapse",
+        "config": FAST,
+        "grid": {},
+        "seeds": 1,
+        **overrides,
+    }
 
 
 def stored_rows(service: Service) -> tuple[int, ...]:
-    return tuple(service.sql(f"SELECT count(*) FROM {table}")[0][0]
-                 for table in ("experiment", "run", "metricpoint", "statscache"))
+    return tuple(
+        service.sql(f"SELECT count(*) FROM {table}")[0][0]
+        for table in ("experiment", "run", "metricpoint", "statscache")
+    )
 
 
 def post_raw(service: Service, body: dict[str, Any]) -> httpx.Response:
     # json.dumps as Python writes it: lone surrogates are escaped and reach the server's parser
-    return service.client.post("/experiments", content=json.dumps(body),
-                               headers={"content-type": "application/json"})
+    return service.client.post(
+        "/experiments", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
 
 
 def assert_names(response: httpx.Response, loc: list[Any], *words: str) -> None:
@@ -57,42 +66,94 @@ def assert_names(response: httpx.Response, loc: list[Any], *words: str) -> None:
 CFF = {"dataset": "cifar10", "epochs": 1, "head_epochs": 1, "width": 16, "depth": 1}
 PROBES = [
     # a spec never chooses a path: data_root names one of the operator's roots
-    ("a path as the data root", spec(trainer="cff", config={**CFF, "data_root": "/tmp/evil"}),
-     ["body", "config", "data_root"], ["not a path"]),
-    ("a path as a grid level", spec(trainer="cff", config=CFF,
-                                    grid={"data_root": ["fake", "/etc"]}),
-     ["body", "grid", "data_root", 1], ["not a path"]),
-    ("a root the operator did not name", spec(trainer="cff", config={**CFF, "data_root": "nope"}),
-     ["body", "config", "data_root"], ["'nope'", "SEEDGRID_DATA_ROOTS: fake"]),
-    ("download without the operator's leave",
-     spec(trainer="cff", config={**CFF, "download": True}),
-     ["body", "config", "download"], ["SEEDGRID_ALLOW_DOWNLOAD"]),
-    ("download as a grid level", spec(trainer="cff", config=CFF, grid={"download": [False, True]}),
-     ["body", "grid", "download"], ["SEEDGRID_ALLOW_DOWNLOAD", "download=true"]),
+    (
+        "a path as the data root",
+        spec(trainer="cff", config={**CFF, "data_root": "/tmp/evil"}),
+        ["body", "config", "data_root"],
+        ["not a path"],
+    ),
+    (
+        "a path as a grid level",
+        spec(trainer="cff", config=CFF, grid={"data_root": ["fake", "/etc"]}),
+        ["body", "grid", "data_root", 1],
+        ["not a path"],
+    ),
+    (
+        "a root the operator did not name",
+        spec(trainer="cff", config={**CFF, "data_root": "nope"}),
+        ["body", "config", "data_root"],
+        ["'nope'", "SEEDGRID_DATA_ROOTS: fake"],
+    ),
+    (
+        "download without the operator's leave",
+        spec(trainer="cff", config={**CFF, "download": True}),
+        ["body", "config", "download"],
+        ["SEEDGRID_ALLOW_DOWNLOAD"],
+    ),
+    (
+        "download as a grid level",
+        spec(trainer="cff", config=CFF, grid={"download": [False, True]}),
+        ["body", "grid", "download"],
+        ["SEEDGRID_ALLOW_DOWNLOAD", "download=true"],
+    ),
     # one storable-text rule at any depth
-    ("NUL in a config string", spec(trainer="cff", config={**CFF, "data_root": "fake\x00"}),
-     ["body", "config"], ["config.data_root contains NUL"]),
-    ("lone surrogate in a config string", spec(config={**FAST, "loss": "\udc80"}),
-     ["body", "config"], ["config.loss contains a lone surrogate"]),
-    ("lone surrogate deep in the config",
-     spec(config={**FAST, "nested": {"deeper": [1, {"deepest": "a\ud800"}]}}),
-     ["body", "config"], ["config.nested.deeper[1].deepest contains a lone surrogate"]),
-    ("NUL in a config key", spec(config={**FAST, "lo\x00ss": "mse"}),
-     ["body", "config"], ["a key of config contains NUL"]),
-    ("an over-long config string", spec(config={**FAST, "loss": "m" * 5000}),
-     ["body", "config"], ["config.loss is 5000 characters long"]),
-    ("lone surrogate in a grid level", spec(grid={"loss": ["mse", "\ud800"]}),
-     ["body", "grid", "loss", 1], []),
+    (
+        "NUL in a config string",
+        spec(trainer="cff", config={**CFF, "data_root": "fake\x00"}),
+        ["body", "config"],
+        ["config.data_root contains NUL"],
+    ),
+    (
+        "lone surrogate in a config string",
+        spec(config={**FAST, "loss": "\udc80"}),
+        ["body", "config"],
+        ["config.loss contains a lone surrogate"],
+    ),
+    (
+        "lone surrogate deep in the config",
+        spec(config={**FAST, "nested": {"deeper": [1, {"deepest": "a\ud800"}]}}),
+        ["body", "config"],
+        ["config.nested.deeper[1].deepest contains a lone surrogate"],
+    ),
+    (
+        "NUL in a config key",
+        spec(config={**FAST, "lo\x00ss": "mse"}),
+        ["body", "config"],
+        ["a key of config contains NUL"],
+    ),
+    (
+        "an over-long config string",
+        spec(config={**FAST, "loss": "m" * 5000}),
+        ["body", "config"],
+        ["config.loss is 5000 characters long"],
+    ),
+    (
+        "lone surrogate in a grid level",
+        spec(grid={"loss": ["mse", "\ud800"]}),
+        ["body", "grid", "loss", 1],
+        [],
+    ),
     ("NUL in the metric", spec(metric="min\x00l2"), ["body", "metric"], []),
     # resources
-    ("an oversized model", spec(config={"n_samples": 1_000_000, "n_classes": 10_000}),
-     ["body", "config", "n_samples"], ["GB", "n_classes", "SEEDGRID_MAX_RUN_MEMORY_GB=64"]),
-    ("an oversized model in one condition",
-     spec(grid={"n_classes": [4, 10_000]}, config={"n_samples": 1_000_000, "steps": 50}),
-     ["body", "grid", "n_classes"], ["n_classes=10000", "n_samples"]),
+    (
+        "an oversized model",
+        spec(config={"n_samples": 1_000_000, "n_classes": 10_000}),
+        ["body", "config", "n_samples"],
+        ["GB", "n_classes", "SEEDGRID_MAX_RUN_MEMORY_GB=64"],
+    ),
+    (
+        "an oversized model in one condition",
+        spec(grid={"n_classes": [4, 10_000]}, config={"n_samples": 1_000_000, "steps": 50}),
+        ["body", "grid", "n_classes"],
+        ["n_classes=10000", "n_samples"],
+    ),
     ("num_cpus 0", spec(resources={"num_cpus": 0}), ["body", "resources", "num_cpus"], []),
-    ("an over-long log", spec(config={"steps": 100_000_000, "log_every": 1}),
-     ["body", "config", "steps"], ["log_every", "SEEDGRID_MAX_POINTS_PER_RUN=1,000,000"]),
+    (
+        "an over-long log",
+        spec(config={"steps": 100_000_000, "log_every": 1}),
+        ["body", "config", "steps"],
+        ["log_every", "SEEDGRID_MAX_POINTS_PER_RUN=1,000,000"],
+    ),
 ]
 
 
@@ -104,9 +165,13 @@ def test_each_probe_gets_a_422_naming_the_field_and_stores_nothing(service: Serv
 
 
 def test_the_same_fields_within_limits_are_accepted(service: Service) -> None:
-    created = service.submit(spec(trainer="cff", config={**CFF, "data_root": "fake",
-                                                          "select_by_validation": False},
-                                  seeds=1))
+    created = service.submit(
+        spec(
+            trainer="cff",
+            config={**CFF, "data_root": "fake", "select_by_validation": False},
+            seeds=1,
+        )
+    )
     service.client.post(f"/experiments/{created['id']}/cancel")
     assert service.submit(spec(resources={"num_cpus": 0.5}, seeds=1))["n_runs"] == 1
     assert service.submit(spec(config={"steps": 10_000, "log_every": 1}))["n_runs"] == 1
@@ -122,8 +187,9 @@ def test_a_queue_over_its_cap_gets_429_with_retry_after(start_service) -> None:
     assert stored_rows(service) == before
     # one slow run in flight and three queued fill the cap; one more does not fit (a task per
     # seed: collapse would otherwise run the four seeds in one task)
-    slow = service.submit(spec(seeds=4, config={"n_samples": 64, "steps": 10**7},
-                               resources={"seeds_per_task": 1}))
+    slow = service.submit(
+        spec(seeds=4, config={"n_samples": 64, "steps": 10**7}, resources={"seeds_per_task": 1})
+    )
     deadline = time.monotonic() + 60
     while service.client.get(f"/experiments/{slow['id']}").json()["counts"]["running"] == 0:
         assert time.monotonic() < deadline
@@ -149,14 +215,20 @@ def test_stats_of_a_thousand_level_factor_are_refused_or_paged(service: Service)
     assert_names(whole, ["query", "limit"], "499,500 comparisons", "?factor=", "?limit=")
     assert_names(service.client.get(url, params={"factor": "lr"}), ["query", "factor"], "'lr'")
     assert_names(service.client.get(url, params={"limit": 5000}), ["query", "limit"])
-    assert_names(service.client.get(url, params={"limit": 10, "offset": 499_501}),
-                 ["query", "offset"], "past the last")
+    assert_names(
+        service.client.get(url, params={"limit": 10, "offset": 499_501}),
+        ["query", "offset"],
+        "past the last",
+    )
     assert stored_rows(service) == before
     page = service.client.get(url, params={"factor": "r", "limit": 1000, "offset": 499_000})
     assert page.status_code == 200, page.text
     body = page.json()
-    assert (body["total_comparisons"], body["offset"], body["next_offset"]) == (499_500, 499_000,
-                                                                               None)
+    assert (body["total_comparisons"], body["offset"], body["next_offset"]) == (
+        499_500,
+        499_000,
+        None,
+    )
     assert len(body["comparisons"]) == 500 and len(page.content) < 2_000_000
     assert (body["comparisons"][-1]["a"], body["comparisons"][-1]["b"]) == (0.998, 0.999)
     first = service.client.get(url, params={"factor": "r", "limit": 2}).json()
@@ -173,19 +245,24 @@ def test_a_run_the_database_refuses_fails_alone(service: Service) -> None:
             "CREATE TRIGGER refuse_poisoned BEFORE INSERT ON metricpoint WHEN NEW.run_id IN "
             "(SELECT r.id FROM run r JOIN experiment e ON e.id = r.experiment_id "
             "WHERE e.name = 'poisoned') BEGIN SELECT RAISE(ABORT, 'points refused by the test'); "
-            "END")
+            "END"
+        )
     else:
         service.sql(
             "CREATE FUNCTION refuse_poisoned() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             "IF NEW.run_id IN (SELECT r.id FROM run r JOIN experiment e ON e.id = "
             "r.experiment_id WHERE e.name = 'poisoned') THEN RAISE EXCEPTION "
-            "'points refused by the test'; END IF; RETURN NEW; END $$")
-        service.sql("CREATE TRIGGER refuse_poisoned BEFORE INSERT ON metricpoint FOR EACH ROW "
-                    "EXECUTE FUNCTION refuse_poisoned()")
+            "'points refused by the test'; END IF; RETURN NEW; END $$"
+        )
+        service.sql(
+            "CREATE TRIGGER refuse_poisoned BEFORE INSERT ON metricpoint FOR EACH ROW "
+            "EXECUTE FUNCTION refuse_poisoned()"
+        )
     slow = {"n_samples": 200, "steps": 3000, "r": 0.1}
     a = service.submit(spec(name="poisoned", config=slow, seeds=2, max_retries=2))
-    b = service.submit(spec(name="healthy", config=slow, grid={"stop_gradient": [False, True]},
-                            seeds=3))
+    b = service.submit(
+        spec(name="healthy", config=slow, grid={"stop_gradient": [False, True]}, seeds=3)
+    )
     assert service.wait(a["id"], timeout_s=120)["counts"]["failed"] == 2
     assert service.wait(b["id"], timeout_s=120)["status"] == "completed"
     for run in service.runs(a["id"]):
@@ -196,7 +273,9 @@ def test_a_run_the_database_refuses_fails_alone(service: Service) -> None:
         assert run["status"] == "completed" and run["attempts"] == 1
     attempts = service.sql(
         "SELECT a.outcome, count(*) FROM runattempt a JOIN run r ON r.id = a.run_id "
-        "WHERE r.experiment_id = :id GROUP BY a.outcome", id=b["id"])
+        "WHERE r.experiment_id = :id GROUP BY a.outcome",
+        id=b["id"],
+    )
     assert attempts == [("completed", 6)]
     assert_every_record_reads_back(service)
 
@@ -220,14 +299,17 @@ def test_nul_in_a_workers_error_is_stored_sanitised(service: Service) -> None:
     ((experiment_id,),) = service.sql(
         "INSERT INTO experiment (name, trainer, spec, metric, status, priority, n_conditions, "
         "n_runs, runs_queued, cancel_requested, created_at) VALUES ('old', 'collapse', "
-        "'{\"name\": \"old\", \"trainer\": \"collapse\", \"grid\": {}, \"config\": {}}', "
-        "'min_l2', 'queued', 0, 1, 1, 1, false, '2026-01-01 00:00:00') RETURNING id")
+        '\'{"name": "old", "trainer": "collapse", "grid": {}, "config": {}}\', '
+        "'min_l2', 'queued', 0, 1, 1, 1, false, '2026-01-01 00:00:00') RETURNING id"
+    )
     service.sql(
         "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, status, "
         "priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, metrics, "
         "diagnostics, warnings, provenance, created_at) VALUES (:id, '', "
         "'{\"odd\\u0000key\": 1}', 0, 'collapse', 'queued', 0, 0, 0, 1, 0, false, '{}', '{}', "
-        "'[]', '{}', '2026-01-01 00:00:00')", id=experiment_id)
+        "'[]', '{}', '2026-01-01 00:00:00')",
+        id=experiment_id,
+    )
     healthy = service.submit(spec(name="beside", seeds=2))
     assert service.wait(experiment_id)["counts"]["failed"] == 1
     (run,) = service.runs(experiment_id)

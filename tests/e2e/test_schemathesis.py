@@ -31,19 +31,34 @@ TOKEN = "schemathesis-token-0123456789"
 SETTINGS = {"api_token": TOKEN, "max_runs_per_experiment": 8, "metrics_batch_interval_s": 0.2}
 
 OPENAPI = create_app(Settings(database_url="sqlite://", **SETTINGS), dispatch=False).openapi()
-schema = schemathesis.openapi.from_dict(OPENAPI, config=schemathesis.Config.from_dict({
-    "seed": 20240601,
-    "auth": {"openapi": {"bearerAuth": {"bearer": TOKEN}}},
-    "generation": {"mode": "all", "max-examples": 100, "deterministic": True, "no-shrink": True,
-                   "database": "none"},
-    "phases": {"examples": {"enabled": True}, "coverage": {"enabled": True},
-               "fuzzing": {"enabled": True}, "stateful": {"enabled": False}},
-}))
+schema = schemathesis.openapi.from_dict(
+    OPENAPI,
+    config=schemathesis.Config.from_dict(
+        {
+            "seed": 20240601,
+            "auth": {"openapi": {"bearerAuth": {"bearer": TOKEN}}},
+            "generation": {
+                "mode": "all",
+                "max-examples": 100,
+                "deterministic": True,
+                "no-shrink": True,
+                "database": "none",
+            },
+            "phases": {
+                "examples": {"enabled": True},
+                "coverage": {"enabled": True},
+                "fuzzing": {"enabled": True},
+                "stateful": {"enabled": False},
+            },
+        }
+    ),
+)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def live(request: pytest.FixtureRequest, ray_cluster: None,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def live(
+    request: pytest.FixtureRequest, ray_cluster: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
     databases = PostgresDatabases()
     db_path: Path | None = None
     if request.param == "sqlite":
@@ -56,9 +71,15 @@ def live(request: pytest.FixtureRequest, ray_cluster: None,
     service.client.headers["Authorization"] = f"Bearer {TOKEN}"
     # Id 1, the coverage phase's boundary value, then names a finished experiment and run, so
     # that detail, runs, stats and metrics are reached with data behind them, not only 404s.
-    created = service.submit({"name": "seed-data", "trainer": "collapse",
-                              "config": {"n_samples": 64, "steps": 50},
-                              "grid": {"stop_gradient": [False, True]}, "seeds": 2})
+    created = service.submit(
+        {
+            "name": "seed-data",
+            "trainer": "collapse",
+            "config": {"n_samples": 64, "steps": 50},
+            "grid": {"stop_gradient": [False, True]},
+            "seeds": 2,
+        }
+    )
     assert created["id"] == 1
     service.wait(created["id"])
     # The first /stats of an experiment computes and caches it (bootstrap, permutations, power:

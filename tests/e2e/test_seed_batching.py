@@ -21,10 +21,14 @@ from trainers import REGISTRY, get_trainer
 
 
 def collapse_spec(**overrides: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"name": "batched", "trainer": "collapse",
-                            "config": {"n_samples": 40, "steps": 300, "log_every": 30},
-                            "grid": {"r": [0.1, 0.3]}, "seeds": 4,
-                            "resources": {"seeds_per_task": 4}}
+    spec: dict[str, Any] = {
+        "name": "batched",
+        "trainer": "collapse",
+        "config": {"n_samples": 40, "steps": 300, "log_every": 30},
+        "grid": {"r": [0.1, 0.3]},
+        "seeds": 4,
+        "resources": {"seeds_per_task": 4},
+    }
     spec.update(overrides)
     return spec
 
@@ -43,10 +47,11 @@ def test_a_seed_batched_experiment_stores_each_seed_as_its_own_run(service: Serv
     assert service.wait(batched["id"])["status"] == "completed"
     assert service.wait(solo["id"])["status"] == "completed"
     runs = [service.client.get(f"/runs/{r['id']}").json() for r in service.runs(batched["id"])]
-    solo_runs = {(r["condition"]["r"], r["seed"]): service.client.get(f"/runs/{r['id']}").json()
-                 for r in service.runs(solo["id"])}
-    assert len(runs) == 8 and all(r["status"] == "completed" and r["attempts"] == 1
-                                  for r in runs)
+    solo_runs = {
+        (r["condition"]["r"], r["seed"]): service.client.get(f"/runs/{r['id']}").json()
+        for r in service.runs(solo["id"])
+    }
+    assert len(runs) == 8 and all(r["status"] == "completed" and r["attempts"] == 1 for r in runs)
     by_condition: dict[float, list[dict[str, Any]]] = {}
     for run in runs:
         by_condition.setdefault(run["condition"]["r"], []).append(run)
@@ -59,10 +64,12 @@ def test_a_seed_batched_experiment_stores_each_seed_as_its_own_run(service: Serv
             assert "task_seeds" not in alone["provenance"]
             for name, value in alone["metrics"].items():
                 assert math.isclose(run["metrics"][name], value, rel_tol=1e-9), (name, run)
-            curve = service.client.get(f"/runs/{run['id']}/metrics",
-                                       params={"name": "min_l2"}).json()
-            alone_curve = service.client.get(f"/runs/{alone['id']}/metrics",
-                                             params={"name": "min_l2"}).json()
+            curve = service.client.get(
+                f"/runs/{run['id']}/metrics", params={"name": "min_l2"}
+            ).json()
+            alone_curve = service.client.get(
+                f"/runs/{alone['id']}/metrics", params={"name": "min_l2"}
+            ).json()
             assert [p["step"] for p in curve] == [p["step"] for p in alone_curve]
             assert [p["step"] for p in curve] == list(range(0, 301, 30))
             for point, reference in zip(curve, alone_curve, strict=True):
@@ -75,17 +82,24 @@ def test_a_seed_batched_experiment_stores_each_seed_as_its_own_run(service: Serv
         assert math.isclose(mine["mean"], theirs["mean"], rel_tol=1e-9)
         assert math.isclose(mine["std"], theirs["std"], rel_tol=1e-9)
     for mine, theirs in zip(stats["comparisons"], solo_stats["comparisons"], strict=True):
-        assert (mine["factor"], mine["a"], mine["b"]) == (theirs["factor"], theirs["a"],
-                                                          theirs["b"])
+        assert (mine["factor"], mine["a"], mine["b"]) == (
+            theirs["factor"],
+            theirs["a"],
+            theirs["b"],
+        )
         for field in ("var_ratio", "mean_diff", "f_test_p", "welch_p"):
             assert math.isclose(mine[field], theirs[field], rel_tol=1e-7), field
 
 
 def test_a_worker_killed_mid_task_re_runs_all_its_seeds_once(service: Service) -> None:
     # One task of four seeds for a few seconds; the kill lands while all four run in it.
-    created = service.submit(collapse_spec(
-        config={"n_samples": 200, "steps": 20_000, "stop_gradient": True}, grid={},
-        max_retries=2))
+    created = service.submit(
+        collapse_spec(
+            config={"n_samples": 200, "steps": 20_000, "stop_gradient": True},
+            grid={},
+            max_retries=2,
+        )
+    )
     runs = wait_for(lambda: running_runs(service, created["id"]))
     pids = {run["provenance"]["worker_pid"] for run in runs}
     assert len(pids) == 1, runs
@@ -100,8 +114,12 @@ def test_a_worker_killed_mid_task_re_runs_all_its_seeds_once(service: Service) -
         assert [a["outcome"] for a in final["attempt_history"]] == ["lost", "completed"]
         assert final["attempt_history"][0]["worker_pid"] == pid
         assert final["provenance"]["worker_pid"] != pid
-        steps = [p["step"] for p in service.client.get(
-            f"/runs/{run['id']}/metrics", params={"name": "loss"}).json()]
+        steps = [
+            p["step"]
+            for p in service.client.get(
+                f"/runs/{run['id']}/metrics", params={"name": "loss"}
+            ).json()
+        ]
         assert steps == sorted(set(steps))  # the lost attempt's points were dropped
 
 
@@ -113,20 +131,34 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> ToyTrainer:
 
 
 def test_a_killed_task_keeps_the_seeds_it_finished_and_re_runs_the_others(
-        service: Service, toy: ToyTrainer) -> None:
+    service: Service, toy: ToyTrainer
+) -> None:
     # The toy trainer does not batch: its task runs the seeds one after another and sends each
     # seed's result when it ends, so the kill can land after some seeds have finished.
     assert not toy.batched
-    created = service.submit({"name": "toy-batched", "trainer": "toy",
-                              "config": {"steps": 300_000, "log_every": 10_000, "lr": 0.01},
-                              "seeds": 4, "max_retries": 2,
-                              "resources": {"seeds_per_task": 4}})
+    created = service.submit(
+        {
+            "name": "toy-batched",
+            "trainer": "toy",
+            "config": {"steps": 300_000, "log_every": 10_000, "lr": 0.01},
+            "seeds": 4,
+            "max_retries": 2,
+            "resources": {"seeds_per_task": 4},
+        }
+    )
     runs = sorted(service.runs(created["id"]), key=lambda r: r["seed"])
-    first = wait_for(lambda: (r := service.client.get(f"/runs/{runs[0]['id']}").json())
-                     ["status"] == "completed" and r)
+    first = wait_for(
+        lambda: (
+            (r := service.client.get(f"/runs/{runs[0]['id']}").json())["status"] == "completed"
+            and r
+        )
+    )
     pid = first["provenance"]["worker_pid"]
-    finished = {r["id"]: r for r in (service.client.get(f"/runs/{run['id']}").json()
-                                     for run in runs) if r["status"] == "completed"}
+    finished = {
+        r["id"]: r
+        for r in (service.client.get(f"/runs/{run['id']}").json() for run in runs)
+        if r["status"] == "completed"
+    }
     assert len(finished) < 4, "every seed finished before the kill"
     # the seeds waiting for their turn in the task are pending, not running: at most the one
     # training is running
@@ -151,13 +183,19 @@ def test_a_killed_task_keeps_the_seeds_it_finished_and_re_runs_the_others(
             lost = final["attempt_history"][0]
             assert lost["outcome"] == ("lost" if lost["worker_pid"] else "interrupted"), final
             assert final["attempt_history"][1]["outcome"] == "completed"
-    assert sum(run_detail["attempt_history"][0]["outcome"] == "lost" for run_detail in (
-        service.client.get(f"/runs/{run['id']}").json() for run in runs)) <= 1
+    assert (
+        sum(
+            run_detail["attempt_history"][0]["outcome"] == "lost"
+            for run_detail in (service.client.get(f"/runs/{run['id']}").json() for run in runs)
+        )
+        <= 1
+    )
 
 
 def test_a_cancel_ends_every_seed_of_a_task(service: Service) -> None:
-    created = service.submit(collapse_spec(
-        config={"n_samples": 200, "steps": 100_000_000, "log_every": 1000}, grid={}))
+    created = service.submit(
+        collapse_spec(config={"n_samples": 200, "steps": 100_000_000, "log_every": 1000}, grid={})
+    )
     wait_for(lambda: running_runs(service, created["id"]))
     cancelled_at = time.monotonic()
     assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 202
@@ -176,9 +214,16 @@ def test_seeds_per_task_is_checked_against_the_trainer(service: Service) -> None
     assert listed["collapse"]["batched"] and not listed["ssl"]["batched"]
     ssl = get_trainer("ssl")
     too_many = ssl.max_seeds_per_task + 1
-    response = service.client.post("/experiments", json={
-        "name": "too-many", "trainer": "ssl", "config": {"dataset": "digits"}, "seeds": 2,
-        "resources": {"seeds_per_task": too_many}})
+    response = service.client.post(
+        "/experiments",
+        json={
+            "name": "too-many",
+            "trainer": "ssl",
+            "config": {"dataset": "digits"},
+            "seeds": 2,
+            "resources": {"seeds_per_task": too_many},
+        },
+    )
     assert response.status_code == 422
     (error,) = response.json()["detail"]
     assert error["loc"][-2:] == ["resources", "seeds_per_task"]

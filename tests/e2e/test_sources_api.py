@@ -20,21 +20,38 @@ SEEDS = 3
 
 
 def test_a_decomposition_serves_each_sources_variance_with_its_interval(
-        backend_service: Service) -> None:
+    backend_service: Service,
+) -> None:
     service = backend_service
-    experiment = service.submit({"name": "sources", "trainer": "collapse", "config": CONFIG,
-                                 "grid": {"r": [0.0, 0.5]}, "seeds": SEEDS, "metric": "min_l2",
-                                 "decompose_sources": True})
-    pinned = service.submit({"name": "init-pinned", "trainer": "collapse",
-                             "config": {**CONFIG, "r": 0.0}, "seeds": 2,
-                             "seed_sources": {"init": 0}})
+    experiment = service.submit(
+        {
+            "name": "sources",
+            "trainer": "collapse",
+            "config": CONFIG,
+            "grid": {"r": [0.0, 0.5]},
+            "seeds": SEEDS,
+            "metric": "min_l2",
+            "decompose_sources": True,
+        }
+    )
+    pinned = service.submit(
+        {
+            "name": "init-pinned",
+            "trainer": "collapse",
+            "config": {**CONFIG, "r": 0.0},
+            "seeds": 2,
+            "seed_sources": {"init": 0},
+        }
+    )
     assert experiment["n_runs"] == 2 * len(SOURCE_LEVELS) * SEEDS
     for created in (experiment, pinned):
         assert service.wait(created["id"])["counts"]["completed"] == created["n_runs"]
 
     runs = service.runs(experiment["id"])
-    value = {(r["condition"]["r"], r["condition"][SOURCE_FACTOR], r["seed"]): r["metrics"]["min_l2"]
-             for r in runs}
+    value = {
+        (r["condition"]["r"], r["condition"][SOURCE_FACTOR], r["seed"]): r["metrics"]["min_l2"]
+        for r in runs
+    }
     # At r = 0 only init matters: the all-varying runs repeat the init-varying ones seed by
     # seed, and every level pinning init (to the first seed, 0) repeats seed 0's run.
     init = [value[(0.0, "init", seed)] for seed in range(SEEDS)]
@@ -69,10 +86,12 @@ def test_a_decomposition_serves_each_sources_variance_with_its_interval(
     assert decompositions[0.0]["sum_over_all"] == pytest.approx(1.0, rel=1e-12)
 
     # the reserved factor is an ordinary factor to the comparisons
-    comparisons = service.client.get(f"/experiments/{experiment['id']}/stats",
-                                     params={"factor": SOURCE_FACTOR}).json()["comparisons"]
-    pooled = next(c for c in comparisons
-                  if (c["a"], c["b"], c["within"]) == ("init", "data", {"r": 0.0}))
+    comparisons = service.client.get(
+        f"/experiments/{experiment['id']}/stats", params={"factor": SOURCE_FACTOR}
+    ).json()["comparisons"]
+    pooled = next(
+        c for c in comparisons if (c["a"], c["b"], c["within"]) == ("init", "data", {"r": 0.0})
+    )
     assert pooled["n_a"] == pooled["n_b"] == SEEDS and pooled["var_b"] == 0.0
 
     # seed_sources: init pinned at r = 0 leaves every run one computation

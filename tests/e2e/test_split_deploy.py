@@ -41,8 +41,14 @@ STANDBY = re.compile(r"dispatcher (\S+) is standby")
 
 
 def spec(config: dict[str, Any], seeds: int, name: str = "split") -> dict[str, Any]:
-    return {"name": name, "trainer": "collapse", "config": {**config, "r": 0.1},
-            "grid": {"stop_gradient": [False, True]}, "seeds": seeds, "metric": "min_l2"}
+    return {
+        "name": name,
+        "trainer": "collapse",
+        "config": {**config, "r": 0.1},
+        "grid": {"stop_gradient": [False, True]},
+        "seeds": seeds,
+        "metric": "min_l2",
+    }
 
 
 @pytest.fixture
@@ -53,10 +59,16 @@ def launch(ray_cluster: None, tmp_path: Path) -> Iterator[Callable[..., Seedgrid
     started: list[SeedgridProcess] = []
 
     def start(name: str, database_url: str, *args: str, **settings: str) -> SeedgridProcess:
-        env = {**os.environ, "SEEDGRID_DATABASE_URL": database_url,
-               "SEEDGRID_RAY_ADDRESS": ray_address, "SEEDGRID_METRICS_BATCH_INTERVAL_S": "0.2",
-               "SEEDGRID_LOG_LEVEL": "info", "SEEDGRID_HOST": "127.0.0.1",
-               "SEEDGRID_PORT": str(free_port()), **settings}
+        env = {
+            **os.environ,
+            "SEEDGRID_DATABASE_URL": database_url,
+            "SEEDGRID_RAY_ADDRESS": ray_address,
+            "SEEDGRID_METRICS_BATCH_INTERVAL_S": "0.2",
+            "SEEDGRID_LOG_LEVEL": "info",
+            "SEEDGRID_HOST": "127.0.0.1",
+            "SEEDGRID_PORT": str(free_port()),
+            **settings,
+        }
         process = SeedgridProcess(name, list(args), env, tmp_path)
         started.append(process)
         return process
@@ -74,7 +86,8 @@ def api_of(process: SeedgridProcess, database_url: str) -> Service:
 def attempts_by_run(api: Service, experiment_id: int) -> dict[int, list[tuple[int, str]]]:
     rows = api.sql(
         "SELECT a.run_id, a.attempt, a.outcome FROM runattempt a JOIN run r ON r.id = a.run_id "
-        "WHERE r.experiment_id = :id ORDER BY a.run_id, a.attempt", id=experiment_id,
+        "WHERE r.experiment_id = :id ORDER BY a.run_id, a.attempt",
+        id=experiment_id,
     )
     found: dict[int, list[tuple[int, str]]] = {}
     for run_id, attempt, outcome in rows:
@@ -85,8 +98,13 @@ def attempts_by_run(api: Service, experiment_id: int) -> dict[int, list[tuple[in
 def wait_until_started(api: Service, experiment_id: int, n: int, timeout_s: float = 60) -> None:
     """Until n runs report that a worker started them."""
     deadline = time.monotonic() + timeout_s
-    while sum(r["started_at"] is not None and r["status"] == "running"
-              for r in api.runs(experiment_id)) < n:
+    while (
+        sum(
+            r["started_at"] is not None and r["status"] == "running"
+            for r in api.runs(experiment_id)
+        )
+        < n
+    ):
         assert time.monotonic() < deadline, api.runs(experiment_id)
         time.sleep(0.05)
 
@@ -97,8 +115,12 @@ def assert_each_run_completed_once(api: Service, experiment_id: int) -> None:
     for run_id, attempts in attempts_by_run(api, experiment_id).items():
         assert [outcome for _, outcome in attempts].count("completed") == 1, (run_id, attempts)
     for run in runs:  # one metric curve per run, not one per attempt
-        steps = [step for (step,) in api.sql(
-            "SELECT step FROM metricpoint WHERE run_id = :id AND name = 'loss'", id=run["id"])]
+        steps = [
+            step
+            for (step,) in api.sql(
+                "SELECT step FROM metricpoint WHERE run_id = :id AND name = 'loss'", id=run["id"]
+            )
+        ]
         assert steps and len(steps) == len(set(steps)), run["id"]
 
 
@@ -116,8 +138,9 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     dead one left running. One test, so that the processes start once (seconds each here)."""
     url = pg_databases.url()
     # a pre-flight's worker may import torch first on this busy machine: a generous wait
-    api_process = launch("api", url, "serve", "--no-dispatch", "--workers", "2",
-                         SEEDGRID_PREFLIGHT_TIMEOUT_S="50")
+    api_process = launch(
+        "api", url, "serve", "--no-dispatch", "--workers", "2", SEEDGRID_PREFLIGHT_TIMEOUT_S="50"
+    )
     first = launch("dispatcher-1", url, "dispatcher")
     second = launch("dispatcher-2", url, "dispatcher")
     health = api_process.wait_healthy()
@@ -129,10 +152,21 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     bad = api.client.post("/experiments", json={**spec(QUICK, 1), "seeds": 0})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "seeds"]
     # the API, with no dispatcher, joined Ray for the pre-flight: files missing on the node
-    missing = api.client.post("/experiments", json={
-        "name": "no-files", "trainer": "cff", "seeds": 1,
-        "config": {"dataset": "cifar10", "width": 16, "depth": 1, "epochs": 1,
-                   "head_epochs": 1}})
+    missing = api.client.post(
+        "/experiments",
+        json={
+            "name": "no-files",
+            "trainer": "cff",
+            "seeds": 1,
+            "config": {
+                "dataset": "cifar10",
+                "width": 16,
+                "depth": 1,
+                "epochs": 1,
+                "head_epochs": 1,
+            },
+        },
+    )
     assert missing.status_code == 422, missing.text
     assert missing.json()["detail"][0]["loc"] == ["body", "config", "dataset"]
 
@@ -164,9 +198,13 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     killed_at = time.monotonic()
     active.process.wait(10)
     # running, or pending (handed to Ray, not started yet): the standby re-queues both
-    left_running = {run_id for (run_id,) in api.sql(
-        "SELECT id FROM run WHERE experiment_id = :id AND status IN ('running', 'pending')",
-        id=slow["id"])}
+    left_running = {
+        run_id
+        for (run_id,) in api.sql(
+            "SELECT id FROM run WHERE experiment_id = :id AND status IN ('running', 'pending')",
+            id=slow["id"],
+        )
+    }
     assert left_running
     assert standby.wait_for_log(ACTIVE, timeout_s=15)[1] == standby_id
     takeover_s = time.monotonic() - killed_at
@@ -211,8 +249,10 @@ def test_embedded_serve_and_a_dispatcher_process_share_the_lock_on_sqlite(
     # SIGTERM the acting dispatcher: it puts what is in flight back in the queue, uncharged,
     # and the serve process's embedded dispatcher takes over.
     assert dispatcher.terminate() == 0, dispatcher.log()
-    interrupted = {run_id for (run_id,) in api.sql(
-        "SELECT run_id FROM runattempt WHERE outcome = 'interrupted'")}
+    interrupted = {
+        run_id
+        for (run_id,) in api.sql("SELECT run_id FROM runattempt WHERE outcome = 'interrupted'")
+    }
     assert interrupted and f"put {len(interrupted)} runs in flight back" in dispatcher.log()
     deadline = time.monotonic() + 10
     while serve.health()["dispatcher"] != "active":
@@ -238,22 +278,33 @@ def test_embedded_serve_and_a_dispatcher_process_share_the_lock_on_sqlite(
 
 
 def seedgrid(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
 
 
 def test_serve_and_dispatcher_refuse_bad_options_with_one_line() -> None:
     embedded_workers = seedgrid("serve", "--workers", "2")
     assert embedded_workers.returncode == 2
-    assert embedded_workers.stderr.startswith("error: --workers: more than one worker process "
-                                              "needs --no-dispatch")
+    assert embedded_workers.stderr.startswith(
+        "error: --workers: more than one worker process needs --no-dispatch"
+    )
     no_workers = seedgrid("serve", "--no-dispatch", "--workers", "0")
     assert no_workers.returncode == 2 and "--workers" in no_workers.stderr
-    unreachable = seedgrid("dispatcher", SEEDGRID_DATABASE_URL="postgresql+psycopg://seedgrid:"
-                           "hunter2@127.0.0.1:1/seedgrid")
+    unreachable = seedgrid(
+        "dispatcher",
+        SEEDGRID_DATABASE_URL="postgresql+psycopg://seedgrid:hunter2@127.0.0.1:1/seedgrid",
+    )
     assert unreachable.returncode == 2 and unreachable.stderr.count("\n") == 1
-    assert unreachable.stderr.startswith("error: cannot connect to the database "
-                                         "postgresql+psycopg://seedgrid:***@127.0.0.1:1/seedgrid")
+    assert unreachable.stderr.startswith(
+        "error: cannot connect to the database "
+        "postgresql+psycopg://seedgrid:***@127.0.0.1:1/seedgrid"
+    )
     for result in (embedded_workers, no_workers, unreachable):
         assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
 
@@ -310,8 +361,12 @@ time.sleep(60)
 
 def test_sqlite_file_lock_is_exclusive_and_dies_with_its_process(tmp_path: Path) -> None:
     database = tmp_path / "seedgrid.db"
-    child = subprocess.Popen([sys.executable, "-c", HOLD_FILE_LOCK, str(database)], cwd=ROOT,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FILE_LOCK, str(database)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None and child.stdout.readline() == "held\n"
         ours, again = FileLock(database, "here:1:dddddd"), FileLock(database, "here:1:eeeeee")
@@ -372,26 +427,33 @@ def test_holder_whose_lock_connection_drops_stops_at_once_and_settles_on_return(
         wait_for(lambda: dispatcher.state == "active", "the holder to take the lock back")
         assert dispatcher.in_flight, "the runs ended before the test could drop the lock"
         assert service.sql("SELECT count(*) FROM runattempt WHERE outcome = 'lost'") == [(0,)]
-        still_running = {run_id for (run_id,) in service.sql(
-            "SELECT id FROM run WHERE status = 'running' AND attempts = 1")}
+        still_running = {
+            run_id
+            for (run_id,) in service.sql(
+                "SELECT id FROM run WHERE status = 'running' AND attempts = 1"
+            )
+        }
         assert set(dispatcher.in_flight) <= still_running
 
         # (2) another session is queued for the lock and gets it when the connection drops
         rival = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
         rival_pid = rival.info.backend_pid
-        waiting = threading.Thread(target=rival.execute, args=(
-            "SELECT pg_advisory_lock(%s)", (DISPATCH_LOCK_KEY,)))
+        waiting = threading.Thread(
+            target=rival.execute, args=("SELECT pg_advisory_lock(%s)", (DISPATCH_LOCK_KEY,))
+        )
         waiting.start()
-        wait_for(lambda: waits_for_dispatch_lock(rival_pid),
-                 "the rival to queue behind the holder")
+        wait_for(lambda: waits_for_dispatch_lock(rival_pid), "the rival to queue behind the holder")
         assert terminate_backends(url, dispatcher.identity) == 1
         waiting.join(10)
         assert not waiting.is_alive()
-        wait_for(lambda: dispatcher.state == "standby" and not dispatcher.in_flight,
-                 "the holder to stand by and cancel its copies")
+        wait_for(
+            lambda: dispatcher.state == "standby" and not dispatcher.in_flight,
+            "the holder to stand by and cancel its copies",
+        )
         assert service.client.get("/healthz").json()["dispatcher"] == "standby"
-        left_running = {run_id for (run_id,) in service.sql(
-            "SELECT id FROM run WHERE status = 'running'")}
+        left_running = {
+            run_id for (run_id,) in service.sql("SELECT id FROM run WHERE status = 'running'")
+        }
         assert left_running
         tables = ("run", "runattempt", "metricpoint")
         snapshot = [service.sql(f"SELECT * FROM {table} ORDER BY id") for table in tables]
@@ -414,10 +476,14 @@ def test_a_batch_the_database_refuses_fails_its_run_instead_of_stalling_the_queu
     url = pg_databases.url()
     with BackgroundServer(Settings(database_url=url, metrics_batch_interval_s=0.2)) as server:
         service = Service(server, None, url)
-        service.sql("CREATE FUNCTION refuse_points() RETURNS trigger LANGUAGE plpgsql AS "
-                    "$$ BEGIN RAISE EXCEPTION 'metric points refused by the test'; END $$")
-        service.sql("CREATE TRIGGER refuse BEFORE INSERT ON metricpoint "
-                    "FOR EACH STATEMENT EXECUTE FUNCTION refuse_points()")
+        service.sql(
+            "CREATE FUNCTION refuse_points() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'metric points refused by the test'; END $$"
+        )
+        service.sql(
+            "CREATE TRIGGER refuse BEFORE INSERT ON metricpoint "
+            "FOR EACH STATEMENT EXECUTE FUNCTION refuse_points()"
+        )
         refused = service.submit({**spec(QUICK, seeds=1), "grid": {}, "max_retries": 0})
         assert service.wait(refused["id"], timeout_s=60)["status"] == "failed"
         (run,) = service.runs(refused["id"])

@@ -23,8 +23,12 @@ from tests.seedgrid_process import SeedgridProcess
 
 # The processes a raylet starts: the ones that outlived the command.
 AGENTS = {"ray::DashboardAgent", "ray::RuntimeEnvAgent"}
-LONG = {"name": "long", "trainer": "collapse", "config": {"n_samples": 64, "steps": 10**7},
-        "seeds": 1}
+LONG = {
+    "name": "long",
+    "trainer": "collapse",
+    "config": {"n_samples": 64, "steps": 10**7},
+    "seeds": 1,
+}
 ACTIVE = re.compile(r"dispatcher \S+ is active")
 GONE_WITHIN_S = 10.0
 
@@ -33,10 +37,15 @@ GONE_WITHIN_S = 10.0
 @pytest.mark.parametrize("command", ["serve", "run"])
 def test_sigterm_ends_every_process_the_command_started(command: str, tmp_path: Path) -> None:
     database_url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"}
-    env.update(SEEDGRID_DATABASE_URL=database_url, SEEDGRID_RAY_NUM_CPUS="1",
-               SEEDGRID_PORT=str(free_port()), SEEDGRID_LOG_LEVEL="info")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"
+    }
+    env.update(
+        SEEDGRID_DATABASE_URL=database_url,
+        SEEDGRID_RAY_NUM_CPUS="1",
+        SEEDGRID_PORT=str(free_port()),
+        SEEDGRID_LOG_LEVEL="info",
+    )
     spec = tmp_path / "long.json"
     spec.write_text(json.dumps(LONG))
     args = ["serve"] if command == "serve" else ["run", str(spec)]
@@ -60,7 +69,8 @@ def test_sigterm_ends_every_process_the_command_started(command: str, tmp_path: 
         while left := alive_in_sessions([session]):
             assert time.monotonic() < deadline, (
                 f"left {GONE_WITHIN_S:g} s after `seedgrid {command}` ended: "
-                f"{[(p.pid, p.title[:60]) for p in left]}\n{process.log()}")
+                f"{[(p.pid, p.title[:60]) for p in left]}\n{process.log()}"
+            )
             time.sleep(0.1)
         assert "Traceback" not in process.log()
     finally:

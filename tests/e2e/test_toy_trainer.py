@@ -38,7 +38,8 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> ToyTrainer:
 
 
 def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(
-        start_service: Callable[..., Service], toy: ToyTrainer) -> None:
+    start_service: Callable[..., Service], toy: ToyTrainer
+) -> None:
     """...and an experiment of it whose first runs all fail stops there, alone: two task slots,
     so that its runs (of a higher priority) go first while the other one's wait in the queue."""
     service = start_service(max_in_flight=2)
@@ -46,21 +47,52 @@ def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(
     listed = {t["name"]: t for t in client.get("/trainers").json()}
     assert listed["toy"]["primary_metric"] == "loss"
     assert set(listed["toy"]["config_schema"]["properties"]) == {
-        "steps", "lr", "log_every", "fail_at_step", "stall_at_step", "stall_s"}
+        "steps",
+        "lr",
+        "log_every",
+        "fail_at_step",
+        "stall_at_step",
+        "stall_s",
+    }
 
-    spec = {"name": "toy", "trainer": "toy", "config": {"steps": 2000, "log_every": 5},
-            "grid": {"lr": [0.1, 0.2, 2.0]}, "seeds": 3}
+    spec = {
+        "name": "toy",
+        "trainer": "toy",
+        "config": {"steps": 2000, "log_every": 5},
+        "grid": {"lr": [0.1, 0.2, 2.0]},
+        "seeds": 3,
+    }
     created = client.post("/experiments", json=spec)
     assert created.status_code == 201, created.text
     experiment_id = created.json()["id"]
-    failing_id = service.submit({"name": "toy-fails", "trainer": "toy", "priority": 1,
-                                 "config": {"fail_at_step": 0}, "seeds": 8})["id"]
+    failing_id = service.submit(
+        {
+            "name": "toy-fails",
+            "trainer": "toy",
+            "priority": 1,
+            "config": {"fail_at_step": 0},
+            "seeds": 8,
+        }
+    )["id"]
     assert_stopped_after_its_first_failures(service, failing_id, n_runs=8)
-    detail = wait_for(lambda: (d := client.get(f"/experiments/{experiment_id}").json())
-                      ["status"] in {"completed", "partial"} and d)
+    detail = wait_for(
+        lambda: (
+            (d := client.get(f"/experiments/{experiment_id}").json())["status"]
+            in {"completed", "partial"}
+            and d
+        )
+    )
     # none of its runs was touched by the other experiment's stop
-    assert detail["counts"] == {"queued": 0, "pending": 0, "running": 0, "completed": 6,
-                                "failed": 0, "diverged": 3, "cancelled": 0, "stopped": 0}
+    assert detail["counts"] == {
+        "queued": 0,
+        "pending": 0,
+        "running": 0,
+        "completed": 6,
+        "failed": 0,
+        "diverged": 3,
+        "cancelled": 0,
+        "stopped": 0,
+    }
     assert detail["message"] is None
     runs = client.get(f"/experiments/{experiment_id}/runs").json()
     diverged = [r for r in runs if r["status"] == "diverged"]
@@ -81,66 +113,101 @@ def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(
     conditions = {c["condition_key"]: c for c in stats["conditions"]}
     assert conditions["lr=0.1"]["n"] == 3 and conditions["lr=0.2"]["n"] == 3
     assert set(conditions) == {"lr=0.1", "lr=0.2"}, set(conditions)  # diverged: no sample
-    pooled = [c for c in stats["comparisons"] if c["a"] == 0.1 and c["b"] == 0.2
-              and c["within"] is None]
+    pooled = [
+        c for c in stats["comparisons"] if c["a"] == 0.1 and c["b"] == 0.2 and c["within"] is None
+    ]
     assert len(pooled) == 1 and pooled[0]["n_a"] == 3, stats["comparisons"]
 
 
-def assert_stopped_after_its_first_failures(service: Service, experiment_id: int,
-                                            n_runs: int) -> None:
+def assert_stopped_after_its_first_failures(
+    service: Service, experiment_id: int, n_runs: int
+) -> None:
     """The first runs all failed (three, or four stored in one pass): the rest were never run,
     each cancelled with the reason, which the experiment, and `seedgrid status`, show."""
     detail = service.wait(experiment_id)
     counts = detail["counts"]
     assert detail["status"] == "failed" and counts["completed"] == 0, detail
     assert counts["failed"] in (3, 4) and counts["cancelled"] == n_runs - counts["failed"]
-    assert re.fullmatch(r"stopped after its first [34] runs failed: RuntimeError: toy asked to "
-                        r"fail at step 0", detail["message"]), detail["message"]
+    assert re.fullmatch(
+        r"stopped after its first [34] runs failed: RuntimeError: toy asked to "
+        r"fail at step 0",
+        detail["message"],
+    ), detail["message"]
     cancelled = [r for r in service.runs(experiment_id) if r["status"] == "cancelled"]
     assert cancelled and all(r["started_at"] is None for r in cancelled)
     assert {r["error"] for r in cancelled} == {f"cancelled: the experiment {detail['message']}"}
-    status = subprocess.run([sys.executable, "-m", "service.cli", "status", str(experiment_id),
-                             "--url", service.server.url], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT)
+    status = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "status",
+            str(experiment_id),
+            "--url",
+            service.server.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert status.returncode == 0 and detail["message"] in status.stdout, status.stdout
 
 
-def test_a_long_toy_run_ends_within_two_seconds_of_a_cancel(service: Service,
-                                                           toy: ToyTrainer) -> None:
+def test_a_long_toy_run_ends_within_two_seconds_of_a_cancel(
+    service: Service, toy: ToyTrainer
+) -> None:
     client = service.client
-    spec = {"name": "toy-long", "trainer": "toy",
-            "config": {"steps": 10**10, "lr": 0.1, "log_every": 100_000}, "seeds": 1}
+    spec = {
+        "name": "toy-long",
+        "trainer": "toy",
+        "config": {"steps": 10**10, "lr": 0.1, "log_every": 100_000},
+        "seeds": 1,
+    }
     experiment_id = client.post("/experiments", json=spec).json()["id"]
-    (run,) = wait_for(lambda: [r for r in client.get(f"/experiments/{experiment_id}/runs")
-                               .json() if r["started_at"]])
+    (run,) = wait_for(
+        lambda: [
+            r for r in client.get(f"/experiments/{experiment_id}/runs").json() if r["started_at"]
+        ]
+    )
     wait_for(lambda: client.get(f"/runs/{run['id']}/metrics").json())  # it is training
     cancelled_at = time.monotonic()
     assert client.post(f"/experiments/{experiment_id}/cancel").status_code == 202
-    ended = wait_for(lambda: (r := client.get(f"/runs/{run['id']}").json())["finished_at"] and r,
-                     timeout_s=30)
+    ended = wait_for(
+        lambda: (r := client.get(f"/runs/{run['id']}").json())["finished_at"] and r, timeout_s=30
+    )
     elapsed = time.monotonic() - cancelled_at
     assert ended["status"] == "cancelled"
     assert elapsed < CANCEL_BOUND_S, f"the run ended {elapsed:.2f} s after the cancel"
 
 
 def test_shared_seeds_that_scale_exactly_by_1_5_are_significant_with_8_seeds(
-        start_service: Callable[..., Service], toy: ToyTrainer) -> None:
+    start_service: Callable[..., Service], toy: ToyTrainer
+) -> None:
     """Seed s of both conditions starts from the same w (the `init` stream), so one step of
     size lr leaves loss_s = |w_s|^2 (1 - 2 lr)^2: a per-seed scale of 1.5 between the two lr
     levels. Analysed as independent, 8 seeds a side could not tell; paired, the primary test
     sees it (2 of the 256 sign flips are as extreme)."""
     service = start_service()
     lr_b = (1 - math.sqrt(1.5 * 0.25)) / 2  # (1 - 2 lr_b)^2 = 1.5 (1 - 2 * 0.25)^2
-    created = service.submit({"name": "paired", "trainer": "toy",
-                              "config": {"steps": 1, "log_every": 1},
-                              "grid": {"lr": [0.25, lr_b]}, "seeds": 8})
+    created = service.submit(
+        {
+            "name": "paired",
+            "trainer": "toy",
+            "config": {"steps": 1, "log_every": 1},
+            "grid": {"lr": [0.25, lr_b]},
+            "seeds": 8,
+        }
+    )
     assert service.wait(created["id"])["counts"]["completed"] == 16
     stats = service.client.get(f"/experiments/{created['id']}/stats").json()
     (comparison,) = stats["comparisons"]
-    by_seed = {(r["condition"]["lr"], r["seed"]): r["metrics"]["loss"]
-               for r in service.runs(created["id"])}
-    assert all(by_seed[(lr_b, s)] == pytest.approx(1.5 * by_seed[(0.25, s)], rel=1e-12)
-               for s in range(8))
+    by_seed = {
+        (r["condition"]["lr"], r["seed"]): r["metrics"]["loss"] for r in service.runs(created["id"])
+    }
+    assert all(
+        by_seed[(lr_b, s)] == pytest.approx(1.5 * by_seed[(0.25, s)], rel=1e-12) for s in range(8)
+    )
     assert comparison["pairing"] == "paired" and comparison["paired_seeds"] == 8
     assert comparison["seed_correlation"] == pytest.approx(1.0)
     assert comparison["primary_p"] == pytest.approx(2 / 256) and comparison["primary_p"] < 0.05

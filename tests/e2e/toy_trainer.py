@@ -22,9 +22,14 @@ class ToyConfig(TrainerConfig):
     lr: float = Field(0.1, gt=0, description="Step size; above 1 the run diverges")
     log_every: int = Field(10, ge=1, description="Steps between logged points")
     fail_at_step: int | None = Field(None, ge=0, description="Raise RuntimeError at this step")
-    stall_at_step: int | None = Field(None, ge=0, description=(
-        "At this step, sleep stall_s seconds without checking for a cancel (a step that "
-        "outlasts the worker's grace)"))
+    stall_at_step: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "At this step, sleep stall_s seconds without checking for a cancel (a step that "
+            "outlasts the worker's grace)"
+        ),
+    )
     stall_s: float = Field(0.0, ge=0, le=600, description="How long the stall lasts")
 
 

@@ -28,16 +28,19 @@ def imported_modules(package: str) -> dict[str, set[str]]:
 
 
 def test_the_service_imports_no_trainer_module_by_name() -> None:
-    offenders = {(file, module) for file, modules in imported_modules("service").items()
-                 for module in modules
-                 if module.split(".")[0] == "trainers" and module not in GENERIC_TRAINER_MODULES}
+    offenders = {
+        (file, module)
+        for file, modules in imported_modules("service").items()
+        for module in modules
+        if module.split(".")[0] == "trainers" and module not in GENERIC_TRAINER_MODULES
+    }
     assert offenders == set()
 
 
 def test_imports_only_point_down() -> None:
     upward = set()
     for level, package in enumerate(LAYERS):
-        above = set(LAYERS[level + 1:])
+        above = set(LAYERS[level + 1 :])
         for file, modules in imported_modules(package).items():
             upward.update((file, m) for m in modules if m.split(".")[0] in above)
     assert upward == set()
@@ -99,8 +102,10 @@ def test_no_import_circle_inside_the_service() -> None:
             module = module.rpartition(".")[0]
         return module or None
 
-    edges = {m: {t for i in imported if (t := target(i)) not in (None, m)}
-             for m, imported in graph.items()}
+    edges = {
+        m: {t for i in imported if (t := target(i)) not in (None, m)}
+        for m, imported in graph.items()
+    }
     circles = []
     state: dict[str, int] = {}  # 1: on the path being walked, 2: done
 
@@ -108,7 +113,7 @@ def test_no_import_circle_inside_the_service() -> None:
         state[module] = 1
         for nxt in sorted(edges[module]):
             if state.get(nxt) == 1:
-                circles.append(path[path.index(nxt):] + [nxt])
+                circles.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 walk(nxt, [*path, nxt])
         state[module] = 2

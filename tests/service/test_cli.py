@@ -34,8 +34,13 @@ from tests.seedgrid_process import SeedgridProcess
 
 
 def seedgrid(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_bad_database_url_stops_with_the_variable_named() -> None:
@@ -76,38 +81,57 @@ def free_port() -> int:
 
 
 def test_serve_port_listens_where_asked_and_clients_find_it_via_seedgrid_port(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     port = free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_")}
     env = {**clean, "SEEDGRID_DATABASE_URL": f"sqlite:///{tmp_path / 'seedgrid.db'}"}
     # the API alone: no dispatcher, so no Ray to start
-    server = SeedgridProcess("serve", ["serve", "--no-dispatch", "--port", str(port)], env,
-                             tmp_path)
+    server = SeedgridProcess(
+        "serve", ["serve", "--no-dispatch", "--port", str(port)], env, tmp_path
+    )
     server.port, server.url = port, f"http://127.0.0.1:{port}"
     try:
         server.wait_healthy()
-        found = subprocess.run([sys.executable, "-m", "service.cli", "list"], capture_output=True,
-                               text=True, timeout=60, env={**clean, "SEEDGRID_PORT": str(port)})
+        found = subprocess.run(
+            [sys.executable, "-m", "service.cli", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**clean, "SEEDGRID_PORT": str(port)},
+        )
         assert found.returncode == 0, found.stderr
         assert "no experiments" in found.stdout
         # a wildcard SEEDGRID_HOST (what `serve` listens on) is reached on loopback
         wildcard = subprocess.run(
-            [sys.executable, "-m", "service.cli", "list", "--json"], capture_output=True,
-            text=True, timeout=60,
-            env={**clean, "SEEDGRID_HOST": "0.0.0.0", "SEEDGRID_PORT": str(port)})
+            [sys.executable, "-m", "service.cli", "list", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**clean, "SEEDGRID_HOST": "0.0.0.0", "SEEDGRID_PORT": str(port)},
+        )
         assert wildcard.returncode == 0 and wildcard.stdout.strip() == "[]", wildcard.stderr
         # elsewhere, the error says which address was tried and where it came from
         other = free_port()
-        missed = subprocess.run([sys.executable, "-m", "service.cli", "list"],
-                                capture_output=True, text=True, timeout=60,
-                                env={**clean, "SEEDGRID_PORT": str(other)})
+        missed = subprocess.run(
+            [sys.executable, "-m", "service.cli", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**clean, "SEEDGRID_PORT": str(other)},
+        )
         assert missed.returncode == 2
         assert f"http://127.0.0.1:{other}" in missed.stderr
         assert "from SEEDGRID_PORT" in missed.stderr
     finally:
         server.stop()
-    bad = subprocess.run([sys.executable, "-m", "service.cli", "list"], capture_output=True,
-                         text=True, timeout=60, env={**clean, "SEEDGRID_PORT": "80000"})
+    bad = subprocess.run(
+        [sys.executable, "-m", "service.cli", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, "SEEDGRID_PORT": "80000"},
+    )
     assert bad.returncode == 2 and "SEEDGRID_PORT" in bad.stderr
 
 
@@ -139,7 +163,7 @@ def comparison_table(text: str) -> tuple[list[str], list[list[str]]]:
     start = next(i for i, line in enumerate(lines) if line.startswith("pair "))
     header = re.split(r"\s{2,}", lines[start].strip())
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip() or line.startswith(("primary test:", "factors:", "!n:")):
             break
         rows.append(re.split(r"\s{2,}", line.strip()))
@@ -151,25 +175,34 @@ def holm_mark(p: float) -> str:
 
 
 def test_the_compact_table_shows_the_primary_test_and_its_holm_p_per_factor(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     stats = stats_payload()
     monkeypatch.setattr(render, "console", Console(width=160, record=True))
     cli.print_stats(stats)
     shown = render.console.export_text()
     assert max(len(line) for line in shown.splitlines()) <= cli.COMPACT_WIDTH
     # the title (wrapped at the table's width) names the test and the adjustment
-    assert ("variance comparisons of loss: var_a / var_b within cells, primary test; Holm p "
-            "adjusted per factor") in " ".join(shown.split())
+    assert (
+        "variance comparisons of loss: var_a / var_b within cells, primary test; Holm p "
+        "adjusted per factor"
+    ) in " ".join(shown.split())
     header, rows = comparison_table(shown)
-    assert header == ["pair", "within", "n", "pairing", "var ratio", "primary ci95", "Holm p",
-                      "!"]
+    assert header == ["pair", "within", "n", "pairing", "var ratio", "primary ci95", "Holm p", "!"]
     assert len(rows) == len(stats["comparisons"]) == 6
     marks = []
     for row, c in zip(rows, stats["comparisons"], strict=True):
-        within = "pooled" if c["within"] is None else ", ".join(
-            f"{k}={v}" for k, v in c["within"].items())
-        assert row[:4] == [f"{c['factor']}: {c['a']} vs {c['b']}", within,
-                           f"{c['n_a']}/{c['n_b']}", c["pairing"]]
+        within = (
+            "pooled"
+            if c["within"] is None
+            else ", ".join(f"{k}={v}" for k, v in c["within"].items())
+        )
+        assert row[:4] == [
+            f"{c['factor']}: {c['a']} vs {c['b']}",
+            within,
+            f"{c['n_a']}/{c['n_b']}",
+            c["pairing"],
+        ]
         assert row[4] == f"{c['var_ratio']:.3g}"
         low, high = c["primary_ci95"]
         assert row[5] == f"[{low:.2g}, {high:.2g}]"
@@ -210,15 +243,32 @@ def mock_service(monkeypatch: pytest.MonkeyPatch, answers: Handler) -> list[http
     return sent
 
 
-DETAIL = {"name": "grid", "status": "running", "message": None,
-          "counts": {"queued": 0, "pending": 0, "running": 8, "completed": 32, "failed": 0,
-                     "diverged": 0, "cancelled": 0, "stopped": 0}}
+DETAIL = {
+    "name": "grid",
+    "status": "running",
+    "message": None,
+    "counts": {
+        "queued": 0,
+        "pending": 0,
+        "running": 8,
+        "completed": 32,
+        "failed": 0,
+        "diverged": 0,
+        "cancelled": 0,
+        "stopped": 0,
+    },
+}
 
 
 def test_stats_asks_for_the_scale_and_says_first_that_p_values_are_interim(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    stats = {**stats_payload(), "scale": "log", "interim": True,
-             "interim_note": "interim look: the adaptive rule is still adding seeds"}
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stats = {
+        **stats_payload(),
+        "scale": "log",
+        "interim": True,
+        "interim_note": "interim look: the adaptive rule is still adding seeds",
+    }
     sent = mock_service(monkeypatch, {"/experiments/7": DETAIL, "/experiments/7/stats": stats})
     result = CliRunner().invoke(cli.app, ["stats", "7", "--scale", "log"])
     assert result.exit_code == 0, result.output
@@ -234,10 +284,13 @@ def test_stats_asks_for_the_scale_and_says_first_that_p_values_are_interim(
     everything = render.console.export_text()
     first = stats["comparisons"][0]
     assert f"  primary_p: {first['primary_p']:.6g} (raw)" in everything
-    assert (f"  primary_p_holm_factor: {first['primary_p_holm_factor']:.6g} "
-            "(Holm, over the factor's comparisons)") in everything
-    assert (f"  f_test_p_holm_all: {first['f_test_p_holm_all']:.6g} "
-            "(Holm, over every comparison)") in everything
+    assert (
+        f"  primary_p_holm_factor: {first['primary_p_holm_factor']:.6g} "
+        "(Holm, over the factor's comparisons)"
+    ) in everything
+    assert (
+        f"  f_test_p_holm_all: {first['f_test_p_holm_all']:.6g} (Holm, over every comparison)"
+    ) in everything
     assert f"  mean_p: {first['mean_p']:.6g} (raw)" in everything
     assert everything.index(stats["interim_note"]) < everything.index("comparison lr:")
 
@@ -246,18 +299,33 @@ def test_stats_asks_for_the_scale_and_says_first_that_p_values_are_interim(
 
 
 def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rng = np.random.default_rng(1)
     a, b = rng.normal(1, 1.0, 8), rng.normal(1, 0.1, 8)
     seeds = list(range(8))
-    comparison = Comparison(factor="experiment", a=1, b=2, within={"lr": 0.1},
-                            **compare(list(a), list(b), seeds, seeds))
-    side = {"condition": {"lr": 0.1}, "condition_key": "lr=0.1",
-            "a": {"mean": float(a.mean())}, "b": {"mean": float(b.mean())},
-            "comparison": json.loads(comparison.model_dump_json())}
-    body = {"a": 1, "b": 2, "trainer": "toy", "metric": "loss", "total_conditions": 1,
-            "offset": 0, "next_offset": None, "conditions": [side], "only_in_a": [],
-            "only_in_b": []}
+    comparison = Comparison(
+        factor="experiment", a=1, b=2, within={"lr": 0.1}, **compare(list(a), list(b), seeds, seeds)
+    )
+    side = {
+        "condition": {"lr": 0.1},
+        "condition_key": "lr=0.1",
+        "a": {"mean": float(a.mean())},
+        "b": {"mean": float(b.mean())},
+        "comparison": json.loads(comparison.model_dump_json()),
+    }
+    body = {
+        "a": 1,
+        "b": 2,
+        "trainer": "toy",
+        "metric": "loss",
+        "total_conditions": 1,
+        "offset": 0,
+        "next_offset": None,
+        "conditions": [side],
+        "only_in_a": [],
+        "only_in_b": [],
+    }
     mock_service(monkeypatch, {"/compare": body})
     result = CliRunner().invoke(cli.app, ["compare", "1", "2"])
     assert result.exit_code == 0, result.output
@@ -265,12 +333,23 @@ def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
     assert "raw p-values, not adjusted for the conditions compared" in shown
     t = side["comparison"]
     assert t["pairing"] == "paired" and t["mean_test"] == "paired t"
-    (row,) = [re.split(r"\s{2,}", line.strip()) for line in shown.splitlines()
-              if line.startswith("lr=0.1")]
+    (row,) = [
+        re.split(r"\s{2,}", line.strip())
+        for line in shown.splitlines()
+        if line.startswith("lr=0.1")
+    ]
     low, high = t["primary_ci95"]
-    assert row == ["lr=0.1", "8/8", f"{a.mean():.4g}", f"{b.mean():.4g}", "paired t",
-                   f"{t['mean_p']:.3g}", f"{t['var_ratio']:.3g}", f"[{low:.2g}, {high:.2g}]",
-                   f"{t['primary_p']:.3g}"]
+    assert row == [
+        "lr=0.1",
+        "8/8",
+        f"{a.mean():.4g}",
+        f"{b.mean():.4g}",
+        "paired t",
+        f"{t['mean_p']:.3g}",
+        f"{t['var_ratio']:.3g}",
+        f"[{low:.2g}, {high:.2g}]",
+        f"{t['primary_p']:.3g}",
+    ]
     assert "F p" not in shown and "welch p" not in shown
 
 
@@ -322,11 +401,16 @@ BUSY = {"detail": "the database is busy; retry after the Retry-After"}
 
 def test_a_503_or_429_is_asked_again_after_its_retry_after(tmp_path: Path) -> None:
     answers: dict[str, list[Answer]] = {
-        "/experiments/7": [(503, {"Retry-After": "1"}, BUSY),
-                           (429, {"Retry-After": "1"}, {"detail": "the queue is full"}),
-                           (200, {}, EXPERIMENT)],
-        "/experiments/7/export": [(503, {"Retry-After": "0"}, "<html>busy proxy</html>"),
-                                  (200, {}, "id,seed\n1,0\n")]}
+        "/experiments/7": [
+            (503, {"Retry-After": "1"}, BUSY),
+            (429, {"Retry-After": "1"}, {"detail": "the queue is full"}),
+            (200, {}, EXPERIMENT),
+        ],
+        "/experiments/7/export": [
+            (503, {"Retry-After": "0"}, "<html>busy proxy</html>"),
+            (200, {}, "id,seed\n1,0\n"),
+        ],
+    }
     with ScriptedApi(answers) as api:
         started = time.monotonic()
         result = CliRunner().invoke(cli.app, ["status", "7", "--url", api.url])
@@ -334,15 +418,17 @@ def test_a_503_or_429_is_asked_again_after_its_retry_after(tmp_path: Path) -> No
         times = [t for t, path in api.requests if path == "/experiments/7"]
         assert len(times) == 3 and times[1] - times[0] >= 1.0 and times[2] - times[1] >= 1.0
         assert time.monotonic() - started >= 2.0
-        assert ("GET /experiments/7: 503 the database is busy; retry after the Retry-After; "
-                "retrying in 1 s (1 of 3)") in result.output
+        assert (
+            "GET /experiments/7: 503 the database is busy; retry after the Retry-After; "
+            "retrying in 1 s (1 of 3)"
+        ) in result.output
         assert "GET /experiments/7: 429 the queue is full; retrying in 1 s (2 of 3)" in (
-            result.output)
+            result.output
+        )
         assert "experiment 7 grid (collapse): running; 40 runs" in result.output
 
         target = tmp_path / "runs.csv"
-        exported = CliRunner().invoke(cli.app, ["export", "7", "--url", api.url,
-                                                "-o", str(target)])
+        exported = CliRunner().invoke(cli.app, ["export", "7", "--url", api.url, "-o", str(target)])
         assert exported.exit_code == 0, exported.output
         assert "503 <html>busy proxy</html>; retrying in 0 s (1 of 3)" in exported.output
         assert target.read_text() == "id,seed\n1,0\n"
@@ -354,14 +440,16 @@ def test_retries_are_bounded_in_number_and_in_time() -> None:
         "/experiments/1": [(503, {"Retry-After": "0"}, BUSY)],
         "/experiments/2": [(429, {"Retry-After": "3600"}, {"detail": "the queue is full"})],
         "/experiments/3": [(503, {"Retry-After": when}, BUSY)],
-        "/experiments/4": [(404, {}, {"detail": "no experiment 4"})]}
+        "/experiments/4": [(404, {}, {"detail": "no experiment 4"})],
+    }
     with ScriptedApi(answers) as api:
         always = CliRunner().invoke(cli.app, ["status", "1", "--url", api.url])
         assert always.exit_code == 2
         assert [p for _, p in api.requests].count("/experiments/1") == 1 + cli.MAX_RETRIES
         assert always.output.splitlines()[-1] == (
             f"error: GET /experiments/1: 503 {BUSY['detail']} (after {cli.MAX_RETRIES} retries "
-            "over 0 s); it asks to retry in 0 s")
+            "over 0 s); it asks to retry in 0 s"
+        )
         # a wait longer than the retries may take in all is not waited for
         for experiment_id in (2, 3):
             started = time.monotonic()

@@ -16,13 +16,21 @@ from service.settings import Settings
 OPENAPI = create_app(Settings(database_url="sqlite://"), dispatch=False).openapi()
 
 
-@pytest.mark.parametrize(("host", "url"), [
-    ("::1", "http://[::1]:8123"), ("[::1]", "http://[::1]:8123"), ("::", "http://[::1]:8123"),
-    ("0.0.0.0", "http://127.0.0.1:8123"), ("10.0.0.7", "http://10.0.0.7:8123"),
-    ("fe80::1", "http://[fe80::1]:8123"), ("seedgrid.internal", "http://seedgrid.internal:8123"),
-])
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("::1", "http://[::1]:8123"),
+        ("[::1]", "http://[::1]:8123"),
+        ("::", "http://[::1]:8123"),
+        ("0.0.0.0", "http://127.0.0.1:8123"),
+        ("10.0.0.7", "http://10.0.0.7:8123"),
+        ("fe80::1", "http://[fe80::1]:8123"),
+        ("seedgrid.internal", "http://seedgrid.internal:8123"),
+    ],
+)
 def test_client_and_cli_build_one_url_from_host_and_port(
-        host: str, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    host: str, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SEEDGRID_URL", raising=False)
     monkeypatch.setenv("SEEDGRID_HOST", host)
     monkeypatch.setenv("SEEDGRID_PORT", "8123")
@@ -37,13 +45,16 @@ def limit_maximum(path: str) -> int:
     return int(bounded["maximum"])
 
 
-@pytest.mark.parametrize(("path", "page"), [
-    ("/experiments", pages.EXPERIMENTS_PAGE),
-    ("/experiments/{experiment_id}/runs", pages.RUNS_PAGE),
-    ("/experiments/{experiment_id}/stats", pages.COMPARISONS_PAGE),
-    ("/runs/{run_id}/metrics", pages.POINTS_PAGE),
-    ("/compare", pages.COMPARE_PAGE),
-])
+@pytest.mark.parametrize(
+    ("path", "page"),
+    [
+        ("/experiments", pages.EXPERIMENTS_PAGE),
+        ("/experiments/{experiment_id}/runs", pages.RUNS_PAGE),
+        ("/experiments/{experiment_id}/stats", pages.COMPARISONS_PAGE),
+        ("/runs/{run_id}/metrics", pages.POINTS_PAGE),
+        ("/compare", pages.COMPARE_PAGE),
+    ],
+)
 def test_the_page_sizes_clients_ask_for_are_the_servers_bounds(path: str, page: int) -> None:
     assert limit_maximum(path) == page
 
@@ -51,8 +62,10 @@ def test_the_page_sizes_clients_ask_for_are_the_servers_bounds(path: str, page: 
 def test_the_retry_policy_waits_the_retry_after_and_stops_past_its_time() -> None:
     """The one policy of the client and the CLI: a 503 or 429 is sent again after its
     Retry-After, and raised at once when it asks for more than the retries may wait in all."""
-    answers = {"/experiments/1": [(503, "0"), (429, "0"), (200, None)],
-               "/experiments/2": [(429, "3600")]}
+    answers = {
+        "/experiments/1": [(503, "0"), (429, "0"), (200, None)],
+        "/experiments/2": [(429, "3600")],
+    }
     sent: list[str] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -60,13 +73,16 @@ def test_the_retry_policy_waits_the_retry_after_and_stops_past_its_time() -> Non
         queue = answers[request.url.path]
         status, wait = queue.pop(0) if len(queue) > 1 else queue[0]
         headers = {"Retry-After": wait} if wait is not None else {}
-        return httpx.Response(status, headers=headers, json={"detail": "busy"}
-                              if status >= 400 else {"id": 1})
+        return httpx.Response(
+            status, headers=headers, json={"detail": "busy"} if status >= 400 else {"id": 1}
+        )
 
     told: list[tuple[int, int, float]] = []
-    with Client("http://seedgrid.test", transport=httpx.MockTransport(handle),
-                on_retry=lambda error, wait: told.append((error.status_code, error.retries,
-                                                          wait))) as client:
+    with Client(
+        "http://seedgrid.test",
+        transport=httpx.MockTransport(handle),
+        on_retry=lambda error, wait: told.append((error.status_code, error.retries, wait)),
+    ) as client:
         assert client.request("GET", "/experiments/1") == {"id": 1}
         assert told == [(503, 0, 0.0), (429, 1, 0.0)]
         with pytest.raises(ApiError) as refused:

@@ -23,7 +23,8 @@ from tests.service.test_stats_guidance import store_cff_experiment
 
 
 def test_compare_keeps_accuracies_within_their_bounds_and_pairs_shared_seeds(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
     upgrade_database(url)
     # accuracies near 1 with one poor seed: the plain t interval of the mean crosses 1
@@ -34,8 +35,9 @@ def test_compare_keeps_accuracies_within_their_bounds_and_pairs_shared_seeds(
     b_id = store_cff_experiment(url, second, n_test=10_000)
     engine = make_engine(url)
     with Session(engine) as session:
-        body = ExperimentComparison.model_validate_json(compare_json(
-            session=session, a_id=a_id, b_id=b_id, metric=None, offset=0, limit=10))
+        body = ExperimentComparison.model_validate_json(
+            compare_json(session=session, a_id=a_id, b_id=b_id, metric=None, offset=0, limit=10)
+        )
     engine.dispose()
     (side,) = body.conditions
     values = np.asarray(first["clamp"])
@@ -54,8 +56,9 @@ def served(url: str, a_id: int, b_id: int) -> ExperimentComparison:
     engine = make_engine(url)
     try:
         with Session(engine) as session:
-            return ExperimentComparison.model_validate_json(compare_json(
-                session=session, a_id=a_id, b_id=b_id, metric=None, offset=0, limit=10))
+            return ExperimentComparison.model_validate_json(
+                compare_json(session=session, a_id=a_id, b_id=b_id, metric=None, offset=0, limit=10)
+            )
     finally:
         engine.dispose()
 
@@ -63,20 +66,29 @@ def served(url: str, a_id: int, b_id: int) -> ExperimentComparison:
 def stored_pages(url: str) -> list[tuple[int, int, int, int]]:
     engine = make_engine(url)
     with Session(engine) as session:
-        rows = session.exec(select(CompareCache.a_id, CompareCache.b_id,
-                                   CompareCache.n_completed_a, CompareCache.n_completed_b)).all()
+        rows = session.exec(
+            select(
+                CompareCache.a_id,
+                CompareCache.b_id,
+                CompareCache.n_completed_a,
+                CompareCache.n_completed_b,
+            )
+        ).all()
     engine.dispose()
     return [tuple(row) for row in rows]
 
 
 def test_a_compare_page_is_stored_until_either_experiment_completes_a_run(
-        database_url: str) -> None:
+    database_url: str,
+) -> None:
     """Like /stats: a page is computed once and served from the database while the completed
     runs of both experiments stay as many (a value changed behind the service's back shows it
     is not computed again), recomputed when one more run of either completes, and removed with
     either experiment."""
-    accuracies = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81, 0.84],
-                  "subtract": [0.84, 0.845, 0.842, 0.83, 0.85, 0.86]}
+    accuracies = {
+        "clamp": [0.80, 0.85, 0.83, 0.86, 0.81, 0.84],
+        "subtract": [0.84, 0.845, 0.842, 0.83, 0.85, 0.86],
+    }
     a_id = store_cff_experiment(database_url, accuracies, n_test=1000)
     b_id = store_cff_experiment(database_url, accuracies, n_test=1000)
     first = served(database_url, a_id, b_id)
@@ -92,9 +104,17 @@ def test_a_compare_page_is_stored_until_either_experiment_completes_a_run(
     assert served(database_url, a_id, b_id) == first  # stored, not computed again
 
     with Session(engine) as session:  # one more run of b completes
-        session.add(Run(experiment_id=b_id, condition={"margin_mode": "clamp"},
-                        condition_key="margin_mode=clamp", seed=6, trainer="cff",
-                        status=RunStatus.completed, metrics={"test_accuracy": 0.9}))
+        session.add(
+            Run(
+                experiment_id=b_id,
+                condition={"margin_mode": "clamp"},
+                condition_key="margin_mode=clamp",
+                seed=6,
+                trainer="cff",
+                status=RunStatus.completed,
+                metrics={"test_accuracy": 0.9},
+            )
+        )
         b = session.get(Experiment, b_id)
         b.runs_completed, b.n_runs, b.status = 13, 13, ExperimentStatus.completed
         session.commit()
@@ -113,7 +133,8 @@ def test_a_compare_page_is_stored_until_either_experiment_completes_a_run(
 
 
 def test_a_compare_of_two_10000_seed_experiments_stays_within_a_memory_bound(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """One condition of 10,000 seeds in each: the paired test's 9,999 sign flips of 10,000
     pairs made one 800 MB matrix (1.5 GB at its peak while drawn, for every call: too large to
     keep); drawn a block at a time they never hold more than a few MB."""
@@ -124,19 +145,38 @@ def test_a_compare_of_two_10000_seed_experiments_stays_within_a_memory_bound(
     ids = []
     with Session(engine) as session:
         for name in ("a", "b"):
-            experiment = Experiment(name=name, trainer="collapse", metric="min_l2",
-                                    spec={"name": name, "trainer": "collapse"}, n_conditions=1,
-                                    n_runs=10_000, runs_completed=10_000,
-                                    status=ExperimentStatus.completed)
+            experiment = Experiment(
+                name=name,
+                trainer="collapse",
+                metric="min_l2",
+                spec={"name": name, "trainer": "collapse"},
+                n_conditions=1,
+                n_runs=10_000,
+                runs_completed=10_000,
+                status=ExperimentStatus.completed,
+            )
             session.add(experiment)
             session.commit()
             ids.append(experiment.id)
-            session.execute(insert(Run), [
-                {"experiment_id": experiment.id, "condition": {}, "condition_key": "",
-                 "seed": seed, "trainer": "collapse", "status": RunStatus.completed,
-                 "metrics": {"min_l2": float(value)}, "diagnostics": {}, "warnings": [],
-                 "provenance": {}, "created_at": experiment.created_at}
-                for seed, value in enumerate(rng.lognormal(size=10_000))])
+            session.execute(
+                insert(Run),
+                [
+                    {
+                        "experiment_id": experiment.id,
+                        "condition": {},
+                        "condition_key": "",
+                        "seed": seed,
+                        "trainer": "collapse",
+                        "status": RunStatus.completed,
+                        "metrics": {"min_l2": float(value)},
+                        "diagnostics": {},
+                        "warnings": [],
+                        "provenance": {},
+                        "created_at": experiment.created_at,
+                    }
+                    for seed, value in enumerate(rng.lognormal(size=10_000))
+                ],
+            )
             session.commit()
     engine.dispose()
     tracemalloc.start()

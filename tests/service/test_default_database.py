@@ -30,14 +30,23 @@ def home(tmp_path: Path) -> Path:
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:
     """A user's environment: no SEEDGRID_ variable, HOME in the test's directory."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SEEDGRID_") and k not in {"XDG_DATA_HOME", "RAY_ADDRESS"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SEEDGRID_") and k not in {"XDG_DATA_HOME", "RAY_ADDRESS"}
+    }
     return {**env, "HOME": str(home), "PYTHONPATH": str(ROOT), **extra}
 
 
 def seedgrid(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def files_under(path: Path) -> list[Path]:
@@ -46,7 +55,8 @@ def files_under(path: Path) -> list[Path]:
 
 @pytest.mark.skipif(sys.platform in ("darwin", "win32"), reason="the XDG rule is Linux's")
 def test_the_default_is_in_the_users_data_directory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SEEDGRID_DATABASE_URL", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
@@ -61,7 +71,8 @@ def test_the_default_is_in_the_users_data_directory(
 
 
 def test_db_current_reads_only_and_every_directory_finds_the_same_database(
-        tmp_path: Path, home: Path) -> None:
+    tmp_path: Path, home: Path
+) -> None:
     env = user_env(home, XDG_DATA_HOME=str(tmp_path / "xdg"))
     default = tmp_path / "xdg" / "seedgrid" / "seedgrid.db"
     elsewhere, other = tmp_path / "elsewhere", tmp_path / "other"
@@ -75,7 +86,8 @@ def test_db_current_reads_only_and_every_directory_finds_the_same_database(
     made = seedgrid("db", "upgrade", cwd=elsewhere, env=env)
     assert made.returncode == 0, made.stderr
     assert f"database {default} (the default; SEEDGRID_DATABASE_URL selects another)" in (
-        made.stdout)
+        made.stdout
+    )
     assert default.is_file() and files_under(elsewhere) == []
     found = seedgrid("db", "current", cwd=other, env=env)
     assert found.returncode == 0, found.stderr
@@ -85,7 +97,8 @@ def test_db_current_reads_only_and_every_directory_finds_the_same_database(
 
 
 def test_an_old_default_database_here_gets_one_warning_saying_how_to_keep_it(
-        tmp_path: Path, home: Path) -> None:
+    tmp_path: Path, home: Path
+) -> None:
     env = user_env(home, XDG_DATA_HOME=str(tmp_path / "xdg"))
     project = tmp_path / "project"
     project.mkdir()
@@ -105,8 +118,8 @@ def test_an_old_default_database_here_gets_one_warning_saying_how_to_keep_it(
 
 
 def test_no_warning_where_the_old_and_the_new_default_are_one_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("SEEDGRID_DATABASE_URL", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     default_database_path().parent.mkdir()
@@ -117,7 +130,8 @@ def test_no_warning_where_the_old_and_the_new_default_are_one_file(
 
 
 def test_serve_makes_the_default_database_and_its_directory_and_says_where(
-        tmp_path: Path, home: Path) -> None:
+    tmp_path: Path, home: Path
+) -> None:
     port = free_port()
     env = user_env(home, SEEDGRID_PORT=str(port))
     default = home / ".local" / "share" / "seedgrid" / "seedgrid.db"
@@ -125,8 +139,10 @@ def test_serve_makes_the_default_database_and_its_directory_and_says_where(
     server = SeedgridProcess("serve", ["serve", "--no-dispatch"], env, tmp_path)
     try:
         server.wait_healthy()
-        assert f"database {default} (the default; SEEDGRID_DATABASE_URL selects another): " \
-               "schema upgraded from an empty database" in server.log()
+        assert (
+            f"database {default} (the default; SEEDGRID_DATABASE_URL selects another): "
+            "schema upgraded from an empty database" in server.log()
+        )
         assert default.is_file()
     finally:
         server.stop()

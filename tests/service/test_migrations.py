@@ -141,14 +141,22 @@ def test_migrated_schema_is_the_models_schema(
     create_all_of_the_models(models_url)
     assert reflected_schema(database_url) == reflected_schema(models_url)
     assert set(reflected_schema(database_url)) == {
-        "experiment", "run", "runattempt", "metricpoint", "statscache", "comparecache"}
+        "experiment",
+        "run",
+        "runattempt",
+        "metricpoint",
+        "statscache",
+        "comparecache",
+    }
     if database_url.startswith("sqlite"):
         # what reflection does not show: an index's column order (the claim index's descending
         # priority) and the tables whose ids are never reused
         migrated, made = sqlite_schema(database_url), sqlite_schema(models_url)
         assert migrated["index"] == made["index"]
         assert sorted(t for t, sql in migrated["table"].items() if "AUTOINCREMENT" in sql) == [
-            "experiment", "run"]
+            "experiment",
+            "run",
+        ]
 
 
 def sqlite_schema(database_url: str) -> dict[str, dict[str, str]]:
@@ -157,7 +165,8 @@ def sqlite_schema(database_url: str) -> dict[str, dict[str, str]]:
     with engine.connect() as connection:
         rows = connection.exec_driver_sql(
             "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL "
-            "AND name != 'alembic_version'").all()
+            "AND name != 'alembic_version'"
+        ).all()
     engine.dispose()
     schema: dict[str, dict[str, str]] = {"table": {}, "index": {}}
     for kind, name, sql in rows:
@@ -183,13 +192,15 @@ def test_downgrade_to_0001_gives_every_run_its_config_back(database_url: str) ->
             "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
             "n_conditions, n_runs, cancel_requested, created_at) VALUES ('e', 'collapse', "
             "'{\"config\": {\"steps\": 50, \"r\": 0.1}}', 'min_l2', 'queued', 0, 1, 1, false, "
-            "'2026-01-01 00:00:00')")
+            "'2026-01-01 00:00:00')"
+        )
         connection.exec_driver_sql(
             "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, status, "
             "priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, metrics, "
             "diagnostics, warnings, provenance, created_at) SELECT id, 'r=0.5', '{\"r\": 0.5}', "
             "0, 'collapse', 'queued', 0, 0, 2, 1, 0, false, '{}', '{}', '[]', '{}', "
-            "'2026-01-01 00:00:00' FROM experiment")
+            "'2026-01-01 00:00:00' FROM experiment"
+        )
     engine.dispose()
     _migrate(database_url, INITIAL_REVISION, down=True)
     engine = make_engine(database_url)
@@ -261,8 +272,13 @@ print(upgrade_database(sys.argv[1]).before, flush=True)
 
 def test_processes_starting_together_migrate_a_new_database_once(database_url: str) -> None:
     processes = [
-        subprocess.Popen([sys.executable, "-c", START_UP, database_url], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", START_UP, database_url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(3)
     ]
     try:
@@ -328,20 +344,24 @@ def test_text_an_earlier_version_stored_unencodable_is_made_readable(database_ur
     escape; reading it back then gave a 500 for ever. Migration 0002 replaces it."""
     create_all_like_seedgrid_0_1(database_url)
     engine = make_engine(database_url)
-    spec = ('{"name": "poisoned", "trainer": "collapse", "grid": {"loss": ["mse"]}, '
-            '"config": {"data_root": "/x\\udc80", "\\ud800": 1}, "seeds": 1}')
+    spec = (
+        '{"name": "poisoned", "trainer": "collapse", "grid": {"loss": ["mse"]}, '
+        '"config": {"data_root": "/x\\udc80", "\\ud800": 1}, "seeds": 1}'
+    )
     with engine.begin() as connection:
         connection.exec_driver_sql(
             "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
             "n_conditions, n_runs, cancel_requested, created_at) VALUES ('poisoned', "
             f"'collapse', '{spec}', 'min_l2', 'partial', 0, 1, 1, false, "
-            "'2026-01-01 00:00:00')")
+            "'2026-01-01 00:00:00')"
+        )
         connection.exec_driver_sql(
             "INSERT INTO run (experiment_id, condition_key, condition, seed, config, trainer, "
             "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
             "metrics, diagnostics, warnings, provenance, created_at) SELECT id, 'loss=mse', "
             "'{\"loss\": \"mse\\udfff\"}', 0, '{}', 'collapse', 'failed', 0, 1, 2, 1, 0, "
-            "false, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00' FROM experiment")
+            "false, '{}', '{}', '[]', '{}', '2026-01-01 00:00:00' FROM experiment"
+        )
     engine.dispose()
     with BackgroundServer(Settings(database_url=database_url), dispatch=False) as server:
         detail = httpx.get(f"{server.url}/experiments/1", timeout=30)
@@ -371,11 +391,11 @@ def _insert_run_of_0003(connection: Any, seed: int, trainer: str, status: str) -
         "status, priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, "
         "metrics, diagnostics, warnings, provenance, created_at) SELECT id, '', '{}', "
         f"{seed}, '{trainer}', '{status}', 0, 1, 2, 1, 0, false, '{{}}', '{{}}', '[]', "
-        "'{}', '2026-01-01 00:00:00' FROM experiment")
+        "'{}', '2026-01-01 00:00:00' FROM experiment"
+    )
 
 
-def test_0004_counts_stopped_runs_and_its_downgrade_makes_them_failed(
-        database_url: str) -> None:
+def test_0004_counts_stopped_runs_and_its_downgrade_makes_them_failed(database_url: str) -> None:
     """0004 adds the experiment's runs_stopped (0 for a database 0003 kept); going back to
     0003, which knows no `stopped`, a stopped run becomes failed with the reason, its count
     and attempt move with it, and an experiment completed by stopped runs becomes partial."""
@@ -386,45 +406,53 @@ def test_0004_counts_stopped_runs_and_its_downgrade_makes_them_failed(
             "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
             "n_conditions, n_runs, cancel_requested, created_at, runs_completed) VALUES ('e', "
             "'feedback', '{}', 'test_accuracy', 'completed', 0, 1, 2, false, "
-            "'2026-01-01 00:00:00', 2)")
+            "'2026-01-01 00:00:00', 2)"
+        )
         for seed in (0, 1):
             _insert_run_of_0003(connection, seed, "feedback", "completed")
     engine.dispose()
-    assert upgrade_database(database_url) == SchemaUpgrade(before="0003", after=head_revision(),
-                                                           stamped=False)
+    assert upgrade_database(database_url) == SchemaUpgrade(
+        before="0003", after=head_revision(), stamped=False
+    )
     engine = make_engine(database_url)
     with engine.begin() as connection:
         assert connection.exec_driver_sql(
-            "SELECT runs_completed, runs_stopped FROM experiment").all() == [(2, 0)]
+            "SELECT runs_completed, runs_stopped FROM experiment"
+        ).all() == [(2, 0)]
         # what 0004's service writes when seed 1 stops on its check
         connection.exec_driver_sql("UPDATE run SET status = 'stopped' WHERE seed = 1")
-        connection.exec_driver_sql(
-            "UPDATE experiment SET runs_completed = 1, runs_stopped = 1")
+        connection.exec_driver_sql("UPDATE experiment SET runs_completed = 1, runs_stopped = 1")
         connection.exec_driver_sql(
             "INSERT INTO runattempt (run_id, attempt, outcome, started_at) SELECT id, 1, "
-            "'stopped', '2026-01-01 00:00:00' FROM run WHERE seed = 1")
+            "'stopped', '2026-01-01 00:00:00' FROM run WHERE seed = 1"
+        )
     engine.dispose()
     _migrate(database_url, "0003", down=True)
     engine = make_engine(database_url)
     with engine.begin() as connection:
         assert connection.exec_driver_sql(
-            "SELECT status, runs_completed, runs_failed FROM experiment").all() == [
-            ("partial", 1, 1)]
+            "SELECT status, runs_completed, runs_failed FROM experiment"
+        ).all() == [("partial", 1, 1)]
         assert connection.exec_driver_sql(
-            "SELECT seed, status, error FROM run ORDER BY seed").all() == [
+            "SELECT seed, status, error FROM run ORDER BY seed"
+        ).all() == [
             (0, "completed", None),
-            (1, "failed", "stopped early by a check its spec asked to stop on (status "
-                          "'stopped')")]
-        assert connection.exec_driver_sql("SELECT outcome FROM runattempt").all() == [
-            ("failed",)]
+            (1, "failed", "stopped early by a check its spec asked to stop on (status 'stopped')"),
+        ]
+        assert connection.exec_driver_sql("SELECT outcome FROM runattempt").all() == [("failed",)]
     engine.dispose()
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
 
 
 def seedgrid(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_db_upgrade_and_current_commands(tmp_path: Path) -> None:
@@ -511,17 +539,20 @@ def test_bad_database_url_option_is_named() -> None:
 
 
 def test_0006_makes_all_failed_experiments_failed_and_its_downgrade_partial(
-        database_url: str) -> None:
+    database_url: str,
+) -> None:
     """Ended under 0005's rule, an experiment none of whose runs completed is `partial`; 0006
     makes it `failed` as the runs store now derives it, and leaves every other one alone."""
     _migrate(database_url, "0005")
     engine = make_engine(database_url)
     # name, status, then its runs completed, stopped, failed, diverged, cancelled
-    rows = [("all-failed", "partial", 0, 0, 2, 1, 0),
-            ("some-completed", "partial", 1, 0, 2, 0, 0),
-            ("all-stopped", "completed", 0, 3, 0, 0, 0),
-            ("all-cancelled", "partial", 0, 0, 0, 0, 3),
-            ("cancelled", "cancelled", 0, 0, 3, 0, 0)]
+    rows = [
+        ("all-failed", "partial", 0, 0, 2, 1, 0),
+        ("some-completed", "partial", 1, 0, 2, 0, 0),
+        ("all-stopped", "completed", 0, 3, 0, 0, 0),
+        ("all-cancelled", "partial", 0, 0, 0, 0, 3),
+        ("cancelled", "cancelled", 0, 0, 3, 0, 0),
+    ]
     with engine.begin() as connection:
         for name, status, completed, stopped, failed, diverged, cancelled in rows:
             connection.exec_driver_sql(
@@ -530,7 +561,8 @@ def test_0006_makes_all_failed_experiments_failed_and_its_downgrade_partial(
                 "runs_stopped, runs_failed, runs_diverged, runs_cancelled) VALUES "
                 f"('{name}', 'collapse', '{{}}', 'min_l2', '{status}', 0, 1, 3, "
                 f"{'true' if status == 'cancelled' else 'false'}, '2026-01-01 00:00:00', "
-                f"{completed}, {stopped}, {failed}, {diverged}, {cancelled})")
+                f"{completed}, {stopped}, {failed}, {diverged}, {cancelled})"
+            )
     engine.dispose()
     upgrade_database(database_url)
 
@@ -541,17 +573,20 @@ def test_0006_makes_all_failed_experiments_failed_and_its_downgrade_partial(
         engine.dispose()
         return found
 
-    assert statuses() == {"all-failed": "failed", "some-completed": "partial",
-                          "all-stopped": "completed", "all-cancelled": "partial",
-                          "cancelled": "cancelled"}
+    assert statuses() == {
+        "all-failed": "failed",
+        "some-completed": "partial",
+        "all-stopped": "completed",
+        "all-cancelled": "partial",
+        "cancelled": "cancelled",
+    }
     _migrate(database_url, "0005", down=True)
     assert statuses()["all-failed"] == "partial"
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
 
 
-def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(
-        database_url: str) -> None:
+def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(database_url: str) -> None:
     """0007 adds the experiment's runs_pending (0 for a database 0006 kept: its running runs
     stay running, for the next dispatcher to re-queue); going back to 0006, which knows no
     `pending`, a pending run is running again (handed to Ray) and its count moves with it."""
@@ -562,19 +597,24 @@ def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(
             "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
             "n_conditions, n_runs, cancel_requested, created_at, runs_queued, runs_running) "
             "VALUES ('e', 'collapse', '{}', 'min_l2', 'running', 0, 1, 3, false, "
-            "'2026-01-01 00:00:00', 1, 2)")
+            "'2026-01-01 00:00:00', 1, 2)"
+        )
         for seed, status in ((0, "running"), (1, "running"), (2, "queued")):
             _insert_run_of_0003(connection, seed, "collapse", status)
     engine.dispose()
-    assert upgrade_database(database_url) == SchemaUpgrade(before="0006", after=head_revision(),
-                                                           stamped=False)
+    assert upgrade_database(database_url) == SchemaUpgrade(
+        before="0006", after=head_revision(), stamped=False
+    )
     engine = make_engine(database_url)
     with engine.begin() as connection:
         assert connection.exec_driver_sql(
-            "SELECT runs_queued, runs_pending, runs_running FROM experiment").all() == [(1, 0, 2)]
-        assert connection.exec_driver_sql(
-            "SELECT seed, status FROM run ORDER BY seed").all() == [
-            (0, "running"), (1, "running"), (2, "queued")]
+            "SELECT runs_queued, runs_pending, runs_running FROM experiment"
+        ).all() == [(1, 0, 2)]
+        assert connection.exec_driver_sql("SELECT seed, status FROM run ORDER BY seed").all() == [
+            (0, "running"),
+            (1, "running"),
+            (2, "queued"),
+        ]
         # what 0007's service writes when it hands seed 2 to Ray
         connection.exec_driver_sql("UPDATE run SET status = 'pending' WHERE seed = 2")
         connection.exec_driver_sql("UPDATE experiment SET runs_queued = 0, runs_pending = 1")
@@ -583,11 +623,13 @@ def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(
     engine = make_engine(database_url)
     with engine.begin() as connection:
         assert connection.exec_driver_sql(
-            "SELECT status, runs_queued, runs_running FROM experiment").all() == [
-            ("running", 0, 3)]
-        assert connection.exec_driver_sql(
-            "SELECT seed, status FROM run ORDER BY seed").all() == [
-            (0, "running"), (1, "running"), (2, "running")]
+            "SELECT status, runs_queued, runs_running FROM experiment"
+        ).all() == [("running", 0, 3)]
+        assert connection.exec_driver_sql("SELECT seed, status FROM run ORDER BY seed").all() == [
+            (0, "running"),
+            (1, "running"),
+            (2, "running"),
+        ]
     engine.dispose()
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
@@ -596,9 +638,13 @@ def test_0007_counts_pending_runs_and_its_downgrade_makes_them_running(
 def _rows(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
     engine = make_engine(database_url)
     with engine.connect() as connection:
-        rows = {table: [tuple(row) for row in connection.exec_driver_sql(
-                    f"SELECT * FROM {table} ORDER BY id")]
-                for table in ("experiment", "run", "runattempt", "metricpoint", "statscache")}
+        rows = {
+            table: [
+                tuple(row)
+                for row in connection.exec_driver_sql(f"SELECT * FROM {table} ORDER BY id")
+            ]
+            for table in ("experiment", "run", "runattempt", "metricpoint", "statscache")
+        }
     engine.dispose()
     return rows
 
@@ -616,7 +662,8 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
                 "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
                 "n_conditions, n_runs, cancel_requested, created_at, runs_completed) VALUES "
                 f"('{name}', 'collapse', '{{\"config\": {{\"steps\": 50}}}}', 'min_l2', "
-                "'completed', 0, 1, 2, false, '2026-01-01 00:00:00', 2)")
+                "'completed', 0, 1, 2, false, '2026-01-01 00:00:00', 2)"
+            )
             for seed in (0, 1):
                 connection.exec_driver_sql(
                     "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
@@ -624,18 +671,22 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
                     "cancel_requested, metrics, diagnostics, warnings, provenance, created_at) "
                     f"SELECT max(id), '', '{{}}', {seed}, 'collapse', 'completed', 0, 1, 2, 1, "
                     "0, false, '{\"min_l2\": 0.5}', '{}', '[]', '{}', '2026-01-01 00:00:00' "
-                    "FROM experiment")
+                    "FROM experiment"
+                )
         connection.exec_driver_sql(
             "INSERT INTO runattempt (run_id, attempt, outcome, started_at) SELECT id, 1, "
-            "'completed', '2026-01-01 00:00:00' FROM run")
+            "'completed', '2026-01-01 00:00:00' FROM run"
+        )
         for step in range(3):
             connection.exec_driver_sql(
                 "INSERT INTO metricpoint (run_id, step, name, value) SELECT id, "
-                f"{step}, 'min_l2', {step / 10} FROM run")
+                f"{step}, 'min_l2', {step / 10} FROM run"
+            )
         connection.exec_driver_sql(
             "INSERT INTO statscache (experiment_id, metric, page, n_completed, payload, "
             "computed_at) SELECT id, 'min_l2', 'p', 2, '{}', '2026-01-01 00:00:00' "
-            "FROM experiment")
+            "FROM experiment"
+        )
     engine.dispose()
     before = _rows(database_url)
     assert upgrade_database(database_url).before == "0007"
@@ -643,7 +694,8 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     # 0008's deleted, and 0009's stop_message (no run of these was stopped)
     assert after["experiment"] == [(*row, False, None) for row in before["experiment"]]
     assert {t: r for t, r in after.items() if t != "experiment"} == {
-        t: r for t, r in before.items() if t != "experiment"}
+        t: r for t, r in before.items() if t != "experiment"
+    }
     assert metadata_diffs(database_url, SQLModel.metadata) == []
 
     (newest_id, _), (old_id, _) = [(r[0], r[1]) for r in reversed(before["experiment"])]
@@ -652,23 +704,31 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     with Session(engine) as session:
         delete_experiment(session=session, experiment_id=newest_id)
         assert purge_deleted(engine) == [newest_id]
-        spec = ExperimentSpec.model_validate({"name": "next", "trainer": "collapse",
-                                              "config": {"steps": 50}, "seeds": 2})
-        created = create_experiment(session=session, spec=spec,
-                                    settings=Settings(database_url=database_url))
+        spec = ExperimentSpec.model_validate(
+            {"name": "next", "trainer": "collapse", "config": {"steps": 50}, "seeds": 2}
+        )
+        created = create_experiment(
+            session=session, spec=spec, settings=Settings(database_url=database_url)
+        )
         run_ids = session.exec(select(Run.id).where(Run.experiment_id == created.id)).all()
         assert created.id == newest_id + 1
         assert min(run_ids) > max(newest_runs)
         # the older experiment's rows are untouched
-        assert session.exec(select(func.count()).select_from(Run)
-                            .where(Run.experiment_id == old_id)).one() == 2
+        assert (
+            session.exec(
+                select(func.count()).select_from(Run).where(Run.experiment_id == old_id)
+            ).one()
+            == 2
+        )
     engine.dispose()
     assert _rows(database_url)["metricpoint"] == [
-        r for r in before["metricpoint"] if r[1] not in newest_runs]
+        r for r in before["metricpoint"] if r[1] not in newest_runs
+    ]
 
 
 def test_0008_downgrade_removes_what_a_purge_left_and_gives_ids_back_their_old_rule(
-        database_url: str) -> None:
+    database_url: str,
+) -> None:
     """Going back to 0007, which knows no `deleted`, an experiment marked deleted whose rows a
     purge had not removed yet goes with them (it would come back otherwise); the rebuilt tables
     keep the other rows; upgrading again gives the models' schema."""
@@ -677,8 +737,9 @@ def test_0008_downgrade_removes_what_a_purge_left_and_gives_ids_back_their_old_r
     with Session(engine) as session:
         settings = Settings(database_url=database_url)
         for name in ("kept", "deleted"):
-            spec = ExperimentSpec.model_validate({"name": name, "trainer": "collapse",
-                                                  "config": {"steps": 50}, "seeds": 2})
+            spec = ExperimentSpec.model_validate(
+                {"name": name, "trainer": "collapse", "config": {"steps": 50}, "seeds": 2}
+            )
             experiment = create_experiment(session=session, spec=spec, settings=settings)
         cancel_experiment(session=session, experiment_id=experiment.id)
         delete_experiment(session=session, experiment_id=experiment.id)  # marked, not purged
@@ -688,8 +749,9 @@ def test_0008_downgrade_removes_what_a_purge_left_and_gives_ids_back_their_old_r
     assert [r[1] for r in rows["experiment"]] == ["kept"]
     assert [r[1] for r in rows["run"]] == [rows["experiment"][0][0]] * 2
     if database_url.startswith("sqlite"):
-        assert not any("AUTOINCREMENT" in sql
-                       for sql in sqlite_schema(database_url)["table"].values())
+        assert not any(
+            "AUTOINCREMENT" in sql for sql in sqlite_schema(database_url)["table"].values()
+        )
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
     assert _rows(database_url)["run"] == rows["run"]
@@ -699,7 +761,8 @@ STOPPED = "cancelled: the experiment "  # the prefix of a run error the first-fa
 
 
 def test_0009_gives_a_stopped_experiment_its_stop_message_from_its_runs_errors(
-        database_url: str) -> None:
+    database_url: str,
+) -> None:
     """0009 moves the first-failures stop's message from the errors of the runs it cancelled
     (kept as they are) into the experiment's stop_message, read as the service read it: only
     of an experiment with a failed run, the prefix stripped; the other experiments get none."""
@@ -707,8 +770,16 @@ def test_0009_gives_a_stopped_experiment_its_stop_message_from_its_runs_errors(
     message = "stopped after its first 2 runs failed: RuntimeError: boom"
     # name, runs_failed, then its runs' status and error
     experiments = [
-        ("stopped", 2, [("failed", "RuntimeError: boom"), ("failed", "RuntimeError: boom"),
-                        ("cancelled", STOPPED + message), ("cancelled", STOPPED + message)]),
+        (
+            "stopped",
+            2,
+            [
+                ("failed", "RuntimeError: boom"),
+                ("failed", "RuntimeError: boom"),
+                ("cancelled", STOPPED + message),
+                ("cancelled", STOPPED + message),
+            ],
+        ),
         ("cancelled", 0, [("cancelled", "cancelled before start")]),
         ("no-failure", 0, [("completed", STOPPED + "is a trainer's own words")]),
         ("failed", 1, [("failed", "RuntimeError: boom"), ("completed", None)]),
@@ -717,21 +788,27 @@ def test_0009_gives_a_stopped_experiment_its_stop_message_from_its_runs_errors(
     with engine.begin() as connection:
         for name, failed, runs in experiments:
             spec = json.dumps({"name": name, "trainer": "collapse", "config": {"steps": 50}})
-            connection.execute(text(
-                "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
-                "n_conditions, n_runs, cancel_requested, created_at, runs_failed) VALUES "
-                "(:name, 'collapse', :spec, 'min_l2', 'failed', 0, 1, :n, false, "
-                "'2026-01-01 00:00:00', :failed)"),
-                {"name": name, "spec": spec, "n": len(runs), "failed": failed})
+            connection.execute(
+                text(
+                    "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+                    "n_conditions, n_runs, cancel_requested, created_at, runs_failed) VALUES "
+                    "(:name, 'collapse', :spec, 'min_l2', 'failed', 0, 1, :n, false, "
+                    "'2026-01-01 00:00:00', :failed)"
+                ),
+                {"name": name, "spec": spec, "n": len(runs), "failed": failed},
+            )
             for seed, (status, error) in enumerate(runs):
-                connection.execute(text(
-                    "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
-                    "status, priority, attempts, max_retries, num_cpus, num_gpus, "
-                    "cancel_requested, metrics, diagnostics, warnings, provenance, error, "
-                    "created_at) SELECT id, '', '{}', :seed, 'collapse', :status, 0, 1, 2, 1, "
-                    "0, false, '{}', '{}', '[]', '{}', :error, '2026-01-01 00:00:00' "
-                    "FROM experiment WHERE name = :name"),
-                    {"seed": seed, "status": status, "error": error, "name": name})
+                connection.execute(
+                    text(
+                        "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, "
+                        "status, priority, attempts, max_retries, num_cpus, num_gpus, "
+                        "cancel_requested, metrics, diagnostics, warnings, provenance, error, "
+                        "created_at) SELECT id, '', '{}', :seed, 'collapse', :status, 0, 1, 2, 1, "
+                        "0, false, '{}', '{}', '[]', '{}', :error, '2026-01-01 00:00:00' "
+                        "FROM experiment WHERE name = :name"
+                    ),
+                    {"seed": seed, "status": status, "error": error, "name": name},
+                )
     engine.dispose()
     errors_before = _rows(database_url)["run"]
     assert upgrade_database(database_url).before == "0008"
@@ -739,18 +816,24 @@ def test_0009_gives_a_stopped_experiment_its_stop_message_from_its_runs_errors(
     def stop_messages() -> dict[str, str | None]:
         engine = make_engine(database_url)
         with engine.connect() as connection:
-            found = dict(connection.exec_driver_sql(
-                "SELECT name, stop_message FROM experiment").all())
+            found = dict(
+                connection.exec_driver_sql("SELECT name, stop_message FROM experiment").all()
+            )
         engine.dispose()
         return found
 
-    assert stop_messages() == {"stopped": message, "cancelled": None, "no-failure": None,
-                               "failed": None}
+    assert stop_messages() == {
+        "stopped": message,
+        "cancelled": None,
+        "no-failure": None,
+        "failed": None,
+    }
     assert _rows(database_url)["run"] == errors_before  # the runs' errors are kept
     engine = make_engine(database_url)
     with Session(engine) as session:
-        assert [experiment_detail(session=session, experiment_id=i).message
-                for i in (1, 2, 3, 4)] == [message, None, None, None]
+        assert [
+            experiment_detail(session=session, experiment_id=i).message for i in (1, 2, 3, 4)
+        ] == [message, None, None, None]
     engine.dispose()
     _migrate(database_url, "0008", down=True)
     upgrade_database(database_url)

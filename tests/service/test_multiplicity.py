@@ -28,8 +28,10 @@ def grid_runs(seeds: int = 6) -> list[tuple[dict, str, float]]:
         for depth in GRID["depth"]:
             condition = {"mode": mode, "depth": depth}
             key = f"depth={depth},mode={mode}"
-            runs += [(condition, key, float(v)) for v in
-                     rng.normal(depth * 2.0, scale[mode] * (1 + depth / 4), size=seeds)]
+            runs += [
+                (condition, key, float(v))
+                for v in rng.normal(depth * 2.0, scale[mode] * (1 + depth / 4), size=seeds)
+            ]
     return runs
 
 
@@ -64,7 +66,8 @@ def holm_by_hand(p: list[float]) -> list[float]:
 
 
 def test_holm_per_factor_and_across_all_equals_statsmodels_and_the_hand_computation(
-        whole: Stats) -> None:
+    whole: Stats,
+) -> None:
     comparisons = [c.model_dump() for c in whole.comparisons]
     for test in ADJUSTED:
         raw_all = [c[test] for c in comparisons]
@@ -80,8 +83,9 @@ def test_holm_per_factor_and_across_all_equals_statsmodels_and_the_hand_computat
             assert want == pytest.approx(multipletests(raw, method="holm")[1], rel=1e-12)
             # an adjusted p is never below its raw p, and the factor family is the smaller one
             assert all(c[f"{test}_holm_factor"] >= c[test] * (1 - 1e-12) for c in members)
-            assert all(c[f"{test}_holm_all"] >= c[f"{test}_holm_factor"] * (1 - 1e-12)
-                       for c in members)
+            assert all(
+                c[f"{test}_holm_all"] >= c[f"{test}_holm_factor"] * (1 - 1e-12) for c in members
+            )
     families = {f.factor: f for f in whole.multiplicity}
     assert families["mode"].comparisons == 6 * 3 and families["depth"].comparisons == 1 * 5
     assert families[None].comparisons == 23 and families[None].tested["f_test_p"] == 23
@@ -103,8 +107,9 @@ def test_a_page_is_adjusted_over_the_whole_family_not_over_the_page(whole: Stats
     assert got == pytest.approx(whole_family[7:17], rel=1e-9)
     assert got != pytest.approx(page_only, rel=1e-6)
     # asking for one factor pages the same family
-    by_factor = experiment_stats(metric="m", grid=GRID, runs=runs, factor="depth", offset=2,
-                                 limit=2)
+    by_factor = experiment_stats(
+        metric="m", grid=GRID, runs=runs, factor="depth", offset=2, limit=2
+    )
     depth = [c for c in whole.comparisons if c.factor == "depth"]
     assert by_factor.comparisons == depth[2:4]
 
@@ -131,8 +136,12 @@ def test_a_family_too_large_to_adjust_is_null_with_its_reason() -> None:
     levels = list(range(700))  # comb(700, 2) * 3 comparisons
     grid = {"lr": levels, "sg": [False, True]}
     rng = np.random.default_rng(0)
-    runs = [({"lr": lr, "sg": sg}, f"lr={lr},sg={sg}", float(v))
-            for lr in levels for sg in (False, True) for v in rng.normal(size=2)]
+    runs = [
+        ({"lr": lr, "sg": sg}, f"lr={lr},sg={sg}", float(v))
+        for lr in levels
+        for sg in (False, True)
+        for v in rng.normal(size=2)
+    ]
     stats = experiment_stats(metric="m", grid=grid, runs=runs, factor="sg", limit=3)
     families = {f.factor: f for f in stats.multiplicity}
     assert families["lr"].comparisons > MAX_ANALYSED_COMPARISONS
@@ -141,6 +150,7 @@ def test_a_family_too_large_to_adjust_is_null_with_its_reason() -> None:
     for c in stats.comparisons:
         assert c.f_test_p is not None and c.f_test_p_holm_all is None
         assert c.f_test_p_holm_factor is not None
+
     # sg's own family is every one of its 701 comparisons (pooled, then within each lr),
     # adjusted as a whole: its raw F-test p-values by scipy here
     def f_p(a: list[float], b: list[float]) -> float:
@@ -158,7 +168,8 @@ def test_a_family_too_large_to_adjust_is_null_with_its_reason() -> None:
     raw += [f_p(values(False, lr), values(True, lr)) for lr in levels]
     assert [c.f_test_p for c in stats.comparisons] == pytest.approx(raw[:3], rel=1e-9)
     assert [c.f_test_p_holm_factor for c in stats.comparisons] == pytest.approx(
-        holm_by_hand(raw)[:3], rel=1e-9)
+        holm_by_hand(raw)[:3], rel=1e-9
+    )
 
 
 def test_an_experiment_without_a_grid_has_one_empty_family() -> None:
@@ -167,5 +178,10 @@ def test_an_experiment_without_a_grid_has_one_empty_family() -> None:
     assert stats.comparisons == [] and stats.conditions[0].n == 2
     (family,) = stats.multiplicity
     assert (family.factor, family.comparisons, family.null_reason) == (None, 0, None)
-    assert family.tested == {"primary_p": 0, "f_test_p": 0, "brown_forsythe_p": 0,
-                             "welch_p": 0, "mean_p": 0}
+    assert family.tested == {
+        "primary_p": 0,
+        "f_test_p": 0,
+        "brown_forsythe_p": 0,
+        "welch_p": 0,
+        "mean_p": 0,
+    }

@@ -15,8 +15,13 @@ from service.settings import Settings
 
 OPENAPI = create_app(Settings(database_url="sqlite://"), dispatch=False).openapi()
 SCHEMAS = OPENAPI["components"]["schemas"]
-SCALARS = [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"},
-           {"type": "null"}]
+SCALARS = [
+    {"type": "string"},
+    {"type": "integer"},
+    {"type": "number"},
+    {"type": "boolean"},
+    {"type": "null"},
+]
 # Fields left as any JSON object, and why.
 UNTYPED = {
     # the trainer's own config model validates it; GET /trainers serves that model's schema
@@ -38,16 +43,19 @@ def untyped(schema: Any) -> bool:
 
 
 def test_every_field_the_api_returns_is_typed() -> None:
-    found = {(name, field) for name, model in SCHEMAS.items()
-             for field, schema in model.get("properties", {}).items() if untyped(schema)}
+    found = {
+        (name, field)
+        for name, model in SCHEMAS.items()
+        for field, schema in model.get("properties", {}).items()
+        if untyped(schema)
+    }
     assert found == UNTYPED
 
 
 def test_run_metrics_are_numbers_or_null() -> None:
     for model in ("RunOut", "RunDetail"):
         metrics = SCHEMAS[model]["properties"]["metrics"]
-        assert metrics["additionalProperties"] == {"anyOf": [{"type": "number"},
-                                                              {"type": "null"}]}
+        assert metrics["additionalProperties"] == {"anyOf": [{"type": "number"}, {"type": "null"}]}
 
 
 def test_diagnostics_are_json_objects_at_any_depth() -> None:
@@ -58,15 +66,27 @@ def test_diagnostics_are_json_objects_at_any_depth() -> None:
     assert value["anyOf"][2:] == SCALARS
     inner = value["anyOf"][1]["items"]["anyOf"][1]["items"]["anyOf"]
     assert {} in inner and {"$ref": "#/components/schemas/JsonObject"} in inner
-    for model, field in [("RunOut", "diagnostics"), ("RunDetail", "diagnostics"),
-                         ("RunDetail", "provenance"), ("RunDetail", "config"),
-                         ("TrainerInfo", "config_schema")]:
+    for model, field in [
+        ("RunOut", "diagnostics"),
+        ("RunDetail", "diagnostics"),
+        ("RunDetail", "provenance"),
+        ("RunDetail", "config"),
+        ("TrainerInfo", "config_schema"),
+    ]:
         assert SCHEMAS[model]["properties"][field]["additionalProperties"] == value, field
 
-    nested = {"protocol": {"checks": {"D1": {"value": 1.5, "fired": False, "first_epoch": None}},
-                           "verdict_checks": ["D1"]},
-              "shapes": [[256, 256], [10, 256]], "deeper": [[[{"a": [[[1]]]}]]],
-              "n_test": 3, "ratio": 3.0, "converged": True, "name": "x"}
+    nested = {
+        "protocol": {
+            "checks": {"D1": {"value": 1.5, "fired": False, "first_epoch": None}},
+            "verdict_checks": ["D1"],
+        },
+        "shapes": [[256, 256], [10, 256]],
+        "deeper": [[[{"a": [[[1]]]}]]],
+        "n_test": 3,
+        "ratio": 3.0,
+        "converged": True,
+        "name": "x",
+    }
     # validated as it is: no int becomes a float, no bool an int, nothing dropped
     assert TypeAdapter(dict[str, JsonValue]).dump_python(nested) == nested
     served = TypeAdapter(dict[str, JsonValue]).validate_python(nested)
@@ -82,8 +102,12 @@ def test_grid_levels_are_json_scalars_under_keys_with_a_pattern() -> None:
     levels = grid["additionalProperties"]
     assert levels["type"] == "array" and levels["maxItems"] == 1000
     assert [{"type": s["type"]} for s in levels["items"]["anyOf"]] == [
-        {"type": "boolean"}, {"type": "integer"}, {"type": "number"}, {"type": "string"},
-        {"type": "null"}]
+        {"type": "boolean"},
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "string"},
+        {"type": "null"},
+    ]
     # the schema only moved: a key with NUL is still refused, a level keeps its JSON type
     with pytest.raises(ValidationError, match="grid"):
         ExperimentSpec(name="a", trainer="collapse", grid={"r\x00": [0.1]})

@@ -44,8 +44,9 @@ def test_the_f_interval_is_the_ratio_over_scipys_f_quantiles() -> None:
     assert low == pytest.approx(5.9 / stats.f.ppf(0.975, 13, 13), rel=1e-12)
     assert high == pytest.approx(5.9 / stats.f.ppf(0.025, 13, 13), rel=1e-12)
     low, high = f_ratio_interval(0.5, 3, 5, confidence=0.9)
-    assert (low, high) == pytest.approx((0.5 / stats.f.ppf(0.95, 2, 4),
-                                         0.5 / stats.f.ppf(0.05, 2, 4)), rel=1e-12)
+    assert (low, high) == pytest.approx(
+        (0.5 / stats.f.ppf(0.95, 2, 4), 0.5 / stats.f.ppf(0.05, 2, 4)), rel=1e-12
+    )
 
 
 def test_the_f_interval_covers_the_true_ratio_95_percent_of_the_time() -> None:
@@ -61,7 +62,8 @@ def test_the_f_interval_covers_the_true_ratio_95_percent_of_the_time() -> None:
 @pytest.mark.parametrize(("ratio", "n_a", "n_b"), [(4.0, 8, 8), (2.5, 12, 6), (0.25, 5, 9)])
 def test_the_power_formula_matches_a_simulation(ratio: float, n_a: int, n_b: int) -> None:
     assert f_test_power(ratio, n_a, n_b, ALPHA) == pytest.approx(
-        simulated_power(ratio, n_a, n_b, sims=4000), abs=0.03)
+        simulated_power(ratio, n_a, n_b, sims=4000), abs=0.03
+    )
 
 
 def test_seeds_needed_is_the_smallest_n_whose_simulated_power_reaches_80_percent() -> None:
@@ -100,69 +102,102 @@ def test_three_seeds_per_level_get_a_finite_f_interval_and_a_target_ratio_plan()
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[BackgroundServer]:
-    with BackgroundServer(Settings(database_url=f"sqlite:///{tmp_path / 'seedgrid.db'}"),
-                          dispatch=False) as running:
+    with BackgroundServer(
+        Settings(database_url=f"sqlite:///{tmp_path / 'seedgrid.db'}"), dispatch=False
+    ) as running:
         yield running
 
 
 def test_the_planning_endpoint_answers_both_ways_and_names_bad_input(
-        server: BackgroundServer) -> None:
+    server: BackgroundServer,
+) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
         plan = client.get("/planning/seeds", params={"ratio": 8.0}).json()
         # The primary test on shared seeds by default; the F-test's answer beside it.
-        assert (plan["seeds_per_level"], plan["alpha"], plan["power"], plan["paired"],
-                plan["correlation"]) == (primary_seeds_needed(8.0, paired=True), 0.05, 0.8,
-                                         True, 0.0)
+        assert (
+            plan["seeds_per_level"],
+            plan["alpha"],
+            plan["power"],
+            plan["paired"],
+            plan["correlation"],
+        ) == (primary_seeds_needed(8.0, paired=True), 0.05, 0.8, True, 0.0)
         assert plan["method"].startswith("paired sign-flip test")
         assert (plan["f_test_seeds_per_level"], plan["f_test_ratio"]) == (10, 8.0)
-        correlated = client.get("/planning/seeds",
-                                params={"ratio": 8.0, "correlation": 0.9}).json()
+        correlated = client.get("/planning/seeds", params={"ratio": 8.0, "correlation": 0.9}).json()
         assert correlated["seeds_per_level"] < plan["seeds_per_level"]
         unpaired = client.get("/planning/seeds", params={"ratio": 8.0, "paired": False}).json()
         assert (unpaired["paired"], unpaired["correlation"]) == (False, None)
         assert unpaired["method"].startswith("stratified permutation test")
         plan = client.get("/planning/seeds", params={"seeds": 7, "power": 0.9}).json()
         assert plan["ratio"] == pytest.approx(
-            primary_detectable_ratio(7, 7, paired=True, power=0.9))
+            primary_detectable_ratio(7, 7, paired=True, power=0.9)
+        )
         assert plan["f_test_ratio"] == pytest.approx(detectable_ratio(7, 7, 0.05, 0.9))
         assert client.get("/planning/seeds", params={"ratio": 1.0}).json()["note"] == (
-            "no study detects a ratio of 1")
+            "no study detects a ratio of 1"
+        )
         bad: tuple[tuple[dict[str, str | float], str], ...] = (
-            ({}, "ratio"), ({"ratio": 2, "seeds": 3}, "ratio"), ({"ratio": 0}, "ratio"),
-            ({"seeds": 1}, "seeds"), ({"ratio": 2, "alpha": 1.5}, "alpha"),
+            ({}, "ratio"),
+            ({"ratio": 2, "seeds": 3}, "ratio"),
+            ({"ratio": 0}, "ratio"),
+            ({"seeds": 1}, "seeds"),
+            ({"ratio": 2, "alpha": 1.5}, "alpha"),
             ({"seeds": 9, "alpha": 0.4, "power": 0.3}, "power"),
             ({"ratio": 2, "paired": False, "correlation": 0.5}, "correlation"),
             ({"ratio": 2, "correlation": 1.0}, "correlation"),
             ({"ratio": 2, "correlation": -0.2}, "correlation"),
-            ({"ratio": 2, "paired": "sometimes"}, "paired"))
+            ({"ratio": 2, "paired": "sometimes"}, "paired"),
+        )
         for params, field in bad:
             response = client.get("/planning/seeds", params=params)
             assert response.status_code == 422, (params, response.text)
             assert response.json()["detail"][0]["loc"] == ["query", field]
-        refused = client.get("/planning/seeds",
-                             params={"ratio": 2, "paired": False, "correlation": 0.5})
+        refused = client.get(
+            "/planning/seeds", params={"ratio": 2, "paired": False, "correlation": 0.5}
+        )
         assert "needs paired=true" in refused.json()["detail"][0]["msg"]
 
 
 def test_the_plan_command_prints_the_answer_without_a_service() -> None:
-    done = subprocess.run([sys.executable, "-m", "service.cli", "plan", "--ratio", "8"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "plan", "--ratio", "8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     # The command plans for the primary test on shared seeds, as GET /planning/seeds does.
     assert f"{primary_seeds_needed(8.0, paired=True)} seeds per level" in done.stdout
     assert "paired sign-flip test" in done.stdout
     assert f"would promise {seeds_needed(8.0)} seeds per level" in done.stdout  # the F-test
-    refused = subprocess.run([sys.executable, "-m", "service.cli", "plan"],
-                             capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "service.cli", "plan"], capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode == 2 and "exactly one of --ratio" in refused.stderr
-    correlated = subprocess.run([sys.executable, "-m", "service.cli", "plan", "--ratio", "5.9",
-                                 "--correlation", "0.9"], capture_output=True, text=True,
-                                timeout=60)
+    correlated = subprocess.run(
+        [sys.executable, "-m", "service.cli", "plan", "--ratio", "5.9", "--correlation", "0.9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     want = primary_seeds_needed(5.9, paired=True, correlation=0.9)
     assert f"{want} seeds per level" in correlated.stdout and "correlate 0.9" in correlated.stdout
-    independent = subprocess.run([sys.executable, "-m", "service.cli", "plan", "--ratio", "5.9",
-                                  "--unpaired", "--correlation", "0.5"],
-                                 capture_output=True, text=True, timeout=60)
+    independent = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "plan",
+            "--ratio",
+            "5.9",
+            "--unpaired",
+            "--correlation",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert independent.returncode == 2 and "--correlation is for paired" in independent.stderr
 
 
@@ -183,5 +218,7 @@ def test_a_factor_with_more_than_two_levels_gets_an_omnibus_brown_forsythe_test(
     assert (omnibus.factor, omnibus.levels, omnibus.n) == ("r", [0.0, 0.1, 0.2], [8, 8, 8])
     expected = stats.f_oneway(*by_level.values()).pvalue
     assert omnibus.brown_forsythe_p == pytest.approx(expected, rel=1e-12)
-    assert experiment_stats(metric="m", grid=grid, runs=runs, factor="stop_gradient",
-                            limit=0).omnibus == []
+    assert (
+        experiment_stats(metric="m", grid=grid, runs=runs, factor="stop_gradient", limit=0).omnibus
+        == []
+    )

@@ -26,21 +26,27 @@ CFF = {"width": 16, "depth": 1, "epochs": 1, "head_epochs": 1}
 
 
 def cff_spec(config: dict[str, object], grid: dict[str, list[object]]) -> ExperimentSpec:
-    return ExperimentSpec.model_validate({"name": "p", "trainer": "cff", "seeds": 2,
-                                          "config": {**CFF, **config}, "grid": grid})
+    return ExperimentSpec.model_validate(
+        {"name": "p", "trainer": "cff", "seeds": 2, "config": {**CFF, **config}, "grid": grid}
+    )
 
 
 def test_conditions_share_a_check_by_what_it_reads_and_need_none_without_files() -> None:
-    spec = cff_spec({}, {"dataset": ["cifar10", "svhn", "digits"], "lr": [0.01, 0.02],
-                         "device": ["auto", "cuda"]})
+    spec = cff_spec(
+        {},
+        {"dataset": ["cifar10", "svhn", "digits"], "lr": [0.01, 0.02], "device": ["auto", "cuda"]},
+    )
     trainer, conditions = validate_spec(spec, settings=SETTINGS)
-    checks = {tuple(sorted(c.inputs.items())): c for c in distinct_checks(trainer, spec,
-                                                                        conditions)}
+    checks = {
+        tuple(sorted(c.inputs.items())): c for c in distinct_checks(trainer, spec, conditions)
+    }
     # 12 conditions, 5 distinct checks: lr changes nothing checked, digits on auto needs none
     assert len(conditions) == 12 and len(checks) == 5
     cifar_auto = checks[(("data_root", None), ("dataset", "cifar10"), ("download", False))]
     assert [condition_key(c) for c in cifar_auto.conditions] == [
-        "dataset=cifar10,device=auto,lr=0.01", "dataset=cifar10,device=auto,lr=0.02"]
+        "dataset=cifar10,device=auto,lr=0.01",
+        "dataset=cifar10,device=auto,lr=0.02",
+    ]
     assert cifar_auto.config["dataset"] == "cifar10" and cifar_auto.config["width"] == 16
     assert checks[(("device", "cuda"),)].conditions[0]["dataset"] == "digits"
     digits = cff_spec({"dataset": "digits"}, {"lr": [0.01, 0.02]})
@@ -66,10 +72,11 @@ def test_what_a_node_found_is_one_error_per_field_naming_the_conditions() -> Non
     node = Node("a", "10.0.0.1", "worker-1", cpus=8, gpus=0)
     missing = "dataset 'cifar10' not found under /data (missing /data/cifar-10-batches-py/...)"
     errors = report_errors(spec, [check], [[("dataset", missing), ("device", "no GPU")]], node)
-    assert [e["loc"] for e in errors] == [["body", "config", "dataset"],
-                                          ["body", "grid", "device"]]
-    assert errors[0]["msg"] == (f"{missing} (checked on Ray node 10.0.0.1 (worker-1)) "
-                                "(conditions: device=cuda,lr=0.01; device=cuda,lr=0.02)")
+    assert [e["loc"] for e in errors] == [["body", "config", "dataset"], ["body", "grid", "device"]]
+    assert errors[0]["msg"] == (
+        f"{missing} (checked on Ray node 10.0.0.1 (worker-1)) "
+        "(conditions: device=cuda,lr=0.01; device=cuda,lr=0.02)"
+    )
     (no_gpu,) = no_gpu_errors(spec, [check], [node])
     assert no_gpu["loc"] == ["body", "grid", "device"]
     assert "no node of the Ray cluster has a GPU (1 alive nodes)" in no_gpu["msg"]
@@ -83,7 +90,8 @@ def test_with_the_check_off_submissions_go_on_unchecked() -> None:
 
 
 def test_a_missing_dataset_names_the_operators_root_not_its_path(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the pre-flight task finds on a node, as the 422 reports it: the root by the name
     the operator gave it (the default one, or a name of SEEDGRID_DATA_ROOTS) and the files
     relative to it; the operator's directories never reach the client."""
@@ -92,15 +100,20 @@ def test_a_missing_dataset_names_the_operators_root_not_its_path(
     monkeypatch.setenv("SEEDGRID_DATA_ROOTS", roots)  # as the worker reads them
     spec = cff_spec({"dataset": "cifar10"}, {"data_root": [None, "shared"]})
     trainer, conditions = validate_spec(
-        spec, settings=Settings(database_url="sqlite://", data_roots=roots))
+        spec, settings=Settings(database_url="sqlite://", data_roots=roots)
+    )
     checks = distinct_checks(trainer, spec, conditions)
     report = check_configs("cff", [c.config for c in checks])  # the task's body, without Ray
     node = Node("a", "10.0.0.1", "worker-1", cpus=8, gpus=0)
     errors = report_errors(spec, checks, report.problems, node)
     assert [e["loc"] for e in errors] == [["body", "config", "dataset"]] * 2
     messages = [e["msg"] for e in errors]
-    assert messages[0].startswith("dataset 'cifar10' not found under the default data root "
-                                  "(missing cifar-10-batches-py/data_batch_1, ")
-    assert messages[1].startswith("dataset 'cifar10' not found under data root 'shared' "
-                                  "(missing cifar-10-batches-py/data_batch_1, ")
+    assert messages[0].startswith(
+        "dataset 'cifar10' not found under the default data root "
+        "(missing cifar-10-batches-py/data_batch_1, "
+    )
+    assert messages[1].startswith(
+        "dataset 'cifar10' not found under data root 'shared' "
+        "(missing cifar-10-batches-py/data_batch_1, "
+    )
     assert all(str(tmp_path) not in m and "checked on Ray node 10.0.0.1" in m for m in messages)

@@ -29,13 +29,16 @@ from service.analysis.resampling import prepare, randomisation_tests
 ALPHA = 0.05
 
 
-def rejection_rate(ratio: float, n: int, *, paired: bool, correlation: float, seed: int,
-                   resamples: int = 999) -> float:
+def rejection_rate(
+    ratio: float, n: int, *, paired: bool, correlation: float, seed: int, resamples: int = 999
+) -> float:
     """How often the primary test, run as /stats runs it, rejects var_a / var_b = 1 on 1,000
     sets of n normal seeds per level whose true ratio is `ratio`."""
     a, b = normal_seeds(n, n, paired=paired, correlation=correlation, seed=seed)
-    preps = [prepare([seed_stratum(math.sqrt(ratio) * x, y, paired=paired)])
-             for x, y in zip(a, b, strict=True)]
+    preps = [
+        prepare([seed_stratum(math.sqrt(ratio) * x, y, paired=paired)])
+        for x, y in zip(a, b, strict=True)
+    ]
     assert all(p is not None for p in preps)
     tests = randomisation_tests([p for p in preps if p is not None], resamples=resamples)
     return float(np.mean([t.p <= ALPHA for t in tests]))
@@ -43,17 +46,19 @@ def rejection_rate(ratio: float, n: int, *, paired: bool, correlation: float, se
 
 @pytest.mark.parametrize(("n", "paired", "correlation"), [(10, True, 0.5), (5, False, 0.0)])
 def test_the_power_read_off_null_intervals_is_the_tests_rejection_rate(
-        n: int, paired: bool, correlation: float) -> None:
+    n: int, paired: bool, correlation: float
+) -> None:
     # The same datasets the planner simulates, side a scaled by sqrt(ratio) and tested.
     for ratio in (2.0, 20.0):
         assert primary_power(ratio, n, n, paired=paired, correlation=correlation) == (
-            rejection_rate(ratio, n, paired=paired, correlation=correlation,
-                           seed=PLANNING_SEED))
+            rejection_rate(ratio, n, paired=paired, correlation=correlation, seed=PLANNING_SEED)
+        )
 
 
 @pytest.mark.parametrize(("ratio", "paired", "correlation"), [(5.9, True, 0.9), (8.0, False, 0.0)])
 def test_the_planned_seeds_reach_the_power_in_an_independent_simulation(
-        ratio: float, paired: bool, correlation: float) -> None:
+    ratio: float, paired: bool, correlation: float
+) -> None:
     n = primary_seeds_needed(ratio, paired=paired, correlation=correlation)
     assert n is not None
     # 1,000 datasets: the rejection rate's standard error is about 0.013.
@@ -67,8 +72,10 @@ def test_the_planned_seeds_are_the_smallest_that_reach_the_power() -> None:
     # With few shared seeds the sign-flip test has only 2^n re-assignments, so its power need
     # not rise with every seed: the planner's answer is the first n of a full scan.
     for ratio, correlation in ((45.0, 0.9), (12.0, 0.9), (30.0, 0.6)):
-        powers = {n: primary_power(ratio, n, n, paired=True, correlation=correlation)
-                  for n in range(2, 16)}
+        powers = {
+            n: primary_power(ratio, n, n, paired=True, correlation=correlation)
+            for n in range(2, 16)
+        }
         first = min(n for n, power in powers.items() if power >= 0.8)
         assert primary_seeds_needed(ratio, paired=True, correlation=correlation) == first
     assert primary_power(45.0, 5, 5, paired=True, correlation=0.9) < 0.8  # 5: unpaired test
@@ -88,15 +95,16 @@ def test_higher_correlation_needs_fewer_seeds() -> None:
 
 @pytest.mark.parametrize(("paired", "correlation"), [(False, 0.0), (True, 0.0), (True, 0.9)])
 def test_the_approximation_agrees_with_the_simulation_at_the_switch_over(
-        paired: bool, correlation: float) -> None:
+    paired: bool, correlation: float
+) -> None:
     n = MAX_SIMULATED_SEEDS
     simulated = primary_detectable_ratio(n, n, paired=paired, correlation=correlation)
-    approximated = primary_detectable_ratio(n + 1, n + 1, paired=paired,
-                                            correlation=correlation)
+    approximated = primary_detectable_ratio(n + 1, n + 1, paired=paired, correlation=correlation)
     # One seed more detects a slightly smaller ratio; the two methods agree within 3%.
     assert approximated == pytest.approx(simulated, rel=0.03)
-    assert approximate_primary_power(simulated, n, n, paired=paired,
-                                     correlation=correlation) == pytest.approx(0.8, abs=0.03)
+    assert approximate_primary_power(
+        simulated, n, n, paired=paired, correlation=correlation
+    ) == pytest.approx(0.8, abs=0.03)
 
 
 def test_beyond_the_simulation_the_approximation_answers_and_grows_like_the_f_test() -> None:
@@ -126,18 +134,23 @@ def test_the_plan_names_the_test_that_runs_on_that_many_seeds() -> None:
 
 def test_the_table_in_the_api_docs_is_what_the_planner_answers() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
-    section = text[text.index("### `GET /planning/seeds`"):text.index("## Reports")]
+    section = text[text.index("### `GET /planning/seeds`") : text.index("## Reports")]
     rows = re.findall(r"^\| ([\d.]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$", section, re.M)
     assert [row[0] for row in rows] == ["2", "4", "5.9"]
     for ratio, uncorrelated, correlated, independent, f_test in rows:
-        assert [primary_seeds_needed(float(ratio), paired=True),
-                primary_seeds_needed(float(ratio), paired=True, correlation=0.9),
-                primary_seeds_needed(float(ratio)), seeds_needed(float(ratio))] == [
-            int(uncorrelated), int(correlated), int(independent), int(f_test)]
+        assert [
+            primary_seeds_needed(float(ratio), paired=True),
+            primary_seeds_needed(float(ratio), paired=True, correlation=0.9),
+            primary_seeds_needed(float(ratio)),
+            seeds_needed(float(ratio)),
+        ] == [int(uncorrelated), int(correlated), int(independent), int(f_test)]
 
 
 def test_four_unpaired_seeds_a_side_are_planned_as_the_test_runs_them() -> None:
     # a 4-seed cell leaves one of its two equal middle deviations out: 3 + 3 values, 20 splits,
     # which cannot reach 0.05, in the planner as in the test
-    assert primary_power(50.0, 4, 4) == rejection_rate(50.0, 4, paired=False, correlation=0.0,
-                                                       seed=PLANNING_SEED) == 0.0
+    assert (
+        primary_power(50.0, 4, 4)
+        == rejection_rate(50.0, 4, paired=False, correlation=0.0, seed=PLANNING_SEED)
+        == 0.0
+    )

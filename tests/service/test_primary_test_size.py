@@ -41,7 +41,9 @@ def _failed(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 DISTRIBUTIONS: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {
-    "normal": _normal, "beta(20,2)": _beta, "lognormal sigma=1": _lognormal,
+    "normal": _normal,
+    "beta(20,2)": _beta,
+    "lognormal sigma=1": _lognormal,
     "15% failed seeds": _failed,
 }
 
@@ -52,8 +54,10 @@ def null_scopes(kind: str, n: int, rng: np.random.Generator, reps: int) -> list[
     for _ in range(reps):
         if kind == "2x3 interaction, pooled":
             # equal within-cell variances; the means differ by cell, in opposite directions
-            strata = tuple(Stratum(rng.normal(shift, 1.0, n), rng.normal(-shift, 1.0, n))
-                           for shift in (0.0, 1.5, 3.0))
+            strata = tuple(
+                Stratum(rng.normal(shift, 1.0, n), rng.normal(-shift, 1.0, n))
+                for shift in (0.0, 1.5, 3.0)
+            )
             scopes.append(Scope(strata, pooled=True))
         elif kind.startswith("paired, correlation 0.9"):
             # lognormal seeds that share most of their noise; "runs failed": two of b's seeds
@@ -62,9 +66,10 @@ def null_scopes(kind: str, n: int, rng: np.random.Generator, reps: int) -> list[
             a = np.exp(np.sqrt(0.9) * shared + np.sqrt(0.1) * rng.normal(size=n))
             b = np.exp(np.sqrt(0.9) * shared + np.sqrt(0.1) * rng.normal(size=n)) + 3
             seeds = tuple(range(n))
-            kept = np.sort(rng.permutation(n)[:n - 2]) if "failed" in kind else np.arange(n)
-            scopes.append(Scope((Stratum(a, b[kept], seeds, tuple(int(k) for k in kept)),),
-                                pooled=False))
+            kept = np.sort(rng.permutation(n)[: n - 2]) if "failed" in kind else np.arange(n)
+            scopes.append(
+                Scope((Stratum(a, b[kept], seeds, tuple(int(k) for k in kept)),), pooled=False)
+            )
         else:
             draw = DISTRIBUTIONS[kind]
             scopes.append(Scope((Stratum(draw(rng, n), draw(rng, n) + 3.0),), pooled=False))
@@ -76,12 +81,15 @@ def rejection_rates(scopes: list[Scope]) -> tuple[float, float]:
     results = variance.analyse(scopes)
     primary = [r.get("primary_p") for r in results]
     f_test = [r.get("f_test_p") for r in results]
-    return (float(np.mean([p is not None and p < ALPHA for p in primary])),
-            float(np.mean([p is not None and p < ALPHA for p in f_test])))
+    return (
+        float(np.mean([p is not None and p < ALPHA for p in primary])),
+        float(np.mean([p is not None and p < ALPHA for p in f_test])),
+    )
 
 
-def power_at(ratio: float, n: int, reps: int, rng: np.random.Generator,
-             correlation: float | None = None) -> tuple[float, float]:
+def power_at(
+    ratio: float, n: int, reps: int, rng: np.random.Generator, correlation: float | None = None
+) -> tuple[float, float]:
     scopes = []
     for _ in range(reps):
         if correlation is None:
@@ -100,11 +108,13 @@ PAIRED_FAILED = "paired, correlation 0.9, 2 runs failed"
 KINDS = [*DISTRIBUTIONS, "2x3 interaction, pooled", "paired, correlation 0.9", PAIRED_FAILED]
 
 
-def size_table(reps: int = REPS, seeds: tuple[int, ...] = (5, 10)) -> dict[tuple[str, int],
-                                                                          tuple[float, float]]:
+def size_table(
+    reps: int = REPS, seeds: tuple[int, ...] = (5, 10)
+) -> dict[tuple[str, int], tuple[float, float]]:
     rng = np.random.default_rng(2026)
-    return {(kind, n): rejection_rates(null_scopes(kind, n, rng, reps))
-            for kind in KINDS for n in seeds}
+    return {
+        (kind, n): rejection_rates(null_scopes(kind, n, rng, reps)) for kind in KINDS for n in seeds
+    }
 
 
 def test_the_primary_test_keeps_its_size_where_the_f_test_does_not() -> None:
@@ -126,13 +136,16 @@ def test_the_primary_test_keeps_its_size_where_the_f_test_does_not() -> None:
     assert table[("15% failed seeds", 10)][1] > 0.15
 
 
-def coverage(kind: str, n: int, rng: np.random.Generator, reps: int,
-             ratio: float = 4.0) -> tuple[float, float]:
+def coverage(
+    kind: str, n: int, rng: np.random.Generator, reps: int, ratio: float = 4.0
+) -> tuple[float, float]:
     """How often primary_ci95 and var_ratio_ci95_f hold the true var_a / var_b = `ratio`, a's
     seeds drawn as b's and scaled by sqrt(ratio)."""
     draw = DISTRIBUTIONS[kind]
-    scopes = [Scope((Stratum(np.sqrt(ratio) * draw(rng, n), draw(rng, n)),), pooled=False)
-              for _ in range(reps)]
+    scopes = [
+        Scope((Stratum(np.sqrt(ratio) * draw(rng, n), draw(rng, n)),), pooled=False)
+        for _ in range(reps)
+    ]
     results = variance.analyse(scopes)
 
     def holds(interval: list[float | None] | None) -> bool:
@@ -141,8 +154,10 @@ def coverage(kind: str, n: int, rng: np.random.Generator, reps: int,
         low, high = interval
         return low is not None and low <= ratio and (high is None or ratio <= high)
 
-    return (float(np.mean([holds(r.get("primary_ci95")) for r in results])),
-            float(np.mean([holds(r.get("var_ratio_ci95_f")) for r in results])))
+    return (
+        float(np.mean([holds(r.get("primary_ci95")) for r in results])),
+        float(np.mean([holds(r.get("var_ratio_ci95_f")) for r in results])),
+    )
 
 
 def test_the_primary_interval_holds_a_ratio_of_4_where_the_f_interval_does_not() -> None:
@@ -150,8 +165,7 @@ def test_the_primary_interval_holds_a_ratio_of_4_where_the_f_interval_does_not()
     table = {(kind, n): coverage(kind, n, rng, 600) for kind in DISTRIBUTIONS for n in (5, 10)}
     print()
     for (kind, n), (primary, f_interval) in table.items():
-        print(f"coverage at ratio 4 {kind:20s} n={n:2d}: primary {primary:.3f}  "
-              f"F {f_interval:.3f}")
+        print(f"coverage at ratio 4 {kind:20s} n={n:2d}: primary {primary:.3f}  F {f_interval:.3f}")
     for (kind, n), (primary, _) in table.items():
         assert primary >= 0.92, (kind, n, primary)
     assert table[("lognormal sigma=1", 10)][1] < 0.8  # the F interval's, on heavy tails
@@ -162,8 +176,10 @@ def test_the_primary_test_has_power_at_the_ratios_people_care_about() -> None:
     rng = np.random.default_rng(59)
     primary, f_test = power_at(5.9, 12, 600, rng)
     paired, _ = power_at(5.9, 12, 600, rng, correlation=0.9)
-    print(f"\npower at ratio 5.9, 12 seeds: primary {primary:.3f} (paired, correlation 0.9: "
-          f"{paired:.3f}); F {f_test:.3f}")
+    print(
+        f"\npower at ratio 5.9, 12 seeds: primary {primary:.3f} (paired, correlation 0.9: "
+        f"{paired:.3f}); F {f_test:.3f}"
+    )
     # the simulation against the F-test's power in closed form (service.analysis.power)
     assert abs(f_test - f_test_power(5.9, 12, 12)) < 0.05
     assert primary >= 0.55

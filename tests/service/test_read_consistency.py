@@ -21,12 +21,18 @@ def _running_experiment(url: str) -> int:
     engine = make_engine(url)
     try:
         with Session(engine) as session:
-            spec = ExperimentSpec.model_validate({
-                "name": "race", "trainer": "collapse", "config": {"steps": 10},
-                "grid": {"stop_gradient": [False, True]}, "seeds": 2,
-            })
-            experiment = create_experiment(session=session, spec=spec,
-                                           settings=Settings(database_url=url))
+            spec = ExperimentSpec.model_validate(
+                {
+                    "name": "race",
+                    "trainer": "collapse",
+                    "config": {"steps": 10},
+                    "grid": {"stop_gradient": [False, True]},
+                    "seeds": 2,
+                }
+            )
+            experiment = create_experiment(
+                session=session, spec=spec, settings=Settings(database_url=url)
+            )
             assert experiment.id is not None
             store = RunStore(session)
             assert len(store.claim(10)) == 4
@@ -42,10 +48,20 @@ def _finish_all_runs(url: str, experiment_id: int) -> None:
     try:
         with Session(engine) as session:
             store = RunStore(session)
-            store.finish([FinishedAttempt(
-                key=AttemptKey(run_id=run_id, experiment_id=experiment_id, attempt=1),
-                status=RunStatus.completed, metrics={}, diagnostics={}, warnings=[],
-                provenance={}, error=None) for run_id in range(1, 5)])
+            store.finish(
+                [
+                    FinishedAttempt(
+                        key=AttemptKey(run_id=run_id, experiment_id=experiment_id, attempt=1),
+                        status=RunStatus.completed,
+                        metrics={},
+                        diagnostics={},
+                        warnings=[],
+                        provenance={},
+                        error=None,
+                    )
+                    for run_id in range(1, 5)
+                ]
+            )
             store.commit()
     finally:
         engine.dispose()
@@ -56,8 +72,11 @@ def _commit_after_first_experiment_read(engine: Any, url: str, experiment_id: in
     fired: list[int] = []
 
     def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not fired and statement.lstrip().upper().startswith("SELECT") and (
-                "FROM experiment" in statement):
+        if (
+            not fired
+            and statement.lstrip().upper().startswith("SELECT")
+            and ("FROM experiment" in statement)
+        ):
             fired.append(1)
             _finish_all_runs(url, experiment_id)
 

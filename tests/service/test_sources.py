@@ -52,8 +52,9 @@ def test_the_variance_interval_covers_the_true_variance_95_percent_of_the_time()
     assert abs(covered / trials - 0.95) < 0.012
 
 
-def runs_of(grid: dict[str, list[Any]], values: dict[tuple[Any, ...], list[float]]
-            ) -> list[tuple[dict[str, Any], str, float]]:
+def runs_of(
+    grid: dict[str, list[Any]], values: dict[tuple[Any, ...], list[float]]
+) -> list[tuple[dict[str, Any], str, float]]:
     """(condition, key, value) rows, as the stats store reads them, for each grid cell."""
     rows = []
     for levels, cell in values.items():
@@ -66,8 +67,11 @@ def test_the_decomposition_per_condition_matches_an_exact_hand_computation() -> 
     rng = np.random.default_rng(5)
     grid = {"lr": [0.1, 0.2], SOURCE_FACTOR: list(SOURCE_LEVELS)}
     spread = {"init": 1.0, "data": 0.5, "augment": 0.2, "all": 1.2, "none": 0.0}
-    values = {(lr, level): list(rng.normal(lr, spread[level], size=3))
-              for lr in grid["lr"] for level in SOURCE_LEVELS}
+    values = {
+        (lr, level): list(rng.normal(lr, spread[level], size=3))
+        for lr in grid["lr"]
+        for level in SOURCE_LEVELS
+    }
     values[(0.2, "none")] = [0.7, 0.7, 0.7]
     got = source_decomposition(grid, runs_of(grid, values))
 
@@ -86,7 +90,9 @@ def test_the_decomposition_per_condition_matches_an_exact_hand_computation() -> 
             assert source.var == pytest.approx(expected, rel=1e-12, abs=0)
             assert source.var_ci95 == pytest.approx(
                 [2 * expected / stats.chi2.ppf(0.975, 2), 2 * expected / stats.chi2.ppf(0.025, 2)],
-                rel=1e-12, abs=0)
+                rel=1e-12,
+                abs=0,
+            )
         total = var["init"] + var["data"] + var["augment"]
         assert decomposition.sum_var == pytest.approx(total, rel=1e-12)
         assert decomposition.all_var == pytest.approx(var["all"], rel=1e-12)
@@ -100,8 +106,13 @@ def test_the_decomposition_per_condition_matches_an_exact_hand_computation() -> 
 
 def test_a_decomposition_with_too_few_seeds_or_no_all_level_gives_nulls() -> None:
     grid = {SOURCE_FACTOR: list(SOURCE_LEVELS)}
-    values = {("init",): [1.0, 2.0, 4.0], ("data",): [1.0], ("augment",): [1.0, 1.5],
-              ("all",): [3.0, 3.0], ("none",): []}
+    values = {
+        ("init",): [1.0, 2.0, 4.0],
+        ("data",): [1.0],
+        ("augment",): [1.0, 1.5],
+        ("all",): [3.0, 3.0],
+        ("none",): [],
+    }
     (decomposition,) = source_decomposition(grid, runs_of(grid, values))
     assert decomposition.within == {}
     by_source = {s.source: s for s in decomposition.sources}
@@ -118,13 +129,19 @@ def test_a_decomposition_with_too_few_seeds_or_no_all_level_gives_nulls() -> Non
 
 
 def test_each_level_pins_every_source_but_the_ones_it_varies_to_the_first_seed() -> None:
-    spec = ExperimentSpec.stored({"name": "s", "trainer": "cff", "grid": {"lr": [0.1]},
-                                  "seeds": [7, 3, 9], "decompose_sources": True})
+    spec = ExperimentSpec.stored(
+        {
+            "name": "s",
+            "trainer": "cff",
+            "grid": {"lr": [0.1]},
+            "seeds": [7, 3, 9],
+            "decompose_sources": True,
+        }
+    )
     plan = SourcePlan.of(spec)
     assert plan.decomposition_seed == 7
     assert stats_grid(spec) == {"lr": [0.1], SOURCE_FACTOR: list(SOURCE_LEVELS)}
-    seeds = {level: plan.source_seeds({"lr": 0.1, SOURCE_FACTOR: level})
-             for level in SOURCE_LEVELS}
+    seeds = {level: plan.source_seeds({"lr": 0.1, SOURCE_FACTOR: level}) for level in SOURCE_LEVELS}
     assert seeds == {
         "init": {"data": 7, "augment": 7, "evaluate": 7},
         "data": {"init": 7, "augment": 7, "evaluate": 7},
@@ -132,15 +149,23 @@ def test_each_level_pins_every_source_but_the_ones_it_varies_to_the_first_seed()
         "all": {},
         "none": {"init": 7, "data": 7, "augment": 7, "evaluate": 7},
     }
-    four = ExperimentSpec.stored({"name": "s", "trainer": "cff", "seeds": 4,
-                                  "decompose_sources": True})
+    four = ExperimentSpec.stored(
+        {"name": "s", "trainer": "cff", "seeds": 4, "decompose_sources": True}
+    )
     assert SourcePlan.of(four).decomposition_seed == 0
     assert config_condition({"lr": 0.1, SOURCE_FACTOR: "init"}) == {"lr": 0.1}
 
 
 def test_pinned_sources_apply_to_every_run_and_no_factor_is_added() -> None:
-    spec = ExperimentSpec.stored({"name": "s", "trainer": "cff", "grid": {"lr": [0.1, 0.2]},
-                                  "seeds": 3, "seed_sources": {"data": 0}})
+    spec = ExperimentSpec.stored(
+        {
+            "name": "s",
+            "trainer": "cff",
+            "grid": {"lr": [0.1, 0.2]},
+            "seeds": 3,
+            "seed_sources": {"data": 0},
+        }
+    )
     plan = SourcePlan.of(spec)
     assert plan.source_seeds({"lr": 0.2}) == {"data": 0}
     assert stats_grid(spec) == {"lr": [0.1, 0.2]}
@@ -148,14 +173,22 @@ def test_pinned_sources_apply_to_every_run_and_no_factor_is_added() -> None:
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[httpx.Client]:
-    with BackgroundServer(Settings(database_url=f"sqlite:///{tmp_path / 'seedgrid.db'}"),
-                          dispatch=False) as running, \
-            httpx.Client(base_url=running.url, timeout=30) as http:
+    with (
+        BackgroundServer(
+            Settings(database_url=f"sqlite:///{tmp_path / 'seedgrid.db'}"), dispatch=False
+        ) as running,
+        httpx.Client(base_url=running.url, timeout=30) as http,
+    ):
         yield http
 
 
-BASE = {"name": "sources", "trainer": "collapse", "config": {"n_samples": 16, "steps": 5},
-        "grid": {"r": [0.0, 0.25]}, "seeds": 3}
+BASE = {
+    "name": "sources",
+    "trainer": "collapse",
+    "config": {"n_samples": 16, "steps": 5},
+    "grid": {"r": [0.0, 0.25]},
+    "seeds": 3,
+}
 
 
 def test_a_decomposition_spec_expands_into_the_reserved_factor(client: httpx.Client) -> None:
@@ -165,38 +198,46 @@ def test_a_decomposition_spec_expands_into_the_reserved_factor(client: httpx.Cli
     experiment_id = created.json()["id"]
     runs = client.get(f"/experiments/{experiment_id}/runs", params={"limit": 100}).json()
     assert {r["condition_key"] for r in runs} == {
-        f"r={r},{SOURCE_FACTOR}={level}" for r in (0.0, 0.25) for level in SOURCE_LEVELS}
+        f"r={r},{SOURCE_FACTOR}={level}" for r in (0.0, 0.25) for level in SOURCE_LEVELS
+    }
     # the reserved factor is no trainer config field: the run's config has no trace of it
     detail = client.get(f"/runs/{runs[0]['id']}").json()
     assert SOURCE_FACTOR not in detail["config"] and detail["config"]["r"] == 0.0
     spec = client.get(f"/experiments/{experiment_id}").json()["spec"]
     assert spec["decompose_sources"] is True and spec["grid"] == BASE["grid"]
-    stats = client.get(f"/experiments/{experiment_id}/stats",
-                       params={"factor": SOURCE_FACTOR}).json()
+    stats = client.get(
+        f"/experiments/{experiment_id}/stats", params={"factor": SOURCE_FACTOR}
+    ).json()
     assert stats["total_comparisons"] == 10 * 3  # 10 pairs, pooled and within r = 0, 0.25
     assert [d["within"] for d in stats["source_decomposition"]] == [{"r": 0.0}, {"r": 0.25}]
     plain = client.post("/experiments", json={**BASE, "seed_sources": {"data": 0}})
     assert plain.status_code == 201, plain.text
     assert plain.json()["n_runs"] == 6
-    assert client.get(f"/experiments/{plain.json()['id']}/stats").json()[
-        "source_decomposition"] is None
+    assert (
+        client.get(f"/experiments/{plain.json()['id']}/stats").json()["source_decomposition"]
+        is None
+    )
 
 
-@pytest.mark.parametrize(("change", "loc"), [
-    ({"seed_sources": {"weights": 0}}, ["body", "seed_sources", "weights", "[key]"]),
-    ({"seed_sources": {"data": -1}}, ["body", "seed_sources", "data"]),
-    ({"seed_sources": {"data": 2**31}}, ["body", "seed_sources", "data"]),
-    ({"seed_sources": {"data": 1.5}}, ["body", "seed_sources", "data"]),
-    ({"seed_sources": {"data": True}}, ["body", "seed_sources", "data"]),
-    ({"seed_sources": {"data": "0"}}, ["body", "seed_sources", "data"]),
-    ({"seed_sources": [0]}, ["body", "seed_sources"]),
-    ({"decompose_sources": "maybe"}, ["body", "decompose_sources"]),
-    ({"decompose_sources": True, "seed_sources": {"data": 0}}, ["body", "seed_sources"]),
-    ({"decompose_sources": True, "seeds": [4]}, ["body", "seeds"]),
-    ({"grid": {SOURCE_FACTOR: ["init"]}}, ["body", "grid", SOURCE_FACTOR]),
-])
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"seed_sources": {"weights": 0}}, ["body", "seed_sources", "weights", "[key]"]),
+        ({"seed_sources": {"data": -1}}, ["body", "seed_sources", "data"]),
+        ({"seed_sources": {"data": 2**31}}, ["body", "seed_sources", "data"]),
+        ({"seed_sources": {"data": 1.5}}, ["body", "seed_sources", "data"]),
+        ({"seed_sources": {"data": True}}, ["body", "seed_sources", "data"]),
+        ({"seed_sources": {"data": "0"}}, ["body", "seed_sources", "data"]),
+        ({"seed_sources": [0]}, ["body", "seed_sources"]),
+        ({"decompose_sources": "maybe"}, ["body", "decompose_sources"]),
+        ({"decompose_sources": True, "seed_sources": {"data": 0}}, ["body", "seed_sources"]),
+        ({"decompose_sources": True, "seeds": [4]}, ["body", "seeds"]),
+        ({"grid": {SOURCE_FACTOR: ["init"]}}, ["body", "grid", SOURCE_FACTOR]),
+    ],
+)
 def test_random_source_fields_it_cannot_mean_are_a_422_naming_the_field(
-        client: httpx.Client, change: dict[str, Any], loc: list[Any]) -> None:
+    client: httpx.Client, change: dict[str, Any], loc: list[Any]
+) -> None:
     response = client.post("/experiments", json={**BASE, **change})
     assert response.status_code == 422, response.text
     assert [e["loc"] for e in response.json()["detail"]] == [loc], response.text
@@ -204,10 +245,13 @@ def test_random_source_fields_it_cannot_mean_are_a_422_naming_the_field(
 
 
 def test_the_decomposition_counts_toward_the_run_limit(tmp_path: Path) -> None:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'seedgrid.db'}",
-                        max_runs_per_experiment=20)
-    with BackgroundServer(settings, dispatch=False) as running, \
-            httpx.Client(base_url=running.url, timeout=30) as http:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'seedgrid.db'}", max_runs_per_experiment=20
+    )
+    with (
+        BackgroundServer(settings, dispatch=False) as running,
+        httpx.Client(base_url=running.url, timeout=30) as http,
+    ):
         assert http.post("/experiments", json=BASE).status_code == 201  # 6 runs
         response = http.post("/experiments", json={**BASE, "decompose_sources": True})
         assert response.status_code == 422, response.text
@@ -215,14 +259,14 @@ def test_the_decomposition_counts_toward_the_run_limit(tmp_path: Path) -> None:
         assert error["loc"] == ["body", "grid"] and "30 runs" in error["msg"]
 
 
-def test_the_stats_command_prints_the_decomposition(capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_stats_command_prints_the_decomposition(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(cli.console, "width", 200)  # no wrapped cells
     grid = {SOURCE_FACTOR: list(SOURCE_LEVELS)}
     values = {(level,): [1.0, 2.0, 4.0] for level in SOURCE_LEVELS}
     runs = runs_of(grid, values)
-    page = experiment_stats(metric="min_l2", grid=grid, runs=runs, factor=SOURCE_FACTOR,
-                            limit=0)
+    page = experiment_stats(metric="min_l2", grid=grid, runs=runs, factor=SOURCE_FACTOR, limit=0)
     page.source_decomposition = source_decomposition(grid, runs)
     cli.print_stats(page.model_dump(mode="json"))
     out = capsys.readouterr().out

@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 NOWHERE = "http://127.0.0.1:9"
 # Nine aliases of nine aliases, nine deep: 9^9 (387 million) strings once expanded.
 BOMB = "".join(
-    [f'a0: &a0 [{", ".join(["lol"] * 9)}]\n']
-    + [f'a{i}: &a{i} [{", ".join([f"*a{i - 1}"] * 9)}]\n' for i in range(1, 9)]
-    + ["name: bomb\ntrainer: collapse\n"])
+    [f"a0: &a0 [{', '.join(['lol'] * 9)}]\n"]
+    + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)]
+    + ["name: bomb\ntrainer: collapse\n"]
+)
 
 
 # Runs a command as its only child: a small parent, so that the child's peak resident memory is
@@ -51,8 +52,13 @@ print(json.dumps({"status": status, "s": elapsed, "peak_mb": peak, "stderr": std
 def peak_of(args: list[str], timeout_s: float) -> dict[str, Any]:
     """A command's exit status (None: killed at the timeout), wall seconds, peak resident MB
     and stderr."""
-    measured = subprocess.run([sys.executable, "-c", MEASURE, str(timeout_s), *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout_s + 60)
+    measured = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(timeout_s), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s + 60,
+    )
     assert measured.returncode == 0, measured.stderr
     return json.loads(measured.stdout)
 
@@ -60,8 +66,9 @@ def peak_of(args: list[str], timeout_s: float) -> dict[str, Any]:
 def test_an_alias_bomb_is_refused_within_2_s_and_100_mb(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(BOMB)
-    run = peak_of([sys.executable, "-m", "service.cli", "submit", str(bomb), "--url", NOWHERE],
-                  timeout_s=20)
+    run = peak_of(
+        [sys.executable, "-m", "service.cli", "submit", str(bomb), "--url", NOWHERE], timeout_s=20
+    )
     stderr = run["stderr"]
     assert run["status"] == 2, run
     assert run["s"] < 2.0 and run["peak_mb"] < 100, run
@@ -76,8 +83,10 @@ REFUSED = {
     "timestamp.yaml": ("name: 2024-05-01\n", "line 1: 2024-05-01 is a YAML timestamp"),
     "set.yaml": ("grid: !!set {a, b}\n", "line 1: the tag !!set has no JSON type"),
     "omap.yaml": ("grid: !!omap [a: 1]\n", "line 1: the tag !!omap has no JSON type"),
-    "python.yaml": ("name: !!python/object:os.system {}\n",
-                    "line 1: the tag !!python/object:os.system has no JSON type"),
+    "python.yaml": (
+        "name: !!python/object:os.system {}\n",
+        "line 1: the tag !!python/object:os.system has no JSON type",
+    ),
     "local_tag.yaml": ("config:\n  lr: !float 0.1\n", "line 2: the tag !float has no JSON type"),
     "nan.yaml": ("config: {lr: .nan}\n", "line 1: .nan is not a JSON number"),
     "huge_float.yaml": ("config:\n  lr: 1.0e+400\n", "line 2: 1.0e+400 is not a JSON number"),
@@ -116,14 +125,17 @@ def test_the_yaml_people_write_reads_as_json_does(tmp_path: Path) -> None:
         "grid: {r: &levels [0.0, 0.5], other: *levels}\n"
         "seeds: 3\n"
         "notes: {date: '2024-05-01', none: null, yes_: yes, hex: 0x10,\n"
-        "        big: 18446744073709551616}\n")
+        "        big: 18446744073709551616}\n"
+    )
     assert load_spec_file(path) == {
-        "name": "anchors", "trainer": "collapse",
+        "name": "anchors",
+        "trainer": "collapse",
         "base": {"n_samples": 64, "steps": 50, "lr": 0.5},
         "config": {"n_samples": 64, "steps": 100, "lr": 0.5},
-        "grid": {"r": [0.0, 0.5], "other": [0.0, 0.5]}, "seeds": 3,
-        "notes": {"date": "2024-05-01", "none": None, "yes_": True, "hex": 16,
-                  "big": 2**64}}
+        "grid": {"r": [0.0, 0.5], "other": [0.0, 0.5]},
+        "seeds": 3,
+        "notes": {"date": "2024-05-01", "none": None, "yes_": True, "hex": 16, "big": 2**64},
+    }
     with pytest.raises(SpecFileError, match=r"^expected a \.json, \.yaml or \.yml spec file"):
         load_spec_file(tmp_path / "README.md")
 

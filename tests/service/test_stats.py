@@ -132,18 +132,19 @@ def test_seeds_run_in_one_condition_only_are_shuffled_and_the_rest_stay_paired()
         side_b = np.where(f, d_a[:7], d_b)
         statistics.append(np.log(side_a.mean() / side_b.mean()))
     observed, values = statistics[0], np.asarray(statistics)
-    want = min(1.0, 2 * min(np.mean(values >= observed - 1e-12),
-                            np.mean(values <= observed + 1e-12)))
+    want = min(
+        1.0, 2 * min(np.mean(values >= observed - 1e-12), np.mean(values <= observed + 1e-12))
+    )
     assert got["primary_p"] == pytest.approx(want, rel=1e-12) and got["primary_exact"]
     assert got["mean_test"] == "paired t"
-    assert got["mean_p"] == pytest.approx(
-        scipy_stats.ttest_rel(a[:7], b).pvalue, rel=1e-9)
+    assert got["mean_p"] == pytest.approx(scipy_stats.ttest_rel(a[:7], b).pvalue, rel=1e-9)
     few = compare(a[:5], b[:5], list(range(5)), list(range(5)))  # 32 sign flips
     assert few["pairing"] == "unpaired" and "too few to reach 0.05" in few["pairing_note"]
     assert few["mean_test"] == "Welch t" and few["mean_p"] == few["welch_p"]
     # 8 shared seeds that do not correlate are still paired: the seeds, not the data, decide
-    loose = compare(list(rng.normal(size=8)), list(rng.normal(size=8)), list(range(8)),
-                    list(range(8)))
+    loose = compare(
+        list(rng.normal(size=8)), list(rng.normal(size=8)), list(range(8)), list(range(8))
+    )
     assert loose["pairing"] == "paired" and loose["pairing_note"] is None
 
 
@@ -157,8 +158,9 @@ def grid_runs(seed: int, interaction: float) -> tuple[dict, list, list[int]]:
         for r in grid["r"]:
             shift = interaction * r * (1 if mode == "a" else -1)
             for s in range(5):
-                runs.append(({"mode": mode, "r": r}, f"mode={mode},r={r}",
-                             float(rng.normal(shift, 1.0))))
+                runs.append(
+                    ({"mode": mode, "r": r}, f"mode={mode},r={r}", float(rng.normal(shift, 1.0)))
+                )
                 seeds.append(s)
     return grid, runs, seeds
 
@@ -167,12 +169,13 @@ def test_a_pooled_comparison_is_stratified_by_cell_and_matches_enumeration() -> 
     grid, runs, seeds = grid_runs(6, interaction=3.0)
     stats = experiment_stats(metric="m", grid=grid, runs=runs)  # no seeds: unpaired
     pooled = next(c for c in stats.comparisons if c.factor == "mode" and c.within is None)
-    cells = {(c["mode"], c["r"]): [v for cc, _, v in runs if cc == c]
-             for c in ({"mode": m, "r": r} for m in grid["mode"] for r in grid["r"])}
+    cells = {
+        (c["mode"], c["r"]): [v for cc, _, v in runs if cc == c]
+        for c in ({"mode": m, "r": r} for m in grid["mode"] for r in grid["r"])
+    }
     # 3 strata of 4 + 4 deviations: 70^3 splits, more than the 10,000 drawn; enumerate two
     # strata by hand and check the drawn p against it within Monte Carlo error
-    want = reference_strata([(cells[("a", r)], cells[("b", r)]) for r in (0, 1, 2)],
-                            paired=False)
+    want = reference_strata([(cells[("a", r)], cells[("b", r)]) for r in (0, 1, 2)], paired=False)
     got = pooled.model_dump()
     primary = want.pop("primary_p")
     want.pop("mean_p")
@@ -181,14 +184,18 @@ def test_a_pooled_comparison_is_stratified_by_cell_and_matches_enumeration() -> 
     assert got["dof_a"] == got["dof_b"] == 12
     # the marginal variance counts the interaction in the means: a warning says so
     assert got["marginal_var_a"] == pytest.approx(
-        np.var(sum((cells[("a", r)] for r in (0, 1, 2)), []), ddof=1), rel=1e-12)
+        np.var(sum((cells[("a", r)] for r in (0, 1, 2)), []), ddof=1), rel=1e-12
+    )
     assert got["marginal_var_ratio"] is not None
     two = reference_strata([(cells[("a", r)], cells[("b", r)]) for r in (0, 1)], paired=False)
     two_got = experiment_stats(
-        metric="m", grid={"mode": ["a", "b"], "r": [0, 1]},
-        runs=[run for run in runs if run[0]["r"] in (0, 1)]).comparisons[0]
-    assert two_got.primary_p == pytest.approx(two["primary_p"],
-                                              abs=4 * math.sqrt(0.25 / 9999) + 1e-3)
+        metric="m",
+        grid={"mode": ["a", "b"], "r": [0, 1]},
+        runs=[run for run in runs if run[0]["r"] in (0, 1)],
+    ).comparisons[0]
+    assert two_got.primary_p == pytest.approx(
+        two["primary_p"], abs=4 * math.sqrt(0.25 / 9999) + 1e-3
+    )
 
 
 def test_an_interaction_in_the_means_does_not_make_the_variances_differ() -> None:
@@ -196,8 +203,11 @@ def test_an_interaction_in_the_means_does_not_make_the_variances_differ() -> Non
     for seed in range(40):
         grid, runs, seeds = grid_runs(100 + seed, interaction=1.5)
         stats = experiment_stats(metric="m", grid=grid, runs=runs, seeds=seeds)
-        pooled = next(c for c in stats.comparisons if c.factor == "r" and c.within is None
-                      and (c.a, c.b) == (0, 2))
+        pooled = next(
+            c
+            for c in stats.comparisons
+            if c.factor == "r" and c.within is None and (c.a, c.b) == (0, 2)
+        )
         assert pooled.pairing == "paired"
         primary_rejects += pooled.primary_p < 0.05
         f_rejects += pooled.f_test_p < 0.05
@@ -209,10 +219,12 @@ def test_an_interaction_in_the_means_does_not_make_the_variances_differ() -> Non
         marginal_rejects += 2 * min(tail, 1 - tail) < 0.05
     # pooled over `mode`, r=0 has means 0, 0 and r=2 has 3, -3: its marginal variance is
     # inflated; the within-cell tests are not
-    mode = next(c for c in stats.comparisons if c.factor == "r" and c.within is None
-                and (c.a, c.b) == (0, 2))
-    assert mode.marginal_var_ratio < 0.5 and any("marginal_var_ratio" in w
-                                                 for w in mode.warnings)
+    mode = next(
+        c
+        for c in stats.comparisons
+        if c.factor == "r" and c.within is None and (c.a, c.b) == (0, 2)
+    )
+    assert mode.marginal_var_ratio < 0.5 and any("marginal_var_ratio" in w for w in mode.warnings)
     assert primary_rejects <= 6 and f_rejects <= 6
     assert marginal_rejects >= 30  # what the pooled F-test on all runs of a level said
 
@@ -227,12 +239,14 @@ def test_the_log_scale_compares_relative_spreads_and_refuses_non_positive_values
     log = experiment_stats(metric="m", grid=grid, runs=runs, scale="log").comparisons[0]
     assert log.scale == "log"
     logs = {r: [math.log(v) for c, _, v in runs if c["r"] == r] for r in grid["r"]}
-    assert log.var_ratio == pytest.approx(np.var(logs[0.05], ddof=1) / np.var(logs[0.1], ddof=1),
-                                          rel=1e-9)
+    assert log.var_ratio == pytest.approx(
+        np.var(logs[0.05], ddof=1) / np.var(logs[0.1], ddof=1), rel=1e-9
+    )
     assert log.primary_p > 0.05 and raw.primary_p < 0.01
     with pytest.raises(ScaleError, match="1 of 16 are 0 or below"):
-        experiment_stats(metric="m", grid=grid, runs=[*runs[:-1], ({"r": 0.1}, "r=0.1", 0.0)],
-                         scale="log")
+        experiment_stats(
+            metric="m", grid=grid, runs=[*runs[:-1], ({"r": 0.1}, "r=0.1", 0.0)], scale="log"
+        )
 
 
 def test_condition_summary_matches_scipy() -> None:
@@ -257,8 +271,9 @@ def test_pooled_and_within_comparisons_follow_the_grid() -> None:
     assert len(s.comparisons) == 2 * (1 + 2)
     pooled = next(c for c in s.comparisons if c.factor == "mode" and c.within is None)
     assert (pooled.n_a, pooled.n_b) == (8, 8)
-    within = next(c for c in s.comparisons
-                  if c.factor == "mode" and c.within == {"stability": "direct"})
+    within = next(
+        c for c in s.comparisons if c.factor == "mode" and c.within == {"stability": "direct"}
+    )
     a = [v for c, _, v in runs if c == {"mode": "clamp", "stability": "direct"}]
     b = [v for c, _, v in runs if c == {"mode": "subtract", "stability": "direct"}]
     assert (within.n_a, within.n_b) == (4, 4)
@@ -268,15 +283,20 @@ def test_pooled_and_within_comparisons_follow_the_grid() -> None:
 
 def test_boolean_and_integer_levels_are_not_confused() -> None:
     grid = {"flag": [False, 0]}
-    runs = [({"flag": False}, "flag=false", 1.0), ({"flag": False}, "flag=false", 2.0),
-            ({"flag": 0}, "flag=0", 5.0), ({"flag": 0}, "flag=0", 9.0)]
+    runs = [
+        ({"flag": False}, "flag=false", 1.0),
+        ({"flag": False}, "flag=false", 2.0),
+        ({"flag": 0}, "flag=0", 5.0),
+        ({"flag": 0}, "flag=0", 9.0),
+    ]
     (comparison,) = experiment_stats(metric="m", grid=grid, runs=runs).comparisons
     assert (comparison.n_a, comparison.n_b) == (2, 2)
     assert comparison.var_ratio == pytest.approx(0.5 / 8.0)
 
 
 def test_a_new_run_recomputes_only_the_comparisons_whose_cells_it_joined(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     grid, runs, seeds = grid_runs(8, interaction=0.0)
     tested: list[int] = []
     real = resampling.randomisation_tests
@@ -316,8 +336,14 @@ def test_the_omnibus_primary_test_agrees_with_scipys_permutation_test(paired: bo
         return ((logs - logs.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1) * 8
 
     want = scipy_stats.permutation_test(
-        deviations, spread, permutation_type="samples" if paired else "independent",
-        n_resamples=1999, alternative="greater", vectorized=True, random_state=0).pvalue
+        deviations,
+        spread,
+        permutation_type="samples" if paired else "independent",
+        n_resamples=1999,
+        alternative="greater",
+        vectorized=True,
+        random_state=0,
+    ).pvalue
     assert omnibus.primary_p == pytest.approx(want, abs=0.03)
     by_hand = scipy_stats.levene(*values.values(), center="median").pvalue
     assert omnibus.brown_forsythe_p == pytest.approx(by_hand, rel=1e-9)
@@ -327,12 +353,19 @@ def test_pooling_cells_whose_variances_differ_by_orders_of_magnitude_is_warned_a
     rng = np.random.default_rng(12)
     grid = {"sg": [False, True], "r": [0.0, 0.1]}
     scale = {0.0: 1.0, 0.1: 1e-7}  # like collapse's min_l2: r shrinks it by 7 decades
-    runs = [({"sg": sg, "r": r}, f"r={r},sg={sg}", float(v)) for sg in grid["sg"]
-            for r in grid["r"] for v in rng.lognormal(0, 0.3, 6) * scale[r]]
+    runs = [
+        ({"sg": sg, "r": r}, f"r={r},sg={sg}", float(v))
+        for sg in grid["sg"]
+        for r in grid["r"]
+        for v in rng.lognormal(0, 0.3, 6) * scale[r]
+    ]
     stats = experiment_stats(metric="m", grid=grid, runs=runs)
     pooled = next(c for c in stats.comparisons if c.factor == "sg" and c.within is None)
-    variances = [np.var([v for c, _, v in runs if c == {"sg": sg, "r": r}], ddof=1)
-                 for sg in grid["sg"] for r in grid["r"]]
+    variances = [
+        np.var([v for c, _, v in runs if c == {"sg": sg, "r": r}], ddof=1)
+        for sg in grid["sg"]
+        for r in grid["r"]
+    ]
     decades = math.log10(max(variances) / min(variances))  # about 14
     assert decades > 12
     assert any(f"span {decades:.0f} orders of magnitude" in w for w in pooled.warnings)

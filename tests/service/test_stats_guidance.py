@@ -25,8 +25,7 @@ from service.storage.db import Experiment, Run, make_engine, upgrade_database
 from trainers import REGISTRY
 
 
-def test_the_noise_floor_is_the_mean_binomial_variance_and_its_share_of_the_seed_variance(
-) -> None:
+def test_the_noise_floor_is_the_mean_binomial_variance_and_its_share_of_the_seed_variance() -> None:
     accuracies = [0.91, 0.87, 0.95, 0.90]
     sizes = [360, 360, 500, 250]
     got = condition_stats({"m": 1}, "m=1", accuracies, bounds=(0.0, 1.0), test_set_sizes=sizes)
@@ -64,14 +63,18 @@ def logit_interval_by_hand(values: list[float], low: float, high: float) -> list
     return [low + (high - low) / (1 + math.exp(-(centre + s * half))) for s in (-1, 1)]
 
 
-@pytest.mark.parametrize("values,bounds", [
-    ([0.99, 1.0, 1.0, 0.98], (0.0, 1.0)),  # the t interval's top is above 1
-    ([0.01, 0.0, 0.03], (0.0, 1.0)),  # its bottom is below 0
-    ([0.62, 0.71, 0.55, 0.80, 0.66], (0.0, 1.0)),
-    ([-0.95, -0.99, -0.80], (-1.0, 1.0)),  # a Spearman correlation
-])
+@pytest.mark.parametrize(
+    "values,bounds",
+    [
+        ([0.99, 1.0, 1.0, 0.98], (0.0, 1.0)),  # the t interval's top is above 1
+        ([0.01, 0.0, 0.03], (0.0, 1.0)),  # its bottom is below 0
+        ([0.62, 0.71, 0.55, 0.80, 0.66], (0.0, 1.0)),
+        ([-0.95, -0.99, -0.80], (-1.0, 1.0)),  # a Spearman correlation
+    ],
+)
 def test_a_bounded_metric_gets_a_logit_interval_that_never_crosses_a_bound(
-        values: list[float], bounds: tuple[float, float]) -> None:
+    values: list[float], bounds: tuple[float, float]
+) -> None:
     got = condition_stats({}, "", values, bounds=bounds)
     assert got.ci95 == pytest.approx(logit_interval_by_hand(values, *bounds), rel=1e-12)
     low, high = got.ci95
@@ -94,8 +97,10 @@ def test_too_few_seeds_are_warned_about_by_name_and_enough_seeds_are_not() -> No
     text = " ".join(two["warnings"])
     assert two["brown_forsythe_p"] is not None and "brown_forsythe_p from 2 and 2 seeds" in text
     assert "var_ratio_ci95_f spans" in text  # F(1, 1) quantiles: about 5.6 decades
-    assert ("primary_p from 2 and 2 seeds: they allow only 6 distinct re-assignments" in text
-            and two["primary_ci95"] == [0.0, None])
+    assert (
+        "primary_p from 2 and 2 seeds: they allow only 6 distinct re-assignments" in text
+        and two["primary_ci95"] == [0.0, None]
+    )
     assert "mean_diff_ci95 from 2 and 2 seeds" in text
     rng = np.random.default_rng(3)
     many = compare(list(rng.normal(size=12)), list(rng.normal(size=12)))
@@ -105,8 +110,10 @@ def test_too_few_seeds_are_warned_about_by_name_and_enough_seeds_are_not() -> No
     assert any(w.startswith("brown_forsythe_p from 4 and 4") for w in four["warnings"])
     assert not any("var_ratio_ci95_f" in w for w in four["warnings"])  # F(3, 3): 2.4 decades
     single = compare([1.0], [1.0, 2.0])
-    assert single["warnings"] == ["1 and 2 seeds: a within-cell variance needs 2 seeds in a "
-                                  "cell on each side, so no variance test"]
+    assert single["warnings"] == [
+        "1 and 2 seeds: a within-cell variance needs 2 seeds in a "
+        "cell on each side, so no variance test"
+    ]
     assert condition_stats({}, "", [1.0, 2.0]).warnings[0].startswith("ci95 from 2 seeds")
     assert condition_stats({}, "", [1.0, 2.0, 4.0]).warnings == []
 
@@ -125,24 +132,37 @@ def store_cff_experiment(url: str, accuracies: dict[str, list[float]], n_test: i
     engine = make_engine(url)
     with Session(engine) as session:
         n_runs = sum(len(v) for v in accuracies.values())
-        experiment = Experiment(name="noise", trainer="cff", metric="test_accuracy",
-                                spec={"name": "noise", "trainer": "cff",
-                                      "grid": {"margin_mode": list(accuracies)}},
-                                n_conditions=len(accuracies), n_runs=n_runs,
-                                runs_completed=n_runs)
+        experiment = Experiment(
+            name="noise",
+            trainer="cff",
+            metric="test_accuracy",
+            spec={"name": "noise", "trainer": "cff", "grid": {"margin_mode": list(accuracies)}},
+            n_conditions=len(accuracies),
+            n_runs=n_runs,
+            runs_completed=n_runs,
+        )
         session.add(experiment)
         session.commit()
         assert experiment.id is not None
         for mode, values in accuracies.items():
             for seed, p in enumerate(values):
                 condition = {"margin_mode": mode}
-                session.add(Run(experiment_id=experiment.id, condition=condition,
-                                condition_key=condition_key(condition), seed=seed, trainer="cff",
-                                status=RunStatus.completed,
-                                metrics={"test_accuracy": p,
-                                         "test_accuracy_noise_floor": p * (1 - p) / n_test,
-                                         "loss": 1.0},
-                                diagnostics={"n_test": n_test}))
+                session.add(
+                    Run(
+                        experiment_id=experiment.id,
+                        condition=condition,
+                        condition_key=condition_key(condition),
+                        seed=seed,
+                        trainer="cff",
+                        status=RunStatus.completed,
+                        metrics={
+                            "test_accuracy": p,
+                            "test_accuracy_noise_floor": p * (1 - p) / n_test,
+                            "loss": 1.0,
+                        },
+                        diagnostics={"n_test": n_test},
+                    )
+                )
         session.commit()
         experiment_id = experiment.id
     engine.dispose()
@@ -150,7 +170,8 @@ def store_cff_experiment(url: str, accuracies: dict[str, list[float]], n_test: i
 
 
 def test_the_stats_store_serves_the_noise_floor_from_the_trainers_declared_test_set(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
     upgrade_database(url)
     accuracies = {"clamp": [0.80, 0.85, 0.83], "subtract": [0.84, 0.845, 0.842]}
@@ -158,19 +179,37 @@ def test_the_stats_store_serves_the_noise_floor_from_the_trainers_declared_test_
     engine = make_engine(url)
     with Session(engine) as session:
         experiment = session.get(Experiment, experiment_id)
-        served = json.loads(stats_json(session=session, experiment=experiment, metric=None,
-                                       factor=None, offset=0, limit=None))
-        loss = json.loads(stats_json(session=session, experiment=experiment, metric="loss",
-                                     factor=None, offset=0, limit=None))
+        served = json.loads(
+            stats_json(
+                session=session,
+                experiment=experiment,
+                metric=None,
+                factor=None,
+                offset=0,
+                limit=None,
+            )
+        )
+        loss = json.loads(
+            stats_json(
+                session=session,
+                experiment=experiment,
+                metric="loss",
+                factor=None,
+                offset=0,
+                limit=None,
+            )
+        )
     engine.dispose()
     assert served["metric_bounds"] == [0.0, 1.0]
     for condition in served["conditions"]:
         values = accuracies[condition["condition"]["margin_mode"]]
         # cff's own per-run noise-floor metric, averaged: the same facts, one formula
         assert condition["noise_floor_var"] == pytest.approx(
-            np.mean([p * (1 - p) / 359 for p in values]), rel=1e-12)
+            np.mean([p * (1 - p) / 359 for p in values]), rel=1e-12
+        )
         assert condition["noise_floor_share"] == pytest.approx(
-            condition["noise_floor_var"] / np.var(values, ddof=1), rel=1e-12)
+            condition["noise_floor_var"] / np.var(values, ddof=1), rel=1e-12
+        )
         assert 0 < condition["ci95"][0] < condition["ci95"][1] < 1
     assert [c["noise_floor_var"] for c in loss["conditions"]] == [None, None]
     assert loss["metric_bounds"] is None
@@ -178,10 +217,14 @@ def test_the_stats_store_serves_the_noise_floor_from_the_trainers_declared_test_
 
 def test_trainers_declare_test_sets_and_bounds_only_for_their_own_metrics() -> None:
     assert REGISTRY["cff"].test_set_sizes({"n_test": 359}) == {
-        "test_accuracy": 359, "test_top5_accuracy": 359}
+        "test_accuracy": 359,
+        "test_top5_accuracy": 359,
+    }
     assert REGISTRY["feedback"].test_set_sizes({"n_test": 1000}) == {"test_accuracy": 1000}
     assert REGISTRY["ssl"].test_set_sizes({"n_test_in_distribution": 300}) == {
-        "knn_accuracy": 300, "knn_accuracy_clean": 300}
+        "knn_accuracy": 300,
+        "knn_accuracy_clean": 300,
+    }
     assert REGISTRY["collapse"].test_set_sizes({"n_test": 5}) == {}
     assert REGISTRY["cff"].test_set_sizes({}) == {}
     for trainer in REGISTRY.values():
@@ -195,9 +238,12 @@ def bundled_like_stats() -> dict:
     """The bundled example's shape (stop_gradient x r, 3 seeds) with made-up values."""
     grid = {"stop_gradient": [False, True], "r": [0.0, 0.1, 0.2, 0.4]}
     rng = np.random.default_rng(5)
-    runs = [({"stop_gradient": sg, "r": r}, f"r={r},stop_gradient={str(sg).lower()}",
-             float(v)) for sg in grid["stop_gradient"] for r in grid["r"]
-            for v in rng.normal(r, 0.1 + sg, size=3)]
+    runs = [
+        ({"stop_gradient": sg, "r": r}, f"r={r},stop_gradient={str(sg).lower()}", float(v))
+        for sg in grid["stop_gradient"]
+        for r in grid["r"]
+        for v in rng.normal(r, 0.1 + sg, size=3)
+    ]
     return json.loads(experiment_stats(metric="min_l2", grid=grid, runs=runs).model_dump_json())
 
 
@@ -208,7 +254,8 @@ def test_every_comparison_of_three_seeds_has_a_finite_f_interval() -> None:
 
 
 def test_the_compact_cli_view_fits_100_columns_and_all_shows_every_field(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     stats = bundled_like_stats()
     monkeypatch.setattr(cli.render, "console", Console(width=160, record=True))
     cli.print_stats(stats)

@@ -26,8 +26,7 @@ from service.limits import Busy, HeavyReads
 from service.storage.db import Experiment, Run, make_engine, upgrade_database
 from tests.service.test_stats_guidance import store_cff_experiment
 
-ACCURACIES = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81], "subtract": [0.84, 0.845, 0.842, 0.83,
-                                                                     0.85]}
+ACCURACIES = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81], "subtract": [0.84, 0.845, 0.842, 0.83, 0.85]}
 
 
 def served(url: str, experiment_id: int, **query: Any) -> dict[str, Any]:
@@ -36,14 +35,16 @@ def served(url: str, experiment_id: int, **query: Any) -> dict[str, Any]:
     try:
         with Session(engine) as session:
             experiment = session.get(Experiment, experiment_id)
-            return json.loads(stats_store.stats_json(session=session, experiment=experiment,
-                                                     **page))
+            return json.loads(
+                stats_store.stats_json(session=session, experiment=experiment, **page)
+            )
     finally:
         engine.dispose()
 
 
 def test_two_viewers_of_a_page_not_stored_yet_compute_it_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
     upgrade_database(url)
     experiment_id = store_cff_experiment(url, ACCURACIES, n_test=1000)
@@ -57,8 +58,9 @@ def test_two_viewers_of_a_page_not_stored_yet_compute_it_once(
 
     monkeypatch.setattr(stats_store, "experiment_stats", slow)
     pages: list[dict[str, Any]] = []
-    viewers = [threading.Thread(target=lambda: pages.append(served(url, experiment_id)))
-               for _ in range(2)]
+    viewers = [
+        threading.Thread(target=lambda: pages.append(served(url, experiment_id))) for _ in range(2)
+    ]
     for viewer in viewers:
         viewer.start()
     for viewer in viewers:
@@ -70,7 +72,8 @@ def test_two_viewers_of_a_page_not_stored_yet_compute_it_once(
 
 
 def test_the_spec_chooses_the_scale_and_the_target_ratio_and_a_query_overrides_the_scale(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
     upgrade_database(url)
     experiment_id = store_cff_experiment(url, ACCURACIES, n_test=1000)
@@ -89,8 +92,9 @@ def test_the_spec_chooses_the_scale_and_the_target_ratio_and_a_query_overrides_t
     raw = served(url, experiment_id, scale="raw")
     assert raw["scale"] == "raw" and raw["comparisons"][0]["var_ratio"] != comparison["var_ratio"]
     # a run at accuracy 0 has no logarithm: a 422 naming the query field
-    at_zero = store_cff_experiment(url, {"clamp": [0.0, 0.5, 0.6], "subtract": [0.4, 0.5, 0.7]},
-                                   n_test=1000)
+    at_zero = store_cff_experiment(
+        url, {"clamp": [0.0, 0.5, 0.6], "subtract": [0.4, 0.5, 0.7]}, n_test=1000
+    )
     with pytest.raises(SpecError, match="1 of 6 are 0 or below") as refused:
         served(url, at_zero, scale="log")
     assert refused.value.errors[0]["loc"] == ["query", "scale"]
@@ -102,26 +106,45 @@ def store_collapse_experiment(url: str, levels: int, seeds: int, rng_seed: int) 
     grid = {"r": [round(i / levels, 6) for i in range(levels)]}
     engine = make_engine(url)
     with Session(engine) as session:
-        experiment = Experiment(name="levels", trainer="collapse", metric="min_l2",
-                                spec={"name": "levels", "trainer": "collapse", "grid": grid},
-                                n_conditions=levels,
-                                n_runs=levels * seeds, runs_completed=levels * seeds)
+        experiment = Experiment(
+            name="levels",
+            trainer="collapse",
+            metric="min_l2",
+            spec={"name": "levels", "trainer": "collapse", "grid": grid},
+            n_conditions=levels,
+            n_runs=levels * seeds,
+            runs_completed=levels * seeds,
+        )
         session.add(experiment)
         session.commit()
         experiment_id = experiment.id
-        session.add_all([
-            Run(experiment_id=experiment_id, condition={"r": r}, condition_key=f"r={r}",
-                seed=seed, trainer="collapse", status=RunStatus.completed, warnings=[],
-                provenance={}, diagnostics={}, metrics={"min_l2": float(rng.lognormal())})
-            for r in grid["r"] for seed in range(seeds)])
+        session.add_all(
+            [
+                Run(
+                    experiment_id=experiment_id,
+                    condition={"r": r},
+                    condition_key=f"r={r}",
+                    seed=seed,
+                    trainer="collapse",
+                    status=RunStatus.completed,
+                    warnings=[],
+                    provenance={},
+                    diagnostics={},
+                    metrics={"min_l2": float(rng.lognormal())},
+                )
+                for r in grid["r"]
+                for seed in range(seeds)
+            ]
+        )
         session.commit()
     engine.dispose()
     assert experiment_id is not None
     return experiment_id
 
 
-def test_pages_share_the_stored_holm_families(database_url: str,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pages_share_the_stored_holm_families(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every page needs the raw p-values of its whole Holm family: they are stored once, and
     another page (in another replica, or after a restart) computes only its own comparisons."""
     experiment_id = store_collapse_experiment(database_url, levels=24, seeds=4, rng_seed=11)
@@ -145,14 +168,14 @@ def test_pages_share_the_stored_holm_families(database_url: str,
     assert sum(analysed) == 10  # the page's own; all 276 before the families were stored
     # adjusted over the whole family, as computed in one go from the same runs
     whole = experiment_stats_of(database_url, experiment_id)
-    for comparison, reference in zip(later["comparisons"], whole.comparisons[100:110],
-                                     strict=True):
+    for comparison, reference in zip(later["comparisons"], whole.comparisons[100:110], strict=True):
         for field in ("primary_p_holm_factor", "f_test_p_holm_factor", "welch_p_holm_all"):
             assert comparison[field] == pytest.approx(getattr(reference, field), rel=1e-12)
 
 
 def test_a_cold_page_needs_a_heavy_read_slot_unless_its_experiment_is_small(
-        database_url: str) -> None:
+    database_url: str,
+) -> None:
     large = store_collapse_experiment(database_url, levels=16, seeds=3, rng_seed=5)
     small = store_collapse_experiment(database_url, levels=3, seeds=3, rng_seed=6)
     heavy = HeavyReads(1)
@@ -179,8 +202,9 @@ def test_a_family_is_analysed_within_a_memory_bound() -> None:
     seeds = [seed for _ in levels for seed in range(12)]
     tracemalloc.start()
     try:
-        stats = experiment_stats(metric="m", grid={"r": levels}, runs=runs, seeds=seeds,
-                                 factor="r", limit=5)
+        stats = experiment_stats(
+            metric="m", grid={"r": levels}, runs=runs, seeds=seeds, factor="r", limit=5
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -198,8 +222,11 @@ def sql_rows(url: str, statement: str) -> list[Any]:
 
 
 def experiment_stats_of(url: str, experiment_id: int) -> Any:
-    rows = sql_rows(url, f"SELECT condition_key, seed, metrics FROM run "
-                         f"WHERE experiment_id = {experiment_id} ORDER BY id")
+    rows = sql_rows(
+        url,
+        f"SELECT condition_key, seed, metrics FROM run "
+        f"WHERE experiment_id = {experiment_id} ORDER BY id",
+    )
     runs, seeds = [], []
     for key, seed, metrics in rows:
         metrics = json.loads(metrics) if isinstance(metrics, str) else metrics

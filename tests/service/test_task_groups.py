@@ -11,8 +11,16 @@ from service.scheduling.run_store import ClaimedRun
 
 
 def claimed(run_id: int, experiment: int, condition: dict, cpus: float = 1.0) -> ClaimedRun:
-    return ClaimedRun(id=run_id, experiment_id=experiment, attempt=1, trainer="collapse",
-                      condition=condition, seed=run_id, num_cpus=cpus, num_gpus=0.0)
+    return ClaimedRun(
+        id=run_id,
+        experiment_id=experiment,
+        attempt=1,
+        trainer="collapse",
+        condition=condition,
+        seed=run_id,
+        num_cpus=cpus,
+        num_gpus=0.0,
+    )
 
 
 def ids(groups: list[list[ClaimedRun]]) -> list[list[int]]:
@@ -29,9 +37,13 @@ def test_runs_of_one_condition_share_tasks_of_at_most_seeds_per_task() -> None:
 
 def test_experiments_conditions_and_resources_never_share_a_task() -> None:
     # the condition {"r": 0.1} twice, as equal dicts with another key order, and interleaved
-    runs = [claimed(1, 1, {"r": 0.1, "s": True}), claimed(2, 2, {"r": 0.1, "s": True}),
-            claimed(3, 1, {"s": True, "r": 0.1}), claimed(4, 1, {"r": 0.2, "s": True}),
-            claimed(5, 1, {"r": 0.1, "s": True}, cpus=2.0)]
+    runs = [
+        claimed(1, 1, {"r": 0.1, "s": True}),
+        claimed(2, 2, {"r": 0.1, "s": True}),
+        claimed(3, 1, {"s": True, "r": 0.1}),
+        claimed(4, 1, {"r": 0.2, "s": True}),
+        claimed(5, 1, {"r": 0.1, "s": True}, cpus=2.0),
+    ]
     groups = task_groups(runs, {1: 8, 2: 8})
     assert ids(groups) == [[1, 3], [2], [4], [5]]
 
@@ -40,6 +52,7 @@ def test_a_stored_spec_takes_its_trainers_default_unless_it_says() -> None:
     from trainers import get_trainer
 
     default = get_trainer("collapse").seeds_per_task_default
+
     def stored(**spec: Any) -> ExperimentSpec:
         return ExperimentSpec.stored({"name": "t", **spec})
 

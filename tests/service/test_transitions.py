@@ -25,11 +25,13 @@ def moves(monkeypatch: pytest.MonkeyPatch) -> Iterator[set[Move]]:
     stop's (which counts its own)."""
     seen: set[Move] = set()
 
-    def recording(check: Callable[[RunStatus, RunStatus], None]
-                  ) -> Callable[[RunStatus, RunStatus], None]:
+    def recording(
+        check: Callable[[RunStatus, RunStatus], None],
+    ) -> Callable[[RunStatus, RunStatus], None]:
         def record(old: RunStatus, new: RunStatus) -> None:
             seen.add((old, new))
             check(old, new)
+
         return record
 
     monkeypatch.setattr(run_moves, "check_move", recording(run_moves.check_move))
@@ -42,8 +44,10 @@ def table() -> set[Move]:
 
 
 def keys_of(store: RunStore, experiment_id: int, n: int) -> list[AttemptKey]:
-    return [AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
-            for c in store.claim(n)]
+    return [
+        AttemptKey(run_id=c.id, experiment_id=experiment_id, attempt=c.attempt)
+        for c in store.claim(n)
+    ]
 
 
 def start(store: RunStore, keys: list[AttemptKey]) -> None:
@@ -59,13 +63,16 @@ def test_the_table_is_the_moves_the_store_makes(session: Session, moves: set[Mov
     store.claim(1, unschedulable=lambda cpus, gpus: "no node can hold it")
     # queued -> pending; pending -> each result, and running -> each result
     keys = keys_of(store, experiment_id, 2 * len(results))
-    start(store, keys[len(results):])
+    start(store, keys[len(results) :])
     store.finish([finished(k, status) for k, status in zip(keys, results * 2, strict=True)])
     store.commit()
     # pending or running -> cancelled (Ray confirms a cancel), failed (rows not storable),
     # queued (lost and retried)
-    for end in (store.end_cancelled, lambda k: store.fail(k, "unstorable"),
-                lambda k: store.lose(k, "node died")):
+    for end in (
+        store.end_cancelled,
+        lambda k: store.fail(k, "unstorable"),
+        lambda k: store.lose(k, "node died"),
+    ):
         pending, running = keys_of(store, experiment_id, 2)
         start(store, [running])
         end(pending)
@@ -100,8 +107,9 @@ def test_the_table_is_the_moves_the_store_makes(session: Session, moves: set[Mov
 def test_the_table_ends_where_the_enums_say() -> None:
     assert {s for s, targets in RunStatus.moves().items() if not targets} == RunStatus.ended()
     assert set(RunStatus.moves()) == set(RunStatus)
-    assert all(RunStatus.queued not in RunStatus.moves()[s] or s in RunStatus.active()
-               for s in RunStatus)
+    assert all(
+        RunStatus.queued not in RunStatus.moves()[s] or s in RunStatus.active() for s in RunStatus
+    )
 
 
 def test_an_end_is_a_success_something_gone_wrong_or_a_cancel() -> None:
@@ -113,10 +121,15 @@ def test_an_end_is_a_success_something_gone_wrong_or_a_cancel() -> None:
     assert (counts.succeeded, counts.went_wrong, counts.ended) == (3, 12, 31)
 
 
-@pytest.mark.parametrize(("old", "new"), [
-    (RunStatus.completed, RunStatus.queued), (RunStatus.queued, RunStatus.running),
-    (RunStatus.running, RunStatus.pending), (RunStatus.cancelled, RunStatus.cancelled),
-])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (RunStatus.completed, RunStatus.queued),
+        (RunStatus.queued, RunStatus.running),
+        (RunStatus.running, RunStatus.pending),
+        (RunStatus.cancelled, RunStatus.cancelled),
+    ],
+)
 def test_an_illegal_move_is_an_internal_error_naming_it(old: RunStatus, new: RunStatus) -> None:
     with pytest.raises(IllegalRunMove, match=f"from {old.value} to {new.value}"):
         check_move(old, new)

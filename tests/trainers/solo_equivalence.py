@@ -16,10 +16,14 @@ REL_FLOAT64 = 1e-9
 Outcome = tuple[RunResult, MemoryReporter]
 
 
-def run_both(trainer: TrainerBase, config: Any, seeds: Sequence[int], *,
-             source_seeds: Sequence[dict[str, int] | None] | None = None,
-             reporter: Callable[[], MemoryReporter] = MemoryReporter,
-             ) -> tuple[list[Outcome], list[Outcome]]:
+def run_both(
+    trainer: TrainerBase,
+    config: Any,
+    seeds: Sequence[int],
+    *,
+    source_seeds: Sequence[dict[str, int] | None] | None = None,
+    reporter: Callable[[], MemoryReporter] = MemoryReporter,
+) -> tuple[list[Outcome], list[Outcome]]:
     """(batched, solo): each seed's result and reporter from one `run_seeds` task of all the
     seeds, then from its own `run`, with the same source seeds and a fresh reporter each. One
     torch thread: on a busy machine, threads that wait for each other slow small runs down
@@ -34,19 +38,29 @@ def run_both(trainer: TrainerBase, config: Any, seeds: Sequence[int], *,
     solo = []
     for seed, pinned in zip(seeds, pins, strict=True):
         solo_reporter = reporter()
-        solo.append((trainer.run(config, seed, solo_reporter, source_seeds=pinned, threads=1),
-                     solo_reporter))
+        solo.append(
+            (
+                trainer.run(config, seed, solo_reporter, source_seeds=pinned, threads=1),
+                solo_reporter,
+            )
+        )
     return batched, solo
 
 
 def close(got: Any, want: Any, rel: float) -> bool:
     """Equal values, floats to `rel` (NaN equals NaN), at any depth of lists and dicts."""
     if isinstance(want, dict):
-        return (isinstance(got, dict) and got.keys() == want.keys()
-                and all(close(got[key], want[key], rel) for key in want))
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(close(got[key], want[key], rel) for key in want)
+        )
     if isinstance(want, list | tuple):
-        return (isinstance(got, list | tuple) and len(got) == len(want)
-                and all(close(g, w, rel) for g, w in zip(got, want, strict=True)))
+        return (
+            isinstance(got, list | tuple)
+            and len(got) == len(want)
+            and all(close(g, w, rel) for g, w in zip(got, want, strict=True))
+        )
     if isinstance(want, float) and not isinstance(got, bool) and isinstance(got, float | int):
         if math.isnan(want):
             return math.isnan(got)
@@ -54,8 +68,9 @@ def close(got: Any, want: Any, rel: float) -> bool:
     return type(got) is type(want) and got == want
 
 
-def assert_same_as_solo(batched: Outcome, solo: Outcome, *, rel: float = REL_FLOAT64,
-                        same_bits: bool = True) -> None:
+def assert_same_as_solo(
+    batched: Outcome, solo: Outcome, *, rel: float = REL_FLOAT64, same_bits: bool = True
+) -> None:
     """The batched seed's curve (every logged step, epoch, name and value), final metrics,
     diagnostics, warnings and ending equal its solo run's; with `same_bits`, its trained
     values too, bit for bit (provenance parameters_sha256)."""
@@ -68,7 +83,11 @@ def assert_same_as_solo(batched: Outcome, solo: Outcome, *, rel: float = REL_FLO
     assert close(got.diagnostics, want.diagnostics, rel), (got.diagnostics, want.diagnostics)
     assert close([w.as_dict() for w in got.warnings], [w.as_dict() for w in want.warnings], rel)
     assert (got.finished, got.diverged, got.diverged_at_step, got.stop) == (
-        want.finished, want.diverged, want.diverged_at_step, want.stop)
+        want.finished,
+        want.diverged,
+        want.diverged_at_step,
+        want.stop,
+    )
     for key in ("seed", "source_seeds", "config"):
         assert got.provenance[key] == want.provenance[key], key
     if same_bits:

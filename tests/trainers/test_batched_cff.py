@@ -25,9 +25,22 @@ from trainers.data import ImageSplits, load_for
 from trainers.random_sources import derive_seed
 from trainers.runtime import RunContext, warm_up
 
-TINY = dict(dataset="digits", image_size=8, width=16, depth=2, heads=2, patch=4, epochs=2,
-            head_epochs=2, batch_size=32, train_size=128, test_size=64, val_fraction=0.05,
-            head_lr=2e-2, device="cpu")
+TINY = dict(
+    dataset="digits",
+    image_size=8,
+    width=16,
+    depth=2,
+    heads=2,
+    patch=4,
+    epochs=2,
+    head_epochs=2,
+    batch_size=32,
+    train_size=128,
+    test_size=64,
+    val_fraction=0.05,
+    head_lr=2e-2,
+    device="cpu",
+)
 REL = 2e-5
 # Diagnostics of the process, not of the run: wall-clock figures differ between any two runs, and
 # whether the dataset was already decoded depends on what the process ran before.
@@ -57,8 +70,7 @@ def trained(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[nn.Module]]
     return runs
 
 
-def assert_same_parameters(trained: list[tuple[int, list[nn.Module]]], seeds: list[int]
-                           ) -> None:
+def assert_same_parameters(trained: list[tuple[int, list[nn.Module]]], seeds: list[int]) -> None:
     """Each of `seeds` ran twice (batched and solo): their final layers and heads agree to
     float32 rounding.
 
@@ -68,12 +80,15 @@ def assert_same_parameters(trained: list[tuple[int, list[nn.Module]]], seeds: li
     for seed in seeds:
         first, second = [modules for s, modules in trained if s == seed]
         for a, b in zip(first, second, strict=True):
-            for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(),
-                                         strict=True):
+            for (name, x), (_, y) in zip(
+                a.state_dict().items(), b.state_dict().items(), strict=True
+            ):
                 if name.endswith("attn.qkv.bias"):
                     width = len(x) // 3
-                    x, y = torch.cat([x[:width], x[2 * width:]]), torch.cat([y[:width],
-                                                                            y[2 * width:]])
+                    x, y = (
+                        torch.cat([x[:width], x[2 * width :]]),
+                        torch.cat([y[:width], y[2 * width :]]),
+                    )
                 torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
 
 
@@ -85,8 +100,7 @@ def solo(cfg: CFFConfig, seed: int, reporter: MemoryReporter) -> RunResult:
     return get_trainer("cff").run(cfg, seed, reporter, threads=1)
 
 
-def batched(cfg: CFFConfig, seeds: list[int], reporters: list[MemoryReporter]
-            ) -> list[RunResult]:
+def batched(cfg: CFFConfig, seeds: list[int], reporters: list[MemoryReporter]) -> list[RunResult]:
     outcomes = get_trainer("cff").run_seeds(cfg, seeds, reporters, threads=1)
     assert all(isinstance(o, RunResult) for o in outcomes)
     return outcomes  # type: ignore[return-value]
@@ -103,26 +117,39 @@ def close(a: Any, b: Any) -> bool:
     return a == b
 
 
-def assert_same_run(got: RunResult, got_points: MemoryReporter, want: RunResult,
-                    want_points: MemoryReporter, n_test: int) -> None:
+def assert_same_run(
+    got: RunResult,
+    got_points: MemoryReporter,
+    want: RunResult,
+    want_points: MemoryReporter,
+    n_test: int,
+) -> None:
     """A batched seed against its solo run: every logged point (step, epoch, name and value),
     the final metrics and diagnostics, the warnings and the run's status."""
     assert [p[:3] for p in got_points.points] == [p[:3] for p in want_points.points]
     for g, w in zip(got_points.points, want_points.points, strict=True):
         assert close(g[3], w[3]), (g, w)
     assert (got.finished, got.diverged, got.diverged_at_step) == (
-        want.finished, want.diverged, want.diverged_at_step)
+        want.finished,
+        want.diverged,
+        want.diverged_at_step,
+    )
     accuracies = {"test_accuracy", "test_accuracy_noise_floor"}
-    assert close({k: v for k, v in got.metrics.items() if k not in accuracies},
-                 {k: v for k, v in want.metrics.items() if k not in accuracies})
+    assert close(
+        {k: v for k, v in got.metrics.items() if k not in accuracies},
+        {k: v for k, v in want.metrics.items() if k not in accuracies},
+    )
     # an argmax may flip on a rounding difference: at most one test image
     assert got.metrics.keys() >= accuracies & want.metrics.keys()
     if "test_accuracy" in want.metrics:
         assert abs(got.metrics["test_accuracy"] - want.metrics["test_accuracy"]) <= 1 / n_test
-    assert close({k: v for k, v in got.diagnostics.items() if k not in OF_THE_PROCESS},
-                 {k: v for k, v in want.diagnostics.items() if k not in OF_THE_PROCESS})
+    assert close(
+        {k: v for k, v in got.diagnostics.items() if k not in OF_THE_PROCESS},
+        {k: v for k, v in want.diagnostics.items() if k not in OF_THE_PROCESS},
+    )
     assert [(w.diagnostic, w.message) for w in got.warnings] == [
-        (w.diagnostic, w.message) for w in want.warnings]
+        (w.diagnostic, w.message) for w in want.warnings
+    ]
 
 
 def test_cff_declares_itself_batched() -> None:
@@ -147,8 +174,9 @@ def test_four_batched_seeds_equal_four_solo_runs(trained: list) -> None:
     assert len({r.metrics["loss"] for r in results}) == 4
 
 
-def poison_after_first_epoch(monkeypatch: pytest.MonkeyPatch, seed: int
-                             ) -> Callable[[MemoryReporter], None]:
+def poison_after_first_epoch(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> Callable[[MemoryReporter], None]:
     """From the first point its reporter holds on, the seed's augmented images are NaN: its
     loss turns non-finite in its second epoch, in a solo run and in a batched one alike.
     Returns the function that names the reporter to watch."""
@@ -156,12 +184,16 @@ def poison_after_first_epoch(monkeypatch: pytest.MonkeyPatch, seed: int
     augment_seed = derive_seed(seed, "augment")
     images = ImageSplits.images
 
-    def poisoned(self: ImageSplits, split: Any, positions: Any = None, **kwargs: Any
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def poisoned(
+        self: ImageSplits, split: Any, positions: Any = None, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = images(self, split, positions, **kwargs)
         generator = kwargs.get("augment_generator")
-        if (generator is not None and generator.initial_seed() == augment_seed
-                and watched["reporter"].points):
+        if (
+            generator is not None
+            and generator.initial_seed() == augment_seed
+            and watched["reporter"].points
+        ):
             x = x * math.nan
         return x, y
 
@@ -170,7 +202,8 @@ def poison_after_first_epoch(monkeypatch: pytest.MonkeyPatch, seed: int
 
 
 def test_a_diverging_seed_is_masked_and_the_others_equal_their_solo_runs(
-        monkeypatch: pytest.MonkeyPatch, trained: list) -> None:
+    monkeypatch: pytest.MonkeyPatch, trained: list
+) -> None:
     cfg = config(epochs=3)
     seeds = [4, 5, 6]
     watch = poison_after_first_epoch(monkeypatch, seed=5)
@@ -183,8 +216,9 @@ def test_a_diverging_seed_is_masked_and_the_others_equal_their_solo_runs(
     reporters = [MemoryReporter() for _ in seeds]
     watch(reporters[1])
     results = batched(cfg, seeds, reporters)
-    for result, reporter, (want_result, want_reporter) in zip(results, reporters, want,
-                                                             strict=True):
+    for result, reporter, (want_result, want_reporter) in zip(
+        results, reporters, want, strict=True
+    ):
         assert_same_run(result, reporter, want_result, want_reporter, n_test=64)
     # the diverged seed ends with its best (first) epoch's layers and its initial head
     assert_same_parameters(trained, seeds)
@@ -246,14 +280,14 @@ def test_a_cancel_ends_every_seed(trained: list) -> None:
         assert result.diagnostics["stage1_images"] == 128  # one epoch, then the loop ended
         assert "test_accuracy" not in result.metrics
         solo_reporter = StopAfter(after_first_point)
-        assert_same_run(result, reporter, solo(cfg, seed, solo_reporter), solo_reporter,
-                        n_test=64)
+        assert_same_run(result, reporter, solo(cfg, seed, solo_reporter), solo_reporter, n_test=64)
     assert_same_parameters(trained, seeds)
 
 
 @pytest.mark.parametrize("rule", [inside_the_second_epoch, after_first_head_epoch])
 def test_a_seed_stopped_alone_keeps_its_solo_result_while_the_others_go_on(
-        rule: Callable[[StopAfter], bool], trained: list) -> None:
+    rule: Callable[[StopAfter], bool], trained: list
+) -> None:
     cfg = config(head_epochs=3)
     seeds = [7, 8, 9]
     rules = [never, rule, never]

@@ -24,8 +24,15 @@ SEEDS = [0, 1, 2, 3]
 SMALL = {"n_samples": 40, "steps": 150, "log_every": 10, "input_dim": 16, "input_noise": 0.3}
 # Teacher-student runs at lr 2 with noisy 4-d inputs: stability depends on each seed's inputs.
 # In its solo run, seed 5 of SEEDS_ONE_DIVERGES diverges at step 290; 3, 4 and 7 finish.
-DIVERGING = {"model": "teacher_student", "n_samples": 16, "input_dim": 4, "input_noise": 1.0,
-             "lr": 2.0, "steps": 320, "log_every": 10}
+DIVERGING = {
+    "model": "teacher_student",
+    "n_samples": 16,
+    "input_dim": 4,
+    "input_noise": 1.0,
+    "lr": 2.0,
+    "steps": 320,
+    "log_every": 10,
+}
 SEEDS_ONE_DIVERGES = [3, 4, 5, 7]
 
 
@@ -52,8 +59,9 @@ def test_collapse_batches_seeds_within_what_a_spec_may_ask() -> None:
 @pytest.mark.parametrize("stop_gradient", [False, True])
 @pytest.mark.parametrize("loss", ["mse", "cosine"])
 @pytest.mark.parametrize("model", ["embedding", "teacher_student"])
-def test_each_seed_of_a_batched_task_equals_its_solo_run(model: str, loss: str,
-                                                         stop_gradient: bool) -> None:
+def test_each_seed_of_a_batched_task_equals_its_solo_run(
+    model: str, loss: str, stop_gradient: bool
+) -> None:
     config = TRAINER.Config(model=model, loss=loss, stop_gradient=stop_gradient, **SMALL)
     batched, solo = run_both(TRAINER, config, SEEDS)
     # Bit for bit where a step is the mse closed form or the embedding model's; the cosine
@@ -105,19 +113,23 @@ def test_a_cancelled_seed_stops_and_the_others_finish_as_alone() -> None:
     cancelled_at = 4  # logs: steps 0, 10, 20, 30
 
     def reporters() -> list[MemoryReporter]:
-        return [MemoryReporter(), CancelAfterLogs(cancelled_at), MemoryReporter(),
-                MemoryReporter()]
+        return [MemoryReporter(), CancelAfterLogs(cancelled_at), MemoryReporter(), MemoryReporter()]
 
     batch_reporters = reporters()
     results = TRAINER.run_seeds(config, SEEDS, batch_reporters, threads=1)
     for index, (seed, result, reporter) in enumerate(
-            zip(SEEDS, results, batch_reporters, strict=True)):
+        zip(SEEDS, results, batch_reporters, strict=True)
+    ):
         solo_reporter = reporters()[index]
         solo = TRAINER.run(config, seed, solo_reporter, threads=1)
         assert not isinstance(result, Exception)
         assert_same_as_solo((result, reporter), (solo, solo_reporter))
     assert [r.finished for r in results if not isinstance(r, Exception)] == [
-        True, False, True, True]
+        True,
+        False,
+        True,
+        True,
+    ]
     assert batch_reporters[1].curve("loss")[-1][0] == 30
     assert batch_reporters[1].asked_after_stop == 1  # it stopped at the answer
 
@@ -147,7 +159,8 @@ def test_a_cancel_ends_every_seed_of_a_long_batched_task_within_the_bound() -> N
 @pytest.mark.parametrize("head", [False, True])
 @pytest.mark.parametrize("teacher", [False, True])
 def test_pair_loss_and_mse_gradients_of_stacked_seeds_are_each_seeds_own(
-        head: bool, teacher: bool) -> None:
+    head: bool, teacher: bool
+) -> None:
     """The losses module's broadcasting over a leading seed axis, slice by slice against the
     single-run calls (which test_losses_collapse_pair checks against hand-written float64)."""
     generator = torch.Generator().manual_seed(0)
@@ -162,8 +175,9 @@ def test_pair_loss_and_mse_gradients_of_stacked_seeds_are_each_seeds_own(
     inputs = draw(n, inputs_dim) if teacher else None
     stacked = mse_gradients(x, y, w, p, inputs)
     for i in range(s):
-        alone = mse_gradients(x[i], y[i], None if w is None else w[i], p[i],
-                              None if inputs is None else inputs[i])
+        alone = mse_gradients(
+            x[i], y[i], None if w is None else w[i], p[i], None if inputs is None else inputs[i]
+        )
         for got, want in zip(stacked, alone, strict=True):
             torch.testing.assert_close(got[i], want, rtol=1e-12, atol=0.0)
     for kind in ("mse", "cosine"):
@@ -171,5 +185,6 @@ def test_pair_loss_and_mse_gradients_of_stacked_seeds_are_each_seeds_own(
         assert losses.shape == (s,)
         for i in range(s):
             emb = x[i] if not teacher else inputs[i] @ x[i].T
-            torch.testing.assert_close(losses[i], pair_loss(emb, y[i], p[i], kind),
-                                       rtol=1e-12, atol=0.0)
+            torch.testing.assert_close(
+                losses[i], pair_loss(emb, y[i], p[i], kind), rtol=1e-12, atol=0.0
+            )

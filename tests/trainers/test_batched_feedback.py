@@ -35,14 +35,42 @@ REL_TOL = 1e-3
 LOCAL_LOSS_ABS_TOL = 1e-7
 
 STUDENT: dict[str, Any] = dict(
-    arch="studentnet", width=16, depth=3, epochs=2, student_input_dim=12, student_train_size=256,
-    student_test_size=64, eval_batch_size=64, batch_size=64, lr=1e-2, device="cpu")
+    arch="studentnet",
+    width=16,
+    depth=3,
+    epochs=2,
+    student_input_dim=12,
+    student_train_size=256,
+    student_test_size=64,
+    eval_batch_size=64,
+    batch_size=64,
+    lr=1e-2,
+    device="cpu",
+)
 DIGITS_MLP: dict[str, Any] = dict(
-    arch="resmlp", dataset="digits", width=32, depth=2, epochs=2, batch_size=64, train_size=512,
-    lr=1e-2, device="cpu")
+    arch="resmlp",
+    dataset="digits",
+    width=32,
+    depth=2,
+    epochs=2,
+    batch_size=64,
+    train_size=512,
+    lr=1e-2,
+    device="cpu",
+)
 DIGITS_VIT: dict[str, Any] = dict(
-    arch="vit_mini", dataset="digits", width=16, depth=2, heads=2, patch=4, epochs=1,
-    batch_size=128, train_size=512, lr=1e-2, device="cpu")
+    arch="vit_mini",
+    dataset="digits",
+    width=16,
+    depth=2,
+    heads=2,
+    patch=4,
+    epochs=1,
+    batch_size=128,
+    train_size=512,
+    lr=1e-2,
+    device="cpu",
+)
 SEEDS = [0, 1, 2, 3]
 
 
@@ -73,40 +101,54 @@ def assert_close(solo: Any, batched: Any, where: str = "") -> None:
         else:
             abs_tol = LOCAL_LOSS_ABS_TOL if where.endswith("local_loss") else 0.0
             assert math.isclose(solo, batched, rel_tol=REL_TOL, abs_tol=abs_tol), (
-                where, solo, batched)
+                where,
+                solo,
+                batched,
+            )
     else:
         assert solo == batched, (where, solo, batched)
 
 
-def assert_same_run(solo: RunResult, solo_points: list[Any], batched: RunResult,
-                    batched_points: list[Any]) -> None:
+def assert_same_run(
+    solo: RunResult, solo_points: list[Any], batched: RunResult, batched_points: list[Any]
+) -> None:
     """A batched seed is its solo run: curves, metrics, diagnostics, warnings, outcome."""
     assert [p[:3] for p in batched_points] == [p[:3] for p in solo_points]  # step, epoch, name
     for (step, epoch, name, value), point in zip(solo_points, batched_points, strict=True):
         assert_close(value, point[3], f"points[step {step}, epoch {epoch}].{name}")
     assert_close(solo.metrics, batched.metrics, "metrics")
     timing = "train_time_s"
-    assert_close({k: v for k, v in solo.diagnostics.items() if k != timing},
-                 {k: v for k, v in batched.diagnostics.items() if k != timing}, "diagnostics")
-    assert_close([vars(w) for w in solo.warnings], [vars(w) for w in batched.warnings],
-                 "warnings")
+    assert_close(
+        {k: v for k, v in solo.diagnostics.items() if k != timing},
+        {k: v for k, v in batched.diagnostics.items() if k != timing},
+        "diagnostics",
+    )
+    assert_close([vars(w) for w in solo.warnings], [vars(w) for w in batched.warnings], "warnings")
     assert (batched.finished, batched.diverged, batched.diverged_at_step) == (
-        solo.finished, solo.diverged, solo.diverged_at_step)
+        solo.finished,
+        solo.diverged,
+        solo.diverged_at_step,
+    )
     assert (batched.stop is None) == (solo.stop is None)
     if solo.stop is not None and batched.stop is not None:
         assert (batched.stop.checks, batched.stop.epoch, batched.stop.step) == (
-            solo.stop.checks, solo.stop.epoch, solo.stop.step)
+            solo.stop.checks,
+            solo.stop.epoch,
+            solo.stop.step,
+        )
         # the reason ends in the check's value to 4 digits, which rounding may move
         assert batched.stop.reason.split(":")[0] == solo.stop.reason.split(":")[0]
     for key in ("seed", "source_seeds", "config"):
         assert batched.provenance[key] == solo.provenance[key], key
 
 
-def solo_and_batched(config: FeedbackConfig, seeds: list[int],
-                     reporters: list[MemoryReporter] | None = None,
-                     solo_reporters: list[MemoryReporter] | None = None, **kwargs: Any
-                     ) -> tuple[list[RunResult], list[MemoryReporter], list[RunResult],
-                                list[MemoryReporter]]:
+def solo_and_batched(
+    config: FeedbackConfig,
+    seeds: list[int],
+    reporters: list[MemoryReporter] | None = None,
+    solo_reporters: list[MemoryReporter] | None = None,
+    **kwargs: Any,
+) -> tuple[list[RunResult], list[MemoryReporter], list[RunResult], list[MemoryReporter]]:
     trainer = get_trainer("feedback")
     reporters = reporters or [MemoryReporter() for _ in seeds]
     outcomes = trainer.run_seeds(config, seeds, reporters, threads=1, **kwargs)
@@ -114,8 +156,10 @@ def solo_and_batched(config: FeedbackConfig, seeds: list[int],
     assert len(batched) == len(seeds), outcomes
     solo_reporters = solo_reporters or [MemoryReporter() for _ in seeds]
     stop_on = kwargs.get("stop_on_checks", ())
-    solo = [trainer.run(config, seed, reporter, threads=1, stop_on_checks=stop_on)
-            for seed, reporter in zip(seeds, solo_reporters, strict=True)]
+    solo = [
+        trainer.run(config, seed, reporter, threads=1, stop_on_checks=stop_on)
+        for seed, reporter in zip(seeds, solo_reporters, strict=True)
+    ]
     return solo, solo_reporters, batched, reporters
 
 
@@ -123,24 +167,40 @@ def solo_and_batched(config: FeedbackConfig, seeds: list[int],
 # each seed of a batched task is its solo run
 
 
-@pytest.mark.parametrize("base, overrides", [
-    pytest.param(STUDENT, {"method": "bp", "optimizer": "sgd", "lr": 0.1}, id="studentnet-bp-sgd"),
-    pytest.param(STUDENT, {"method": "fa", "fa_skip": True}, id="studentnet-fa-skip"),
-    pytest.param(STUDENT, {"method": "dfa", "embed_credit": "none", "penalty": 1e-2},
-                 id="studentnet-dfa-penalty"),
-    pytest.param(DIGITS_MLP, {"method": "bp", "augment_strength": 0.5},
-                 id="resmlp-bp-augmented"),
-    pytest.param(DIGITS_MLP, {"method": "fa"}, id="resmlp-fa-through-norm"),
-    pytest.param(DIGITS_MLP, {"method": "dfa", "frozen_blocks": True, "weight_decay": 1e-3},
-                 id="resmlp-frozen-blocks"),
-    pytest.param(DIGITS_MLP, {"method": "dfa", "cosine_pairing": "input"}, id="resmlp-dfa"),
-    pytest.param(DIGITS_VIT, {"method": "bp"}, id="vit-bp"),
-    pytest.param(DIGITS_VIT, {"method": "fa", "vit_credit_tokens": "cls",
-                              "fa_top_credit": "direct"}, id="vit-fa-cls"),
-    pytest.param(DIGITS_VIT, {"method": "dfa", "embed_credit": "next"}, id="vit-dfa"),
-])
-def test_each_seed_of_a_batched_task_is_its_solo_run(base: dict[str, Any],
-                                                     overrides: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "base, overrides",
+    [
+        pytest.param(
+            STUDENT, {"method": "bp", "optimizer": "sgd", "lr": 0.1}, id="studentnet-bp-sgd"
+        ),
+        pytest.param(STUDENT, {"method": "fa", "fa_skip": True}, id="studentnet-fa-skip"),
+        pytest.param(
+            STUDENT,
+            {"method": "dfa", "embed_credit": "none", "penalty": 1e-2},
+            id="studentnet-dfa-penalty",
+        ),
+        pytest.param(
+            DIGITS_MLP, {"method": "bp", "augment_strength": 0.5}, id="resmlp-bp-augmented"
+        ),
+        pytest.param(DIGITS_MLP, {"method": "fa"}, id="resmlp-fa-through-norm"),
+        pytest.param(
+            DIGITS_MLP,
+            {"method": "dfa", "frozen_blocks": True, "weight_decay": 1e-3},
+            id="resmlp-frozen-blocks",
+        ),
+        pytest.param(DIGITS_MLP, {"method": "dfa", "cosine_pairing": "input"}, id="resmlp-dfa"),
+        pytest.param(DIGITS_VIT, {"method": "bp"}, id="vit-bp"),
+        pytest.param(
+            DIGITS_VIT,
+            {"method": "fa", "vit_credit_tokens": "cls", "fa_top_credit": "direct"},
+            id="vit-fa-cls",
+        ),
+        pytest.param(DIGITS_VIT, {"method": "dfa", "embed_credit": "next"}, id="vit-dfa"),
+    ],
+)
+def test_each_seed_of_a_batched_task_is_its_solo_run(
+    base: dict[str, Any], overrides: dict[str, Any]
+) -> None:
     config = FeedbackConfig(**{**base, **overrides})
     solo, solo_reporters, batched, reporters = solo_and_batched(config, SEEDS)
     for s, b, sr, br in zip(solo, batched, solo_reporters, reporters, strict=True):
@@ -157,8 +217,16 @@ def test_each_seed_of_a_batched_task_is_its_solo_run(base: dict[str, Any],
 def test_seeds_with_training_sets_of_different_sizes_each_match_their_solo_run() -> None:
     """With a validation split and class imbalance each seed keeps its own number of training
     images, so its epochs have other batches: such seeds train as separate stacks."""
-    config = FeedbackConfig(**{**DIGITS_MLP, "method": "dfa", "epochs": 1, "train_size": None,
-                               "val_fraction": 0.2, "imbalance_ratio": 3.0})
+    config = FeedbackConfig(
+        **{
+            **DIGITS_MLP,
+            "method": "dfa",
+            "epochs": 1,
+            "train_size": None,
+            "val_fraction": 0.2,
+            "imbalance_ratio": 3.0,
+        }
+    )
     solo, solo_reporters, batched, reporters = solo_and_batched(config, SEEDS)
     assert len({r.diagnostics["n_train"] for r in solo}) > 1
     for s, b, sr, br in zip(solo, batched, solo_reporters, reporters, strict=True):
@@ -170,14 +238,19 @@ def test_seeds_with_training_sets_of_different_sizes_each_match_their_solo_run()
 
 
 def test_a_seed_that_diverges_leaves_the_stack_and_the_others_are_their_solo_runs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Seed 2's network starts with an infinite head bias: its first training loss is
     non-finite, its parameters are nan within the stack for a whole epoch, and it diverges at
     the end of epoch 1 while the other three train on."""
     diverging = 2
 
-    def poisoned(config: FeedbackConfig, input_shape: tuple[int, ...], num_classes: int,
-                 generator: torch.Generator) -> ResidualNet:
+    def poisoned(
+        config: FeedbackConfig,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        generator: torch.Generator,
+    ) -> ResidualNet:
         model = build_model(config, input_shape, num_classes, generator)
         if generator.initial_seed() == derive_seed(diverging, "init"):
             with torch.no_grad():
@@ -201,15 +274,20 @@ def test_a_seed_that_diverges_leaves_the_stack_and_the_others_are_their_solo_run
 # DFA on the tiny StudentNet with D1's threshold lowered to 1.55: measured rho per epoch (0-4)
 # seed 13: 1.005 1.122 1.404 1.853 2.452, so it fires at epoch 3; seeds 2, 3 and 7 stay below
 # (largest 1.462, 1.503 and 1.355 at epoch 4).
-STUDENT_D1_ONE_SEED: dict[str, Any] = {**STUDENT, "method": "dfa", "epochs": 4,
-                                        "scale_growth_threshold": 1.55}
+STUDENT_D1_ONE_SEED: dict[str, Any] = {
+    **STUDENT,
+    "method": "dfa",
+    "epochs": 4,
+    "scale_growth_threshold": 1.55,
+}
 
 
 def test_a_check_stops_one_seed_only_and_the_others_train_on() -> None:
     config = FeedbackConfig(**STUDENT_D1_ONE_SEED)
     seeds = [2, 13, 3, 7]
-    solo, solo_reporters, batched, reporters = solo_and_batched(config, seeds,
-                                                                stop_on_checks=["D1"])
+    solo, solo_reporters, batched, reporters = solo_and_batched(
+        config, seeds, stop_on_checks=["D1"]
+    )
     for s, b, sr, br in zip(solo, batched, solo_reporters, reporters, strict=True):
         assert_same_run(s, sr.points, b, br.points)
     stopped = [b.stop for b in batched]
@@ -236,8 +314,9 @@ def test_a_seed_whose_reporter_stops_keeps_its_initial_network_and_the_others_go
     assert not batched[1].finished and batched[1].diagnostics["optimizer_steps"] == 0
     assert reporters[1].points == []
     assert batched[1].provenance["parameters_sha256"] == solo[1].provenance["parameters_sha256"]
-    assert all(b.finished and b.diagnostics["optimizer_steps"] > 0
-               for i, b in enumerate(batched) if i != 1)
+    assert all(
+        b.finished and b.diagnostics["optimizer_steps"] > 0 for i, b in enumerate(batched) if i != 1
+    )
     assert len({b.provenance["parameters_sha256"] for b in batched}) == len(SEEDS)
 
 
@@ -264,7 +343,8 @@ def test_a_cancel_ends_every_seed_within_the_bound() -> None:
     timer.start()
     try:
         outcomes = get_trainer("feedback").run_seeds(
-            config, SEEDS, [SharedCancel(cancelled) for _ in SEEDS], threads=1)
+            config, SEEDS, [SharedCancel(cancelled) for _ in SEEDS], threads=1
+        )
     finally:
         timer.cancel()
     ended = time.perf_counter()
@@ -281,10 +361,20 @@ def test_a_cancel_ends_every_seed_within_the_bound() -> None:
 # the stacked network and step in float64, against one network at a time
 
 
-def stacked_models(arch: str, method: str, **overrides: Any
-                   ) -> tuple[FeedbackConfig, list[ResidualNet], list[Any], tuple[int, ...]]:
-    config = FeedbackConfig(**{**STUDENT, "arch": arch, "image_size": 8, "patch": 4,
-                               "heads": 2, "method": method, **overrides})
+def stacked_models(
+    arch: str, method: str, **overrides: Any
+) -> tuple[FeedbackConfig, list[ResidualNet], list[Any], tuple[int, ...]]:
+    config = FeedbackConfig(
+        **{
+            **STUDENT,
+            "arch": arch,
+            "image_size": 8,
+            "patch": 4,
+            "heads": 2,
+            "method": method,
+            **overrides,
+        }
+    )
     shape = (12,) if arch == "studentnet" else (3, 8, 8)
     models, matrices = [], []
     for seed in range(3):
@@ -307,8 +397,10 @@ def test_the_stacked_network_computes_each_networks_states(arch: str) -> None:
     shared = torch.randn(6, *shape, generator=g, dtype=torch.float64)
     own_states, shared_states = net.states(own), net.states(shared)
     for k, model in enumerate(models):
-        for stacked, reference in ((own_states, model.states(own[k])),
-                                   (shared_states, model.states(shared))):
+        for stacked, reference in (
+            (own_states, model.states(own[k])),
+            (shared_states, model.states(shared)),
+        ):
             for h, h_ref in zip(stacked, reference, strict=True):
                 torch.testing.assert_close(h[k], h_ref, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(net(own)[k], model(own[k]), rtol=1e-12, atol=1e-14)
@@ -317,17 +409,21 @@ def test_the_stacked_network_computes_each_networks_states(arch: str) -> None:
             assert torch.equal(ours, theirs)
 
 
-@pytest.mark.parametrize("arch, method, overrides", [
-    ("studentnet", "bp", {"penalty": 0.1}),
-    ("studentnet", "fa", {"fa_skip": True}),
-    ("resmlp", "fa", {}),
-    ("resmlp", "dfa", {"embed_credit": "next", "penalty": 0.1}),
-    ("vit_mini", "bp", {}),
-    ("vit_mini", "fa", {"vit_credit_tokens": "cls"}),
-    ("vit_mini", "dfa", {}),
-])
+@pytest.mark.parametrize(
+    "arch, method, overrides",
+    [
+        ("studentnet", "bp", {"penalty": 0.1}),
+        ("studentnet", "fa", {"fa_skip": True}),
+        ("resmlp", "fa", {}),
+        ("resmlp", "dfa", {"embed_credit": "next", "penalty": 0.1}),
+        ("vit_mini", "bp", {}),
+        ("vit_mini", "fa", {"vit_credit_tokens": "cls"}),
+        ("vit_mini", "dfa", {}),
+    ],
+)
 def test_a_stacked_step_gives_each_network_its_own_losses_and_gradients(
-        arch: str, method: str, overrides: dict[str, Any]) -> None:
+    arch: str, method: str, overrides: dict[str, Any]
+) -> None:
     config, models, matrices, shape = stacked_models(arch, method, **overrides)
     net = StackedNet.stack(models, sample_dims=len(shape))
     g = torch.Generator().manual_seed(5)
@@ -339,14 +435,14 @@ def test_a_stacked_step_gives_each_network_its_own_losses_and_gradients(
     for k, model in enumerate(models):
         solo = step_losses(model, x[k], y[k], method, matrices[k], config)
         for name in ("total", "ce", "local", "penalty"):
-            torch.testing.assert_close(getattr(losses, name).expand(3)[k], getattr(solo, name),
-                                       rtol=1e-12, atol=1e-15)
+            torch.testing.assert_close(
+                getattr(losses, name).expand(3)[k], getattr(solo, name), rtol=1e-12, atol=1e-15
+            )
         solo.total.backward()
         for name, p in model.named_parameters():
             stacked_grad = net.params[name].grad
             assert stacked_grad is not None and p.grad is not None, name
-            torch.testing.assert_close(stacked_grad[k], p.grad, rtol=1e-10, atol=1e-14,
-                                       msg=name)
+            torch.testing.assert_close(stacked_grad[k], p.grad, rtol=1e-10, atol=1e-14, msg=name)
 
 
 @pytest.mark.parametrize("method", ["bp", "fa", "dfa"])

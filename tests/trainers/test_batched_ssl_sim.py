@@ -26,12 +26,22 @@ CONVERGENCE = {"simulation": "convergence", "n_pairs": 50, "dim": 8, "initial_no
 LATENT = {"simulation": "latent_class", "n_samples": 300, "epochs": 3, "batch_size": 64}
 # Batches of 7 from 16 equally frequent classes: about one batch in five has no two samples
 # of a class (no anchor to pick a positive for, and no draw), and most rows have none.
-LATENT_SPARSE = {"simulation": "latent_class", "n_samples": 70, "epochs": 2, "batch_size": 7,
-                 "class_weights": [1.0] * 16}
+LATENT_SPARSE = {
+    "simulation": "latent_class",
+    "n_samples": 70,
+    "epochs": 2,
+    "batch_size": 7,
+    "class_weights": [1.0] * 16,
+}
 # A last batch of 4 samples: its 4 x 4 similarities (160 multiply-adds) go through ATen's
 # own batched loop instead.
-LATENT_SHORT_LAST_BATCH = {"simulation": "latent_class", "n_samples": 100, "epochs": 2,
-                           "batch_size": 8, "class_weights": [1.0] * 12}
+LATENT_SHORT_LAST_BATCH = {
+    "simulation": "latent_class",
+    "n_samples": 100,
+    "epochs": 2,
+    "batch_size": 8,
+    "class_weights": [1.0] * 12,
+}
 # latent_class is float32. A seed of a batched task sums its products in another order than its
 # solo run wherever the batched product takes another kernel than the solo one: ATen's own loop
 # for small products, and on some CPUs the batched GEMM itself (an AVX-512 AMD EPYC: 2.2e-7
@@ -100,7 +110,8 @@ def test_a_cancelled_convergence_seed_stops_where_alone_and_the_others_converge(
     reporters = [reporter(i) for i in range(len(SEEDS))]
     results = TRAINER.run_seeds(config, SEEDS, reporters, threads=1)
     for index, (seed, result, seed_reporter) in enumerate(
-            zip(SEEDS, results, reporters, strict=True)):
+        zip(SEEDS, results, reporters, strict=True)
+    ):
         solo_reporter = reporter(index)
         solo = TRAINER.run(config, seed, solo_reporter, threads=1)
         assert not isinstance(result, Exception)
@@ -112,14 +123,18 @@ def test_a_cancelled_convergence_seed_stops_where_alone_and_the_others_converge(
     assert all(r.finished for r in results if r is not cancelled and not isinstance(r, Exception))
 
 
-@pytest.mark.parametrize("config", [LATENT, LATENT_SPARSE, LATENT_SHORT_LAST_BATCH],
-                         ids=["batches_of_64", "sparse", "short_last_batch"])
+@pytest.mark.parametrize(
+    "config",
+    [LATENT, LATENT_SPARSE, LATENT_SHORT_LAST_BATCH],
+    ids=["batches_of_64", "sparse", "short_last_batch"],
+)
 def test_latent_class_seeds_equal_their_solo_runs_to_float32_rounding(config: dict) -> None:
     batched, solo = run_both(TRAINER, TRAINER.Config(**config), SEEDS)
     for got, want in zip(batched, solo, strict=True):
         assert_same_as_solo(got, want, rel=REL_FLOAT32, same_bits=False)
         assert [epoch for _, epoch, name, _ in got[1].points if name == "norm_mean"] == list(
-            range(config["epochs"] + 1))
+            range(config["epochs"] + 1)
+        )
     assert len({result.metrics["norm_mean"] for result, _ in batched}) == len(SEEDS)
 
 
@@ -132,14 +147,20 @@ def test_a_cancelled_latent_class_seed_stops_and_the_others_finish_as_alone() ->
     reporters = [reporter(i) for i in range(len(SEEDS))]
     results = TRAINER.run_seeds(config, SEEDS, reporters, threads=1)
     for index, (seed, result, seed_reporter) in enumerate(
-            zip(SEEDS, results, reporters, strict=True)):
+        zip(SEEDS, results, reporters, strict=True)
+    ):
         solo_reporter = reporter(index)
         solo = TRAINER.run(config, seed, solo_reporter, threads=1)
         assert not isinstance(result, Exception)
-        assert_same_as_solo((result, seed_reporter), (solo, solo_reporter), rel=REL_FLOAT32,
-                            same_bits=False)
+        assert_same_as_solo(
+            (result, seed_reporter), (solo, solo_reporter), rel=REL_FLOAT32, same_bits=False
+        )
     assert [r.finished for r in results if not isinstance(r, Exception)] == [
-        True, False, True, True]
+        True,
+        False,
+        True,
+        True,
+    ]
     # it stopped at its second logged point, epoch 1
     assert [epoch for _, epoch, name, _ in reporters[1].points if name == "norm_mean"] == [0, 1]
 
@@ -158,10 +179,14 @@ def test_source_seeds_reach_each_seed_of_a_batched_latent_class_task() -> None:
     assert results[3].provenance["source_seeds"]["init"] == 6
 
 
-@pytest.mark.parametrize("long", [
-    {"simulation": "convergence", "initial_norm": 1000.0, "max_steps": 10_000_000},
-    {"simulation": "latent_class", "epochs": 100_000},
-], ids=["convergence", "latent_class"])
+@pytest.mark.parametrize(
+    "long",
+    [
+        {"simulation": "convergence", "initial_norm": 1000.0, "max_steps": 10_000_000},
+        {"simulation": "latent_class", "epochs": 100_000},
+    ],
+    ids=["convergence", "latent_class"],
+)
 def test_a_cancel_ends_every_seed_of_a_long_batched_task_within_the_bound(long: dict) -> None:
     reporters = [CancelAfter(RUN_BEFORE_CANCEL_S) for _ in SEEDS]
     results = TRAINER.run_seeds(TRAINER.Config(**long), SEEDS, reporters, threads=1)
@@ -190,5 +215,6 @@ def test_latent_class_loss_pieces_of_stacked_seeds_are_each_seeds_own() -> None:
         alone = same_class_pairs(labels[i])
         assert torch.equal(same[i], alone)
         assert torch.equal(positive[i], pick_positives(alone, scores[i]))
-        torch.testing.assert_close(terms[i], attract_pairs_terms(z[i], positive[i], 0.5),
-                                   rtol=1e-6, atol=0.0)
+        torch.testing.assert_close(
+            terms[i], attract_pairs_terms(z[i], positive[i], 0.5), rtol=1e-6, atol=0.0
+        )

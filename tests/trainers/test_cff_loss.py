@@ -38,8 +38,10 @@ def reference_loss(f1: np.ndarray, f2: np.ndarray, y: np.ndarray, m: float, mode
         row_max = a.max()
         denominator = sum(np.exp(a[k] - row_max) for k in range(n) if k != i)
         positives = [j for j in range(n) if j != i and yy[j] == yy[i]]
-        log_p = [a[j] - row_max - np.log(denominator) - (m if mode == "subtract" else 0.0)
-                 for j in positives]
+        log_p = [
+            a[j] - row_max - np.log(denominator) - (m if mode == "subtract" else 0.0)
+            for j in positives
+        ]
         total += -sum(log_p) / len(positives)
     return total / n
 
@@ -54,8 +56,9 @@ def features(n: int = 6, dim: int = 5, seed: int = 0) -> tuple[torch.Tensor, ...
 
 def loss_and_grads(mode: str, margin: float, stability: str = "detach", seed: int = 0):
     f1, f2, y = features(seed=seed)
-    loss = supcon_margin_loss(f1, f2, y, margin, temperature=TAU, margin_mode=mode,
-                              stability=stability)
+    loss = supcon_margin_loss(
+        f1, f2, y, margin, temperature=TAU, margin_mode=mode, stability=stability
+    )
     g1, g2 = torch.autograd.grad(loss, (f1, f2))
     return loss, g1, g2, (f1, f2, y)
 
@@ -76,8 +79,9 @@ def test_autograd_matches_finite_differences_of_the_reference(mode: str) -> None
         plus, minus = a.copy(), a.copy()
         plus[i, k] += h
         minus[i, k] -= h
-        numeric = (reference_loss(plus, b, labels, 0.4, mode)
-                   - reference_loss(minus, b, labels, 0.4, mode)) / (2 * h)
+        numeric = (
+            reference_loss(plus, b, labels, 0.4, mode) - reference_loss(minus, b, labels, 0.4, mode)
+        ) / (2 * h)
         assert abs(numeric - float(g1[i, k])) < 1e-7, (mode, i, k)
 
 
@@ -97,8 +101,9 @@ def test_a_saturated_positive_pair_gets_exactly_zero_gradient_on_its_logit() -> 
     s, positives = pair_similarities(f1.detach(), f2.detach(), y)
     s = s.clone().requires_grad_()
     margin = 0.4
-    loss = supcon_margin_loss_from_similarities(s, positives, margin, temperature=TAU,
-                                                margin_mode="clamp")
+    loss = supcon_margin_loss_from_similarities(
+        s, positives, margin, temperature=TAU, margin_mode="clamp"
+    )
     (grad,) = torch.autograd.grad(loss, s)
     saturated = positives & (s.detach() + margin > 1.0)
     unsaturated = positives & (s.detach() + margin < 1.0)
@@ -107,8 +112,11 @@ def test_a_saturated_positive_pair_gets_exactly_zero_gradient_on_its_logit() -> 
     assert torch.all(grad[unsaturated] != 0.0)
     # a saturated pair still sits in the denominator of its row: the row's other logits feel it
     (grad_none,) = torch.autograd.grad(
-        supcon_margin_loss_from_similarities(s, positives, margin, temperature=TAU,
-                                             margin_mode="none"), s)
+        supcon_margin_loss_from_similarities(
+            s, positives, margin, temperature=TAU, margin_mode="none"
+        ),
+        s,
+    )
     assert torch.all(grad_none[saturated] != 0.0)
 
 
@@ -158,8 +166,7 @@ def test_expected_positive_density_matches_label_draws() -> None:
 def test_margin_schedules() -> None:
     # a null margin_end is margin_start / 4: CFF's linspace(0.4, 0.1, L)
     assert CFFConfig(depth=5).margins() == pytest.approx([0.4, 0.325, 0.25, 0.175, 0.1])
-    assert margin_schedule("linear", 0.4, 0.1, 5) == pytest.approx([0.4, 0.325, 0.25, 0.175,
-                                                                    0.1])
+    assert margin_schedule("linear", 0.4, 0.1, 5) == pytest.approx([0.4, 0.325, 0.25, 0.175, 0.1])
     for kind in ("parabolic", "cosine", "exponential"):
         m = margin_schedule(kind, 0.4, 0.1, 5)
         assert m[0] == pytest.approx(0.4) and m[-1] == pytest.approx(0.1)

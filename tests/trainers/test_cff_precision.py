@@ -18,9 +18,21 @@ from trainers.data import load_for
 from trainers.precision import precision_scope
 from trainers.runtime import warm_up
 
-TINY = dict(dataset="digits", image_size=8, width=16, depth=2, heads=2, patch=4, epochs=2,
-            head_epochs=2, batch_size=64, train_size=256, test_size=128, head_lr=2e-2,
-            device="cpu")
+TINY = dict(
+    dataset="digits",
+    image_size=8,
+    width=16,
+    depth=2,
+    heads=2,
+    patch=4,
+    epochs=2,
+    head_epochs=2,
+    batch_size=64,
+    train_size=256,
+    test_size=128,
+    head_lr=2e-2,
+    device="cpu",
+)
 CPU = torch.device("cpu")
 
 # Seed 0 of TINY before patchify and the precision field existed (F.unfold, no scope), one
@@ -40,8 +52,7 @@ def warm_process() -> None:
 
 def run_cff(seed: int = 0, **overrides: object) -> tuple[RunResult, MemoryReporter]:
     reporter = MemoryReporter()
-    result = get_trainer("cff").run(CFFConfig(**{**TINY, **overrides}), seed, reporter,
-                                    threads=1)
+    result = get_trainer("cff").run(CFFConfig(**{**TINY, **overrides}), seed, reporter, threads=1)
     return result, reporter
 
 
@@ -49,10 +60,16 @@ def unfold_patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
     return F.unfold(x, kernel_size=patch, stride=patch).transpose(1, 2)
 
 
-@pytest.mark.parametrize(("shape", "patch"), [
-    ((3, 3, 8, 8), 4), ((2, 1, 12, 8), 2), ((2, 3, 32, 32), 4), ((1, 2, 5, 5), 5),
-    ((2, 3, 6, 6), 1),
-])
+@pytest.mark.parametrize(
+    ("shape", "patch"),
+    [
+        ((3, 3, 8, 8), 4),
+        ((2, 1, 12, 8), 2),
+        ((2, 3, 32, 32), 4),
+        ((1, 2, 5, 5), 5),
+        ((2, 3, 6, 6), 1),
+    ],
+)
 def test_patchify_equals_unfold_exactly(shape: tuple[int, ...], patch: int) -> None:
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     assert torch.equal(patchify(x, patch), unfold_patchify(x, patch))
@@ -123,8 +140,9 @@ def test_bf16_runs_and_stays_close_to_fp32() -> None:
     assert bf16_reporter.points != fp32_reporter.points  # the forward passes did change
     names = [name for _, _, name, _ in fp32_reporter.points]
     assert [name for _, _, name, _ in bf16_reporter.points] == names
-    for (_, _, name, a), (_, _, _, b) in zip(fp32_reporter.points, bf16_reporter.points,
-                                             strict=True):
+    for (_, _, name, a), (_, _, _, b) in zip(
+        fp32_reporter.points, bf16_reporter.points, strict=True
+    ):
         # the loss is computed in float32 from bf16 features: a few bf16 ulps (2^-8) at most
         assert b == pytest.approx(a, rel=0.02, abs=0.01), name
     assert abs(bf16.metrics["test_accuracy"] - fp32.metrics["test_accuracy"]) <= 0.1
@@ -132,8 +150,7 @@ def test_bf16_runs_and_stays_close_to_fp32() -> None:
 
 def test_explicit_attention_matches_the_fused_kernel_and_its_gradient() -> None:
     generator = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(3, 2, 5, 4, generator=generator, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=generator, requires_grad=True) for _ in range(3))
     fused = F.scaled_dot_product_attention(q, k, v)
     explicit = explicit_attention(q, k, v)
     torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-6)

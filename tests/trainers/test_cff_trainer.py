@@ -15,8 +15,18 @@ from trainers.cff import CFFConfig
 from trainers.data import DatasetUnavailable
 from trainers.losses.supcon_margin import supcon_margin_loss_from_similarities
 
-TINY = dict(dataset="digits", image_size=8, width=16, depth=2, heads=2, patch=4, epochs=2,
-            head_epochs=2, batch_size=128, head_lr=2e-2)
+TINY = dict(
+    dataset="digits",
+    image_size=8,
+    width=16,
+    depth=2,
+    heads=2,
+    patch=4,
+    epochs=2,
+    head_epochs=2,
+    batch_size=128,
+    head_lr=2e-2,
+)
 
 
 def tiny(**overrides: object) -> CFFConfig:
@@ -34,7 +44,8 @@ def test_a_tiny_run_learns_and_logs_per_layer_diagnostics_every_epoch() -> None:
     assert m["test_accuracy"] > 0.4  # chance is 0.1
     n_test = result.diagnostics["n_test"]
     assert m["test_accuracy_noise_floor"] == pytest.approx(
-        m["test_accuracy"] * (1 - m["test_accuracy"]) / n_test)
+        m["test_accuracy"] * (1 - m["test_accuracy"]) / n_test
+    )
     for layer in (0, 1):
         for name in ("car_layer", "grad_norm_layer", "loss_layer", "val_loss_layer"):
             curve = reporter.curve(f"{name}{layer}")
@@ -45,8 +56,9 @@ def test_a_tiny_run_learns_and_logs_per_layer_diagnostics_every_epoch() -> None:
     assert len(result.diagnostics["final_grad_norms"]) == 2
     assert result.diagnostics["margins"] == pytest.approx([0.4, 0.1])
     # steps are optimizer steps: strictly increasing over stage 1 then stage 2
-    steps = [s for s, _ in reporter.curve("car_layer0")] + [s for s, _ in
-                                                             reporter.curve("head_loss")]
+    steps = [s for s, _ in reporter.curve("car_layer0")] + [
+        s for s, _ in reporter.curve("head_loss")
+    ]
     assert steps == sorted(set(steps))
     assert "test_top5_accuracy" not in m  # ten classes: top-1 only
 
@@ -86,20 +98,28 @@ def test_clamp_truncates_layer0_gradients_on_digits() -> None:
 
 
 def test_top5_is_reported_with_twenty_or_more_classes() -> None:
-    config = tiny(dataset="synthetic", image_size=None, synthetic_classes=20,
-                  synthetic_train_per_class=12, synthetic_test_per_class=5, epochs=1,
-                  head_epochs=1)
+    config = tiny(
+        dataset="synthetic",
+        image_size=None,
+        synthetic_classes=20,
+        synthetic_train_per_class=12,
+        synthetic_test_per_class=5,
+        epochs=1,
+        head_epochs=1,
+    )
     m = run_cff(config, seed=0).metrics
     assert m["test_top5_accuracy"] >= m["test_accuracy"]
 
 
-def test_missing_dataset_fails_before_any_training(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_dataset_fails_before_any_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SEEDGRID_DATA_ROOTS", f"empty={tmp_path}")
     reporter = MemoryReporter()
     with pytest.raises(DatasetUnavailable, match="'cifar10' not found under") as info:
-        get_trainer("cff").run(tiny(dataset="cifar10", image_size=None, data_root="empty"), 0,
-                               reporter)
+        get_trainer("cff").run(
+            tiny(dataset="cifar10", image_size=None, data_root="empty"), 0, reporter
+        )
     # the root by its operator's name and the files relative to it, never its absolute path
     assert "under data root 'empty'" in str(info.value)
     assert "cifar-10-batches-py/data_batch_1" in str(info.value)
@@ -128,8 +148,9 @@ def test_a_non_finite_layer_loss_ends_the_run_as_diverged(monkeypatch: pytest.Mo
         loss = supcon_margin_loss_from_similarities(*args, **kwargs)
         return loss * math.nan if reporter.points else loss
 
-    monkeypatch.setattr(trainers.cff.trainer, "supcon_margin_loss_from_similarities",
-                        nan_after_the_first_epoch)
+    monkeypatch.setattr(
+        trainers.cff.trainer, "supcon_margin_loss_from_similarities", nan_after_the_first_epoch
+    )
     result = run_cff(tiny(epochs=5), seed=0, reporter=reporter)
     assert result.diverged and result.finished
     assert [epoch for _, epoch, name, _ in reporter.points if name == "loss"] == [0, 1]

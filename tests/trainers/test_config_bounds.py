@@ -20,28 +20,41 @@ SETTINGS = Settings(database_url="sqlite://", _env_file=None)
 
 def integer_fields() -> list[tuple[str, str, object]]:
     """(trainer, field, its FieldInfo) of every field that takes an integer."""
-    return [(name, field, info) for name, trainer in sorted(REGISTRY.items())
-            for field, info in trainer.Config.model_fields.items()
-            if "int" in str(info.annotation) and "bool" not in str(info.annotation)]
+    return [
+        (name, field, info)
+        for name, trainer in sorted(REGISTRY.items())
+        for field, info in trainer.Config.model_fields.items()
+        if "int" in str(info.annotation) and "bool" not in str(info.annotation)
+    ]
 
 
 def test_every_integer_of_every_trainer_config_is_bounded_above() -> None:
     assert len(integer_fields()) > 40  # the scan sees the trainers' fields
-    unbounded = [f"{trainer}.{field}" for trainer, field, info in integer_fields()
-                 if not any(isinstance(m, annotated_types.Le | annotated_types.Lt)
-                            for m in info.metadata)]
+    unbounded = [
+        f"{trainer}.{field}"
+        for trainer, field, info in integer_fields()
+        if not any(isinstance(m, annotated_types.Le | annotated_types.Lt) for m in info.metadata)
+    ]
     assert unbounded == []
 
 
-@pytest.mark.parametrize(("trainer", "field"), [("feedback", "synthetic_seed"),
-                                                 ("feedback", "teacher_seed"),
-                                                 ("cff", "train_size"),
-                                                 ("collapse", "log_every")])
+@pytest.mark.parametrize(
+    ("trainer", "field"),
+    [
+        ("feedback", "synthetic_seed"),
+        ("feedback", "teacher_seed"),
+        ("cff", "train_size"),
+        ("collapse", "log_every"),
+    ],
+)
 def test_an_out_of_range_integer_is_a_422_naming_the_field(trainer: str, field: str) -> None:
-    for where, body in (("config", {"config": {field: 2**64}}),
-                        ("grid", {"grid": {field: [16, 2**64]}})):
-        spec = ExperimentSpec.model_validate({"name": "big", "trainer": trainer, "seeds": 2,
-                                              **body})
+    for where, body in (
+        ("config", {"config": {field: 2**64}}),
+        ("grid", {"grid": {field: [16, 2**64]}}),
+    ):
+        spec = ExperimentSpec.model_validate(
+            {"name": "big", "trainer": trainer, "seeds": 2, **body}
+        )
         with pytest.raises(SpecError) as refused:
             validate_spec(spec, settings=SETTINGS)
         (error,) = refused.value.errors
@@ -52,6 +65,7 @@ def test_an_out_of_range_integer_is_a_422_naming_the_field(trainer: str, field: 
 def test_the_largest_seeds_accepted_are_seeds_torch_takes() -> None:
     train_x, *_ = synthetic_images(2, 2, 1, 0.5, MAX_SEED)
     assert len(train_x) == 4
-    config = get_trainer("feedback").Config(arch="studentnet", teacher_seed=MAX_SEED,
-                                            student_input_dim=4, teacher_width=4)
+    config = get_trainer("feedback").Config(
+        arch="studentnet", teacher_seed=MAX_SEED, student_input_dim=4, teacher_width=4
+    )
     assert Teacher(config).generator.initial_seed() == MAX_SEED

@@ -18,14 +18,19 @@ def undescribed_fields(schema: dict[str, Any]) -> list[str]:
     """The fields of a config's JSON schema, its nested models' ($defs) included, whose
     description is missing or blank."""
     models = {"": schema, **{f"{name}.": model for name, model in schema.get("$defs", {}).items()}}
-    return [f"{prefix}{field}" for prefix, model in models.items()
-            for field, property_schema in model.get("properties", {}).items()
-            if not property_schema.get("description", "").strip()]
+    return [
+        f"{prefix}{field}"
+        for prefix, model in models.items()
+        for field, property_schema in model.get("properties", {}).items()
+        if not property_schema.get("description", "").strip()
+    ]
 
 
 def test_every_config_field_says_what_it_means() -> None:
-    missing = {name: undescribed_fields(trainer.Config.model_json_schema())
-               for name, trainer in REGISTRY.items()}
+    missing = {
+        name: undescribed_fields(trainer.Config.model_json_schema())
+        for name, trainer in REGISTRY.items()
+    }
     assert {name: fields for name, fields in missing.items() if fields} == {}
 
 
@@ -54,5 +59,7 @@ def test_descriptions_keep_the_meaning_and_the_defaults_stay() -> None:
     assert "D2 fails" in feedback["ref_grad_floor"]["description"]
     assert feedback["device"]["default"] == "auto"
     # a field the dataset config shares keeps the shared meaning where a trainer redeclares it
-    assert schema_fields("ssl")["val_fraction"]["description"] == \
-        schema_fields("cff")["val_fraction"]["description"]
+    assert (
+        schema_fields("ssl")["val_fraction"]["description"]
+        == schema_fields("cff")["val_fraction"]["description"]
+    )

@@ -66,8 +66,9 @@ def test_fashion_mnist_is_padded_to_32_and_repeated_to_rgb(tmp_path: Path) -> No
     assert x[:, :, :2].max() == 0 and x[:, :, 30:].max() == 0
 
 
-def test_data_root_comes_from_the_environment(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_root_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_svhn(tmp_path / "from-env")
     monkeypatch.setenv("SEEDGRID_DATA_ROOT", str(tmp_path / "from-env"))
     assert load_images("svhn").image_shape == (3, 32, 32)
@@ -120,8 +121,9 @@ def test_digits_are_the_bundled_8x8_images_resized() -> None:
     data = load_images("digits", image_size=8, rgb=False)
     assert len(data.train_y) + len(data.test_y) == 1797
     assert data.train_x.max() == 255 and data.image_shape == (1, 8, 8)
-    bundled = {tuple(np.round(img * 255 / 16).astype(np.uint8).ravel()) for img in
-               load_digits().images}
+    bundled = {
+        tuple(np.round(img * 255 / 16).astype(np.uint8).ravel()) for img in load_digits().images
+    }
     assert all(tuple(img.ravel()) in bundled for img in data.test_x[:20].numpy())
     big = load_images("digits", image_size=16)
     assert big.image_shape == (3, 16, 16) and len(big.test_y) == len(data.test_y)
@@ -217,8 +219,9 @@ def test_stronger_augmentation_moves_images_further() -> None:
     x = load_images("synthetic", synthetic=(4, 16, 1, 0.2, 0)).train_x.float() / 255
 
     def distance(strength: float) -> float:
-        plan = AugmentPlan.from_strength(strength, image_side=16, padding_fraction=0.125,
-                                         hflip=False)
+        plan = AugmentPlan.from_strength(
+            strength, image_side=16, padding_fraction=0.125, hflip=False
+        )
         out = augment(x, plan, torch.Generator().manual_seed(0))
         return float((out - x).pow(2).mean())
 
@@ -232,8 +235,9 @@ def test_batches_are_normalised_and_cover_the_epoch() -> None:
     seen = torch.cat(list(splits.train_batches(100, torch.Generator().manual_seed(0))))
     assert sorted(seen.tolist()) == list(range(len(splits.train)))
     x, y = splits.images("train")
-    assert torch.allclose(x.mean(dim=(0, 2, 3)).double(),
-                          torch.zeros(3, dtype=torch.float64), atol=0.05)
+    assert torch.allclose(
+        x.mean(dim=(0, 2, 3)).double(), torch.zeros(3, dtype=torch.float64), atol=0.05
+    )
     assert len(y) == len(splits.train)
 
 
@@ -241,19 +245,22 @@ def test_batches_are_normalised_and_cover_the_epoch() -> None:
 # roots the operator controls: a config names a root, never a path
 
 
-@pytest.mark.parametrize("value", ["/etc", "../data", "data/cifar", "~", "a b", "", "x" * 65,
-                                   "C:\\data", "fake\x00"])
+@pytest.mark.parametrize(
+    "value", ["/etc", "../data", "data/cifar", "~", "a b", "", "x" * 65, "C:\\data", "fake\x00"]
+)
 def test_a_config_cannot_name_a_path_as_its_data_root(value: str) -> None:
     with pytest.raises(ValueError, match="not a path"):
         Config(data_root=value)
 
 
 def test_a_named_root_is_resolved_from_the_operators_environment(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     written = write_svhn(tmp_path / "svhn-here")
     monkeypatch.setenv("SEEDGRID_DATA_ROOTS", f"house={tmp_path / 'svhn-here'}, other=/nowhere")
-    splits = prepare_splits(Config(dataset="svhn", data_root="house", rgb=False, image_size=32),
-                            random_sources(0))
+    splits = prepare_splits(
+        Config(dataset="svhn", data_root="house", rgb=False, image_size=32), random_sources(0)
+    )
     assert len(splits.data.train_y) == len(written["train"][1])
     with pytest.raises(DatasetUnavailable) as info:
         prepare_splits(Config(dataset="svhn", data_root="elsewhere"), random_sources(0))
@@ -262,8 +269,9 @@ def test_a_named_root_is_resolved_from_the_operators_environment(
     assert "house, other" in message and "SEEDGRID_DATA_ROOTS" in message
 
 
-@pytest.mark.parametrize("text", ["just-a-name", "name=relative/path", "../x=/abs",
-                                  "a=/x,a=/y", "bad name=/x"])
+@pytest.mark.parametrize(
+    "text", ["just-a-name", "name=relative/path", "../x=/abs", "a=/x,a=/y", "bad name=/x"]
+)
 def test_malformed_data_roots_are_refused_naming_the_entry(text: str) -> None:
     from api_schemas.data_roots import parse_data_roots
 
@@ -271,10 +279,12 @@ def test_malformed_data_roots_are_refused_naming_the_entry(text: str) -> None:
         parse_data_roots(text)
 
 
-@pytest.mark.parametrize("value", ["on", "ON", "yes", "Y", "1", "true", "t", "off", "no", "0",
-                                   "false", "F", "n"])
+@pytest.mark.parametrize(
+    "value", ["on", "ON", "yes", "Y", "1", "true", "t", "off", "no", "0", "false", "F", "n"]
+)
 def test_the_workers_read_allow_download_as_the_service_does(
-        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SEEDGRID_ALLOW_DOWNLOAD=on was "yes" to the service's settings and "no" to the workers:
     a spec asking to download was accepted and every one of its runs failed."""
     from service.settings import Settings
@@ -289,8 +299,9 @@ def test_a_value_allow_download_cannot_mean_is_named(monkeypatch: pytest.MonkeyP
         downloads_allowed()
 
 
-def test_download_needs_the_operators_leave(tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_needs_the_operators_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SEEDGRID_DATA_ROOT", str(tmp_path))
     monkeypatch.delenv("SEEDGRID_ALLOW_DOWNLOAD", raising=False)
     with pytest.raises(DatasetUnavailable, match="downloads are off on this worker") as info:
@@ -330,7 +341,8 @@ def test_the_dataset_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("trainer_name", ["cff", "ssl", "feedback"])
 def test_each_trainers_preflight_names_what_its_runs_would_fail_on(
-        trainer_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from trainers import REGISTRY
 
     trainer = REGISTRY[trainer_name]
@@ -348,12 +360,14 @@ def test_each_trainers_preflight_names_what_its_runs_would_fail_on(
     # the file relative to it: the operator's paths are not the client's to see), the remedy
     assert field == "dataset" and message.startswith(
         "dataset 'cifar10' not found under the default data root (missing "
-        f"{EXPECTED_FILE['cifar10']},")
+        f"{EXPECTED_FILE['cifar10']},"
+    )
     assert str(tmp_path) not in message and "SEEDGRID_DATA_ROOT" in message
     (tmp_path / "here" / EXPECTED_FILE["cifar10"]).unlink()
     ((field, message),) = problems(dataset="cifar10", data_root="here")
     assert message.startswith(
-        f"dataset 'cifar10' not found under data root 'here' (missing {EXPECTED_FILE['cifar10']})")
+        f"dataset 'cifar10' not found under data root 'here' (missing {EXPECTED_FILE['cifar10']})"
+    )
     assert str(tmp_path) not in message
     ((field, message),) = problems(dataset="svhn", data_root="elsewhere")
     assert field == "data_root" and "'elsewhere' is not configured on this worker" in message
@@ -364,13 +378,16 @@ def test_each_trainers_preflight_names_what_its_runs_would_fail_on(
     assert problems(dataset="digits", device="auto") == []
     # configs are checked once per distinct inputs; digits on auto needs no check at all
     assert trainer.preflight_inputs(trainer.Config(dataset="digits")) == {}
-    assert (trainer.preflight_inputs(trainer.Config(dataset="cifar10", augment_strength=0.0))
-            == trainer.preflight_inputs(trainer.Config(dataset="cifar10"))
-            == {"dataset": "cifar10", "data_root": None, "download": False})
+    assert (
+        trainer.preflight_inputs(trainer.Config(dataset="cifar10", augment_strength=0.0))
+        == trainer.preflight_inputs(trainer.Config(dataset="cifar10"))
+        == {"dataset": "cifar10", "data_root": None, "download": False}
+    )
 
 
 def test_the_preflight_looks_at_files_and_never_opens_them(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CIFAR's files are pickles: the pre-flight checks that each exists, the run decodes it."""
     from trainers import REGISTRY
 

@@ -52,23 +52,65 @@ def estimate(trainer: str, **config: Any) -> ResourceEstimate:
 # ---------------------------------------------------------------------------------------------
 # logged points: the estimate counts what a run logs
 
-CFF_TINY = dict(dataset="digits", image_size=8, width=16, depth=2, heads=2, patch=4, epochs=2,
-                head_epochs=2, batch_size=256, device="cpu")
-SSL_TINY = dict(dataset="digits", image_size=8, backbone="resnet_small", proj_dim=16,
-                pred_hidden=8, epochs=3, warmup_epochs=1, batch_size=512, knn_k=20,
-                eval_every=2, device="cpu")
-STUDENT = dict(arch="studentnet", width=16, depth=3, epochs=2, student_input_dim=12,
-               student_train_size=256, student_test_size=64, eval_batch_size=64,
-               batch_size=128, device="cpu")
-DIGITS_MLP = dict(arch="resmlp", dataset="digits", width=16, depth=2, epochs=2, batch_size=512,
-                  device="cpu")
-DIGITS_VIT = dict(arch="vit_mini", dataset="digits", image_size=8, patch=4, width=16, depth=2,
-                  heads=2, epochs=2, batch_size=512, device="cpu")
+CFF_TINY = dict(
+    dataset="digits",
+    image_size=8,
+    width=16,
+    depth=2,
+    heads=2,
+    patch=4,
+    epochs=2,
+    head_epochs=2,
+    batch_size=256,
+    device="cpu",
+)
+SSL_TINY = dict(
+    dataset="digits",
+    image_size=8,
+    backbone="resnet_small",
+    proj_dim=16,
+    pred_hidden=8,
+    epochs=3,
+    warmup_epochs=1,
+    batch_size=512,
+    knn_k=20,
+    eval_every=2,
+    device="cpu",
+)
+STUDENT = dict(
+    arch="studentnet",
+    width=16,
+    depth=3,
+    epochs=2,
+    student_input_dim=12,
+    student_train_size=256,
+    student_test_size=64,
+    eval_batch_size=64,
+    batch_size=128,
+    device="cpu",
+)
+DIGITS_MLP = dict(
+    arch="resmlp", dataset="digits", width=16, depth=2, epochs=2, batch_size=512, device="cpu"
+)
+DIGITS_VIT = dict(
+    arch="vit_mini",
+    dataset="digits",
+    image_size=8,
+    patch=4,
+    width=16,
+    depth=2,
+    heads=2,
+    epochs=2,
+    batch_size=512,
+    device="cpu",
+)
 
 EXACT_POINTS = [
     ("collapse", dict(n_samples=40, n_classes=4, steps=25, log_every=4)),
-    ("collapse", dict(n_samples=40, n_classes=4, steps=24, log_every=4, stop_gradient=True,
-                      loss="cosine")),
+    (
+        "collapse",
+        dict(n_samples=40, n_classes=4, steps=24, log_every=4, stop_gradient=True, loss="cosine"),
+    ),
     ("collapse", dict(n_samples=40, n_classes=4, steps=30)),  # default log_every
     ("cff", CFF_TINY),
     ("cff", {**CFF_TINY, "depth": 3, "select_by_validation": False, "head_epochs": 1}),
@@ -85,8 +127,9 @@ EXACT_POINTS = [
 ]
 
 
-@pytest.mark.parametrize(("trainer", "config"), EXACT_POINTS,
-                         ids=[f"{t}-{i}" for i, (t, _) in enumerate(EXACT_POINTS)])
+@pytest.mark.parametrize(
+    ("trainer", "config"), EXACT_POINTS, ids=[f"{t}-{i}" for i, (t, _) in enumerate(EXACT_POINTS)]
+)
 def test_logged_points_equal_what_a_run_logs(trainer: str, config: dict[str, Any]) -> None:
     t = get_trainer(trainer)
     reporter = MemoryReporter()
@@ -119,34 +162,56 @@ def numel(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-@pytest.mark.parametrize("overrides", [
-    {},
-    dict(width=48, depth=3, heads=4, patch=2, mlp_ratio=3, image_size=16),
-    dict(dataset="synthetic", synthetic_classes=7, width=24, heads=3, patch=8, image_size=16,
-         depth=1, mlp_ratio=1),
-    dict(rgb=False, image_size=12, patch=3, width=20, heads=5),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        dict(width=48, depth=3, heads=4, patch=2, mlp_ratio=3, image_size=16),
+        dict(
+            dataset="synthetic",
+            synthetic_classes=7,
+            width=24,
+            heads=3,
+            patch=8,
+            image_size=16,
+            depth=1,
+            mlp_ratio=1,
+        ),
+        dict(rgb=False, image_size=12, patch=3, width=20, heads=5),
+    ],
+)
 def test_cff_parameter_count_is_the_models(overrides: dict[str, Any]) -> None:
     config = get_trainer("cff").Config(**{**CFF_TINY, **overrides})
     shape = dataset_shape(config)
     g = torch.Generator().manual_seed(0)
     layers = build_layers(config, shape.channels, shape.side, g)
     head = build_head(config.width, shape.num_classes, g)
-    assert cff_parameters(config, shape.channels, shape.side, shape.num_classes) == \
-        numel(layers) + numel(head)
+    assert cff_parameters(config, shape.channels, shape.side, shape.num_classes) == numel(
+        layers
+    ) + numel(head)
 
 
-@pytest.mark.parametrize("overrides", [
-    {**DIGITS_MLP},
-    {**DIGITS_MLP, "width": 40, "depth": 5, "image_size": 16, "rgb": False},
-    {**DIGITS_MLP, "frozen_blocks": True, "embed_credit": "none"},
-    {**STUDENT, "teacher_classes": 7, "student_input_dim": 5},
-    {**STUDENT, "frozen_blocks": True},
-    {**DIGITS_VIT},
-    {**DIGITS_VIT, "width": 24, "heads": 3, "patch": 2, "mlp_ratio": 3, "depth": 3,
-     "frozen_blocks": True},
-    {**DIGITS_VIT, "image_size": 16, "embed_credit": "none"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {**DIGITS_MLP},
+        {**DIGITS_MLP, "width": 40, "depth": 5, "image_size": 16, "rgb": False},
+        {**DIGITS_MLP, "frozen_blocks": True, "embed_credit": "none"},
+        {**STUDENT, "teacher_classes": 7, "student_input_dim": 5},
+        {**STUDENT, "frozen_blocks": True},
+        {**DIGITS_VIT},
+        {
+            **DIGITS_VIT,
+            "width": 24,
+            "heads": 3,
+            "patch": 2,
+            "mlp_ratio": 3,
+            "depth": 3,
+            "frozen_blocks": True,
+        },
+        {**DIGITS_VIT, "image_size": 16, "embed_credit": "none"},
+    ],
+)
 def test_feedback_parameter_counts_are_the_models(overrides: dict[str, Any]) -> None:
     """All parameters, and those the run trains (frozen_blocks freezes the branch weights,
     embed_credit none the embedding, as `fit` does)."""
@@ -154,39 +219,64 @@ def test_feedback_parameter_counts_are_the_models(overrides: dict[str, Any]) -> 
 
     config = FeedbackConfig(**overrides)
     task = task_shape(config)
-    model = build_model(config, task.input_shape, task.num_classes,
-                        torch.Generator().manual_seed(0))
+    model = build_model(
+        config, task.input_shape, task.num_classes, torch.Generator().manual_seed(0)
+    )
     freeze_untrained(model, config)
     assert feedback_parameters(config, task.input_shape, task.num_classes) == numel(model)
-    assert trainable_parameters(config, task.input_shape, task.num_classes) == \
-        sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable_parameters(config, task.input_shape, task.num_classes) == sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
 
 
-@pytest.mark.parametrize(("method", "backbone", "channels"), [
-    ("simclr", "resnet18", 3), ("simsiam", "resnet18", 3), ("byol", "resnet_small", 3),
-    ("simclr", "resnet_small", 1), ("simsiam", "resnet_small", 3),
-])
+@pytest.mark.parametrize(
+    ("method", "backbone", "channels"),
+    [
+        ("simclr", "resnet18", 3),
+        ("simsiam", "resnet18", 3),
+        ("byol", "resnet_small", 3),
+        ("simclr", "resnet_small", 1),
+        ("simsiam", "resnet_small", 3),
+    ],
+)
 def test_ssl_parameter_count_is_the_models(method: str, backbone: str, channels: int) -> None:
     config = SSLConfig(method=method, backbone=backbone, proj_dim=96, pred_hidden=40)
     model = SSLModel(config, channels, torch.Generator().manual_seed(0))
     assert ssl_parameters(config, channels) == numel(model)
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(dataset="digits"),
-    dict(dataset="digits", image_size=16, rgb=False),
-    dict(dataset="synthetic", synthetic_classes=3, synthetic_train_per_class=5,
-         synthetic_test_per_class=2, image_size=8),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(dataset="digits"),
+        dict(dataset="digits", image_size=16, rgb=False),
+        dict(
+            dataset="synthetic",
+            synthetic_classes=3,
+            synthetic_train_per_class=5,
+            synthetic_test_per_class=2,
+            image_size=8,
+        ),
+    ],
+)
 def test_dataset_term_is_the_decoded_dataset(overrides: dict[str, Any]) -> None:
     """uint8 images of both splits at the model's resolution and int64 labels."""
     config = get_trainer("cff").Config(**{**CFF_TINY, **overrides})
-    data = load_images(config.dataset, image_size=config.image_size, rgb=config.rgb,
-                       synthetic=(config.synthetic_classes, config.synthetic_train_per_class,
-                                  config.synthetic_test_per_class, config.synthetic_difficulty,
-                                  config.synthetic_seed))
-    decoded = sum(t.numel() * t.element_size()
-                  for t in (data.train_x, data.train_y, data.test_x, data.test_y))
+    data = load_images(
+        config.dataset,
+        image_size=config.image_size,
+        rgb=config.rgb,
+        synthetic=(
+            config.synthetic_classes,
+            config.synthetic_train_per_class,
+            config.synthetic_test_per_class,
+            config.synthetic_difficulty,
+            config.synthetic_seed,
+        ),
+    )
+    decoded = sum(
+        t.numel() * t.element_size() for t in (data.train_x, data.train_y, data.test_x, data.test_y)
+    )
     assert dataset_bytes(dataset_shape(config)) == decoded
 
 
@@ -196,23 +286,75 @@ def test_dataset_term_is_the_decoded_dataset(overrides: dict[str, Any]) -> None:
 MEMORY_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     # (trainer, warm-up config, measured config): one mid-size run per trainer, two for feedback
     # (StudentNet's data and labelling; ViT-Mini's two forward graphs under BP)
-    ("collapse", dict(n_samples=40, steps=2),
-     dict(n_samples=6_000, n_classes=50, dim=40, steps=2, log_every=1)),
-    ("cff", {**CFF_TINY, "epochs": 1, "head_epochs": 1},
-     {**CFF_TINY, "image_size": 16, "patch": 2, "width": 64, "heads": 4, "epochs": 1,
-      "head_epochs": 1, "batch_size": 512, "train_size": 512, "test_size": 128,
-      "val_fraction": 0.05}),
-    ("ssl", {**SSL_TINY, "epochs": 1},
-     {**SSL_TINY, "image_size": 32, "method": "simsiam", "proj_dim": 64, "pred_hidden": 32,
-      "epochs": 1, "batch_size": 128, "train_size": 128, "test_size": 128}),
+    (
+        "collapse",
+        dict(n_samples=40, steps=2),
+        dict(n_samples=6_000, n_classes=50, dim=40, steps=2, log_every=1),
+    ),
+    (
+        "cff",
+        {**CFF_TINY, "epochs": 1, "head_epochs": 1},
+        {
+            **CFF_TINY,
+            "image_size": 16,
+            "patch": 2,
+            "width": 64,
+            "heads": 4,
+            "epochs": 1,
+            "head_epochs": 1,
+            "batch_size": 512,
+            "train_size": 512,
+            "test_size": 128,
+            "val_fraction": 0.05,
+        },
+    ),
+    (
+        "ssl",
+        {**SSL_TINY, "epochs": 1},
+        {
+            **SSL_TINY,
+            "image_size": 32,
+            "method": "simsiam",
+            "proj_dim": 64,
+            "pred_hidden": 32,
+            "epochs": 1,
+            "batch_size": 128,
+            "train_size": 128,
+            "test_size": 128,
+        },
+    ),
     ("ssl_sim", dict(n_pairs=10, max_steps=3), dict(n_pairs=100_000, dim=32, max_steps=2)),
-    ("feedback", {**STUDENT, "epochs": 1},
-     {**STUDENT, "width": 64, "depth": 2, "epochs": 1, "student_train_size": 150_000,
-      "teacher_width": 256, "batch_size": 50_000, "method": "dfa"}),
-    ("feedback", {**DIGITS_VIT, "epochs": 1},
-     {**DIGITS_VIT, "image_size": 16, "patch": 2, "width": 32, "heads": 4, "epochs": 1,
-      "batch_size": 256, "eval_batch_size": 256, "method": "bp", "train_size": 256,
-      "test_size": 256}),
+    (
+        "feedback",
+        {**STUDENT, "epochs": 1},
+        {
+            **STUDENT,
+            "width": 64,
+            "depth": 2,
+            "epochs": 1,
+            "student_train_size": 150_000,
+            "teacher_width": 256,
+            "batch_size": 50_000,
+            "method": "dfa",
+        },
+    ),
+    (
+        "feedback",
+        {**DIGITS_VIT, "epochs": 1},
+        {
+            **DIGITS_VIT,
+            "image_size": 16,
+            "patch": 2,
+            "width": 32,
+            "heads": 4,
+            "epochs": 1,
+            "batch_size": 256,
+            "eval_batch_size": 256,
+            "method": "bp",
+            "train_size": 256,
+            "test_size": 256,
+        },
+    ),
 ]
 
 
@@ -223,21 +365,28 @@ def measured_peaks() -> list[int]:
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident set")
     cases = [{"trainer": t, "warmup": w, "config": c} for t, w, c in MEMORY_CASES]
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "peak_memory.py")], input=json.dumps(cases),
-        capture_output=True, text=True, timeout=240, check=True,
-        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+        [sys.executable, str(ROOT / "tests" / "peak_memory.py")],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+    )
     return [json.loads(line)["peak_bytes"] for line in done.stdout.splitlines()]
 
 
-@pytest.mark.parametrize("index", range(len(MEMORY_CASES)),
-                         ids=[f"{t}-{i}" for i, (t, _, _) in enumerate(MEMORY_CASES)])
+@pytest.mark.parametrize(
+    "index", range(len(MEMORY_CASES)), ids=[f"{t}-{i}" for i, (t, _, _) in enumerate(MEMORY_CASES)]
+)
 def test_memory_estimate_bounds_the_measured_peak(index: int, measured_peaks: list[int]) -> None:
     trainer, _, config = MEMORY_CASES[index]
     peak = measured_peaks[index]
     assert peak > 100 * 2**20, "a case too small to measure its tensors against overheads"
     estimated = estimate(trainer, **config).memory_bytes
     assert peak <= estimated <= MAX_OVERESTIMATE * peak, (
-        f"estimate {estimated / 2**20:.0f} MiB, measured {peak / 2**20:.0f} MiB")
+        f"estimate {estimated / 2**20:.0f} MiB, measured {peak / 2**20:.0f} MiB"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,8 +398,10 @@ def expanded_conditions(path: Path) -> list[tuple[str, dict[str, Any]]]:
     levels."""
     spec = yaml.safe_load(path.read_text())
     grid = spec.get("grid") or {}
-    return [(spec["trainer"], {**spec.get("config", {}), **dict(zip(grid, levels, strict=True))})
-            for levels in itertools.product(*grid.values())]
+    return [
+        (spec["trainer"], {**spec.get("config", {}), **dict(zip(grid, levels, strict=True))})
+        for levels in itertools.product(*grid.values())
+    ]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -280,8 +431,16 @@ def test_collapse_logging_every_one_of_1e8_steps_is_over_the_points_limit() -> N
 
 @pytest.mark.parametrize("arch", ["studentnet", "resmlp"])
 def test_feedback_at_large_field_values_is_over_the_limit(arch: str) -> None:
-    e = estimate("feedback", arch=arch, dataset="cifar10", width=4096, depth=16,
-                 batch_size=65_536, eval_batch_size=65_536, student_train_size=10_000_000)
+    e = estimate(
+        "feedback",
+        arch=arch,
+        dataset="cifar10",
+        width=4096,
+        depth=16,
+        batch_size=65_536,
+        eval_batch_size=65_536,
+        student_train_size=10_000_000,
+    )
     assert e.memory_bytes > MAX_RUN_MEMORY
     assert {"batch_size", "width"} <= set(e.memory_fields)
 

@@ -20,11 +20,29 @@ from trainers.feedback.credit import draw_feedback, output_error
 from trainers.feedback.trainer import method_credits
 from trainers.random_sources import random_sources
 
-STUDENT = dict(arch="studentnet", width=16, depth=3, epochs=2, student_input_dim=12,
-               student_train_size=256, student_test_size=64, eval_batch_size=64, batch_size=64,
-               lr=1e-2, device="cpu")
-DIGITS_MLP = dict(arch="resmlp", dataset="digits", width=32, depth=2, epochs=3, batch_size=32,
-                  lr=1e-2, device="cpu")
+STUDENT = dict(
+    arch="studentnet",
+    width=16,
+    depth=3,
+    epochs=2,
+    student_input_dim=12,
+    student_train_size=256,
+    student_test_size=64,
+    eval_batch_size=64,
+    batch_size=64,
+    lr=1e-2,
+    device="cpu",
+)
+DIGITS_MLP = dict(
+    arch="resmlp",
+    dataset="digits",
+    width=32,
+    depth=2,
+    epochs=3,
+    batch_size=32,
+    lr=1e-2,
+    device="cpu",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +55,9 @@ def one_thread() -> Iterator[None]:
 
 
 def tiny_model(arch: str, *, dtype: torch.dtype = torch.float64, **overrides: object):
-    config = FeedbackConfig(**{**STUDENT, "arch": arch, "image_size": 8, "patch": 4, "heads": 2,
-                               **overrides})
+    config = FeedbackConfig(
+        **{**STUDENT, "arch": arch, "image_size": 8, "patch": 4, "heads": 2, **overrides}
+    )
     shape = (12,) if arch == "studentnet" else (3, 8, 8)
     model = build_model(config, shape, 5, random_sources(0).init).to(dtype)
     g = torch.Generator().manual_seed(1)
@@ -56,8 +75,16 @@ def test_bp_credit_equals_autograd_gradient_of_each_state(arch: str) -> None:
     config, model, x, y = tiny_model(arch)
     states = model.states(x)
     logits = model.readout(states[-1])
-    credits = method_credits("bp", model=model, states=states, normed=model.normed(states[-1]),
-                             logits=logits, labels=y, matrices=None, config=config)
+    credits = method_credits(
+        "bp",
+        model=model,
+        states=states,
+        normed=model.normed(states[-1]),
+        logits=logits,
+        labels=y,
+        matrices=None,
+        config=config,
+    )
     assert len(credits) == config.depth + 1
     for layer in range(config.depth + 1):
         # reference: a fresh graph that starts at h_l as a leaf and runs the remaining blocks
@@ -100,9 +127,16 @@ def test_dfa_credit_is_e_times_the_stored_b_and_drives_the_update(penalty: float
     for b, (_, kept) in zip(matrices.layers, stored.items(), strict=True):
         torch.testing.assert_close(b, kept.double())  # stored = what the seed's init drew
     states = model.states(x)
-    credits = method_credits("dfa", model=model, states=states,
-                             normed=model.normed(states[-1]), logits=logits, labels=y,
-                             matrices=matrices, config=config)
+    credits = method_credits(
+        "dfa",
+        model=model,
+        states=states,
+        normed=model.normed(states[-1]),
+        logits=logits,
+        labels=y,
+        matrices=matrices,
+        config=config,
+    )
     for layer, credit in enumerate(credits):
         torch.testing.assert_close(credit, e @ stored[f"B_h{layer}"].double())
     # the update of block l is J_f^T (B_{l+1}^T e + 2 lambda f) / n
@@ -126,21 +160,43 @@ def test_fa_credit_chains_backwards_from_the_top_credit() -> None:
     matrices.top = matrices.top.double()
     states = model.states(x)
     logits = model.readout(states[-1])
-    credits = method_credits("fa", model=model, states=states, normed=model.normed(states[-1]),
-                             logits=logits, labels=y, matrices=matrices, config=config)
+    credits = method_credits(
+        "fa",
+        model=model,
+        states=states,
+        normed=model.normed(states[-1]),
+        logits=logits,
+        labels=y,
+        matrices=matrices,
+        config=config,
+    )
     top = output_error(logits, y) @ matrices.top
     torch.testing.assert_close(credits[-1], top)
     for layer in range(config.depth):
         # a_l = B_l a_{l+1} for column vectors; rows here
         torch.testing.assert_close(credits[layer], credits[layer + 1] @ matrices.layers[layer].T)
-    skip = method_credits("fa", model=model, states=states, normed=model.normed(states[-1]),
-                          logits=logits, labels=y, matrices=matrices,
-                          config=config.model_copy(update={"fa_skip": True}))
+    skip = method_credits(
+        "fa",
+        model=model,
+        states=states,
+        normed=model.normed(states[-1]),
+        logits=logits,
+        labels=y,
+        matrices=matrices,
+        config=config.model_copy(update={"fa_skip": True}),
+    )
     torch.testing.assert_close(skip[-2], top + top @ matrices.layers[-1].T)
     # through_norm: the head's weight replaced by B_top, backwards through the true LayerNorm
-    through = method_credits("fa", model=model, states=states, normed=model.normed(states[-1]),
-                             logits=logits, labels=y, matrices=matrices,
-                             config=config.model_copy(update={"fa_top_credit": "through_norm"}))
+    through = method_credits(
+        "fa",
+        model=model,
+        states=states,
+        normed=model.normed(states[-1]),
+        logits=logits,
+        labels=y,
+        matrices=matrices,
+        config=config.model_copy(update={"fa_top_credit": "through_norm"}),
+    )
     h = states[-1].detach().requires_grad_(True)
     surrogate = (model.out_norm(h) @ matrices.top.T * output_error(logits, y)).sum()
     (reference,) = torch.autograd.grad(surrogate, h)
@@ -167,10 +223,10 @@ def test_terminal_layernorm_makes_gradient_times_norm_scale_invariant() -> None:
     _, student, x, y = tiny_model("studentnet")
     h = student.states(x)[-1].detach()
     (g1,) = torch.autograd.grad(
-        F.cross_entropy(student.readout(h.requires_grad_(True)), y, reduction="sum"), h)
+        F.cross_entropy(student.readout(h.requires_grad_(True)), y, reduction="sum"), h
+    )
     h100 = (100 * h.detach()).requires_grad_(True)
-    (g100,) = torch.autograd.grad(
-        F.cross_entropy(student.readout(h100), y, reduction="sum"), h100)
+    (g100,) = torch.autograd.grad(F.cross_entropy(student.readout(h100), y, reduction="sum"), h100)
     assert not torch.allclose(g100.norm(dim=-1) * 100, g1.norm(dim=-1), rtol=0.1)
 
 
@@ -239,10 +295,16 @@ def test_trainer_verdict_uses_the_configured_thresholds() -> None:
 
 def test_a_run_logs_the_protocol_every_epoch_from_initialisation() -> None:
     reporter = MemoryReporter()
-    result = fit(FeedbackConfig(**{**STUDENT, "method": "dfa", "epochs": 3}), seed=0,
-                 reporter=reporter).result
-    for name in ("residual_growth_max", "ref_grad_norm", "h_norm_layer3", "cos_layer0",
-                 "test_accuracy"):
+    result = fit(
+        FeedbackConfig(**{**STUDENT, "method": "dfa", "epochs": 3}), seed=0, reporter=reporter
+    ).result
+    for name in (
+        "residual_growth_max",
+        "ref_grad_norm",
+        "h_norm_layer3",
+        "cos_layer0",
+        "test_accuracy",
+    ):
         assert [s for s, _ in reporter.curve(name)] == [0, 4, 8, 12], name
     assert [s for s, _ in reporter.curve("loss")] == [4, 8, 12]  # no training loss at init
     assert {e for _, e, _, _ in reporter.points} == {0, 1, 2, 3}
@@ -255,13 +317,15 @@ def test_a_run_logs_the_protocol_every_epoch_from_initialisation() -> None:
 
 
 def test_bp_cosines_are_one_at_every_layer_and_input_pairing_has_one_per_block() -> None:
-    result = fit(FeedbackConfig(**{**STUDENT, "epochs": 1}), seed=0,
-                 reporter=NullReporter()).result
+    result = fit(FeedbackConfig(**{**STUDENT, "epochs": 1}), seed=0, reporter=NullReporter()).result
     assert result.diagnostics["protocol"]["per_layer_cosine"] == pytest.approx([1.0] * 4)
     assert result.metrics["deep_cos"] == pytest.approx(1.0)
     assert result.diagnostics["feedback_matrices"] is None  # BP has none
-    shifted = fit(FeedbackConfig(**{**STUDENT, "epochs": 1, "cosine_pairing": "input"}),
-                  seed=0, reporter=NullReporter()).result
+    shifted = fit(
+        FeedbackConfig(**{**STUDENT, "epochs": 1, "cosine_pairing": "input"}),
+        seed=0,
+        reporter=NullReporter(),
+    ).result
     assert len(shifted.diagnostics["protocol"]["per_layer_cosine"]) == 3
 
 
@@ -289,8 +353,9 @@ def test_same_seed_same_curves_and_stored_matrices_other_seed_not() -> None:
     assert a.points == b.points and a.points != c.points
     sha = [r.diagnostics["feedback_matrices"]["sha256"] for r in (ra, rb, rc)]
     assert sha[0] == sha[1] != sha[2]
-    digest_only = fit(config.model_copy(update={"store_feedback_matrices": False}), 7,
-                      NullReporter()).result.diagnostics["feedback_matrices"]
+    digest_only = fit(
+        config.model_copy(update={"store_feedback_matrices": False}), 7, NullReporter()
+    ).result.diagnostics["feedback_matrices"]
     assert digest_only["sha256"] == sha[0] and "data" not in digest_only
     with pytest.raises(ValueError, match="only the feedback matrices' SHA-256"):
         decode_feedback(digest_only)
@@ -300,8 +365,9 @@ def test_resmlp_dfa_on_digits_grows_the_residual_stream_and_bp_does_not() -> Non
     growth = {}
     for method in ("dfa", "bp"):
         reporter = MemoryReporter()
-        result = fit(FeedbackConfig(**{**DIGITS_MLP, "method": method}), seed=0,
-                     reporter=reporter).result
+        result = fit(
+            FeedbackConfig(**{**DIGITS_MLP, "method": method}), seed=0, reporter=reporter
+        ).result
         curve = [v for _, v in reporter.curve("h_norm_layer2")]
         growth[method] = curve[-1] / curve[0]
         assert result.metrics["test_accuracy"] > 0.6  # chance is 0.1
@@ -311,9 +377,19 @@ def test_resmlp_dfa_on_digits_grows_the_residual_stream_and_bp_does_not() -> Non
 
 @pytest.mark.parametrize("method", ["bp", "fa", "dfa"])
 def test_vit_mini_runs_every_method_on_cls_token_diagnostics(method: str) -> None:
-    config = FeedbackConfig(arch="vit_mini", dataset="digits", width=16, depth=2, heads=2,
-                            patch=4, epochs=1, batch_size=256, method=method, device="cpu",
-                            vit_credit_tokens="cls" if method == "fa" else "all")
+    config = FeedbackConfig(
+        arch="vit_mini",
+        dataset="digits",
+        width=16,
+        depth=2,
+        heads=2,
+        patch=4,
+        epochs=1,
+        batch_size=256,
+        method=method,
+        device="cpu",
+        vit_credit_tokens="cls" if method == "fa" else "all",
+    )
     result = fit(config, seed=0, reporter=NullReporter()).result
     protocol = result.diagnostics["protocol"]
     assert len(protocol["h_norms"]) == 3 and all(n > 0 for n in protocol["h_norms"])
@@ -325,23 +401,34 @@ def test_vit_mini_runs_every_method_on_cls_token_diagnostics(method: str) -> Non
 def test_penalty_shrinks_dfa_residual_growth() -> None:
     config = FeedbackConfig(**{**DIGITS_MLP, "method": "dfa"})
     free = fit(config, seed=0, reporter=NullReporter()).result.metrics
-    penalised = fit(config.model_copy(update={"penalty": 1e-2}), seed=0,
-                    reporter=NullReporter()).result.metrics
+    penalised = fit(
+        config.model_copy(update={"penalty": 1e-2}), seed=0, reporter=NullReporter()
+    ).result.metrics
     assert penalised["h_norm_layer2"] < free["h_norm_layer2"] / 3
     assert penalised["penalty_loss"] > 0 == free["penalty_loss"]
 
 
-@pytest.mark.parametrize("config, where", [
-    pytest.param({"arch": "resmlp", "dataset": "digits", "epochs": 100_000, "device": "cpu"},
-                 "training", id="resmlp"),
-    pytest.param({**STUDENT, "width": 128, "depth": 4, "epochs": 100_000}, "training",
-                 id="studentnet"),
-    pytest.param({**STUDENT, "width": 256, "depth": 4, "student_test_size": 200_000},
-                 "test_evaluation",
-                 id="studentnet_during_test_evaluation"),
-])
-def test_a_cancel_ends_every_architecture_within_the_bound(config: dict[str, object],
-                                                           where: str) -> None:
+@pytest.mark.parametrize(
+    "config, where",
+    [
+        pytest.param(
+            {"arch": "resmlp", "dataset": "digits", "epochs": 100_000, "device": "cpu"},
+            "training",
+            id="resmlp",
+        ),
+        pytest.param(
+            {**STUDENT, "width": 128, "depth": 4, "epochs": 100_000}, "training", id="studentnet"
+        ),
+        pytest.param(
+            {**STUDENT, "width": 256, "depth": 4, "student_test_size": 200_000},
+            "test_evaluation",
+            id="studentnet_during_test_evaluation",
+        ),
+    ],
+)
+def test_a_cancel_ends_every_architecture_within_the_bound(
+    config: dict[str, object], where: str
+) -> None:
     """ViT-Mini, the slowest, is tests/trainers/test_runtime_contract.py's case."""
     reporter = CancelAfter(RUN_BEFORE_CANCEL_S)
     result = get_trainer("feedback").run(FeedbackConfig(**config), 0, reporter, threads=1)
@@ -385,10 +472,22 @@ def test_a_non_finite_training_loss_ends_the_run_as_diverged_at_the_last_finite_
 RESMLP_D2 = {**DIGITS_MLP, "method": "dfa", "lr": 0.1, "epochs": 6}
 # DFA on StudentNet, which has no terminal LayerNorm: rho passes 50 at epoch 11 (53.6) while
 # ||g_L|| stays >= 4.8e-5 over the 15 epochs (seed 0, one thread).
-STUDENT_D1 = dict(arch="studentnet", method="dfa", width=64, depth=4, student_input_dim=6,
-                  teacher_gain=6.0, student_train_size=1000, student_test_size=500,
-                  eval_batch_size=256, batch_size=64, epochs=15, lr=0.02, embed_credit="none",
-                  device="cpu")
+STUDENT_D1 = dict(
+    arch="studentnet",
+    method="dfa",
+    width=64,
+    depth=4,
+    student_input_dim=6,
+    teacher_gain=6.0,
+    student_train_size=1000,
+    student_test_size=500,
+    eval_batch_size=256,
+    batch_size=64,
+    epochs=15,
+    lr=0.02,
+    embed_credit="none",
+    device="cpu",
+)
 
 
 def _per_epoch(reporter: MemoryReporter, name: str) -> list[float]:
@@ -397,11 +496,15 @@ def _per_epoch(reporter: MemoryReporter, name: str) -> list[float]:
     return [values[e] for e in sorted(values)]
 
 
-def _comparable(points: list[tuple[int, int | None, str, float]], last_epoch: int
-                ) -> list[tuple[int, int | None, str, float | None]]:
+def _comparable(
+    points: list[tuple[int, int | None, str, float]], last_epoch: int
+) -> list[tuple[int, int | None, str, float | None]]:
     """The points up to `last_epoch`, nan as None (D2 makes the cosines nan, and nan != nan)."""
-    return [(s, e, n, None if math.isnan(v) else v) for s, e, n, v in points
-            if e is not None and e <= last_epoch]
+    return [
+        (s, e, n, None if math.isnan(v) else v)
+        for s, e, n, v in points
+        if e is not None and e <= last_epoch
+    ]
 
 
 def _stopped_against_full(config: FeedbackConfig, stop_on: list[str]):
@@ -423,19 +526,25 @@ def test_resmlp_dfa_on_digits_stops_at_the_epoch_d2_fires() -> None:
     assert d1_epoch < d2_epoch < config.epochs  # D1 fired first, but only D2 was asked for
     assert result.stop is not None and result.finished and not result.diverged
     assert (result.stop.checks, result.stop.epoch) == (("D2",), d2_epoch)
-    assert result.stop.reason.startswith(f"D2 reference validity fired at epoch {d2_epoch}: "
-                                         "ref_grad_norm ")
+    assert result.stop.reason.startswith(
+        f"D2 reference validity fired at epoch {d2_epoch}: ref_grad_norm "
+    )
     # the run is the full one cut at that epoch: same curves, nothing logged after it
     assert _comparable(stopped.points, d2_epoch) == _comparable(full.points, d2_epoch)
     assert len(stopped.points) == len(_comparable(full.points, d2_epoch))
     assert result.diagnostics["epochs_run"] == d2_epoch
-    assert result.stop.step == result.diagnostics["optimizer_steps"] == max(
-        s for s, _, _, _ in stopped.points)
+    assert (
+        result.stop.step
+        == result.diagnostics["optimizer_steps"]
+        == max(s for s, _, _, _ in stopped.points)
+    )
     assert result.diagnostics["stop"] == result.stop.as_dict()
     protocol = result.diagnostics["protocol"]
     assert protocol["verdict"] == "FAIL(D1+D2)"
-    assert (protocol["checks"]["D1"]["first_epoch"],
-            protocol["checks"]["D2"]["first_epoch"]) == (d1_epoch, d2_epoch)
+    assert (protocol["checks"]["D1"]["first_epoch"], protocol["checks"]["D2"]["first_epoch"]) == (
+        d1_epoch,
+        d2_epoch,
+    )
     assert result.metrics["test_accuracy"] == _per_epoch(full, "test_accuracy")[d2_epoch]
     assert result.metrics["ref_grad_norm"] == ref[d2_epoch]
 
@@ -453,7 +562,8 @@ def test_studentnet_dfa_stops_on_d1_and_d2_never_fires() -> None:
     assert (result.stop.checks, result.stop.epoch) == (("D1",), d1_epoch)
     assert result.stop.reason == (
         f"D1 scale stability fired at epoch {d1_epoch}: residual_growth_max "
-        f"{rho[d1_epoch]:.4g} > 50")
+        f"{rho[d1_epoch]:.4g} > 50"
+    )
     assert stopped.points == [p for p in full.points if p[1] <= d1_epoch]  # no D2: no nan
     assert result.diagnostics["protocol"]["verdict"] == "FAIL(D1)"
 
@@ -461,8 +571,7 @@ def test_studentnet_dfa_stops_on_d1_and_d2_never_fires() -> None:
 def test_a_check_firing_at_initialisation_stops_before_any_step() -> None:
     config = FeedbackConfig(**{**STUDENT, "scale_growth_threshold": 1e-3})
     reporter = MemoryReporter()
-    result = get_trainer("feedback").run(config, 0, reporter, threads=1,
-                                         stop_on_checks=["D1"])
+    result = get_trainer("feedback").run(config, 0, reporter, threads=1, stop_on_checks=["D1"])
     assert result.stop is not None and result.stop.epoch == 0 and result.stop.step == 0
     assert result.diagnostics["optimizer_steps"] == 0 == result.diagnostics["epochs_run"]
     assert {e for _, e, _, _ in reporter.points} == {0}

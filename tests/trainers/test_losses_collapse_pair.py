@@ -25,7 +25,8 @@ def reference_pair_loss(pred: np.ndarray, labels: np.ndarray, p: np.ndarray, kin
             else:
                 dot = sum(pred[i, j] * labels[c, j] for j in range(pred.shape[1]))
                 norms = math.sqrt(sum(v * v for v in pred[i])) * math.sqrt(
-                    sum(v * v for v in labels[c]))
+                    sum(v * v for v in labels[c])
+                )
                 term = 1.0 - dot / norms
             total += p[i, c] * term
     return total / n
@@ -39,11 +40,23 @@ def reference_mse_gradients(
     (without a head: (1/2N) sum_ic p_ic ||emb_i - y_c||^2), differentiated by hand."""
     n, k = p.shape
     d = y.shape[1]
-    emb = x if inputs is None else np.array(
-        [[sum(x[a, b] * inputs[i, b] for b in range(inputs.shape[1])) for a in range(d)]
-         for i in range(n)])
-    pred = emb if w is None else np.array(
-        [[sum(w[a, b] * emb[i, b] for b in range(d)) for a in range(d)] for i in range(n)])
+    emb = (
+        x
+        if inputs is None
+        else np.array(
+            [
+                [sum(x[a, b] * inputs[i, b] for b in range(inputs.shape[1])) for a in range(d)]
+                for i in range(n)
+            ]
+        )
+    )
+    pred = (
+        emb
+        if w is None
+        else np.array(
+            [[sum(w[a, b] * emb[i, b] for b in range(d)) for a in range(d)] for i in range(n)]
+        )
+    )
     g_emb = np.zeros((n, d))
     g_y = np.zeros((k, d))
     g_w = np.zeros((d, d))
@@ -98,10 +111,12 @@ def test_cosine_pair_loss_ignores_norms_and_vanishes_on_aligned_embeddings() -> 
     labels = rng.normal(size=(3, 4))
     p = np.eye(3)[[0, 1, 2, 0]]
     aligned = labels[[0, 1, 2, 0]] * np.array([[0.1], [2.0], [5.0], [30.0]])
-    assert float(pair_loss(torch.tensor(aligned), torch.tensor(labels), torch.tensor(p),
-                           "cosine")) == pytest.approx(0.0, abs=1e-15)
-    assert float(pair_loss(torch.tensor(-aligned), torch.tensor(labels), torch.tensor(p),
-                           "cosine")) == pytest.approx(2.0, rel=1e-15)
+    assert float(
+        pair_loss(torch.tensor(aligned), torch.tensor(labels), torch.tensor(p), "cosine")
+    ) == pytest.approx(0.0, abs=1e-15)
+    assert float(
+        pair_loss(torch.tensor(-aligned), torch.tensor(labels), torch.tensor(p), "cosine")
+    ) == pytest.approx(2.0, rel=1e-15)
 
 
 @pytest.mark.parametrize("stop_gradient", [False, True])

@@ -43,7 +43,8 @@ def test_the_credit_is_a_constant_and_the_update_is_credit_over_batch() -> None:
     rng = np.random.default_rng(2)
     out = torch.tensor(rng.normal(size=(5, 4)), requires_grad=True)
     credit = torch.tensor(rng.normal(size=(5, 4)), requires_grad=True)
-    grad_out, grad_credit = torch.autograd.grad(local_credit_loss(out, credit), (out, credit),
-                                                allow_unused=True)
+    grad_out, grad_credit = torch.autograd.grad(
+        local_credit_loss(out, credit), (out, credit), allow_unused=True
+    )
     torch.testing.assert_close(grad_out, credit.detach() / 5)
     assert grad_credit is None

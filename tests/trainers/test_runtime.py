@@ -22,11 +22,18 @@ from trainers.runtime import RunContext, TrainOutput, git_commit, seedgrid_versi
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def context(reporter: object, metric: str | None = "loss",
-            stop_on_checks: tuple[str, ...] = ()) -> RunContext:
-    return RunContext(config=ToyTrainer.Config(), seed=0, reporter=reporter,  # type: ignore[arg-type]
-                      device=torch.device("cpu"), sources=random_sources(0),
-                      divergence_metric=metric, stop_on_checks=stop_on_checks)
+def context(
+    reporter: object, metric: str | None = "loss", stop_on_checks: tuple[str, ...] = ()
+) -> RunContext:
+    return RunContext(
+        config=ToyTrainer.Config(),
+        seed=0,
+        reporter=reporter,  # type: ignore[arg-type]
+        device=torch.device("cpu"),
+        sources=random_sources(0),
+        divergence_metric=metric,
+        stop_on_checks=stop_on_checks,
+    )
 
 
 def test_divergence_is_the_declared_metric_turning_non_finite_once() -> None:
@@ -86,8 +93,9 @@ def test_a_cancelled_or_diverged_run_is_not_stopped_by_a_check() -> None:
 
 def test_stop_on_checks_the_trainer_does_not_declare_are_refused() -> None:
     trainer = ToyTrainer()
-    with pytest.raises(ValueError, match="stop_on_checks: trainer 'toy' has no check 'D1'; "
-                                         "it can stop on: none"):
+    with pytest.raises(
+        ValueError, match="stop_on_checks: trainer 'toy' has no check 'D1'; it can stop on: none"
+    ):
         trainer.run(trainer.Config(steps=5), 0, NullReporter(), stop_on_checks=["D1"])
     assert trainer.run(trainer.Config(steps=5), 0, NullReporter()).stop is None
 
@@ -108,10 +116,17 @@ def test_provenance_identifies_the_code_and_the_platform() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert provenance["seedgrid_version"] == seedgrid_version() == version
     assert provenance["trainer_source_sha256"] == source_sha256(
-        ROOT / "tests" / "e2e" / "toy_trainer.py")
+        ROOT / "tests" / "e2e" / "toy_trainer.py"
+    )
     assert provenance["torch_threads"] == 1 and provenance["seed"] == 1
-    assert provenance["config"] == {"steps": 10, "lr": 0.1, "log_every": 10, "fail_at_step": None,
-                                    "stall_at_step": None, "stall_s": 0.0}
+    assert provenance["config"] == {
+        "steps": 10,
+        "lr": 0.1,
+        "log_every": 10,
+        "fail_at_step": None,
+        "stall_at_step": None,
+        "stall_s": 0.0,
+    }
     again = trainer.run(trainer.Config(steps=10), 1, NullReporter(), threads=1)
     assert again.provenance["parameters_sha256"] == provenance["parameters_sha256"]
     other_seed = trainer.run(trainer.Config(steps=10), 2, NullReporter(), threads=1)
@@ -121,8 +136,9 @@ def test_provenance_identifies_the_code_and_the_platform() -> None:
 def test_the_git_commit_is_the_checkouts_head() -> None:
     if not (ROOT / ".git").exists():
         pytest.fail("run the tests from a git checkout (the clean clone CI makes is one)")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert git_commit() == head
 
 
@@ -158,8 +174,13 @@ def test_a_cancel_during_the_warm_up_is_raised_and_leaves_torch_whole() -> None:
     """Regression: a cancel inside the warm-up's import left torch half imported, and every later
     run of that worker process was lost with an AttributeError (CI, tests/e2e/test_probes.py)."""
     for delay in (0.02, 0.3):
-        done = subprocess.run([sys.executable, "-c", INTERRUPTED_WARM_UP, str(delay)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", INTERRUPTED_WARM_UP, str(delay)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["interrupted", "torch", "works"], (delay, done.stdout)
 
@@ -172,19 +193,23 @@ class DrawsTrainer(ToyTrainer):
 
     def train(self, config: Any, run: RunContext) -> TrainOutput:
         sources = run.sources
-        return TrainOutput(metrics={"loss": 0.0}, diagnostics={
-            "data_order": torch.randperm(50, generator=sources.data).tolist(),
-            "init": torch.randn(8, generator=sources.init, dtype=torch.float64).tolist(),
-            "augment": torch.rand(8, generator=sources.augment, dtype=torch.float64).tolist(),
-            "evaluate": torch.rand(8, generator=sources.evaluate, dtype=torch.float64).tolist(),
-        })
+        return TrainOutput(
+            metrics={"loss": 0.0},
+            diagnostics={
+                "data_order": torch.randperm(50, generator=sources.data).tolist(),
+                "init": torch.randn(8, generator=sources.init, dtype=torch.float64).tolist(),
+                "augment": torch.rand(8, generator=sources.augment, dtype=torch.float64).tolist(),
+                "evaluate": torch.rand(8, generator=sources.evaluate, dtype=torch.float64).tolist(),
+            },
+        )
 
 
 def test_pinning_data_gives_two_seeds_one_data_order_and_their_own_init() -> None:
     trainer = DrawsTrainer()
     config = trainer.Config()
-    pinned = [trainer.run(config, seed, NullReporter(), source_seeds={"data": 0})
-              for seed in (1, 2)]
+    pinned = [
+        trainer.run(config, seed, NullReporter(), source_seeds={"data": 0}) for seed in (1, 2)
+    ]
     free = [trainer.run(config, seed, NullReporter()) for seed in (0, 1, 2)]
     one, two = (r.diagnostics for r in pinned)
     assert one["data_order"] == two["data_order"] == free[0].diagnostics["data_order"]
@@ -195,29 +220,39 @@ def test_pinning_data_gives_two_seeds_one_data_order_and_their_own_init() -> Non
         for source in ("init", "augment", "evaluate"):
             assert run.diagnostics[source] == plain.diagnostics[source]
     assert free[1].diagnostics["data_order"] != free[2].diagnostics["data_order"]
-    assert pinned[1].provenance["source_seeds"] == {"init": 2, "data": 0, "augment": 2,
-                                                    "evaluate": 2}
+    assert pinned[1].provenance["source_seeds"] == {
+        "init": 2,
+        "data": 0,
+        "augment": 2,
+        "evaluate": 2,
+    }
     assert free[1].provenance["source_seeds"] == dict.fromkeys(SOURCES, 1)
 
 
 def test_every_source_pinned_makes_two_seeds_one_run() -> None:
     trainer = DrawsTrainer()
     everything = dict.fromkeys(SOURCES, 5)
-    one, two = (trainer.run(trainer.Config(), seed, NullReporter(), source_seeds=everything)
-                for seed in (1, 2))
+    one, two = (
+        trainer.run(trainer.Config(), seed, NullReporter(), source_seeds=everything)
+        for seed in (1, 2)
+    )
     assert one.diagnostics == two.diagnostics
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"weights": 0}, "unknown random sources ['weights']"),
-    ({"data": -1}, "the seed of random source 'data' must be an int"),
-    ({"data": 2**31}, "the seed of random source 'data' must be an int"),
-    ({"data": True}, "the seed of random source 'data' must be an int"),
-    ({"data": 1.0}, "the seed of random source 'data' must be an int"),
-    ({"data": "0"}, "the seed of random source 'data' must be an int"),
-    ([("data", 0)], "source seeds must be a dict"),
-])
-def test_source_seeds_that_are_not_a_source_and_a_seed_are_refused(overrides: Any,
-                                                                   message: str) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"weights": 0}, "unknown random sources ['weights']"),
+        ({"data": -1}, "the seed of random source 'data' must be an int"),
+        ({"data": 2**31}, "the seed of random source 'data' must be an int"),
+        ({"data": True}, "the seed of random source 'data' must be an int"),
+        ({"data": 1.0}, "the seed of random source 'data' must be an int"),
+        ({"data": "0"}, "the seed of random source 'data' must be an int"),
+        ([("data", 0)], "source seeds must be a dict"),
+    ],
+)
+def test_source_seeds_that_are_not_a_source_and_a_seed_are_refused(
+    overrides: Any, message: str
+) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         random_sources(0, overrides)

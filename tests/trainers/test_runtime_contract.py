@@ -26,9 +26,19 @@ RUN_BEFORE_CANCEL_S = 0.7
 
 
 # A tiny `ssl` run on digits: three epochs of about a second each on one CPU thread.
-SSL_TINY = {"dataset": "digits", "image_size": 8, "backbone": "resnet_small", "proj_dim": 16,
-            "pred_hidden": 8, "epochs": 3, "warmup_epochs": 1, "batch_size": 256, "knn_k": 20,
-            "method": "byol", "device": "cpu"}
+SSL_TINY = {
+    "dataset": "digits",
+    "image_size": 8,
+    "backbone": "resnet_small",
+    "proj_dim": 16,
+    "pred_hidden": 8,
+    "epochs": 3,
+    "warmup_epochs": 1,
+    "batch_size": 256,
+    "knn_k": 20,
+    "method": "byol",
+    "device": "cpu",
+}
 
 
 @dataclass(frozen=True)
@@ -49,11 +59,28 @@ class Case:
         return config
 
 
-FEEDBACK_SHORT = {"arch": "resmlp", "method": "fa", "dataset": "digits", "width": 16,
-                  "depth": 2, "epochs": 2, "batch_size": 256, "augment_strength": 0.5,
-                  "device": "cpu"}
-CFF_TINY = {"dataset": "digits", "image_size": 8, "width": 16, "depth": 2, "heads": 2,
-            "patch": 4, "batch_size": 64, "train_size": 256, "test_size": 64}
+FEEDBACK_SHORT = {
+    "arch": "resmlp",
+    "method": "fa",
+    "dataset": "digits",
+    "width": 16,
+    "depth": 2,
+    "epochs": 2,
+    "batch_size": 256,
+    "augment_strength": 0.5,
+    "device": "cpu",
+}
+CFF_TINY = {
+    "dataset": "digits",
+    "image_size": 8,
+    "width": 16,
+    "depth": 2,
+    "heads": 2,
+    "patch": 4,
+    "batch_size": 64,
+    "train_size": 256,
+    "test_size": 64,
+}
 
 CASES: dict[str, Case] = {
     "collapse": Case(
@@ -65,12 +92,25 @@ CASES: dict[str, Case] = {
     # epoch (the protocol's per-epoch checks), so it has no interval to vary: the two short
     # runs differ in everything the audit computes instead.
     "feedback": Case(
-        long={"arch": "vit_mini", "method": "bp", "dataset": "digits", "epochs": 100_000,
-              "device": "cpu"},
-        frequent={**FEEDBACK_SHORT, "eval_batch_size": 256, "cosine_pairing": "output",
-                  "ce_reduction": "mean"},
-        rare={**FEEDBACK_SHORT, "eval_batch_size": 16, "cosine_pairing": "input",
-              "ce_reduction": "sum"},
+        long={
+            "arch": "vit_mini",
+            "method": "bp",
+            "dataset": "digits",
+            "epochs": 100_000,
+            "device": "cpu",
+        },
+        frequent={
+            **FEEDBACK_SHORT,
+            "eval_batch_size": 256,
+            "cosine_pairing": "output",
+            "ce_reduction": "mean",
+        },
+        rare={
+            **FEEDBACK_SHORT,
+            "eval_batch_size": 16,
+            "cosine_pairing": "input",
+            "ce_reduction": "sum",
+        },
     ),
     # cff has no evaluation interval: it validates after every epoch of both stages under
     # select_by_validation, and never without it. With one epoch per stage the kept encoder and
@@ -99,8 +139,13 @@ CASES: dict[str, Case] = {
 # one after another must be exact; a batched one reorders the sums of its stacked GEMMs (each
 # trainer's own batching test states the tolerance and why).
 # ssl_sim's case is its float32 latent_class simulation (its float64 convergence one is exact).
-BATCH_TOLERANCE: dict[str, float] = {"collapse": 1e-9, "feedback": 1e-4, "cff": 1e-4,
-                                     "ssl": 0.0, "ssl_sim": 1e-5}
+BATCH_TOLERANCE: dict[str, float] = {
+    "collapse": 1e-9,
+    "feedback": 1e-4,
+    "cff": 1e-4,
+    "ssl": 0.0,
+    "ssl_sim": 1e-5,
+}
 
 
 class CancelAfter(MemoryReporter):
@@ -143,7 +188,8 @@ def test_a_cancel_ends_a_long_run_within_the_bound(name: str) -> None:
     assert reporter.requested is not None, "the run ended before the cancel: make it longer"
     assert not result.finished
     assert ended - reporter.requested < CANCEL_BOUND_S, (
-        f"{name} returned {ended - reporter.requested:.2f} s after the cancel")
+        f"{name} returned {ended - reporter.requested:.2f} s after the cancel"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case.frequent))
@@ -179,7 +225,8 @@ def assert_close(actual: Any, expected: Any, rel: float, where: str = "") -> Non
             assert_close(a, e, rel, f"{where}[{i}]")
     elif isinstance(expected, float) and isinstance(actual, float):
         assert (math.isnan(actual) and math.isnan(expected)) or math.isclose(
-            actual, expected, rel_tol=rel, abs_tol=rel * 1e-6), (where, actual, expected)
+            actual, expected, rel_tol=rel, abs_tol=rel * 1e-6
+        ), (where, actual, expected)
     else:
         assert actual == expected, (where, actual, expected)
 
@@ -220,7 +267,8 @@ def test_resolve_config_leaves_no_null_where_a_run_uses_a_value(name: str) -> No
         assert type(resolved) is type(config)
         shown = resolved.model_dump()
         assert [f for f, v in shown.items() if v is None and f not in NULL_IS_THE_VALUE] == [], (
-            config)
+            config
+        )
         given = {f: v for f, v in config.model_dump().items() if v is not None}
         assert {f: shown[f] for f in given} == given
         assert trainer.Config.model_validate(resolved.model_dump()) == resolved
@@ -231,12 +279,16 @@ def test_resolve_config_fills_the_defaults_the_trainers_document() -> None:
     collapse, ssl, ssl_sim, cff = (get_trainer(n) for n in ("collapse", "ssl", "ssl_sim", "cff"))
     schedule = {"lr", "steps", "log_every"}
     assert collapse.resolve_config(collapse.Config()).model_dump(include=schedule) == {
-        "lr": 0.5, "steps": 4000, "log_every": 20}
+        "lr": 0.5,
+        "steps": 4000,
+        "log_every": 20,
+    }
     assert collapse.resolve_config(collapse.Config(stop_gradient=True)).model_dump(
-        include=schedule) == {"lr": 0.2, "steps": 20_000, "log_every": 100}
+        include=schedule
+    ) == {"lr": 0.2, "steps": 20_000, "log_every": 100}
     assert ssl.resolve_config(ssl.Config(method="simsiam")).model_dump(
-        include={"lr", "weight_decay", "temperature", "proj_dim"}) == {
-        "lr": 0.2, "weight_decay": 5e-4, "temperature": 1.0, "proj_dim": 2048}
+        include={"lr", "weight_decay", "temperature", "proj_dim"}
+    ) == {"lr": 0.2, "weight_decay": 5e-4, "temperature": 1.0, "proj_dim": 2048}
     assert ssl_sim.resolve_config(ssl_sim.Config(simulation="latent_class")).lr == 0.01
     assert cff.resolve_config(cff.Config(margin_start=0.2)).margin_end == 0.05
     # the dataset's own side, and its reference padding at that side (CIFAR-10: 12/32)
@@ -259,8 +311,9 @@ def test_a_seed_batched_task_gives_each_seed_its_solo_run(name: str) -> None:
     seeds = [0, 1, 2, 3]
     reporters = [MemoryReporter() for _ in seeds]
     heard: list[int] = []
-    outcomes = trainer.run_seeds(config, seeds, reporters, threads=1,
-                                 on_done=lambda index, _: heard.append(index))
+    outcomes = trainer.run_seeds(
+        config, seeds, reporters, threads=1, on_done=lambda index, _: heard.append(index)
+    )
     assert sorted(heard) == [0, 1, 2, 3]
     tolerance = BATCH_TOLERANCE[name]
     for seed, reporter, outcome in zip(seeds, reporters, outcomes, strict=True):
@@ -270,29 +323,39 @@ def test_a_seed_batched_task_gives_each_seed_its_solo_run(name: str) -> None:
         assert outcome.provenance["seed"] == seed and outcome.finished == solo.finished
         # each run records the config it trained with: resolve_config's, the one the service
         # shows as the run's
-        assert (outcome.provenance["config"] == solo.provenance["config"]
-                == trainer.resolve_config(config).model_dump(mode="json"))
-        assert (outcome.diverged, outcome.diverged_at_step) == (solo.diverged,
-                                                                solo.diverged_at_step)
+        assert (
+            outcome.provenance["config"]
+            == solo.provenance["config"]
+            == trainer.resolve_config(config).model_dump(mode="json")
+        )
+        assert (outcome.diverged, outcome.diverged_at_step) == (
+            solo.diverged,
+            solo.diverged_at_step,
+        )
         assert [p[:3] for p in reporter.points] == [p[:3] for p in alone.points], seed
-        assert_close([p[3] for p in reporter.points], [p[3] for p in alone.points], tolerance,
-                     f"seed {seed} curve")
+        assert_close(
+            [p[3] for p in reporter.points],
+            [p[3] for p in alone.points],
+            tolerance,
+            f"seed {seed} curve",
+        )
         assert_close(outcome.metrics, solo.metrics, tolerance, f"seed {seed} metrics")
         assert_close(outcome.diagnostics, solo.diagnostics, tolerance, f"seed {seed} diagnostics")
         assert [w.diagnostic for w in outcome.warnings] == [w.diagnostic for w in solo.warnings]
         if tolerance == 0.0:
-            assert (outcome.provenance["parameters_sha256"]
-                    == solo.provenance["parameters_sha256"])
+            assert outcome.provenance["parameters_sha256"] == solo.provenance["parameters_sha256"]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_cancel_ends_a_long_seed_batched_task_within_the_bound(name: str) -> None:
     trainer = get_trainer(name)
     stop = CancelAfter(RUN_BEFORE_CANCEL_S)
-    outcomes = trainer.run_seeds(trainer.Config(**CASES[name].long), [0, 1], [stop, stop],
-                                 threads=1)
+    outcomes = trainer.run_seeds(
+        trainer.Config(**CASES[name].long), [0, 1], [stop, stop], threads=1
+    )
     ended = time.perf_counter()
     assert stop.requested is not None, "the task ended before the cancel: make it longer"
     assert ended - stop.requested < CANCEL_BOUND_S, (
-        f"{name} returned {ended - stop.requested:.2f} s after the cancel")
+        f"{name} returned {ended - stop.requested:.2f} s after the cancel"
+    )
     assert all(isinstance(o, RunResult) and not o.finished for o in outcomes[:1]), outcomes

@@ -27,8 +27,18 @@ from trainers.ssl import (
 )
 from trainers.ssl_sim import cosine_convergence_steps
 
-TINY = dict(dataset="digits", image_size=8, backbone="resnet_small", proj_dim=16, pred_hidden=8,
-            epochs=2, warmup_epochs=1, batch_size=256, knn_k=20, device="cpu")
+TINY = dict(
+    dataset="digits",
+    image_size=8,
+    backbone="resnet_small",
+    proj_dim=16,
+    pred_hidden=8,
+    epochs=2,
+    warmup_epochs=1,
+    batch_size=256,
+    knn_k=20,
+    device="cpu",
+)
 
 
 def random_z(n: int = 64, d: int = 8, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
@@ -114,8 +124,7 @@ def test_cut_init_divides_every_parameter_and_no_buffer(method: str) -> None:
         assert torch.allclose(p, before[name] / 3.0, rtol=1e-6, atol=0), name
         kinds.add(name.rsplit(".", 1)[-1])
     assert {"weight", "bias"} <= kinds
-    assert any("bn" in n or isinstance(m, torch.nn.BatchNorm1d)
-               for n, m in model.named_modules())
+    assert any("bn" in n or isinstance(m, torch.nn.BatchNorm1d) for n, m in model.named_modules())
     for name, b in model.named_buffers():
         assert torch.equal(b, buffers[name]), name
     # and the initial embedding norm shrinks accordingly
@@ -130,8 +139,10 @@ def test_cut_init_divides_every_parameter_and_no_buffer(method: str) -> None:
 def test_knn_accuracy_matches_a_hand_written_weighted_vote() -> None:
     g = torch.Generator().manual_seed(0)
     bank, queries = torch.randn(60, 6, generator=g), torch.randn(25, 6, generator=g)
-    bank_y, query_y = torch.randint(0, 4, (60,), generator=g), torch.randint(0, 4, (25,),
-                                                                           generator=g)
+    bank_y, query_y = (
+        torch.randint(0, 4, (60,), generator=g),
+        torch.randint(0, 4, (25,), generator=g),
+    )
     b = bank.numpy() / np.linalg.norm(bank.numpy(), axis=1, keepdims=True)
     q = queries.numpy() / np.linalg.norm(queries.numpy(), axis=1, keepdims=True)
     correct = 0
@@ -142,8 +153,9 @@ def test_knn_accuracy_matches_a_hand_written_weighted_vote() -> None:
         for j in top:
             votes[bank_y[j]] += math.exp(sims[j] / 0.1)
         correct += int(votes.argmax() == query_y[i])
-    assert knn_accuracy(bank, bank_y, queries, query_y, 4, k=7, temperature=0.1) == \
-        pytest.approx(correct / 25)
+    assert knn_accuracy(bank, bank_y, queries, query_y, 4, k=7, temperature=0.1) == pytest.approx(
+        correct / 25
+    )
 
 
 def test_learning_rate_schedule_nominal_and_squared() -> None:
@@ -160,8 +172,9 @@ def test_learning_rate_schedule_nominal_and_squared() -> None:
 @pytest.mark.parametrize("method", ["simclr", "simsiam", "byol"])
 def test_tiny_runs_log_norm_curves_and_knn(method: str) -> None:
     reporter = MemoryReporter()
-    result = get_trainer("ssl").run(SSLConfig(**TINY, method=method, held_out_classes=2), 0,
-                                    reporter)
+    result = get_trainer("ssl").run(
+        SSLConfig(**TINY, method=method, held_out_classes=2), 0, reporter
+    )
     m = result.metrics
     assert len(reporter.curve("norm_mean")) == 2 and len(reporter.curve("knn_accuracy")) == 2
     assert m["knn_accuracy"] > 0.3  # eight kept classes: chance is 0.125

@@ -20,20 +20,24 @@ from trainers.losses.simsiam import symmetric_attractive_loss
 
 
 def random_rows(n: int, d: int, seed: int, unit: bool = False) -> torch.Tensor:
-    rows = 2.0 * torch.randn(n, d, generator=torch.Generator().manual_seed(seed),
-                             dtype=torch.float64)
+    rows = 2.0 * torch.randn(
+        n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
     if unit:
         rows = rows / rows.norm(dim=1, keepdim=True)
     return rows.requires_grad_()
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(sum(x * y for x, y in zip(a, b, strict=True))
-                 / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))))
+    return float(
+        sum(x * y for x, y in zip(a, b, strict=True))
+        / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+    )
 
 
-def finite_difference(reference: Callable[[np.ndarray], float], x: np.ndarray,
-                      h: float = 1e-6) -> np.ndarray:
+def finite_difference(
+    reference: Callable[[np.ndarray], float], x: np.ndarray, h: float = 1e-6
+) -> np.ndarray:
     """Central differences of a scalar function of one array, entry by entry."""
     grad = np.zeros_like(x)
     for index in itertools.product(*map(range, x.shape)):
@@ -73,8 +77,9 @@ def test_nt_xent_leaves_the_positive_out_of_its_denominator() -> None:
     z1 = random_rows(6, 4, seed=3, unit=True)
     loss = float(decoupled_nt_xent(z1, z1, 0.1).detach())
     assert loss < 0
-    assert loss == pytest.approx(nt_xent_by_hand(z1.detach().numpy(),
-                                                        z1.detach().numpy(), 0.1), rel=1e-12)
+    assert loss == pytest.approx(
+        nt_xent_by_hand(z1.detach().numpy(), z1.detach().numpy(), 0.1), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.5, 0.2])
@@ -103,8 +108,9 @@ def test_negative_cosine_equals_the_loop_reference() -> None:
 # SimSiam and BYOL
 
 
-def attractive_by_hand(p1: np.ndarray, p2: np.ndarray, z1: np.ndarray, z2: np.ndarray,
-                       t: float) -> float:
+def attractive_by_hand(
+    p1: np.ndarray, p2: np.ndarray, z1: np.ndarray, z2: np.ndarray, t: float
+) -> float:
     """-(1/2)[mean_i cos(z2_i, p1_i) + mean_i cos(z1_i, p2_i)] / t, pair by pair."""
     n = len(p1)
     first = sum(cosine(z2[i], p1[i]) for i in range(n)) / n
@@ -138,7 +144,8 @@ def test_simsiam_loss_equals_the_loop_reference(temperature: float) -> None:
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_simsiam_targets_get_no_gradient_and_predictions_the_reference_one(
-        temperature: float) -> None:
+    temperature: float,
+) -> None:
     p1, p2, z1, z2 = two_views(seed=20)
     loss = symmetric_attractive_loss(p1, p2, z1, z2, temperature)
     g_p1, g_p2, g_z1, g_z2 = torch.autograd.grad(loss, (p1, p2, z1, z2), allow_unused=True)
@@ -160,8 +167,7 @@ def test_byol_loss_is_byols_normalised_error_rescaled(temperature: float) -> Non
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
-def test_byol_targets_get_no_gradient_and_predictions_the_reference_one(
-        temperature: float) -> None:
+def test_byol_targets_get_no_gradient_and_predictions_the_reference_one(temperature: float) -> None:
     p1, p2, z1, z2 = two_views(seed=40)
     loss = byol_loss(p1, p2, z1, z2, temperature)
     g_p1, g_p2, g_z1, g_z2 = torch.autograd.grad(loss, (p1, p2, z1, z2), allow_unused=True)
@@ -178,8 +184,9 @@ def test_byol_targets_get_no_gradient_and_predictions_the_reference_one(
 # the latent-class simulation's supervised InfoNCE
 
 
-def attract_pairs_by_hand(z: np.ndarray, labels: np.ndarray, picks: dict[int, int],
-                          t: float) -> float:
+def attract_pairs_by_hand(
+    z: np.ndarray, labels: np.ndarray, picks: dict[int, int], t: float
+) -> float:
     """The notebook's per-row loop in float64: row i's positives are its own pick and every
     anchor that picked i; the denominator is every k != i."""
     n = len(z)
@@ -212,8 +219,8 @@ def test_attract_pairs_infonce_matches_the_notebook_loop_and_autograd(temperatur
     # its gradient matches central finite differences of the hand loop
     (grad,) = torch.autograd.grad(loss, z)
     numeric = finite_difference(
-        lambda x: attract_pairs_by_hand(x, labels.numpy(), picks, temperature),
-        z.detach().numpy())
+        lambda x: attract_pairs_by_hand(x, labels.numpy(), picks, temperature), z.detach().numpy()
+    )
     assert np.max(np.abs(grad.numpy() - numeric)) < 1e-8
     # and, a cosine loss, its gradient is orthogonal to every embedding
     assert torch.allclose((grad * z).sum(dim=1), torch.zeros(9, dtype=torch.float64), atol=1e-12)

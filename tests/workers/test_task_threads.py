@@ -28,13 +28,18 @@ class _ThreadedTrainer(ToyTrainer):
 
     name = "threaded"
 
-    def run_seeds(self, config: Any, seeds: Sequence[int], reporters: Sequence[Any], *,
-                  threads: int | None = None,
-                  source_seeds: Sequence[dict[str, int] | None] | None = None,
-                  stop_on_checks: Any = (),
-                  on_done: Callable[[int, RunResult | Exception], None] | None = None,
-                  on_start: Callable[[int], None] | None = None,
-                  ) -> list[RunResult | Exception]:
+    def run_seeds(
+        self,
+        config: Any,
+        seeds: Sequence[int],
+        reporters: Sequence[Any],
+        *,
+        threads: int | None = None,
+        source_seeds: Sequence[dict[str, int] | None] | None = None,
+        stop_on_checks: Any = (),
+        on_done: Callable[[int, RunResult | Exception], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
+    ) -> list[RunResult | Exception]:
         assert on_done is not None and on_start is not None
         barrier = threading.Barrier(len(seeds))
 
@@ -83,8 +88,9 @@ def by_seed(messages: list[WorkerMessage], seeds: int) -> dict[int, list[str | l
     return mine
 
 
-def assert_whole_and_in_order(messages: list[WorkerMessage], seeds: int,
-                              steps: Callable[[int], list[int]]) -> None:
+def assert_whole_and_in_order(
+    messages: list[WorkerMessage], seeds: int, steps: Callable[[int], list[int]]
+) -> None:
     """One Started per seed before its points, every point once and in order (`steps`: the
     steps of a seed's "loss" points), one Result after them."""
     for index, mine in by_seed(messages, seeds).items():
@@ -96,7 +102,8 @@ def assert_whole_and_in_order(messages: list[WorkerMessage], seeds: int,
 
 @pytest.mark.usefixtures("fast_switching")
 def test_seeds_ending_in_several_threads_at_once_lose_and_repeat_nothing(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     trainer = _ThreadedTrainer()
     monkeypatch.setitem(REGISTRY, trainer.name, trainer)
     seeds = list(range(8))

@@ -16,8 +16,9 @@ from workers.task import StreamingReporter, execute, execute_seeds
 
 
 def test_execute_streams_started_metric_batches_then_result() -> None:
-    messages = list(execute("collapse", {"steps": 50, "log_every": 10}, seed=0,
-                            batch_interval_s=0.01))
+    messages = list(
+        execute("collapse", {"steps": 50, "log_every": 10}, seed=0, batch_interval_s=0.01)
+    )
     assert isinstance(messages[0], Started) and messages[0].pid > 0
     result = messages[-1]
     assert isinstance(result, Result) and result.status == RunStatus.completed
@@ -38,8 +39,11 @@ def test_unknown_trainer_and_invalid_config_fail_with_their_message() -> None:
 
 
 def test_divergence_stops_the_trainer_and_keeps_the_last_finite_metrics() -> None:
-    result = list(execute("collapse", {"lr": 50.0, "steps": 5000, "log_every": 1}, seed=0,
-                          batch_interval_s=0.01))[-1]
+    result = list(
+        execute(
+            "collapse", {"lr": 50.0, "steps": 5000, "log_every": 1}, seed=0, batch_interval_s=0.01
+        )
+    )[-1]
     assert isinstance(result, Result) and result.status == RunStatus.diverged
     d = result.diagnostics
     assert d["diverged_at_step"] < 5000 and d["last_finite_step"] == d["diverged_at_step"] - 1
@@ -49,11 +53,21 @@ def test_divergence_stops_the_trainer_and_keeps_the_last_finite_metrics() -> Non
 
 def test_a_run_stopped_by_its_check_ends_stopped_with_the_stop_in_its_diagnostics() -> None:
     # D1 at a threshold of 1e-3 fires when the initialisation is audited (epoch 0)
-    config = {"arch": "studentnet", "width": 8, "depth": 2, "epochs": 3, "student_input_dim": 4,
-              "student_train_size": 64, "student_test_size": 32, "eval_batch_size": 32,
-              "scale_growth_threshold": 1e-3, "device": "cpu"}
-    result = list(execute("feedback", config, seed=0, batch_interval_s=0.01,
-                          stop_on_checks=["D1"]))[-1]
+    config = {
+        "arch": "studentnet",
+        "width": 8,
+        "depth": 2,
+        "epochs": 3,
+        "student_input_dim": 4,
+        "student_train_size": 64,
+        "student_test_size": 32,
+        "eval_batch_size": 32,
+        "scale_growth_threshold": 1e-3,
+        "device": "cpu",
+    }
+    result = list(
+        execute("feedback", config, seed=0, batch_interval_s=0.01, stop_on_checks=["D1"])
+    )[-1]
     assert isinstance(result, Result) and result.status == RunStatus.stopped
     assert result.error is None
     assert result.diagnostics["stop"]["checks"] == ["D1"]
@@ -62,8 +76,9 @@ def test_a_run_stopped_by_its_check_ends_stopped_with_the_stop_in_its_diagnostic
     unasked = list(execute("feedback", config, seed=0, batch_interval_s=0.01))[-1]
     assert unasked.status == RunStatus.completed and "stop" not in unasked.diagnostics
     assert unasked.diagnostics["epochs_run"] == 3
-    refused = list(execute("collapse", {"steps": 5}, seed=0, batch_interval_s=0.01,
-                           stop_on_checks=["D1"]))[-1]
+    refused = list(
+        execute("collapse", {"steps": 5}, seed=0, batch_interval_s=0.01, stop_on_checks=["D1"])
+    )[-1]
     assert refused.status == RunStatus.failed
     assert "stop_on_checks: trainer 'collapse' has no check 'D1'" in refused.error
 
@@ -78,8 +93,13 @@ def test_reporter_drops_nothing_and_keeps_the_last_finite_point() -> None:
     assert reporter.should_stop()
     assert reporter.last_finite == {"loss": 1.0, "acc": 0.5}
     points = reporter.drain()
-    assert [p[:3] for p in points] == [(0, None, "loss"), (0, None, "acc"), (1, None, "loss"),
-                                       (1, None, "acc"), (2, None, "loss")]
+    assert [p[:3] for p in points] == [
+        (0, None, "loss"),
+        (0, None, "acc"),
+        (1, None, "loss"),
+        (1, None, "acc"),
+        (2, None, "loss"),
+    ]
     assert points[2][3] is None and reporter.drain() == []
 
 
@@ -105,8 +125,9 @@ def test_source_seeds_reach_the_trainer_and_bad_ones_fail_the_run() -> None:
     assert run(1, {"data": 3}).metrics != one.metrics  # init follows seed 1 again
     bad = run(1, {"data": -1})
     assert bad.status == RunStatus.failed
-    assert bad.error == ("ValueError: the seed of random source 'data' must be an int in "
-                         "[0, 2147483647], not -1")
+    assert bad.error == (
+        "ValueError: the seed of random source 'data' must be an int in [0, 2147483647], not -1"
+    )
 
 
 class _GatedTrainer(ToyTrainer):
@@ -160,12 +181,18 @@ def seed_order(messages: list[Any]) -> list[tuple[str, int]]:
 
 
 def test_seeds_run_one_after_another_each_start_when_their_turn_comes(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     trainer = ToyTrainer()
     assert not trainer.batched
     monkeypatch.setitem(REGISTRY, trainer.name, trainer)
-    order = seed_order(list(execute_seeds("toy", {"steps": 2000, "log_every": 500}, [0, 1, 2],
-                                          batch_interval_s=0.01)))
+    order = seed_order(
+        list(
+            execute_seeds(
+                "toy", {"steps": 2000, "log_every": 500}, [0, 1, 2], batch_interval_s=0.01
+            )
+        )
+    )
     for index in (0, 1, 2):
         mine = [kind for kind, i in order if i == index]
         assert mine[0] == "started" and mine[-1] == "result" and "points" in mine, order

@@ -65,12 +65,12 @@ class _Seed:
     record: Stage1Record
     head_stats: dict[str, float] = field(default_factory=dict)
     # the head epoch with the best validation cross-entropy: (loss, head state, its stats)
-    best_head: tuple[float, dict[str, torch.Tensor] | None, dict[str, float]] = (
-        math.inf, None, {})
+    best_head: tuple[float, dict[str, torch.Tensor] | None, dict[str, float]] = (math.inf, None, {})
 
 
-def train_seeds(trainer: CFFTrainer, config: CFFConfig, runs: list[RunContext]
-                ) -> list[TrainOutput]:
+def train_seeds(
+    trainer: CFFTrainer, config: CFFConfig, runs: list[RunContext]
+) -> list[TrainOutput]:
     """Stage 1, stage 2 and the test evaluation of every seed, batched across seeds.
 
     An imbalanced config (imbalance_ratio > 1) gives each seed a training split of its own size,
@@ -80,25 +80,49 @@ def train_seeds(trainer: CFFTrainer, config: CFFConfig, runs: list[RunContext]
     seeds = []
     for run in runs:
         splits, layers, head, dataset_cached = set_up_run(config, run)
-        seeds.append(_Seed(run, splits, layers, head, dataset_cached,
-                           Stage1Record(early_window_steps(config, len(splits.train)))))
+        seeds.append(
+            _Seed(
+                run,
+                splits,
+                layers,
+                head,
+                dataset_cached,
+                Stage1Record(early_window_steps(config, len(splits.train))),
+            )
+        )
     device = runs[0].device
     with precision_scope(config.precision, device) as precision:
         _BatchedStage1(config, seeds, precision).train()
         trained = [seed for seed in seeds if not seed.run.stopped]
         if trained and config.head_epochs > 0:
             _BatchedHeads(config, trained, precision).train()
-        evaluations = [evaluate(s.layers, s.head, s.splits, config.patch, device,
-                                s.run.should_stop, precision=precision) for s in seeds]
-    return [run_output(config, s.splits, s.record, s.head_stats, evaluation, s.dataset_cached)
-            for s, evaluation in zip(seeds, evaluations, strict=True)]
+        evaluations = [
+            evaluate(
+                s.layers,
+                s.head,
+                s.splits,
+                config.patch,
+                device,
+                s.run.should_stop,
+                precision=precision,
+            )
+            for s in seeds
+        ]
+    return [
+        run_output(config, s.splits, s.record, s.head_stats, evaluation, s.dataset_cached)
+        for s, evaluation in zip(seeds, evaluations, strict=True)
+    ]
 
 
 class _Cohort:
     """The seeds still training, in the order of their slices in `stacks`."""
 
-    def __init__(self, seeds: Sequence[_Seed], stacks: Sequence[SeedStack],
-                 finish: Callable[[_Seed, int], None]) -> None:
+    def __init__(
+        self,
+        seeds: Sequence[_Seed],
+        stacks: Sequence[SeedStack],
+        finish: Callable[[_Seed, int], None],
+    ) -> None:
         self.seeds = list(seeds)
         self.stacks = list(stacks)
         self._finish = finish
@@ -129,18 +153,24 @@ class _Cohort:
 
 
 def _stacked_views(
-    seeds: Sequence[_Seed], split: Split, positions: Sequence[torch.Tensor],
-    generators: Sequence[torch.Generator], patch: int,
+    seeds: Sequence[_Seed],
+    split: Split,
+    positions: Sequence[torch.Tensor],
+    generators: Sequence[torch.Generator],
+    patch: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each seed's two augmented views (its solo `two_views`), stacked: K x 2n x T x P patches
     and K x n labels."""
-    views = [two_views(seed.splits, split, p, g, patch, seed.run.device)
-             for seed, p, g in zip(seeds, positions, generators, strict=True)]
+    views = [
+        two_views(seed.splits, split, p, g, patch, seed.run.device)
+        for seed, p, g in zip(seeds, positions, generators, strict=True)
+    ]
     return torch.stack([h for h, _ in views]), torch.stack([y for _, y in views])
 
 
-def _next_batches(iterators: dict[int, Iterator[torch.Tensor]], seeds: Sequence[_Seed]
-                  ) -> list[torch.Tensor] | None:
+def _next_batches(
+    iterators: dict[int, Iterator[torch.Tensor]], seeds: Sequence[_Seed]
+) -> list[torch.Tensor] | None:
     """The next training batch of every seed, None at the end of the epoch. Every seed's split
     has the same size, so their epochs end together."""
     try:
@@ -152,13 +182,20 @@ def _next_batches(iterators: dict[int, Iterator[torch.Tensor]], seeds: Sequence[
 class _BatchedStage1:
     """Stage 1 of every seed: the layer-local contrastive steps on stacked layers."""
 
-    def __init__(self, config: CFFConfig, seeds: Sequence[_Seed],
-                 precision: PrecisionScope) -> None:
+    def __init__(
+        self, config: CFFConfig, seeds: Sequence[_Seed], precision: PrecisionScope
+    ) -> None:
         self.config = config
         self.precision = precision
         self.margins = config.margins()
-        stacks = [SeedStack([seed.layers[index] for seed in seeds], lr=config.lr,
-                            weight_decay=config.weight_decay) for index in range(config.depth)]
+        stacks = [
+            SeedStack(
+                [seed.layers[index] for seed in seeds],
+                lr=config.lr,
+                weight_decay=config.weight_decay,
+            )
+            for index in range(config.depth)
+        ]
         self.cohort = _Cohort(seeds, stacks, self._finish)
         # (the seeds in the stack, their layer-0 CARs) for each step of the early window
         self.early_cars: list[tuple[list[_Seed], torch.Tensor]] = []
@@ -176,9 +213,11 @@ class _BatchedStage1:
 
     def _layers_state(self, position: int) -> dict[str, torch.Tensor]:
         """A copy of one seed's layers as its nn.ModuleList's state_dict."""
-        return {f"{index}.{name}": value
-                for index, stack in enumerate(self.cohort.stacks)
-                for name, value in stack.state(position).items()}
+        return {
+            f"{index}.{name}": value
+            for index, stack in enumerate(self.cohort.stacks)
+            for name, value in stack.state(position).items()
+        }
 
     def train(self) -> None:
         """The epochs until the last or until every seed has stopped; each seed ends with its
@@ -194,14 +233,16 @@ class _BatchedStage1:
             for seed in started_with:
                 seed.record.train_time_s += elapsed
             # a seed stopped during the epoch was dropped: a part of an epoch is not logged
-            points = {seed: seed.record.epoch_point({k: v[i] for k, v in means.items()},
-                                                    positives[i])
-                      for i, seed in enumerate(cohort.seeds)}
+            points = {
+                seed: seed.record.epoch_point({k: v[i] for k, v in means.items()}, positives[i])
+                for i, seed in enumerate(cohort.seeds)
+            }
             if self.config.select_by_validation:
                 val = self._validate()
                 for position, seed in enumerate(cohort.seeds):
-                    seed.record.validated(epoch, points[seed], val[seed],
-                                          partial(self._layers_state, position))
+                    seed.record.validated(
+                        epoch, points[seed], val[seed], partial(self._layers_state, position)
+                    )
             stopped = []
             for seed in cohort.seeds:
                 seed.record.last = points[seed]
@@ -216,29 +257,37 @@ class _BatchedStage1:
         it; a seed that stops on the way is dropped."""
         config, cohort = self.config, self.cohort
         device = cohort.seeds[0].run.device
-        sums = {name: torch.zeros(len(cohort.seeds), config.depth, device=device)
-                for name in ("loss", "car", "grad_norm")}
+        sums = {
+            name: torch.zeros(len(cohort.seeds), config.depth, device=device)
+            for name in ("loss", "car", "grad_norm")
+        }
         positives = torch.zeros(len(cohort.seeds), device=device)
         batches = 0
-        iterators = {seed.run.index: seed.splits.train_batches(config.batch_size,
-                                                               seed.run.sources.data)
-                     for seed in cohort.seeds}
+        iterators = {
+            seed.run.index: seed.splits.train_batches(config.batch_size, seed.run.sources.data)
+            for seed in cohort.seeds
+        }
         while cohort.seeds and (chunks := _next_batches(iterators, cohort.seeds)) is not None:
             seeds = cohort.seeds
-            h, y = _stacked_views(seeds, "train", chunks, [s.run.sources.augment for s in seeds],
-                                  config.patch)
+            h, y = _stacked_views(
+                seeds, "train", chunks, [s.run.sources.augment for s in seeds], config.patch
+            )
             n = y.shape[1]
-            for index, (stack, margin) in enumerate(zip(cohort.stacks, self.margins,
-                                                        strict=True)):
+            for index, (stack, margin) in enumerate(zip(cohort.stacks, self.margins, strict=True)):
                 with self.precision.autocast():
                     h = stack(h.detach())
                 with self.precision.float32():
                     features = h.float().mean(dim=2)
                     s, pos = vmap(pair_similarities)(features[:, :n], features[:, n:], y)
-                    loss = vmap(partial(
-                        supcon_margin_loss_from_similarities, margin=margin,
-                        temperature=config.temperature, margin_mode=config.margin_mode,
-                        stability=config.stability))(s, pos)
+                    loss = vmap(
+                        partial(
+                            supcon_margin_loss_from_similarities,
+                            margin=margin,
+                            temperature=config.temperature,
+                            margin_mode=config.margin_mode,
+                            stability=config.stability,
+                        )
+                    )(s, pos)
                 stack.zero_grad()
                 loss.sum().backward()  # the seeds share no parameter: each gets its own gradient
                 car = vmap(partial(clamp_activation_rate, margin=margin))(s, pos)
@@ -258,8 +307,10 @@ class _BatchedStage1:
             if kept is not None:
                 sums = {name: v[kept] for name, v in sums.items()}
                 positives = positives[kept]
-        return ({name: v / max(batches, 1) for name, v in sums.items()},
-                positives / max(batches, 1))
+        return (
+            {name: v / max(batches, 1) for name, v in sums.items()},
+            positives / max(batches, 1),
+        )
 
     @torch.no_grad()
     def _validate(self) -> dict[_Seed, list[float]]:
@@ -283,19 +334,28 @@ class _BatchedStage1:
             if len(positions) < 2:  # a contrastive batch needs two images
                 continue
             seeds = cohort.seeds
-            h, y = _stacked_views(seeds, "val", [positions] * len(seeds),
-                                  [s.run.sources.evaluate for s in seeds], config.patch)
+            h, y = _stacked_views(
+                seeds,
+                "val",
+                [positions] * len(seeds),
+                [s.run.sources.evaluate for s in seeds],
+                config.patch,
+            )
             n = y.shape[1]
-            for index, (stack, margin) in enumerate(zip(cohort.stacks, self.margins,
-                                                        strict=True)):
+            for index, (stack, margin) in enumerate(zip(cohort.stacks, self.margins, strict=True)):
                 with self.precision.autocast():
                     h = stack(h)
                 with self.precision.float32():
                     f = h.float().mean(dim=2)
-                    loss = vmap(partial(
-                        supcon_margin_loss, margin=margin, temperature=config.temperature,
-                        margin_mode=config.margin_mode, stability=config.stability,
-                    ))(f[:, :n], f[:, n:], y)
+                    loss = vmap(
+                        partial(
+                            supcon_margin_loss,
+                            margin=margin,
+                            temperature=config.temperature,
+                            margin_mode=config.margin_mode,
+                            stability=config.stability,
+                        )
+                    )(f[:, :n], f[:, n:], y)
                 totals[:, index] += n * loss.double()
             count += n
         return dict(zip(cohort.seeds, (totals / max(count, 1)).tolist(), strict=True))
@@ -305,14 +365,17 @@ class _BatchedHeads:
     """Stage 2 of the seeds that went through stage 1: each seed's head, stacked, trained on
     its frozen layers' features, with its own validation and checkpoint."""
 
-    def __init__(self, config: CFFConfig, seeds: Sequence[_Seed],
-                 precision: PrecisionScope) -> None:
+    def __init__(
+        self, config: CFFConfig, seeds: Sequence[_Seed], precision: PrecisionScope
+    ) -> None:
         self.config = config
         self.precision = precision
-        self.encoder = [SeedStack([seed.layers[index] for seed in seeds])
-                        for index in range(config.depth)]
-        self.heads = SeedStack([seed.head for seed in seeds], lr=config.head_lr,
-                               weight_decay=config.weight_decay)
+        self.encoder = [
+            SeedStack([seed.layers[index] for seed in seeds]) for index in range(config.depth)
+        ]
+        self.heads = SeedStack(
+            [seed.head for seed in seeds], lr=config.head_lr, weight_decay=config.weight_decay
+        )
         self.cohort = _Cohort(seeds, [*self.encoder, self.heads], self._finish)
         # each seed's statistics of its last epoch, as its solo run holds them
         self.stats: dict[_Seed, dict[str, float]] = {seed: {} for seed in seeds}
@@ -335,12 +398,19 @@ class _BatchedHeads:
             h = stack(h)
         return h.mean(dim=2)
 
-    def _images(self, seeds: Sequence[_Seed], split: Split, positions: Sequence[torch.Tensor],
-                generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _images(
+        self,
+        seeds: Sequence[_Seed],
+        split: Split,
+        positions: Sequence[torch.Tensor],
+        generators: Sequence[torch.Generator],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each seed's images and labels at `positions` of its split, augmented from its
         generator, stacked: K x n x C x H x W and K x n."""
-        batches = [seed.splits.images(split, p, augment_generator=g, device=seed.run.device)
-                   for seed, p, g in zip(seeds, positions, generators, strict=True)]
+        batches = [
+            seed.splits.images(split, p, augment_generator=g, device=seed.run.device)
+            for seed, p, g in zip(seeds, positions, generators, strict=True)
+        ]
         return torch.stack([x for x, _ in batches]), torch.stack([y for _, y in batches])
 
     def train(self) -> None:
@@ -353,13 +423,13 @@ class _BatchedHeads:
             device = cohort.seeds[0].run.device
             total = torch.zeros(len(cohort.seeds), dtype=torch.float64, device=device)
             count = 0
-            iterators = {seed.run.index: seed.splits.train_batches(config.batch_size,
-                                                                   seed.run.sources.data)
-                         for seed in cohort.seeds}
+            iterators = {
+                seed.run.index: seed.splits.train_batches(config.batch_size, seed.run.sources.data)
+                for seed in cohort.seeds
+            }
             while cohort.seeds and (chunks := _next_batches(iterators, cohort.seeds)) is not None:
                 seeds = cohort.seeds
-                x, y = self._images(seeds, "train", chunks,
-                                    [s.run.sources.augment for s in seeds])
+                x, y = self._images(seeds, "train", chunks, [s.run.sources.augment for s in seeds])
                 with torch.no_grad(), self.precision.autocast():
                     features = self._encode(x)
                 with self.precision.autocast():
@@ -386,8 +456,13 @@ class _BatchedHeads:
                     stats.update(head_val_loss=val_loss, head_val_accuracy=val_accuracy)
                     if val_loss < seed.best_head[0]:
                         seed.best_head = (val_loss, self.heads.state(position), dict(stats))
-            cohort.drop([seed for seed in cohort.seeds
-                         if seed.run.log(step, self.stats[seed], epoch=config.epochs + epoch)])
+            cohort.drop(
+                [
+                    seed
+                    for seed in cohort.seeds
+                    if seed.run.log(step, self.stats[seed], epoch=config.epochs + epoch)
+                ]
+            )
         cohort.finish_all()
 
     @torch.no_grad()
@@ -408,13 +483,15 @@ class _BatchedHeads:
                 return {}
             seeds = cohort.seeds
             positions = torch.arange(start, min(start + config.batch_size, n_val))
-            x, y = self._images(seeds, "val", [positions] * len(seeds),
-                                [s.run.sources.evaluate for s in seeds])
+            x, y = self._images(
+                seeds, "val", [positions] * len(seeds), [s.run.sources.evaluate for s in seeds]
+            )
             with self.precision.autocast():
                 logits = self.heads(self._encode(x)).float()
             total += vmap(partial(F.cross_entropy, reduction="sum"))(logits, y).double()
             correct += (logits.argmax(2) == y).sum(1)
             count += y.shape[1]
-        return {seed: (t / max(count, 1), c / max(count, 1))
-                for seed, t, c in zip(cohort.seeds, total.tolist(), correct.tolist(),
-                                      strict=True)}
+        return {
+            seed: (t / max(count, 1), c / max(count, 1))
+            for seed, t, c in zip(cohort.seeds, total.tolist(), correct.tolist(), strict=True)
+        }

@@ -72,11 +72,15 @@ def cff_estimate(config: CFFConfig) -> ResourceEstimate:
     model_fields = ("width", "depth", "mlp_ratio")
     act_fields = ("batch_size", "image_size", "patch", "heads", "width")
     data = Term(dataset_bytes(shape), dataset_fields(config))
-    state = Term(training_state_bytes(parameters, "adamw")
-                 + (FLOAT32 * parameters if config.select_by_validation else 0), model_fields)
+    state = Term(
+        training_state_bytes(parameters, "adamw")
+        + (FLOAT32 * parameters if config.select_by_validation else 0),
+        model_fields,
+    )
     largest = vit_block_largest_floats(t, e, config.heads, config.mlp_ratio)
     train = [
-        data, state,
+        data,
+        state,
         Term(augmented_batch_bytes(config, shape, anchors), ("batch_size", "image_size")),
         Term(FLOAT32 * anchors * (block + t * e + layer0_extra), act_fields),
         Term(FLOAT32 * 2 * anchors * largest, act_fields),
@@ -84,11 +88,18 @@ def cff_estimate(config: CFFConfig) -> ResourceEstimate:
     ]
     eval_batch = min(EVAL_BATCH, splits.test)
     evaluation = [
-        data, state,
+        data,
+        state,
         Term(FLOAT32 * 3 * eval_batch * shape.image_elements, ("image_size",)),
-        Term(FLOAT32 * eval_batch * (block + t * e + layer0_extra),
-             ("image_size", "patch", "heads", "width")),
+        Term(
+            FLOAT32 * eval_batch * (block + t * e + layer0_extra),
+            ("image_size", "patch", "heads", "width"),
+        ),
     ]
     memory, fields = peak([decode_phase(config, shape), train, evaluation])
-    return ResourceEstimate(memory, fields, cff_logged_points(config),
-                            ("epochs", "depth", "head_epochs", "select_by_validation"))
+    return ResourceEstimate(
+        memory,
+        fields,
+        cff_logged_points(config),
+        ("epochs", "depth", "head_epochs", "select_by_validation"),
+    )

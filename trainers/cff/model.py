@@ -124,4 +124,3 @@ def encode(layers: nn.ModuleList, x: torch.Tensor, patch: int) -> torch.Tensor:
     for layer in layers:
         h = layer(h)
     return h.mean(dim=1)
-

@@ -22,8 +22,9 @@ from trainers.cff.model import Attention
 class SeedStack:
     """Copies of one architecture (`modules`, one per seed, in the stack's order)."""
 
-    def __init__(self, modules: Sequence[nn.Module], *, lr: float | None = None,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self, modules: Sequence[nn.Module], *, lr: float | None = None, weight_decay: float = 0.0
+    ) -> None:
         """`lr`: train the stack with AdamW(lr, weight_decay); None: frozen (no gradients)."""
         template = copy.deepcopy(modules[0]).to("meta")
         for module in template.modules():
@@ -31,8 +32,9 @@ class SeedStack:
                 module.fused = False  # the fused kernel fails in backward under vmap on CUDA
         self.template = template
         params, self.buffers = stack_module_state(list(modules))
-        self.params = {name: p.detach().requires_grad_(lr is not None)
-                       for name, p in params.items()}
+        self.params = {
+            name: p.detach().requires_grad_(lr is not None) for name, p in params.items()
+        }
         self.lr, self.weight_decay = lr, weight_decay
         self.optimizer = self._adamw()
 
@@ -41,11 +43,11 @@ class SeedStack:
 
     def __call__(self, x: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
         """Each seed's module on its slice of `x` (K x ...), or on all of `x` when `shared`."""
-        return vmap(self._one, in_dims=(0, 0, None if shared else 0))(self.params,
-                                                                       self.buffers, x)
+        return vmap(self._one, in_dims=(0, 0, None if shared else 0))(self.params, self.buffers, x)
 
-    def _one(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-             x: torch.Tensor) -> torch.Tensor:
+    def _one(
+        self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
+    ) -> torch.Tensor:
         return functional_call(self.template, (params, buffers), (x,))
 
     def zero_grad(self) -> None:
@@ -59,8 +61,11 @@ class SeedStack:
     def grad_norms(self) -> torch.Tensor:
         """Each seed's total gradient 2-norm over the stack's parameters (K): the 2-norm of the
         per-tensor norms, as torch.nn.utils.get_total_norm computes it for one seed."""
-        norms = [torch.linalg.vector_norm(p.grad.flatten(1), dim=1)
-                 for p in self.params.values() if p.grad is not None]
+        norms = [
+            torch.linalg.vector_norm(p.grad.flatten(1), dim=1)
+            for p in self.params.values()
+            if p.grad is not None
+        ]
         return torch.linalg.vector_norm(torch.stack(norms, dim=1), dim=1)
 
     def state(self, position: int) -> dict[str, torch.Tensor]:
@@ -72,15 +77,16 @@ class SeedStack:
         """Keep only the seeds at `positions`, in that order, with their optimiser state."""
         device = next(iter(self.params.values())).device
         where = torch.tensor(list(positions), dtype=torch.long, device=device)
-        self.params = {name: p.detach()[where].requires_grad_(p.requires_grad)
-                       for name, p in self.params.items()}
+        self.params = {
+            name: p.detach()[where].requires_grad_(p.requires_grad)
+            for name, p in self.params.items()
+        }
         self.buffers = {name: b[where] for name, b in self.buffers.items()}
         if self.optimizer is None:
             return
         saved = self.optimizer.state_dict()
         saved["state"] = {
-            key: {name: value[where] if value.dim() > 0 else value
-                  for name, value in entry.items()}
+            key: {name: value[where] if value.dim() > 0 else value for name, value in entry.items()}
             for key, entry in saved["state"].items()
         }
         self.optimizer = self._adamw()
@@ -90,5 +96,4 @@ class SeedStack:
     def _adamw(self) -> torch.optim.AdamW | None:
         if self.lr is None:
             return None
-        return torch.optim.AdamW(self.params.values(), lr=self.lr,
-                                 weight_decay=self.weight_decay)
+        return torch.optim.AdamW(self.params.values(), lr=self.lr, weight_decay=self.weight_decay)

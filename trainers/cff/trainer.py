@@ -73,8 +73,9 @@ class CFFTrainer(TrainerBase):
     # Stage 1's summed layer objectives: non-finite as soon as one layer's loss is.
     divergence_metric: ClassVar[str] = "loss"
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        name: (0.0, 1.0) for name in ("test_accuracy", "test_top5_accuracy",
-                                      "head_val_accuracy", "car_layer0_early")}
+        name: (0.0, 1.0)
+        for name in ("test_accuracy", "test_top5_accuracy", "head_val_accuracy", "car_layer0_early")
+    }
     # The seeds of a task train as one stacked computation (trainers.cff.batched).
     batched: ClassVar[bool] = True
 
@@ -95,10 +96,12 @@ class CFFTrainer(TrainerBase):
         with precision_scope(config.precision, run.device) as precision:
             stage1 = _Stage1(config, splits, layers, run, precision)
             stage1.train()
-            head_stats = _train_head(config, splits, layers, head, run, stage1.record.step,
-                                     precision)
-            evaluation = evaluate(layers, head, splits, config.patch, run.device,
-                                  run.should_stop, precision=precision)
+            head_stats = _train_head(
+                config, splits, layers, head, run, stage1.record.step, precision
+            )
+            evaluation = evaluate(
+                layers, head, splits, config.patch, run.device, run.should_stop, precision=precision
+            )
         return run_output(config, splits, stage1.record, head_stats, evaluation, dataset_cached)
 
     def train_seeds(self, config: CFFConfig, runs: list[RunContext]) -> list[TrainOutput]:
@@ -109,8 +112,9 @@ class CFFTrainer(TrainerBase):
         return train_seeds(self, config, runs)
 
 
-def set_up_run(config: CFFConfig, run: RunContext
-               ) -> tuple[ImageSplits, nn.ModuleList, nn.Sequential, bool]:
+def set_up_run(
+    config: CFFConfig, run: RunContext
+) -> tuple[ImageSplits, nn.ModuleList, nn.Sequential, bool]:
     """A run's splits (from its `data` source), its layers and head (from its `init` source, in
     that order) on its device and tracked, and whether the dataset was already decoded."""
     decoded_before = load_count()
@@ -151,21 +155,24 @@ def run_output(
         # wall-clock figures live here, not in metrics, so metrics stay reproducible
         "stage1_train_time_s": record.train_time_s,
         "stage1_images": record.images_seen,
-        "stage1_images_per_s": (record.images_seen / record.train_time_s
-                                if record.train_time_s > 0 else None),
+        "stage1_images_per_s": (
+            record.images_seen / record.train_time_s if record.train_time_s > 0 else None
+        ),
     }
     warnings = []
     early = diagnostics["car_layer0_early"]
     if config.margin_mode == "clamp" and early is not None and early > CAR_WARNING_THRESHOLD:
-        warnings.append(RunWarning(
-            diagnostic="car_layer0_early",
-            value=early,
-            threshold=CAR_WARNING_THRESHOLD,
-            message="clamping saturates most layer-0 positive pairs early in training, "
-                    "which truncates layer-0 gradients (paper: CAR 60.7% on CIFAR-10, where "
-                    "clamping raised the seed-to-seed variance 5.9x); compare with "
-                    "margin_mode=subtract",
-        ))
+        warnings.append(
+            RunWarning(
+                diagnostic="car_layer0_early",
+                value=early,
+                threshold=CAR_WARNING_THRESHOLD,
+                message="clamping saturates most layer-0 positive pairs early in training, "
+                "which truncates layer-0 gradients (paper: CAR 60.7% on CIFAR-10, where "
+                "clamping raised the seed-to-seed variance 5.9x); compare with "
+                "margin_mode=subtract",
+            )
+        )
     return TrainOutput(metrics=metrics, diagnostics=diagnostics, warnings=warnings)
 
 
@@ -191,20 +198,29 @@ class Stage1Record:
     images_seen: int = 0
     last: dict[str, float] = field(default_factory=dict)
 
-    def epoch_point(self, means: dict[str, torch.Tensor], positives: torch.Tensor
-                    ) -> dict[str, float]:
+    def epoch_point(
+        self, means: dict[str, torch.Tensor], positives: torch.Tensor
+    ) -> dict[str, float]:
         """Keep one epoch's per-layer means (loss, car, grad_norm: one value per layer) in the
         history and return the point to log, validation losses not yet included."""
         record = {k: v.tolist() for k, v in means.items()}
         self.history.append(record)
-        point = {f"{name}_layer{i}": value for name, values in record.items()
-                 for i, value in enumerate(values)}
+        point = {
+            f"{name}_layer{i}": value
+            for name, values in record.items()
+            for i, value in enumerate(values)
+        }
         point["loss"] = float(sum(record["loss"]))  # the summed layer objectives
         point["positives_per_anchor"] = float(positives)
         return point
 
-    def validated(self, epoch: int, point: dict[str, float], val: list[float],
-                  state: Callable[[], dict[str, torch.Tensor]]) -> None:
+    def validated(
+        self,
+        epoch: int,
+        point: dict[str, float],
+        val: list[float],
+        state: Callable[[], dict[str, torch.Tensor]],
+    ) -> None:
         """Add the epoch's validation losses to its point; keep `state()` (a copy of the
         layers) when the last layer's is the best so far."""
         point.update({f"val_loss_layer{i}": v for i, v in enumerate(val)})
@@ -232,7 +248,11 @@ class _Stage1:
     """Layer-local contrastive training with per-layer diagnostics."""
 
     def __init__(
-        self, config: CFFConfig, splits: ImageSplits, layers: nn.ModuleList, run: RunContext,
+        self,
+        config: CFFConfig,
+        splits: ImageSplits,
+        layers: nn.ModuleList,
+        run: RunContext,
         precision: PrecisionScope,
     ) -> None:
         self.config = config
@@ -263,8 +283,7 @@ class _Stage1:
                 val = self._validate()
                 if val is None:
                     break
-                record.validated(epoch, point, val,
-                                 lambda: copy.deepcopy(self.layers.state_dict()))
+                record.validated(epoch, point, val, lambda: copy.deepcopy(self.layers.state_dict()))
             record.last = point
             if self.run.log(record.step, point, epoch=epoch):
                 break
@@ -282,11 +301,13 @@ class _Stage1:
         batches = 0
         self.layers.train()
         for positions in splits.train_batches(config.batch_size, self.run.sources.data):
-            h, y = two_views(splits, "train", positions, self.run.sources.augment,
-                             config.patch, device)
+            h, y = two_views(
+                splits, "train", positions, self.run.sources.augment, config.patch, device
+            )
             n = len(y)
-            for index, (layer, optimizer) in enumerate(zip(self.layers, self.optimizers,
-                                                           strict=True)):
+            for index, (layer, optimizer) in enumerate(
+                zip(self.layers, self.optimizers, strict=True)
+            ):
                 with self.precision.autocast():
                     h = layer(h.detach())
                 # the cosines, clamp, CAR and loss in full float32 under every precision
@@ -294,8 +315,12 @@ class _Stage1:
                     features = h.float().mean(dim=1)
                     s, pos = pair_similarities(features[:n], features[n:], y)
                     loss = supcon_margin_loss_from_similarities(
-                        s, pos, self.margins[index], temperature=config.temperature,
-                        margin_mode=config.margin_mode, stability=config.stability,
+                        s,
+                        pos,
+                        self.margins[index],
+                        temperature=config.temperature,
+                        margin_mode=config.margin_mode,
+                        stability=config.stability,
                     )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -333,25 +358,38 @@ class _Stage1:
             positions = torch.arange(start, min(start + config.batch_size, len(splits.val)))
             if len(positions) < 2:
                 continue
-            h, y = two_views(splits, "val", positions, self.run.sources.evaluate,
-                             config.patch, self.run.device)
+            h, y = two_views(
+                splits, "val", positions, self.run.sources.evaluate, config.patch, self.run.device
+            )
             n = len(y)
             for index, layer in enumerate(self.layers):
                 with self.precision.autocast():
                     h = layer(h)
                 with self.precision.float32():
                     f = h.float().mean(dim=1)
-                    totals[index] += len(y) * supcon_margin_loss(
-                        f[:n], f[n:], y, self.margins[index], temperature=config.temperature,
-                        margin_mode=config.margin_mode, stability=config.stability,
-                    ).double()
+                    totals[index] += (
+                        len(y)
+                        * supcon_margin_loss(
+                            f[:n],
+                            f[n:],
+                            y,
+                            self.margins[index],
+                            temperature=config.temperature,
+                            margin_mode=config.margin_mode,
+                            stability=config.stability,
+                        ).double()
+                    )
             count += len(y)
         return (totals / max(count, 1)).tolist()
 
 
 def two_views(
-    splits: ImageSplits, split: Split, positions: torch.Tensor, generator: torch.Generator,
-    patch: int, device: torch.device,
+    splits: ImageSplits,
+    split: Split,
+    positions: torch.Tensor,
+    generator: torch.Generator,
+    patch: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Two independently augmented views of the same images, patchified and stacked (view-1
     rows first), and their labels."""
@@ -375,8 +413,9 @@ def _train_head(
     layers.eval()
     for p in layers.parameters():
         p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.head_lr,
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        head.parameters(), lr=config.head_lr, weight_decay=config.weight_decay
+    )
     best: tuple[float, dict[str, torch.Tensor] | None, dict[str, float]] = (math.inf, None, {})
     stats: dict[str, float] = {}
     for epoch in range(config.head_epochs):
@@ -387,8 +426,9 @@ def _train_head(
         total = torch.zeros((), dtype=torch.float64, device=run.device)
         count = 0
         for positions in splits.train_batches(config.batch_size, run.sources.data):
-            x, y = splits.images("train", positions, augment_generator=run.sources.augment,
-                                 device=run.device)
+            x, y = splits.images(
+                "train", positions, augment_generator=run.sources.augment, device=run.device
+            )
             with torch.no_grad(), precision.autocast():
                 features = encode(layers, x, config.patch)
             with precision.autocast():
@@ -440,8 +480,9 @@ def _head_validation(
         if run.should_stop():
             return None
         positions = torch.arange(start, min(start + config.batch_size, len(splits.val)))
-        x, y = splits.images("val", positions, augment_generator=run.sources.evaluate,
-                             device=run.device)
+        x, y = splits.images(
+            "val", positions, augment_generator=run.sources.evaluate, device=run.device
+        )
         with precision.autocast():
             logits = head(encode(layers, x, config.patch)).float()
         total += F.cross_entropy(logits, y, reduction="sum").double()
@@ -452,8 +493,13 @@ def _head_validation(
 
 @torch.no_grad()
 def evaluate(
-    layers: nn.ModuleList, head: nn.Module, splits: ImageSplits, patch: int,
-    device: torch.device, should_stop: Callable[[], bool], batch_size: int = EVAL_BATCH,
+    layers: nn.ModuleList,
+    head: nn.Module,
+    splits: ImageSplits,
+    patch: int,
+    device: torch.device,
+    should_stop: Callable[[], bool],
+    batch_size: int = EVAL_BATCH,
     precision: PrecisionScope | None = None,
 ) -> dict[str, float] | None:
     """Top-1 (and top-5 with 20 or more classes) accuracy of the head on the un-augmented test
@@ -477,8 +523,10 @@ def evaluate(
         if splits.num_classes >= 20:
             top5 += (logits.topk(5, dim=1).indices == y[:, None]).any(1).sum()
     accuracy = int(top1) / n
-    out = {"test_accuracy": accuracy,
-           "test_accuracy_noise_floor": binomial_noise_floor(accuracy, n)}
+    out = {
+        "test_accuracy": accuracy,
+        "test_accuracy_noise_floor": binomial_noise_floor(accuracy, n),
+    }
     if splits.num_classes >= 20:
         out["test_top5_accuracy"] = int(top5) / n
     return out

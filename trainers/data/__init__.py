@@ -42,8 +42,9 @@ from trainers.data.sources import (
 )
 from trainers.random_sources import RandomSources
 
-DatasetName = Literal["digits", "synthetic", "cifar10", "cifar100", "svhn", "fashion_mnist",
-                      "mnist"]
+DatasetName = Literal[
+    "digits", "synthetic", "cifar10", "cifar100", "svhn", "fashion_mnist", "mnist"
+]
 Split = Literal["train", "val", "test"]
 
 
@@ -52,55 +53,108 @@ Split = Literal["train", "val", "test"]
 MAX_SPLIT_SIZE = 10_000_000
 
 # Descriptions of the fields a trainer's Config may redeclare with its own default.
-IMAGE_SIZE = ("Side of the model's input in pixels; None: the dataset's own (digits 8, "
-              "synthetic 16, MNIST-like 28, CIFAR/SVHN 32). 28 -> 32 zero-pads; other changes "
-              "resize bilinearly")
+IMAGE_SIZE = (
+    "Side of the model's input in pixels; None: the dataset's own (digits 8, "
+    "synthetic 16, MNIST-like 28, CIFAR/SVHN 32). 28 -> 32 zero-pads; other changes "
+    "resize bilinearly"
+)
 VAL_FRACTION = "Seeded fraction of the training set held out for validation"
-AUGMENT_STRENGTH = ("0 = none, 0.5 = the reference crop + flip pipeline, 1 = RandAugment(3, 14) "
-                    "+ 1.5x padding")
-DEVICE = ("auto: the GPU Ray assigned to the run's worker if there is one, else the CPU; cuda "
-          "fails the run when the worker sees no GPU")
+AUGMENT_STRENGTH = (
+    "0 = none, 0.5 = the reference crop + flip pipeline, 1 = RandAugment(3, 14) + 1.5x padding"
+)
+DEVICE = (
+    "auto: the GPU Ray assigned to the run's worker if there is one, else the CPU; cuda "
+    "fails the run when the worker sees no GPU"
+)
 
 
 class DataConfig(TrainerConfig):
     """Dataset fields shared by every trainer's Config."""
 
-    dataset: DatasetName = Field("digits", description=(
-        "digits (scikit-learn's bundled 8x8) and synthetic need no files; the others read "
-        "torchvision's on-disk layout under the operator's data root"))
-    data_root: str | None = Field(None, description=(
-        "The name of one of the operator's data roots (SEEDGRID_DATA_ROOTS), never a path; "
-        "None: the default root, $SEEDGRID_DATA_ROOT (else ~/.cache/seedgrid/data)"))
-    download: bool = Field(False, description=(
-        "Let torchvision download missing files into the data root (the operator must allow "
-        "it with SEEDGRID_ALLOW_DOWNLOAD, and the worker needs internet access)"))
+    dataset: DatasetName = Field(
+        "digits",
+        description=(
+            "digits (scikit-learn's bundled 8x8) and synthetic need no files; the others read "
+            "torchvision's on-disk layout under the operator's data root"
+        ),
+    )
+    data_root: str | None = Field(
+        None,
+        description=(
+            "The name of one of the operator's data roots (SEEDGRID_DATA_ROOTS), never a path; "
+            "None: the default root, $SEEDGRID_DATA_ROOT (else ~/.cache/seedgrid/data)"
+        ),
+    )
+    download: bool = Field(
+        False,
+        description=(
+            "Let torchvision download missing files into the data root (the operator must allow "
+            "it with SEEDGRID_ALLOW_DOWNLOAD, and the worker needs internet access)"
+        ),
+    )
     image_size: int | None = Field(None, ge=4, le=512, description=IMAGE_SIZE)
-    rgb: bool = Field(True, description=(
-        "Repeat grayscale images to 3 channels so one architecture serves every dataset"))
+    rgb: bool = Field(
+        True,
+        description=(
+            "Repeat grayscale images to 3 channels so one architecture serves every dataset"
+        ),
+    )
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=VAL_FRACTION)
-    imbalance_ratio: float = Field(1.0, ge=1.0, le=10_000.0, description=(
-        "Exponential class imbalance n_max / n_min over class index (1 = balanced; test stays "
-        "balanced): class c keeps the first floor(n_c * ratio^(-c/(K-1))) of its training "
-        "images"))
-    train_size: int | None = Field(None, ge=2, le=MAX_SPLIT_SIZE, description=(
-        "Seeded subsample of the training set after the split and imbalance (None: all of it)"))
-    test_size: int | None = Field(None, ge=1, le=MAX_SPLIT_SIZE, description=(
-        "The first test_size images of a fixed permutation of the test set (the same for all "
-        "seeds)"))
+    imbalance_ratio: float = Field(
+        1.0,
+        ge=1.0,
+        le=10_000.0,
+        description=(
+            "Exponential class imbalance n_max / n_min over class index (1 = balanced; test stays "
+            "balanced): class c keeps the first floor(n_c * ratio^(-c/(K-1))) of its training "
+            "images"
+        ),
+    )
+    train_size: int | None = Field(
+        None,
+        ge=2,
+        le=MAX_SPLIT_SIZE,
+        description=(
+            "Seeded subsample of the training set after the split and imbalance (None: all of it)"
+        ),
+    )
+    test_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SPLIT_SIZE,
+        description=(
+            "The first test_size images of a fixed permutation of the test set (the same for all "
+            "seeds)"
+        ),
+    )
     augment_strength: float = Field(0.5, ge=0.0, le=1.0, description=AUGMENT_STRENGTH)
-    crop_padding: int | None = Field(None, ge=0, le=256, description=(
-        "Reference crop padding in pixels at strength 0.5; None: the dataset's (CIFAR-10 "
-        "12/32)"))
+    crop_padding: int | None = Field(
+        None,
+        ge=0,
+        le=256,
+        description=(
+            "Reference crop padding in pixels at strength 0.5; None: the dataset's (CIFAR-10 12/32)"
+        ),
+    )
     synthetic_classes: int = Field(10, ge=2, le=1000, description="synthetic dataset: classes")
-    synthetic_train_per_class: int = Field(200, ge=2, le=100_000, description=(
-        "synthetic dataset: training images per class"))
-    synthetic_test_per_class: int = Field(50, ge=1, le=100_000, description=(
-        "synthetic dataset: test images per class"))
-    synthetic_difficulty: float = Field(0.5, ge=0.0, le=1.0, description=(
-        "synthetic dataset: difficulty in [0, 1]"))
-    synthetic_seed: int = Field(0, ge=0, le=MAX_SEED, description=(
-        "synthetic dataset: generator seed (fixed across runs, so every seed sees the same "
-        "dataset)"))
+    synthetic_train_per_class: int = Field(
+        200, ge=2, le=100_000, description=("synthetic dataset: training images per class")
+    )
+    synthetic_test_per_class: int = Field(
+        50, ge=1, le=100_000, description=("synthetic dataset: test images per class")
+    )
+    synthetic_difficulty: float = Field(
+        0.5, ge=0.0, le=1.0, description=("synthetic dataset: difficulty in [0, 1]")
+    )
+    synthetic_seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description=(
+            "synthetic dataset: generator seed (fixed across runs, so every seed sees the same "
+            "dataset)"
+        ),
+    )
 
     @field_validator("data_root")
     @classmethod
@@ -109,7 +163,8 @@ class DataConfig(TrainerConfig):
             raise ValueError(
                 "data_root names one of the operator's data roots (SEEDGRID_DATA_ROOTS), not a "
                 "path: a spec never chooses the directories a worker reads (the CIFAR format is "
-                "a pickle, and unpickling runs code)")
+                "a pickle, and unpickling runs code)"
+            )
         return value
 
     @property
@@ -128,8 +183,11 @@ class DataConfig(TrainerConfig):
     def resolved_fields(self) -> dict[str, Any]:
         # data_root, train_size and test_size stay null: null is their value (the operator's
         # default root, the whole split), not a number worked out from the config
-        return {**super().resolved_fields(), "image_size": self.resolved_image_size,
-                "crop_padding": self.resolved_crop_padding}
+        return {
+            **super().resolved_fields(),
+            "image_size": self.resolved_image_size,
+            "crop_padding": self.resolved_crop_padding,
+        }
 
 
 def download_refused(config: DataConfig) -> str | None:
@@ -137,9 +195,11 @@ def download_refused(config: DataConfig) -> str | None:
     or the operator allows them here)."""
     if not config.download or downloads_allowed():
         return None
-    return (f"dataset {config.dataset!r}: the config asks for 'download: true', but downloads "
-            "are off on this worker (the operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true)"
-            "; without them the operator puts the files under the data root")
+    return (
+        f"dataset {config.dataset!r}: the config asks for 'download: true', but downloads "
+        "are off on this worker (the operator allows them with SEEDGRID_ALLOW_DOWNLOAD=true)"
+        "; without them the operator puts the files under the data root"
+    )
 
 
 def dataset_problems(config: DataConfig) -> list[PreflightProblem]:
@@ -260,8 +320,9 @@ def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:
     val = np.sort(order[:n_val])
     train = np.sort(order[n_val:])
     if config.imbalance_ratio > 1.0:
-        train = train[imbalanced_subset(data.train_y.numpy()[train], data.num_classes,
-                                        config.imbalance_ratio)]
+        train = train[
+            imbalanced_subset(data.train_y.numpy()[train], data.num_classes, config.imbalance_ratio)
+        ]
     if config.train_size is not None and config.train_size < len(train):
         pick = torch.randperm(len(train), generator=sources.data)[: config.train_size].numpy()
         train = np.sort(train[pick])

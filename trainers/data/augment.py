@@ -27,8 +27,20 @@ import torch
 import torch.nn.functional as F
 
 RANDAUGMENT_OPS = (
-    "identity", "shear_x", "shear_y", "translate_x", "translate_y", "rotate", "brightness",
-    "color", "contrast", "sharpness", "posterize", "solarize", "autocontrast", "equalize",
+    "identity",
+    "shear_x",
+    "shear_y",
+    "translate_x",
+    "translate_y",
+    "rotate",
+    "brightness",
+    "color",
+    "contrast",
+    "sharpness",
+    "posterize",
+    "solarize",
+    "autocontrast",
+    "equalize",
 )
 
 
@@ -43,21 +55,27 @@ class AugmentPlan:
 
     @classmethod
     def from_strength(
-        cls, strength: float, *, image_side: int, padding_fraction: float, hflip: bool,
+        cls,
+        strength: float,
+        *,
+        image_side: int,
+        padding_fraction: float,
+        hflip: bool,
         crop_padding: int | None = None,
     ) -> AugmentPlan:
         if not 0.0 <= strength <= 1.0:
             raise ValueError(f"augmentation strength must be in [0, 1], got {strength}")
-        reference = crop_padding if crop_padding is not None else round(
-            padding_fraction * image_side
+        reference = (
+            crop_padding if crop_padding is not None else round(padding_fraction * image_side)
         )
         if strength == 0.0:
             return cls(0, False, 0, 0.0)
         if strength <= 0.5:
             return cls(round(reference * strength / 0.5), hflip, 0, 0.0)
         excess = 2.0 * strength - 1.0
-        return cls(round(reference * (1.0 + 0.5 * excess)), hflip, math.ceil(3 * excess),
-                   14.0 * excess)
+        return cls(
+            round(reference * (1.0 + 0.5 * excess)), hflip, math.ceil(3 * excess), 14.0 * excess
+        )
 
     @property
     def active(self) -> bool:
@@ -148,11 +166,14 @@ def _apply(op: str, x: torch.Tensor, m: float, sign: torch.Tensor) -> torch.Tens
         mean = gray.mean(dim=(1, 2, 3), keepdim=True)
         return mean + factor * (x - mean)
     if op == "sharpness":
-        kernel = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]],
-                              device=x.device) / 13.0
+        kernel = (
+            torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]], device=x.device)
+            / 13.0
+        )
         c = x.shape[1]
-        smooth = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"),
-                          kernel.expand(c, 1, 3, 3), groups=c)
+        smooth = F.conv2d(
+            F.pad(x, (1, 1, 1, 1), mode="replicate"), kernel.expand(c, 1, 3, 3), groups=c
+        )
         return smooth + factor * (x - smooth)
     if op == "posterize":
         bits = 8 - int(round(4 * m))
@@ -178,7 +199,11 @@ def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) 
 
 
 def simclr_augment(
-    x: torch.Tensor, generator: torch.Generator, *, hflip: bool, strength: float = 0.5,
+    x: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    hflip: bool,
+    strength: float = 0.5,
     min_scale: float = 0.2,
 ) -> torch.Tensor:
     """SimCLR's view pipeline on a batch of [0, 1] images, one draw per image (paper 001):
@@ -201,8 +226,9 @@ def simclr_augment(
     ch = torch.sqrt(area / ratio).clamp(max=1.0)
     cx = (uniform(0.0, 1.0) * (1 - cw) + cw / 2) * 2 - 1  # centre in [-1, 1] coordinates
     cy = (uniform(0.0, 1.0) * (1 - ch) + ch / 2) * 2 - 1
-    flip = torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0) if hflip else torch.ones(b,
-                                                                                   device=device)
+    flip = (
+        torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0) if hflip else torch.ones(b, device=device)
+    )
     theta = torch.zeros(b, 2, 3, device=device)
     theta[:, 0, 0] = cw * flip
     theta[:, 0, 2] = cx
@@ -237,8 +263,11 @@ def simclr_augment(
 
 def _hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """Rotate hue by `shift` turns (per image) in YIQ space, an exact rotation of chroma."""
-    to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322],
-                           [0.211, -0.523, 0.312]], device=x.device, dtype=x.dtype)
+    to_yiq = torch.tensor(
+        [[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]],
+        device=x.device,
+        dtype=x.dtype,
+    )
     from_yiq = torch.linalg.inv(to_yiq)
     yiq = torch.einsum("ij,bjhw->bihw", to_yiq, x)
     angle = 2 * math.pi * shift

@@ -29,7 +29,6 @@ from trainers.data.catalogue import (
 DEFAULT_DATA_ROOT = Path("~/.cache/seedgrid/data").expanduser()
 
 
-
 class DatasetUnavailable(RuntimeError):
     """A dataset's files are missing, unreadable or not in the expected layout."""
 
@@ -52,9 +51,11 @@ class ImageData:
     crop_padding_fraction: float
     # Copies of the four tensors on other devices, made by `on`, kept as long as this object.
     _copies: dict[str, tuple[torch.Tensor, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     _copies_lock: threading.Lock = field(
-        default_factory=threading.Lock, init=False, repr=False, compare=False)
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -87,7 +88,8 @@ def data_root(name: str | None = None) -> Path:
         known = ", ".join(sorted(roots)) or "none"
         raise DatasetUnavailable(
             f"data root {name!r} is not configured on this worker (named roots here: {known}); "
-            "the operator names roots in SEEDGRID_DATA_ROOTS on the service and every worker")
+            "the operator names roots in SEEDGRID_DATA_ROOTS on the service and every worker"
+        )
     return roots[name]
 
 
@@ -98,8 +100,9 @@ def downloads_allowed() -> bool:
     try:
         return environment.flag(environment.ALLOW_DOWNLOAD)
     except environment.BadVariable as exc:
-        raise DatasetUnavailable(f"{exc.name} on this worker: expected {exc.expected}, "
-                                 f"got {exc.value!r}") from None
+        raise DatasetUnavailable(
+            f"{exc.name} on this worker: expected {exc.expected}, got {exc.value!r}"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,8 +227,10 @@ def _check_arrays(name: str, root: Path, x: np.ndarray, y: np.ndarray, split: st
     assert classes is not None  # a dataset read from files has a fixed number of classes
     problem = None
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (channels, side, side):
-        problem = f"images of shape {x.shape[1:]} and dtype {x.dtype}, expected " \
-                  f"{(channels, side, side)} uint8"
+        problem = (
+            f"images of shape {x.shape[1:]} and dtype {x.dtype}, expected "
+            f"{(channels, side, side)} uint8"
+        )
     elif len(x) != len(y) or len(x) == 0:
         problem = f"{len(x)} images but {len(y)} labels"
     elif y.min() < 0 or y.max() >= classes:
@@ -278,8 +283,12 @@ def synthetic_images(
         y = torch.arange(num_classes).repeat_interleave(per_class)
         x = prototypes[y] + noise_scale * smooth(len(y))
         shifts = torch.randint(-2, 3, (len(y), 2), generator=g)
-        x = torch.stack([torch.roll(img, (int(a), int(b)), (1, 2))
-                         for img, (a, b) in zip(x, shifts, strict=True)])
+        x = torch.stack(
+            [
+                torch.roll(img, (int(a), int(b)), (1, 2))
+                for img, (a, b) in zip(x, shifts, strict=True)
+            ]
+        )
         pixels = torch.round(torch.sigmoid(x) * 255).to(torch.uint8)
         return pixels.numpy(), y.numpy().astype(np.int64)
 
@@ -299,8 +308,9 @@ def _to_size(x: np.ndarray, size: int, name: str) -> torch.Tensor:
     if name in ("mnist", "fashion_mnist") and size > side and (size - side) % 2 == 0:
         p = (size - side) // 2
         return F.pad(t, (p, p, p, p))
-    resized = F.interpolate(t.float(), size=(size, size), mode="bilinear", align_corners=False,
-                            antialias=size < side)
+    resized = F.interpolate(
+        t.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=size < side
+    )
     return resized.round().clamp(0, 255).to(torch.uint8)
 
 
@@ -325,13 +335,15 @@ def cache_limit_bytes() -> int:
         gigabytes = environment.non_negative(environment.DATASET_CACHE_GB)
     except environment.BadVariable as exc:
         raise DatasetUnavailable(
-            f"{exc.name}={exc.value!r} on this worker is not a number of GB >= 0") from None
+            f"{exc.name}={exc.value!r} on this worker is not a number of GB >= 0"
+        ) from None
     return DEFAULT_CACHE_BYTES if gigabytes is None else int(gigabytes * 2**30)
 
 
 def dataset_bytes(data: ImageData) -> int:
-    return sum(t.numel() * t.element_size()
-               for t in (data.train_x, data.train_y, data.test_x, data.test_y))
+    return sum(
+        t.numel() * t.element_size() for t in (data.train_x, data.train_y, data.test_x, data.test_y)
+    )
 
 
 def load_images(

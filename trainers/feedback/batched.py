@@ -85,10 +85,12 @@ class Seed:
     def build_network(self, config: FeedbackConfig, method: str) -> ResidualNet:
         """The seed's network and feedback matrices, drawn from its init generator as its solo
         run draws them."""
-        model = build_model(config, self.task.input_shape, self.task.num_classes,
-                            self.run.sources.init).to(self.run.device)
-        drawn = draw_feedback(method, config.depth, config.width, self.task.num_classes,
-                              self.run.sources.init)
+        model = build_model(
+            config, self.task.input_shape, self.task.num_classes, self.run.sources.init
+        ).to(self.run.device)
+        drawn = draw_feedback(
+            method, config.depth, config.width, self.task.num_classes, self.run.sources.init
+        )
         self.matrices = drawn.to(self.run.device) if drawn is not None else None
         freeze_untrained(model, config)
         return model
@@ -120,8 +122,10 @@ class SeedStack:
         self.config = config
         self.method = method
         self.seeds = seeds
-        self.net = StackedNet.stack([seed.build_network(config, method) for seed in seeds],
-                                    sample_dims=len(seeds[0].task.input_shape))
+        self.net = StackedNet.stack(
+            [seed.build_network(config, method) for seed in seeds],
+            sample_dims=len(seeds[0].task.input_shape),
+        )
         self.matrices = stack_feedback([seed.matrices for seed in seeds])
         self.optimizer = build_optimizer(self.net, config)
         self.steps = 0
@@ -136,9 +140,16 @@ class SeedStack:
             if seed in ended:
                 seed.run.track(*self.net.network_tensors(k))
                 seed.output = run_output(
-                    self.config, self.method, seed.task, seed.matrices,
-                    snapshots=seed.snapshots, last=seed.last, accuracy=seed.accuracy,
-                    steps=self.steps, train_time_s=time.perf_counter() - self.started)
+                    self.config,
+                    self.method,
+                    seed.task,
+                    seed.matrices,
+                    snapshots=seed.snapshots,
+                    last=seed.last,
+                    accuracy=seed.accuracy,
+                    steps=self.steps,
+                    train_time_s=time.perf_counter() - self.started,
+                )
         keep = [k for k, seed in enumerate(self.seeds) if seed not in ended]
         self.seeds = [self.seeds[k] for k in keep]
         if not keep:
@@ -152,11 +163,19 @@ class SeedStack:
 
     def audit(self, x: torch.Tensor, y: torch.Tensor) -> list[Snapshot]:
         """Each seed's protocol snapshot on the evaluation batch (x, y), shared by the seeds."""
-        states, grads, credits = audit_tensors(self.net, x, y.expand(len(self.seeds), -1),
-                                               self.method, self.matrices, self.config)
-        return [snapshot_of([h[k] for h in states], [g[k] for g in grads],
-                            [a[k] for a in credits], self.net.template.vector, self.config)
-                for k in range(len(self.seeds))]
+        states, grads, credits = audit_tensors(
+            self.net, x, y.expand(len(self.seeds), -1), self.method, self.matrices, self.config
+        )
+        return [
+            snapshot_of(
+                [h[k] for h in states],
+                [g[k] for g in grads],
+                [a[k] for a in credits],
+                self.net.template.vector,
+                self.config,
+            )
+            for k in range(len(self.seeds))
+        ]
 
     @torch.no_grad()
     def test_accuracies(self, task: Task) -> list[float | None]:
@@ -169,8 +188,9 @@ class SeedStack:
             if all(cut):
                 break
             correct += (self.net(x).argmax(-1) == y).sum(1).cpu()
-        return [None if c else int(n) / task.n_test
-                for c, n in zip(cut, correct.tolist(), strict=True)]
+        return [
+            None if c else int(n) / task.n_test for c, n in zip(cut, correct.tolist(), strict=True)
+        ]
 
     def step(self, batches: list[Batch]) -> None:
         """One optimisation step of every seed, each on its own batch."""
@@ -182,9 +202,18 @@ class SeedStack:
         self.optimizer.step()
         self.steps += 1
         k = len(self.seeds)
-        values = zip(*(torch.broadcast_to(t, (k,)).tolist() for t in (
-            losses.ce, losses.local, losses.penalty,
-            (losses.logits.argmax(-1) == y).sum(1).to(losses.ce.dtype))), strict=True)
+        values = zip(
+            *(
+                torch.broadcast_to(t, (k,)).tolist()
+                for t in (
+                    losses.ce,
+                    losses.local,
+                    losses.penalty,
+                    (losses.logits.argmax(-1) == y).sum(1).to(losses.ce.dtype),
+                )
+            ),
+            strict=True,
+        )
         for seed, (ce, local, penalty, correct) in zip(self.seeds, values, strict=True):
             seed.sums.add(ce, local, penalty, correct, y.shape[1])
 
@@ -195,8 +224,9 @@ def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
     stack = SeedStack(config, method, seeds)
     task = seeds[0].task  # the evaluation batch and the test set: the same for every seed
     eval_x, eval_y = task.eval_batch(config.eval_batch_size)
-    for seed, snapshot, accuracy in zip(stack.seeds, stack.audit(eval_x, eval_y),
-                                        stack.test_accuracies(task), strict=True):
+    for seed, snapshot, accuracy in zip(
+        stack.seeds, stack.audit(eval_x, eval_y), stack.test_accuracies(task), strict=True
+    ):
         seed.snapshots.append(snapshot)
         if accuracy is not None:
             seed.accuracy = accuracy
@@ -213,8 +243,9 @@ def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
                 break
             stack.end([seed for seed, _ in drawn if seed.run.should_stop()])
             if stack.seeds:
-                stack.step([batch for seed, batch in drawn
-                            if batch is not None and seed in stack.seeds])
+                stack.step(
+                    [batch for seed, batch in drawn if batch is not None and seed in stack.seeds]
+                )
         if not stack.seeds:
             return
         snapshots = stack.audit(eval_x, eval_y)
@@ -227,9 +258,9 @@ def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
             seed.snapshots.append(snapshot)
             seed.accuracy = accuracy
             seed.last = seed.sums.metrics(accuracy, snapshot)
-            if (seed.run.log(stack.steps, seed.last, epoch=epoch)
-                    or report_fired_checks(seed.run, snapshot, config, step=stack.steps,
-                                           epoch=epoch)):
+            if seed.run.log(stack.steps, seed.last, epoch=epoch) or report_fired_checks(
+                seed.run, snapshot, config, step=stack.steps, epoch=epoch
+            ):
                 ended.append(seed)
         stack.end(ended)
     stack.end(list(stack.seeds))
@@ -246,12 +277,20 @@ def stack_feedback(drawn: list[FeedbackMatrices | None]) -> FeedbackMatrices | N
 
 
 def select_feedback(matrices: FeedbackMatrices, index: torch.Tensor) -> FeedbackMatrices:
-    return FeedbackMatrices(matrices.method, [b.index_select(0, index) for b in matrices.layers],
-                            None if matrices.top is None else matrices.top.index_select(0, index))
+    return FeedbackMatrices(
+        matrices.method,
+        [b.index_select(0, index) for b in matrices.layers],
+        None if matrices.top is None else matrices.top.index_select(0, index),
+    )
 
 
-def select_optimizer(optimizer: torch.optim.Optimizer, old: StackedNet, new: StackedNet,
-                     index: torch.Tensor, config: FeedbackConfig) -> torch.optim.Optimizer:
+def select_optimizer(
+    optimizer: torch.optim.Optimizer,
+    old: StackedNet,
+    new: StackedNet,
+    index: torch.Tensor,
+    config: FeedbackConfig,
+) -> torch.optim.Optimizer:
     """An optimiser of `new` (the networks of `old` at `index`) that carries on from
     `optimizer`'s state: each per-element state tensor (Adam's moments, SGD's momentum) at
     the same seeds, the shared step count as it is."""
@@ -260,8 +299,9 @@ def select_optimizer(optimizer: torch.optim.Optimizer, old: StackedNet, new: Sta
         state = optimizer.state.get(param)
         if state:
             kept = new.params[name]
-            moved.state[kept] = {key: _select_state(value, index, kept)
-                                 for key, value in state.items()}
+            moved.state[kept] = {
+                key: _select_state(value, index, kept) for key, value in state.items()
+            }
     return moved
 
 

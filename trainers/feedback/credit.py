@@ -44,12 +44,16 @@ class FeedbackMatrices:
         return ([("B_top", self.top)] if self.top is not None else []) + named
 
     def to(self, device: torch.device) -> FeedbackMatrices:
-        return FeedbackMatrices(self.method, [b.to(device) for b in self.layers],
-                                None if self.top is None else self.top.to(device))
+        return FeedbackMatrices(
+            self.method,
+            [b.to(device) for b in self.layers],
+            None if self.top is None else self.top.to(device),
+        )
 
 
-def draw_feedback(method: str, depth: int, width: int, num_classes: int,
-                  generator: torch.Generator) -> FeedbackMatrices | None:
+def draw_feedback(
+    method: str, depth: int, width: int, num_classes: int, generator: torch.Generator
+) -> FeedbackMatrices | None:
     """B matrices for fa or dfa (None for bp), U[-1, 1) / sqrt(d) entries."""
 
     def uniform(rows: int) -> torch.Tensor:
@@ -86,13 +90,16 @@ def encode_feedback(matrices: FeedbackMatrices, *, include_data: bool) -> dict[s
 def decode_feedback(stored: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The matrices back from a run's stored diagnostics, by name; checks the SHA-256."""
     if "data" not in stored:
-        raise ValueError("the run stored only the feedback matrices' SHA-256 "
-                         "(store_feedback_matrices was false)")
+        raise ValueError(
+            "the run stored only the feedback matrices' SHA-256 (store_feedback_matrices was false)"
+        )
     raw = [base64.b64decode(d) for d in stored["data"]]
     if hashlib.sha256(b"".join(raw)).hexdigest() != stored["sha256"]:
         raise ValueError("stored feedback matrices do not match their SHA-256")
-    return {name: torch.from_numpy(np.frombuffer(r, dtype="<f4").reshape(shape).copy())
-            for name, shape, r in zip(stored["names"], stored["shapes"], raw, strict=True)}
+    return {
+        name: torch.from_numpy(np.frombuffer(r, dtype="<f4").reshape(shape).copy())
+        for name, shape, r in zip(stored["names"], stored["shapes"], raw, strict=True)
+    }
 
 
 def output_error(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -100,8 +107,9 @@ def output_error(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (logits.softmax(-1) - F.one_hot(labels, logits.shape[-1]).to(logits.dtype)).detach()
 
 
-def bp_credits(states: list[torch.Tensor], logits: torch.Tensor,
-               labels: torch.Tensor) -> list[torch.Tensor]:
+def bp_credits(
+    states: list[torch.Tensor], logits: torch.Tensor, labels: torch.Tensor
+) -> list[torch.Tensor]:
     """BP: a_l = g_l = dCE_i/dh_l for every state of one autograd graph (per sample, so the
     gradient of the summed CE; per token for ViT). Leading axes before the classes (a seed
     axis) are flattened: each seed's credits are then those of its own CE."""
@@ -114,8 +122,7 @@ def dfa_credits(error: torch.Tensor, matrices: FeedbackMatrices) -> list[torch.T
     return [error @ b for b in matrices.layers]
 
 
-def fa_credits(top: torch.Tensor, matrices: FeedbackMatrices, *, skip: bool
-               ) -> list[torch.Tensor]:
+def fa_credits(top: torch.Tensor, matrices: FeedbackMatrices, *, skip: bool) -> list[torch.Tensor]:
     """FA: a_L = top, a_l = B_l a_{l+1} (+ a_{l+1} with the skip path) for l = L-1..0
     (B_l may carry a leading seed axis)."""
     credits = [top]
@@ -125,8 +132,14 @@ def fa_credits(top: torch.Tensor, matrices: FeedbackMatrices, *, skip: bool
     return credits
 
 
-def fa_top_credit(model: ResidualNet | StackedNet, last: torch.Tensor, normed: torch.Tensor,
-                  error: torch.Tensor, b_top: torch.Tensor, mode: str) -> torch.Tensor:
+def fa_top_credit(
+    model: ResidualNet | StackedNet,
+    last: torch.Tensor,
+    normed: torch.Tensor,
+    error: torch.Tensor,
+    b_top: torch.Tensor,
+    mode: str,
+) -> torch.Tensor:
     """e_T B_top (direct) or J_norm(h_L)^T e_T B_top (through_norm: the true Jacobian of the
     terminal norm, the head's weight replaced by B_top); `normed` = model.normed(last)."""
     projected = error @ b_top

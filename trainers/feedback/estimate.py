@@ -52,12 +52,17 @@ class TaskShape:
 
 def task_shape(config: FeedbackConfig) -> TaskShape:
     if config.arch == "studentnet":
-        return TaskShape((config.student_input_dim,), config.teacher_classes,
-                         config.student_train_size, config.student_test_size)
+        return TaskShape(
+            (config.student_input_dim,),
+            config.teacher_classes,
+            config.student_train_size,
+            config.student_test_size,
+        )
     shape = dataset_shape(config)
     splits = split_sizes(config, shape)
-    return TaskShape((shape.channels, shape.side, shape.side), shape.num_classes, splits.train,
-                     splits.test)
+    return TaskShape(
+        (shape.channels, shape.side, shape.side), shape.num_classes, splits.train, splits.test
+    )
 
 
 def tokens_per_sample(config: FeedbackConfig, input_shape: tuple[int, ...]) -> int:
@@ -89,19 +94,24 @@ def branch_parameters(config: FeedbackConfig) -> tuple[int, int]:
     return layer_norm_parameters(d) + weights, weights
 
 
-def feedback_parameters(config: FeedbackConfig, input_shape: tuple[int, ...],
-                        num_classes: int) -> int:
+def feedback_parameters(
+    config: FeedbackConfig, input_shape: tuple[int, ...], num_classes: int
+) -> int:
     """Embedding, L branches, the terminal LayerNorm (2 d; none for StudentNet) and the head
     Linear(d -> C)."""
     d = config.width
     out_norm = 0 if config.arch == "studentnet" else layer_norm_parameters(d)
-    return (embedding_parameters(config, input_shape)
-            + config.depth * branch_parameters(config)[0]
-            + out_norm + linear_parameters(d, num_classes))
+    return (
+        embedding_parameters(config, input_shape)
+        + config.depth * branch_parameters(config)[0]
+        + out_norm
+        + linear_parameters(d, num_classes)
+    )
 
 
-def trainable_parameters(config: FeedbackConfig, input_shape: tuple[int, ...],
-                         num_classes: int) -> int:
+def trainable_parameters(
+    config: FeedbackConfig, input_shape: tuple[int, ...], num_classes: int
+) -> int:
     """All parameters but the frozen branch weights (frozen_blocks) and the embedding
     (embed_credit none)."""
     frozen = config.depth * branch_parameters(config)[1] if config.frozen_blocks else 0
@@ -122,8 +132,9 @@ def feedback_matrix_floats(config: FeedbackConfig, num_classes: int) -> int:
     return 0
 
 
-def forward_floats(config: FeedbackConfig, input_shape: tuple[int, ...],
-                   num_classes: int) -> tuple[int, int]:
+def forward_floats(
+    config: FeedbackConfig, input_shape: tuple[int, ...], num_classes: int
+) -> tuple[int, int]:
     """Per sample, one forward pass with its graph: (floats kept for backward, the largest
     single activation). ResMLP/StudentNet: the embedding (d) and MLP_BLOCK_FLOATS d per block;
     ViT-Mini: the patches (C S^2), the embedding's projection, CLS concatenation and positions
@@ -141,8 +152,9 @@ def forward_floats(config: FeedbackConfig, input_shape: tuple[int, ...],
 def credit_floats(config: FeedbackConfig, tokens: int, method: str) -> int:
     """Per sample, the credits a_0..a_L: BP's are per token (L + 1) T d; FA/DFA's per sample
     (L + 1) d, spread to every token as a view, or into a zero T x d copy for CLS-only credit."""
-    per_state = config.width * (tokens if method == "bp" or
-                                (tokens > 1 and config.vit_credit_tokens == "cls") else 1)
+    per_state = config.width * (
+        tokens if method == "bp" or (tokens > 1 and config.vit_credit_tokens == "cls") else 1
+    )
     return (config.depth + 1) * per_state
 
 
@@ -180,50 +192,83 @@ def feedback_estimate(config: FeedbackConfig) -> ResourceEstimate:
     total = feedback_parameters(config, shape_in, classes)
     trainable = trainable_parameters(config, shape_in, classes)
     model_fields = ("width", "depth") + (("mlp_ratio",) if tokens > 1 else ())
-    state = Term(FLOAT32 * (total + trainable * (1 + optimizer_state_per_parameter(
-        config.optimizer)) + feedback_matrix_floats(config, classes)), model_fields)
+    state = Term(
+        FLOAT32
+        * (
+            total
+            + trainable * (1 + optimizer_state_per_parameter(config.optimizer))
+            + feedback_matrix_floats(config, classes)
+        ),
+        model_fields,
+    )
     eval_batch = Term(FLOAT32 * eval_n * sample, ("eval_batch_size",))
     studentnet = config.arch == "studentnet"
     if studentnet:
         m = config.teacher_width
-        data = Term((FLOAT32 * sample + INT64) * task.n_test,
-                    ("student_test_size", "student_input_dim"))
-        train_set = Term((FLOAT32 * sample + 2 * INT64) * task.n_train,
-                         ("student_train_size", "student_input_dim"))
+        data = Term(
+            (FLOAT32 * sample + INT64) * task.n_test, ("student_test_size", "student_input_dim")
+        )
+        train_set = Term(
+            (FLOAT32 * sample + 2 * INT64) * task.n_train,
+            ("student_train_size", "student_input_dim"),
+        )
         batch_data = Term((FLOAT32 * sample + INT64) * batch, ("batch_size",))
-        labelling = Term(FLOAT32 * max(task.n_train, task.n_test) * (TEACHER_COPIES * m + classes),
-                         ("student_train_size", "teacher_width"))
+        labelling = Term(
+            FLOAT32 * max(task.n_train, task.n_test) * (TEACHER_COPIES * m + classes),
+            ("student_train_size", "teacher_width"),
+        )
         setup = [[data, train_set, labelling]]
     else:
         shape = dataset_shape(config)
         data = Term(dataset_bytes(shape), dataset_fields(config))
         train_set = Term(0, ())
         copies = AUGMENT_COPIES if config.augment_strength > 0 else 2
-        batch_data = Term(augmented_batch_bytes(config, shape, batch) if copies > 2
-                          else FLOAT32 * copies * batch * sample, ("batch_size", "image_size"))
+        batch_data = Term(
+            augmented_batch_bytes(config, shape, batch)
+            if copies > 2
+            else FLOAT32 * copies * batch * sample,
+            ("batch_size", "image_size"),
+        )
         setup = [decode_phase(config, shape)]
     act_fields: tuple[str, ...] = ("batch_size", "width", "depth")
     if tokens > 1:
         act_fields += ("image_size", "patch", "heads")
     passes = 2 if method == "bp" else 1
     train = [
-        data, state, eval_batch, train_set, batch_data,
+        data,
+        state,
+        eval_batch,
+        train_set,
+        batch_data,
         Term(FLOAT32 * batch * (passes * kept + credits + 2 * largest), act_fields),
     ]
     audit_fields = ("eval_batch_size",) + act_fields[1:]
     audit = [
-        data, state, eval_batch, train_set if studentnet and not config.student_online
-        else Term(0, ()),
-        Term(FLOAT32 * eval_n * (kept + (depth + 1) * tokens * d + credits + 2 * largest)
-             + FLOAT64 * 3 * eval_n * d, audit_fields),
+        data,
+        state,
+        eval_batch,
+        train_set if studentnet and not config.student_online else Term(0, ()),
+        Term(
+            FLOAT32 * eval_n * (kept + (depth + 1) * tokens * d + credits + 2 * largest)
+            + FLOAT64 * 3 * eval_n * d,
+            audit_fields,
+        ),
     ]
-    block = (vit_block_activation_floats(tokens, d, config.heads, config.mlp_ratio)
-             if tokens > 1 else MLP_BLOCK_FLOATS * d)
+    block = (
+        vit_block_activation_floats(tokens, d, config.heads, config.mlp_ratio)
+        if tokens > 1
+        else MLP_BLOCK_FLOATS * d
+    )
     test = [
-        data, state, eval_batch,
-        Term(FLOAT32 * test_n * (2 * sample + (depth + 1) * tokens * d + block),
-             ("width", "depth", "image_size")),
+        data,
+        state,
+        eval_batch,
+        Term(
+            FLOAT32 * test_n * (2 * sample + (depth + 1) * tokens * d + block),
+            ("width", "depth", "image_size"),
+        ),
     ]
     memory, fields = peak([*setup, train, audit, test])
-    return ResourceEstimate(memory, fields, feedback_logged_points(config),
-                            ("epochs", "depth", "cosine_pairing"))
+    return ResourceEstimate(
+        memory, fields, feedback_logged_points(config), ("epochs", "depth", "cosine_pairing")
+    )

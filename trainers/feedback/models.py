@@ -16,7 +16,9 @@ from trainers.cff.model import Attention, Block, patchify
 from trainers.feedback.config import FeedbackConfig
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "tanh": torch.tanh,
 }
 
 
@@ -75,8 +77,14 @@ class ResidualNet(nn.Module):
     """embed, residual branches f_0..f_{L-1}, terminal norm (LayerNorm or identity) and head.
     With `cls_token` the states are B x T x d and the CLS token (index 0) is read out."""
 
-    def __init__(self, embed: nn.Module, branches: nn.ModuleList, out_norm: nn.Module,
-                 head: nn.Linear, cls_token: bool) -> None:
+    def __init__(
+        self,
+        embed: nn.Module,
+        branches: nn.ModuleList,
+        out_norm: nn.Module,
+        head: nn.Linear,
+        cls_token: bool,
+    ) -> None:
         super().__init__()
         self.embed = embed
         self.branches = branches
@@ -110,12 +118,21 @@ class ResidualNet(nn.Module):
     def branch_weights(self) -> list[nn.Parameter]:
         """The parameters the frozen-block baseline freezes: every branch parameter but the
         LayerNorms'."""
-        return [p for branch in self.branches for m in branch.modules()
-                if not isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)]
+        return [
+            p
+            for branch in self.branches
+            for m in branch.modules()
+            if not isinstance(m, nn.LayerNorm)
+            for p in m.parameters(recurse=False)
+        ]
 
 
-def build_model(config: FeedbackConfig, input_shape: tuple[int, ...], num_classes: int,
-                generator: torch.Generator) -> ResidualNet:
+def build_model(
+    config: FeedbackConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    generator: torch.Generator,
+) -> ResidualNet:
     """The configured architecture, initialised from the run's `init` generator: PyTorch's
     default Linear init, W2 (each branch's output weights) N(0, branch_init_std^2) with zero
     bias, attention in-projection xavier-uniform with zero biases, CLS and positions N(0, 0.02^2).
@@ -125,14 +142,20 @@ def build_model(config: FeedbackConfig, input_shape: tuple[int, ...], num_classe
         channels, side, _ = input_shape
         tokens = (side // config.patch) ** 2
         embed: nn.Module = PatchEmbedding(channels * config.patch**2, tokens, d, config.patch)
-        branches: list[MLPBranch | ViTBranch] = [ViTBranch(d, config.heads, config.mlp_ratio)
-                                                 for _ in range(config.depth)]
+        branches: list[MLPBranch | ViTBranch] = [
+            ViTBranch(d, config.heads, config.mlp_ratio) for _ in range(config.depth)
+        ]
     else:
         embed = FlatEmbedding(math.prod(input_shape), d)
         branches = [MLPBranch(d, config.activation) for _ in range(config.depth)]
     out_norm = nn.Identity() if config.arch == "studentnet" else nn.LayerNorm(d)
-    model = ResidualNet(embed, nn.ModuleList(branches), out_norm, nn.Linear(d, num_classes),
-                        cls_token=config.arch == "vit_mini")
+    model = ResidualNet(
+        embed,
+        nn.ModuleList(branches),
+        out_norm,
+        nn.Linear(d, num_classes),
+        cls_token=config.arch == "vit_mini",
+    )
     for module in model.modules():
         if isinstance(module, nn.Linear):
             _default_linear_init(module, generator)
@@ -168,8 +191,7 @@ class Teacher:
         self.dim, m = config.student_input_dim, config.teacher_width
         self.alpha, self.gain = config.teacher_alpha, config.teacher_gain
         fan_in = [self.dim] + [m] * (config.teacher_depth - 1)
-        self.layers = [torch.randn(n, m, generator=self.generator) / math.sqrt(n)
-                       for n in fan_in]
+        self.layers = [torch.randn(n, m, generator=self.generator) / math.sqrt(n) for n in fan_in]
         self.readout = torch.randn(m, config.teacher_classes, generator=self.generator)
 
     def inputs(self, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -199,8 +221,9 @@ class StackedNet:
     `template` is a ResidualNet of the configuration without values (on the meta device): the
     structure (branch kind, activation, heads, patch, norms) and the parameters' names."""
 
-    def __init__(self, template: ResidualNet, params: dict[str, torch.Tensor],
-                 sample_dims: int) -> None:
+    def __init__(
+        self, template: ResidualNet, params: dict[str, torch.Tensor], sample_dims: int
+    ) -> None:
         self.template = template
         self.params = params
         self.sample_dims = sample_dims
@@ -212,10 +235,14 @@ class StackedNet:
         """The networks' parameters stacked in order (new leaves; a frozen parameter stays
         frozen)."""
         template = copy.deepcopy(models[0]).to("meta")
-        params = {name: _stacked_leaf(torch.stack([m.get_parameter(name).detach()
-                                                   for m in models]),
-                                      p.requires_grad, _is_linear_weight(template, name))
-                  for name, p in models[0].named_parameters()}
+        params = {
+            name: _stacked_leaf(
+                torch.stack([m.get_parameter(name).detach() for m in models]),
+                p.requires_grad,
+                _is_linear_weight(template, name),
+            )
+            for name, p in models[0].named_parameters()
+        }
         return cls(template, params, sample_dims)
 
     def __len__(self) -> int:
@@ -247,8 +274,11 @@ class StackedNet:
             flat = x.flatten(1).expand(len(self), -1, -1) if shared else x.flatten(2)
             return self._linear("embed.proj", flat)
         assert isinstance(embed, PatchEmbedding)
-        patches = (patchify(x, embed.patch).expand(len(self), -1, -1, -1) if shared
-                   else patchify(x.flatten(0, 1), embed.patch).unflatten(0, x.shape[:2]))
+        patches = (
+            patchify(x, embed.patch).expand(len(self), -1, -1, -1)
+            if shared
+            else patchify(x.flatten(0, 1), embed.patch).unflatten(0, x.shape[:2])
+        )
         tokens = self._linear("embed.proj", patches)
         k, b = tokens.shape[:2]
         cls = self.params["embed.cls"].expand(k, b, 1, -1)
@@ -260,7 +290,8 @@ class StackedNet:
         branch = self.template.branches[index]
         if isinstance(branch, MLPBranch):
             hidden = ACTIVATIONS[branch.activation](
-                self._linear(f"{name}.fc1", self._norm(f"{name}.norm", h)))
+                self._linear(f"{name}.fc1", self._norm(f"{name}.norm", h))
+            )
             return self._linear(f"{name}.fc2", hidden)
         assert isinstance(branch, ViTBranch)
         a = self._attention(f"{name}.attn", branch.attn.heads, self._norm(f"{name}.ln1", h))
@@ -307,9 +338,14 @@ class StackedNet:
     def select(self, keep: Sequence[int]) -> StackedNet:
         """The networks at positions `keep` (their current values, as new leaves)."""
         index = torch.tensor(list(keep), device=next(iter(self.params.values())).device)
-        params = {name: _stacked_leaf(p.detach().index_select(0, index), p.requires_grad,
-                                      _is_linear_weight(self.template, name))
-                  for name, p in self.params.items()}
+        params = {
+            name: _stacked_leaf(
+                p.detach().index_select(0, index),
+                p.requires_grad,
+                _is_linear_weight(self.template, name),
+            )
+            for name, p in self.params.items()
+        }
         return StackedNet(self.template, params, self.sample_dims)
 
     def network_tensors(self, k: int) -> list[torch.Tensor]:
@@ -323,14 +359,14 @@ def _is_linear_weight(template: ResidualNet, name: str) -> bool:
     return kind == "weight" and isinstance(template.get_submodule(module), nn.Linear)
 
 
-def _stacked_leaf(values: torch.Tensor, requires_grad: bool, linear_weight: bool
-                  ) -> torch.Tensor:
+def _stacked_leaf(values: torch.Tensor, requires_grad: bool, linear_weight: bool) -> torch.Tensor:
     """A stacked parameter as a new leaf. A Linear's K x out x in weight is laid out in
     memory as K x in x out (the batched GEMM's operand), so that its gradient arrives in the
     parameter's own layout and is taken as it is, not copied (autograd's layout contract)."""
     if linear_weight:
         k, out, inp = values.shape
-        leaf = torch.empty_strided(values.shape, (out * inp, 1, out), dtype=values.dtype,
-                                   device=values.device)
+        leaf = torch.empty_strided(
+            values.shape, (out * inp, 1, out), dtype=values.dtype, device=values.device
+        )
         values = leaf.copy_(values)
     return values.requires_grad_(requires_grad)

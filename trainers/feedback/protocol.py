@@ -35,8 +35,10 @@ def median_norm(t: torch.Tensor) -> float:
 def scale_growth(median_norms: Sequence[float]) -> float:
     """rho = max_l m_{l+1} / m_l over the per-layer median norms m_0..m_L (largest single-block
     amplification); inf when a norm is zero before a non-zero one."""
-    ratios = [b / a if a > 0 else (float("inf") if b > 0 else 1.0)
-              for a, b in zip(median_norms[:-1], median_norms[1:], strict=True)]
+    ratios = [
+        b / a if a > 0 else (float("inf") if b > 0 else 1.0)
+        for a, b in zip(median_norms[:-1], median_norms[1:], strict=True)
+    ]
     return max(ratios) if ratios else 1.0
 
 
@@ -48,13 +50,15 @@ def cosine_no_eps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum(dim=-1) / (sample_norms(a) * sample_norms(b))
 
 
-def layer_cosines(credits: Sequence[torch.Tensor], references: Sequence[torch.Tensor]
-                  ) -> list[float]:
+def layer_cosines(
+    credits: Sequence[torch.Tensor], references: Sequence[torch.Tensor]
+) -> list[float]:
     """Gamma_l = mean over samples of cos(a_l, g_l), one per pair. A sample whose credit or
     reference is exactly zero (a saturated softmax underflows to 0) has no cosine and is left
     out; nan when no sample has one."""
-    return [float(torch.nanmean(cosine_no_eps(a, g)))
-            for a, g in zip(credits, references, strict=True)]
+    return [
+        float(torch.nanmean(cosine_no_eps(a, g))) for a, g in zip(credits, references, strict=True)
+    ]
 
 
 def deep_and_aggregate(cosines: Sequence[float]) -> tuple[float, float]:

@@ -27,8 +27,15 @@ STOPPED_NO_D3 = (
 )
 # Config fields a frozen-block run does not use (its blocks follow no credit rule): a run is
 # paired with the frozen run whose condition differs only in these.
-BASELINE_IGNORES = ("method", "penalty", "fa_top_credit", "fa_skip", "vit_credit_tokens",
-                    "cosine_pairing", "store_feedback_matrices")
+BASELINE_IGNORES = (
+    "method",
+    "penalty",
+    "fa_top_credit",
+    "fa_skip",
+    "vit_credit_tokens",
+    "cosine_pairing",
+    "store_feedback_matrices",
+)
 
 
 class ProtocolCheck(BaseModel):
@@ -121,8 +128,8 @@ def protocol_report(experiment: ExperimentRecord, runs: Sequence[RunRecord]) -> 
 PROTOCOL_REPORT = CrossRunReport(
     name="protocol",
     description="The audit protocol of every completed or stopped run (D1 scale stability, "
-                "D2 reference validity, D3 depth utility against its frozen-block run) and its "
-                "verdict, with a summary per condition.",
+    "D2 reference validity, D3 depth utility against its frozen-block run) and its "
+    "verdict, with a summary per condition.",
     response_model=ProtocolReport,
     build=protocol_report,
 )
@@ -154,7 +161,9 @@ def run_protocol(run: RunRecord, baselines: FrozenRuns, *, frozen_axis: bool) ->
             else:
                 utility = checks.depth_utility_pp(accuracy, frozen_accuracy)
     d3 = ProtocolCheck(
-        name="depth_utility", value=utility, threshold=margin,
+        name="depth_utility",
+        value=utility,
+        threshold=margin,
         fired=None if utility is None else checks.depth_check_fires(utility, margin),
         reason=reason,
     )
@@ -171,8 +180,9 @@ def run_protocol(run: RunRecord, baselines: FrozenRuns, *, frozen_axis: bool) ->
         verdict=checks.verdict(name for name, c in made.items() if c.fired),
         verdict_checks=list(made),
         frozen_run_id=baseline.id if baseline is not None else None,
-        frozen_test_accuracy=(_number(baseline.metrics.get("test_accuracy"))
-                              if baseline is not None else None),
+        frozen_test_accuracy=(
+            _number(baseline.metrics.get("test_accuracy")) if baseline is not None else None
+        ),
         depth_utility_pp=utility,
         per_layer_cosine=[_number(v) for v in stored.get("per_layer_cosine", [])],
         deep_cos=_number(stored.get("deep_cos")),
@@ -196,11 +206,18 @@ class FrozenRuns:
         the ignored ones, an exact match on those preferred) and, when it cannot serve, why."""
         candidates = self.by_key.get((run.seed, _key(run.condition, self.ignores)), [])
         if not candidates:
-            return None, (f"no frozen-block run with seed {run.seed} matches condition "
-                          f"{run.condition_key!r}")
+            return None, (
+                f"no frozen-block run with seed {run.seed} matches condition {run.condition_key!r}"
+            )
         exact = _key(run.condition, {FROZEN_AXIS})
-        best = min(candidates, key=lambda r: (_key(r.condition, {FROZEN_AXIS}) != exact,
-                                              r.status != RunStatus.completed, r.id))
+        best = min(
+            candidates,
+            key=lambda r: (
+                _key(r.condition, {FROZEN_AXIS}) != exact,
+                r.status != RunStatus.completed,
+                r.id,
+            ),
+        )
         if best.status != RunStatus.completed:
             return best, f"the matching frozen-block run {best.id} is {best.status}, not completed"
         return best, None
@@ -222,28 +239,40 @@ def condition_summaries(audited: Sequence[RunProtocol]) -> list[ProtocolConditio
         for r in members:
             verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
         utilities = [r.depth_utility_pp for r in members if r.depth_utility_pp is not None]
-        out.append(ProtocolConditionSummary(
-            condition=members[0].condition,
-            condition_key=key,
-            n=len(members),
-            verdicts=verdicts,
-            fired={name: sum(1 for r in members if r.checks[name].fired)
-                   for name in checks.CHECKS},
-            depth_utility_pp=utilities,
-            depth_utility_pp_mean=statistics.fmean(utilities) if utilities else None,
-            depth_utility_pp_std=statistics.stdev(utilities) if len(utilities) > 1 else None,
-        ))
+        out.append(
+            ProtocolConditionSummary(
+                condition=members[0].condition,
+                condition_key=key,
+                n=len(members),
+                verdicts=verdicts,
+                fired={
+                    name: sum(1 for r in members if r.checks[name].fired) for name in checks.CHECKS
+                },
+                depth_utility_pp=utilities,
+                depth_utility_pp_mean=statistics.fmean(utilities) if utilities else None,
+                depth_utility_pp_std=statistics.stdev(utilities) if len(utilities) > 1 else None,
+            )
+        )
     return out
 
 
 def _stored_check(name: str, label: str, stored: dict[str, Any]) -> ProtocolCheck:
     check = stored.get(name)
     if not isinstance(check, dict) or not isinstance(check.get("fired"), bool):
-        return ProtocolCheck(name=label, value=None, threshold=None, fired=None,
-                             reason="the run stored no protocol diagnostics")
-    return ProtocolCheck(name=label, value=_number(check.get("value")),
-                         threshold=_number(check.get("threshold")), fired=check["fired"],
-                         first_epoch=check.get("first_epoch"))
+        return ProtocolCheck(
+            name=label,
+            value=None,
+            threshold=None,
+            fired=None,
+            reason="the run stored no protocol diagnostics",
+        )
+    return ProtocolCheck(
+        name=label,
+        value=_number(check.get("value")),
+        threshold=_number(check.get("threshold")),
+        fired=check["fired"],
+        first_epoch=check.get("first_epoch"),
+    )
 
 
 def _number(value: Any) -> float | None:

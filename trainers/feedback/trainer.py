@@ -53,8 +53,9 @@ class ImageTask:
     """Batches of an image dataset through the shared data layer (augmented only when
     augment_strength > 0)."""
 
-    def __init__(self, config: FeedbackConfig, sources: RandomSources,
-                 device: torch.device) -> None:
+    def __init__(
+        self, config: FeedbackConfig, sources: RandomSources, device: torch.device
+    ) -> None:
         self.splits: ImageSplits = prepare_splits(config, sources)
         self.sources = sources
         self.device = device
@@ -66,8 +67,9 @@ class ImageTask:
     def train_batches(self, batch_size: int) -> Iterator[Batch]:
         generator = self.sources.augment if self.augment else None
         for positions in self.splits.train_batches(batch_size, self.sources.data):
-            yield self.splits.images("train", positions, augment_generator=generator,
-                                     device=self.device)
+            yield self.splits.images(
+                "train", positions, augment_generator=generator, device=self.device
+            )
 
     def test_batches(self, batch_size: int) -> Iterator[Batch]:
         for start in range(0, self.n_test, batch_size):
@@ -75,16 +77,16 @@ class ImageTask:
             yield self.splits.images("test", positions, device=self.device)
 
     def eval_batch(self, size: int) -> Batch:
-        return self.splits.images("test", torch.arange(min(size, self.n_test)),
-                                  device=self.device)
+        return self.splits.images("test", torch.arange(min(size, self.n_test)), device=self.device)
 
 
 class TeacherStudentTask:
     """StudentNet's synthetic task: a fixed test set from the teacher's own seed; training
     inputs from the run's data generator, fresh every epoch when `student_online`."""
 
-    def __init__(self, config: FeedbackConfig, sources: RandomSources,
-                 device: torch.device) -> None:
+    def __init__(
+        self, config: FeedbackConfig, sources: RandomSources, device: torch.device
+    ) -> None:
         self.teacher = Teacher(config)
         test_x = self.teacher.inputs(config.student_test_size, self.teacher.generator)
         self.test = (test_x.to(device), self.teacher.label(test_x).to(device))
@@ -104,12 +106,12 @@ class TeacherStudentTask:
         x, y = self.train if self.train is not None else self._draw(self.n_train)
         order = torch.randperm(self.n_train, generator=self.generator).to(self.device)
         for start in range(0, self.n_train, batch_size):
-            chunk = order[start:start + batch_size]
+            chunk = order[start : start + batch_size]
             yield x[chunk], y[chunk]
 
     def test_batches(self, batch_size: int) -> Iterator[Batch]:
         for start in range(0, self.n_test, batch_size):
-            yield self.test[0][start:start + batch_size], self.test[1][start:start + batch_size]
+            yield self.test[0][start : start + batch_size], self.test[1][start : start + batch_size]
 
     def eval_batch(self, size: int) -> Batch:
         return self.test[0][:size], self.test[1][:size]
@@ -136,10 +138,17 @@ def per_seed(model: Network, loss: Callable[..., torch.Tensor]) -> Callable[...,
     return vmap(loss) if isinstance(model, StackedNet) else loss
 
 
-def method_credits(method: str, *, model: Network, states: list[torch.Tensor],
-                   normed: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-                   matrices: FeedbackMatrices | None, config: FeedbackConfig
-                   ) -> list[torch.Tensor]:
+def method_credits(
+    method: str,
+    *,
+    model: Network,
+    states: list[torch.Tensor],
+    normed: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    matrices: FeedbackMatrices | None,
+    config: FeedbackConfig,
+) -> list[torch.Tensor]:
     """a_0..a_L of a method. bp needs `states` to be one graph ending in `logits`; fa's
     through_norm top credit needs `normed` = model.normed(states[-1])."""
     if method == "bp":
@@ -162,8 +171,14 @@ class StepLosses:
     logits: torch.Tensor
 
 
-def step_losses(model: Network, x: torch.Tensor, y: torch.Tensor, method: str,
-                matrices: FeedbackMatrices | None, config: FeedbackConfig) -> StepLosses:
+def step_losses(
+    model: Network,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    method: str,
+    matrices: FeedbackMatrices | None,
+    config: FeedbackConfig,
+) -> StepLosses:
     """CE(head(norm(h_L.detach()))) + <embed(x), a_0> + sum_l <f_l(h_l.detach()), a_{l+1}>
     + lambda sum_l ||f_l(h_l.detach())||^2 (spec section 2.3). On a StackedNet (a batch and
     feedback matrices per seed, with a leading seed axis) each loss is a vector of K, each
@@ -182,21 +197,45 @@ def step_losses(model: Network, x: torch.Tensor, y: torch.Tensor, method: str,
     last = h.detach().requires_grad_(True)
     normed = model.normed(last)
     logits = model.head(normed)
-    credits = bp_reference if bp_reference is not None else method_credits(
-        method, model=model, states=[last], normed=normed, logits=logits, labels=y,
-        matrices=matrices, config=config)
+    credits = (
+        bp_reference
+        if bp_reference is not None
+        else method_credits(
+            method,
+            model=model,
+            states=[last],
+            normed=normed,
+            logits=logits,
+            labels=y,
+            matrices=matrices,
+            config=config,
+        )
+    )
     ce = per_seed(model, F.cross_entropy)(logits, y)
     credit_loss, penalty_of = per_seed(model, local_credit_loss), per_seed(model, scale_penalty)
-    local = sum((credit_loss(o, spread(a, o, config.vit_credit_tokens))
-                 for o, a in zip(outs, credits[1:], strict=True)), torch.zeros(()))
+    local = sum(
+        (
+            credit_loss(o, spread(a, o, config.vit_credit_tokens))
+            for o, a in zip(outs, credits[1:], strict=True)
+        ),
+        torch.zeros(()),
+    )
     if config.embed_credit != "none":
         a0 = credits[0] if config.embed_credit == "own" else credits[1]
         local = local + credit_loss(h0, spread(a0, h0, config.vit_credit_tokens))
-    penalty = (sum((penalty_of(o) for o in outs), torch.zeros(())) if config.penalty > 0
-               else torch.zeros(()))
+    penalty = (
+        sum((penalty_of(o) for o in outs), torch.zeros(()))
+        if config.penalty > 0
+        else torch.zeros(())
+    )
     total = ce + local + config.penalty * penalty
-    return StepLosses(total=total, ce=ce.detach(), local=local.detach(),
-                      penalty=(config.penalty * penalty).detach(), logits=logits.detach())
+    return StepLosses(
+        total=total,
+        ce=ce.detach(),
+        local=local.detach(),
+        penalty=(config.penalty * penalty).detach(),
+        logits=logits.detach(),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,41 +260,67 @@ class Snapshot:
         return self.ref_grad_norms[-1]
 
     def metrics(self) -> dict[str, float]:
-        out = {"residual_growth_max": self.rho, "ref_grad_norm": self.ref_grad_norm,
-               "deep_cos": self.deep_cos, "aggregate_cos": self.aggregate_cos}
+        out = {
+            "residual_growth_max": self.rho,
+            "ref_grad_norm": self.ref_grad_norm,
+            "deep_cos": self.deep_cos,
+            "aggregate_cos": self.aggregate_cos,
+        }
         out.update({f"h_norm_layer{i}": v for i, v in enumerate(self.h_norms)})
         out.update({f"ref_grad_norm_layer{i}": v for i, v in enumerate(self.ref_grad_norms)})
         out.update({f"cos_layer{i}": v for i, v in enumerate(self.cosines)})
         return out
 
 
-def protocol_snapshot(model: ResidualNet, x: torch.Tensor, y: torch.Tensor, method: str,
-                      matrices: FeedbackMatrices | None, config: FeedbackConfig) -> Snapshot:
+def protocol_snapshot(
+    model: ResidualNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    method: str,
+    matrices: FeedbackMatrices | None,
+    config: FeedbackConfig,
+) -> Snapshot:
     """Norms, rho, the BP reference gradients (CE reduced by config.ce_reduction) and the
     per-layer cosines between the method's credit and BP's, on one batch."""
     states, grads, credits = audit_tensors(model, x, y, method, matrices, config)
     return snapshot_of(states, grads, credits, model.vector, config)
 
 
-def audit_tensors(model: Network, x: torch.Tensor, y: torch.Tensor, method: str,
-                  matrices: FeedbackMatrices | None, config: FeedbackConfig
-                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+def audit_tensors(
+    model: Network,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    method: str,
+    matrices: FeedbackMatrices | None,
+    config: FeedbackConfig,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """The states h_0..h_L of one batch, the BP reference gradients g_l = dCE/dh_l (CE reduced
     by config.ce_reduction, over each seed's batch on a StackedNet) and the method's credits."""
     states = model.states(x)
     normed = model.normed(states[-1])
     logits = model.head(normed)
     loss = per_seed(model, partial(F.cross_entropy, reduction=config.ce_reduction))(logits, y)
-    grads = torch.autograd.grad(loss, states, grad_outputs=torch.ones_like(loss),
-                                retain_graph=True)
-    credits = method_credits(method, model=model, states=states, normed=normed, logits=logits,
-                             labels=y, matrices=matrices, config=config)
+    grads = torch.autograd.grad(loss, states, grad_outputs=torch.ones_like(loss), retain_graph=True)
+    credits = method_credits(
+        method,
+        model=model,
+        states=states,
+        normed=normed,
+        logits=logits,
+        labels=y,
+        matrices=matrices,
+        config=config,
+    )
     return states, list(grads), credits
 
 
-def snapshot_of(states: list[torch.Tensor], grads: list[torch.Tensor],
-                credits: list[torch.Tensor], vec: Callable[[torch.Tensor], torch.Tensor],
-                config: FeedbackConfig) -> Snapshot:
+def snapshot_of(
+    states: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    credits: list[torch.Tensor],
+    vec: Callable[[torch.Tensor], torch.Tensor],
+    config: FeedbackConfig,
+) -> Snapshot:
     """One network's Snapshot from its audit tensors; `vec` is ResidualNet.vector."""
     h_norms = [protocol.median_norm(vec(h.detach())) for h in states]
     g_norms = [protocol.median_norm(vec(g)) for g in grads]
@@ -275,8 +340,7 @@ def snapshot_of(states: list[torch.Tensor], grads: list[torch.Tensor],
 
 
 @torch.no_grad()
-def test_accuracy(model: ResidualNet, task: Task, should_stop: Callable[[], bool]
-                  ) -> float | None:
+def test_accuracy(model: ResidualNet, task: Task, should_stop: Callable[[], bool]) -> float | None:
     """Accuracy on the whole test set; None when the run must stop part-way (a large test set
     takes seconds, so every batch checks)."""
     correct = 0
@@ -349,7 +413,9 @@ class FeedbackTrainer(TrainerBase):
     stop_checks: ClassVar[tuple[str, ...]] = ("D1", "D2")
     reports: ClassVar[tuple[CrossRunReport[Any], ...]] = (PROTOCOL_REPORT,)
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "test_accuracy": (0.0, 1.0), "train_accuracy": (0.0, 1.0)}
+        "test_accuracy": (0.0, 1.0),
+        "train_accuracy": (0.0, 1.0),
+    }
     # Seed-batched tasks: train_seeds stacks the seeds' networks (a StackedNet). Eight seeds
     # of a StudentNet- or ResMLP-sized network (d = 128..256) pay one step's Python and
     # dispatch overhead instead of eight while their stacked tensors stay small (measured:
@@ -418,8 +484,7 @@ def build_optimizer(model: Network, config: FeedbackConfig) -> torch.optim.Optim
     trainable = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
         return torch.optim.Adam(trainable, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(trainable, lr=config.lr, momentum=0.9,
-                           weight_decay=config.weight_decay)
+    return torch.optim.SGD(trainable, lr=config.lr, momentum=0.9, weight_decay=config.weight_decay)
 
 
 def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
@@ -433,8 +498,7 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     model = build_model(config, task.input_shape, task.num_classes, run.sources.init)
     model = model.to(run.device)
     method = "bp" if config.frozen_blocks else config.method
-    drawn = draw_feedback(method, config.depth, config.width, task.num_classes,
-                          run.sources.init)
+    drawn = draw_feedback(method, config.depth, config.width, task.num_classes, run.sources.init)
     matrices = drawn.to(run.device) if drawn is not None else None
     freeze_untrained(model, config)
     run.track(model)
@@ -463,8 +527,13 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
             losses.total.backward()
             optimizer.step()
             step += 1
-            sums.add(float(losses.ce), float(losses.local), float(losses.penalty),
-                     float((losses.logits.argmax(1) == y).sum()), len(y))
+            sums.add(
+                float(losses.ce),
+                float(losses.local),
+                float(losses.penalty),
+                float((losses.logits.argmax(1) == y).sum()),
+                len(y),
+            )
         if run.stopped:
             break
         model.eval()
@@ -479,9 +548,17 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
             break
         if report_fired_checks(run, snapshot, config, step=step, epoch=epoch):
             break
-    output = run_output(config, method, task, matrices, snapshots=snapshots, last=last,
-                        accuracy=accuracy, steps=step,
-                        train_time_s=time.perf_counter() - started)
+    output = run_output(
+        config,
+        method,
+        task,
+        matrices,
+        snapshots=snapshots,
+        last=last,
+        accuracy=accuracy,
+        steps=step,
+        train_time_s=time.perf_counter() - started,
+    )
     return TrainedNetwork(model=model, matrices=matrices, output=output)
 
 
@@ -515,10 +592,18 @@ class EpochSums:
         }
 
 
-def run_output(config: FeedbackConfig, method: str, task: Task,
-               matrices: FeedbackMatrices | None, *, snapshots: list[Snapshot],
-               last: dict[str, float], accuracy: float | None, steps: int,
-               train_time_s: float) -> TrainOutput:
+def run_output(
+    config: FeedbackConfig,
+    method: str,
+    task: Task,
+    matrices: FeedbackMatrices | None,
+    *,
+    snapshots: list[Snapshot],
+    last: dict[str, float],
+    accuracy: float | None,
+    steps: int,
+    train_time_s: float,
+) -> TrainOutput:
     """A run's result from its audits (epoch 0 first), its last logged epoch's metrics and its
     last whole test accuracy."""
     final = snapshots[-1]
@@ -530,33 +615,42 @@ def run_output(config: FeedbackConfig, method: str, task: Task,
         "protocol": protocol_summary(snapshots, config, method),
         "feedback_matrices": (
             encode_feedback(matrices, include_data=config.store_feedback_matrices)
-            if matrices is not None else None),
+            if matrices is not None
+            else None
+        ),
         "epochs_run": len(snapshots) - 1,
         "optimizer_steps": steps,
         "n_train": task.n_train,
         "n_test": task.n_test,
         "train_time_s": train_time_s,
     }
-    return TrainOutput(metrics=metrics, diagnostics=diagnostics,
-                       warnings=protocol_warnings(final, config))
+    return TrainOutput(
+        metrics=metrics, diagnostics=diagnostics, warnings=protocol_warnings(final, config)
+    )
 
 
-def report_fired_checks(run: RunContext, snapshot: Snapshot, config: FeedbackConfig, *,
-                        step: int, epoch: int) -> bool:
+def report_fired_checks(
+    run: RunContext, snapshot: Snapshot, config: FeedbackConfig, *, step: int, epoch: int
+) -> bool:
     """Tell the run which of D1 and D2 fired at this epoch's audit; True when it must stop
     (the spec asked to stop on one of them)."""
     fired = {}
     if snapshot.d1_fired:
-        fired["D1"] = (f"D1 scale stability fired at epoch {epoch}: residual_growth_max "
-                       f"{snapshot.rho:.4g} > {config.scale_growth_threshold:g}")
+        fired["D1"] = (
+            f"D1 scale stability fired at epoch {epoch}: residual_growth_max "
+            f"{snapshot.rho:.4g} > {config.scale_growth_threshold:g}"
+        )
     if snapshot.d2_fired:
-        fired["D2"] = (f"D2 reference validity fired at epoch {epoch}: ref_grad_norm "
-                       f"{snapshot.ref_grad_norm:.4g} < {config.ref_grad_floor:g}")
+        fired["D2"] = (
+            f"D2 reference validity fired at epoch {epoch}: ref_grad_norm "
+            f"{snapshot.ref_grad_norm:.4g} < {config.ref_grad_floor:g}"
+        )
     return bool(fired) and run.checks_fired(fired, step=step, epoch=epoch)
 
 
-def protocol_summary(snapshots: list[Snapshot], config: FeedbackConfig, method: str
-                     ) -> dict[str, Any]:
+def protocol_summary(
+    snapshots: list[Snapshot], config: FeedbackConfig, method: str
+) -> dict[str, Any]:
     """D1 and D2 on the final model (the authors' FAProtocol audits the final checkpoint),
     the first epoch each fired, the run's D1/D2 verdict and the per-layer cosines."""
     final = snapshots[-1]
@@ -564,14 +658,22 @@ def protocol_summary(snapshots: list[Snapshot], config: FeedbackConfig, method: 
     epochs = list(enumerate(snapshots))
     return {
         "checks": {
-            "D1": {"name": "scale_stability", "metric": "residual_growth_max",
-                   "value": final.rho, "threshold": config.scale_growth_threshold,
-                   "fired": final.d1_fired,
-                   "first_epoch": protocol.first_firing([(e, s.d1_fired) for e, s in epochs])},
-            "D2": {"name": "reference_validity", "metric": "ref_grad_norm",
-                   "value": final.ref_grad_norm, "threshold": config.ref_grad_floor,
-                   "fired": final.d2_fired,
-                   "first_epoch": protocol.first_firing([(e, s.d2_fired) for e, s in epochs])},
+            "D1": {
+                "name": "scale_stability",
+                "metric": "residual_growth_max",
+                "value": final.rho,
+                "threshold": config.scale_growth_threshold,
+                "fired": final.d1_fired,
+                "first_epoch": protocol.first_firing([(e, s.d1_fired) for e, s in epochs]),
+            },
+            "D2": {
+                "name": "reference_validity",
+                "metric": "ref_grad_norm",
+                "value": final.ref_grad_norm,
+                "threshold": config.ref_grad_floor,
+                "fired": final.d2_fired,
+                "first_epoch": protocol.first_firing([(e, s.d2_fired) for e, s in epochs]),
+            },
         },
         # D3 needs the frozen-block run of the same condition and seed: the service adds it
         "verdict": protocol.verdict(fired),
@@ -593,17 +695,25 @@ def protocol_summary(snapshots: list[Snapshot], config: FeedbackConfig, method: 
 def protocol_warnings(final: Snapshot, config: FeedbackConfig) -> list[RunWarning]:
     warnings = []
     if final.d1_fired:
-        warnings.append(RunWarning(
-            diagnostic="residual_growth_max", value=final.rho,
-            threshold=config.scale_growth_threshold,
-            message="D1 scale stability fails: one block amplifies the residual stream more "
-                    "than the threshold (residual-stream explosion, the precursor of reference "
-                    "collapse)"))
+        warnings.append(
+            RunWarning(
+                diagnostic="residual_growth_max",
+                value=final.rho,
+                threshold=config.scale_growth_threshold,
+                message="D1 scale stability fails: one block amplifies the residual stream more "
+                "than the threshold (residual-stream explosion, the precursor of reference "
+                "collapse)",
+            )
+        )
     if final.d2_fired:
-        warnings.append(RunWarning(
-            diagnostic="ref_grad_norm", value=final.ref_grad_norm,
-            threshold=config.ref_grad_floor,
-            message="D2 reference validity fails: the BP reference gradient at h_L is below "
-                    "the cosine's numerical floor, so gradient cosines measure noise (reported "
-                    "as null)"))
+        warnings.append(
+            RunWarning(
+                diagnostic="ref_grad_norm",
+                value=final.ref_grad_norm,
+                threshold=config.ref_grad_floor,
+                message="D2 reference validity fails: the BP reference gradient at h_L is below "
+                "the cosine's numerical floor, so gradient cosines measure noise (reported "
+                "as null)",
+            )
+        )
     return warnings

@@ -16,7 +16,10 @@ from trainers.losses.simsiam import symmetric_attractive_loss
 
 
 def byol_loss(
-    p1: torch.Tensor, p2: torch.Tensor, target_z1: torch.Tensor, target_z2: torch.Tensor,
+    p1: torch.Tensor,
+    p2: torch.Tensor,
+    target_z1: torch.Tensor,
+    target_z2: torch.Tensor,
     temperature: float,
 ) -> torch.Tensor:
     """L = -(1/2)[(1/B) sum_i cos(sg z'2_i, p1_i) + (1/B) sum_i cos(sg z'1_i, p2_i)] / t

@@ -49,8 +49,9 @@ def pick_positives(same: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     return picked | picked.mT
 
 
-def attract_pairs_terms(z: torch.Tensor, positive: torch.Tensor,
-                        temperature: float = 1.0) -> torch.Tensor:
+def attract_pairs_terms(
+    z: torch.Tensor, positive: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """l_i of every anchor (n, or ... x n for ... x n x d embeddings) given the positive mask
     (the mean over the anchors with a positive is the loss)."""
     n = z.shape[-2]

@@ -19,5 +19,11 @@ def symmetric_attractive_loss(
 
     for predictor outputs p1, p2 and projector outputs z1, z2 of the two views (B x d); sg is
     stop-gradient: no gradient reaches z1 or z2."""
-    return -0.5 * (F.cosine_similarity(z2.detach(), p1).mean()
-                   + F.cosine_similarity(z1.detach(), p2).mean()) / temperature
+    return (
+        -0.5
+        * (
+            F.cosine_similarity(z2.detach(), p1).mean()
+            + F.cosine_similarity(z1.detach(), p2).mean()
+        )
+        / temperature
+    )

@@ -87,7 +87,11 @@ def supcon_margin_loss(
     """The loss of one layer from the features of two views (n x E each) and labels (n)."""
     s, positives = pair_similarities(f1, f2, labels)
     return supcon_margin_loss_from_similarities(
-        s, positives, margin, temperature=temperature, margin_mode=margin_mode,
+        s,
+        positives,
+        margin,
+        temperature=temperature,
+        margin_mode=margin_mode,
         stability=stability,
     )
 
@@ -101,4 +105,3 @@ def clamp_activation_rate(s: torch.Tensor, positives: torch.Tensor, margin: floa
 def expected_positives_per_anchor(batch_size: int, num_classes: int) -> float:
     """2(1 + (n - 1)/K) - 1 positives per anchor among the 2n - 1 others, balanced classes."""
     return 2 * (1 + (batch_size - 1) / num_classes) - 1
-

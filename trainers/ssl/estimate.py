@@ -140,13 +140,16 @@ def ssl_estimate(config: SSLConfig) -> ResourceEstimate:
     dim = config.resolved("proj_dim")
     kept, largest = resnet_activations(config.backbone, side)
     data = Term(dataset_bytes(shape), dataset_fields(config))
-    state = Term(training_state_bytes(parameters, config.optimizer)
-                 + (FLOAT32 * parameters if config.method == "byol" else 0),
-                 ("backbone", "proj_dim", "pred_hidden"))
+    state = Term(
+        training_state_bytes(parameters, config.optimizer)
+        + (FLOAT32 * parameters if config.method == "byol" else 0),
+        ("backbone", "proj_dim", "pred_hidden"),
+    )
     act_fields = ("batch_size", "backbone", "image_size")
     image = shape.image_elements
     train = [
-        data, state,
+        data,
+        state,
         Term(FLOAT32 * VIEW_COPIES * batch * image, ("batch_size", "image_size")),
         Term(FLOAT32 * 2 * batch * (kept + head_activation_floats(config)), act_fields),
         Term(FLOAT32 * 2 * 2 * batch * largest, act_fields),
@@ -154,16 +157,29 @@ def ssl_estimate(config: SSLConfig) -> ResourceEstimate:
     ]
     eval_batch = min(EMBED_BATCH, max(n_train, n_test))
     evaluation = [
-        data, state,
-        Term(FLOAT32 * 2 * (2 * n_train + n_test) * (features + dim),
-             ("dataset", "train_size", "backbone", "proj_dim")),
-        Term(FLOAT32 * eval_batch * (VIEW_COPIES * image + NO_GRAD_LAYERS * largest),
-             ("backbone", "image_size")),
-        Term(knn_eval_bytes(n_train, n_test, config.knn_k, shape.num_classes),
-             ("dataset", "train_size")),
-        Term(FLOAT64 * (3 * n_train * dim + SKLEARN_KNN_CHUNK * n_train),
-             ("dataset", "train_size", "proj_dim")),
+        data,
+        state,
+        Term(
+            FLOAT32 * 2 * (2 * n_train + n_test) * (features + dim),
+            ("dataset", "train_size", "backbone", "proj_dim"),
+        ),
+        Term(
+            FLOAT32 * eval_batch * (VIEW_COPIES * image + NO_GRAD_LAYERS * largest),
+            ("backbone", "image_size"),
+        ),
+        Term(
+            knn_eval_bytes(n_train, n_test, config.knn_k, shape.num_classes),
+            ("dataset", "train_size"),
+        ),
+        Term(
+            FLOAT64 * (3 * n_train * dim + SKLEARN_KNN_CHUNK * n_train),
+            ("dataset", "train_size", "proj_dim"),
+        ),
     ]
     memory, fields = peak([decode_phase(config, shape), train, evaluation])
-    return ResourceEstimate(memory, fields, ssl_logged_points(config),
-                            ("epochs", "eval_every", "dataset", "held_out_classes"))
+    return ResourceEstimate(
+        memory,
+        fields,
+        ssl_logged_points(config),
+        ("epochs", "eval_every", "dataset", "held_out_classes"),
+    )

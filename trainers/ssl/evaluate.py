@@ -32,8 +32,13 @@ class EvaluationStopped(Exception):
 
 @torch.no_grad()
 def knn_accuracy(
-    bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor,
-    query_labels: torch.Tensor, num_classes: int, k: int = 200, temperature: float = 0.1,
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    queries: torch.Tensor,
+    query_labels: torch.Tensor,
+    num_classes: int,
+    k: int = 200,
+    temperature: float = 0.1,
 ) -> float:
     """Weighted kNN top-1 (the paper's monitor): cosine similarity on L2-normalised features,
     the k most similar bank items vote with weight exp(sim / temperature)."""
@@ -51,7 +56,10 @@ def knn_accuracy(
 
 
 def knn_accuracy_by_norm(
-    embeddings: np.ndarray, labels: np.ndarray, min_count: int = 10, bin_width: float = 0.05,
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    min_count: int = 10,
+    bin_width: float = 0.05,
     k: int = 10,
 ) -> list[dict[str, float]]:
     """The paper's "kNN accuracy vs norm": min-max normalise the norms to [0, 1], bin them in
@@ -70,15 +78,24 @@ def knn_accuracy_by_norm(
     for b in np.unique(bins):
         members = bins == b
         if members.sum() >= min_count:
-            out.append({"bin_low": float(b * bin_width), "n": int(members.sum()),
-                        "accuracy": float(hit[members].mean())})
+            out.append(
+                {
+                    "bin_low": float(b * bin_width),
+                    "n": int(members.sum()),
+                    "accuracy": float(hit[members].mean()),
+                }
+            )
     return out
 
 
 @torch.no_grad()
 def embed_all(
-    model: SSLModel, splits: ImageSplits, split: Split, positions: torch.Tensor,
-    device: torch.device, should_stop: Callable[[], bool],
+    model: SSLModel,
+    splits: ImageSplits,
+    split: Split,
+    positions: torch.Tensor,
+    device: torch.device,
+    should_stop: Callable[[], bool],
     augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backbone features, projector outputs and labels of the images at `positions`, each
@@ -99,17 +116,23 @@ def embed_all(
     return torch.cat(hs), torch.cat(zs), torch.cat(ys)
 
 
-def evaluate_epoch(config: SSLConfig, model: SSLModel, splits: ImageSplits,
-                   kept: dict[str, torch.Tensor], device: torch.device,
-                   generator: torch.Generator,
-                   should_stop: Callable[[], bool]) -> dict[str, float]:
+def evaluate_epoch(
+    config: SSLConfig,
+    model: SSLModel,
+    splits: ImageSplits,
+    kept: dict[str, torch.Tensor],
+    device: torch.device,
+    generator: torch.Generator,
+    should_stop: Callable[[], bool],
+) -> dict[str, float]:
     """Per-epoch curves: norms of un-augmented train embeddings (quantiles, per class) and kNN
     accuracy with an augmented-image bank (the official monitor, quirk 6), whose views are
     drawn from `generator` (the run's `evaluate` source)."""
     _, z, y = embed_all(model, splits, "train", kept["train"], device, should_stop)
     norms = z.norm(dim=1).double()
-    q10, q50, q90 = torch.quantile(norms, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64,
-                                                      device=norms.device)).tolist()
+    q10, q50, q90 = torch.quantile(
+        norms, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=norms.device)
+    ).tolist()
     out = {"norm_mean": float(norms.mean()), "norm_q10": q10, "norm_q50": q50, "norm_q90": q90}
     for c in range(min(splits.num_classes - config.held_out_classes, MAX_CLASSES_LOGGED)):
         members = norms[y == c]
@@ -119,25 +142,40 @@ def evaluate_epoch(config: SSLConfig, model: SSLModel, splits: ImageSplits,
     # the images the way the model is trained to (the official bank crops and flips only;
     # seedgrid keeps one view pipeline). They come from `generator`, never from `augment`.
     bank_view = partial(view, generator=generator, config=config, splits=splits)
-    bank_h, _, bank_y = embed_all(model, splits, "train", kept["train"], device, should_stop,
-                                  augment=bank_view)
+    bank_h, _, bank_y = embed_all(
+        model, splits, "train", kept["train"], device, should_stop, augment=bank_view
+    )
     test_h, _, test_y = embed_all(model, splits, "test", kept["test"], device, should_stop)
-    out["knn_accuracy"] = knn_accuracy(bank_h, bank_y, test_h, test_y, splits.num_classes,
-                                       config.knn_k, config.knn_temperature)
+    out["knn_accuracy"] = knn_accuracy(
+        bank_h, bank_y, test_h, test_y, splits.num_classes, config.knn_k, config.knn_temperature
+    )
     return out
 
 
-def final_evaluation(config: SSLConfig, model: SSLModel, splits: ImageSplits,
-                     kept: dict[str, torch.Tensor], device: torch.device,
-                     should_stop: Callable[[], bool]) -> tuple[dict[str, float], dict[str, Any]]:
+def final_evaluation(
+    config: SSLConfig,
+    model: SSLModel,
+    splits: ImageSplits,
+    kept: dict[str, torch.Tensor],
+    device: torch.device,
+    should_stop: Callable[[], bool],
+) -> tuple[dict[str, float], dict[str, Any]]:
     """kNN accuracy with an un-augmented bank, test and held-out norms, kNN accuracy by norm
     and the per-class norms of the trained model."""
-    train_h, train_z, train_y = embed_all(model, splits, "train", kept["train"], device,
-                                          should_stop)
+    train_h, train_z, train_y = embed_all(
+        model, splits, "train", kept["train"], device, should_stop
+    )
     test_h, test_z, test_y = embed_all(model, splits, "test", kept["test"], device, should_stop)
     metrics: dict[str, float] = {
-        "knn_accuracy_clean": knn_accuracy(train_h, train_y, test_h, test_y, splits.num_classes,
-                                           config.knn_k, config.knn_temperature),
+        "knn_accuracy_clean": knn_accuracy(
+            train_h,
+            train_y,
+            test_h,
+            test_y,
+            splits.num_classes,
+            config.knn_k,
+            config.knn_temperature,
+        ),
         "norm_test_mean": float(test_z.norm(dim=1).mean()),
     }
     if len(kept["held_out"]):
@@ -146,11 +184,14 @@ def final_evaluation(config: SSLConfig, model: SSLModel, splits: ImageSplits,
         metrics["norm_heldout_ratio"] = metrics["norm_heldout_mean"] / metrics["norm_test_mean"]
     by_norm = knn_accuracy_by_norm(train_z.double().cpu().numpy(), train_y.cpu().numpy())
     if len(by_norm) >= 3:
-        rho = scipy_stats.spearmanr([b["bin_low"] for b in by_norm],
-                                    [b["accuracy"] for b in by_norm]).statistic
+        rho = scipy_stats.spearmanr(
+            [b["bin_low"] for b in by_norm], [b["accuracy"] for b in by_norm]
+        ).statistic
         if math.isfinite(rho):
             metrics["knn_norm_spearman"] = float(rho)
     norms = train_z.norm(dim=1)
-    per_class = [float(norms[train_y == c].mean()) if (train_y == c).any() else None
-                 for c in range(splits.num_classes - config.held_out_classes)]
+    per_class = [
+        float(norms[train_y == c].mean()) if (train_y == c).any() else None
+        for c in range(splits.num_classes - config.held_out_classes)
+    ]
     return metrics, {"knn_by_norm": by_norm, "norm_per_class": per_class}

@@ -53,8 +53,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.shortcut = nn.Sequential()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          nn.BatchNorm2d(cout))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -66,8 +67,11 @@ class ResNet(nn.Module):
 
     def __init__(self, channels: int, widths: tuple[int, ...], blocks: tuple[int, ...]) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(channels, widths[0], 3, 1, 1, bias=False),
-                                  nn.BatchNorm2d(widths[0]), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(channels, widths[0], 3, 1, 1, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(),
+        )
         layers, cin = [], widths[0]
         for stage, (width, count) in enumerate(zip(widths, blocks, strict=True)):
             for index in range(count):
@@ -95,15 +99,21 @@ def build_projector(method: str, features: int, dim: int) -> nn.Sequential:
     if method == "simclr":  # Linear-ReLU-Linear, no BN
         return nn.Sequential(nn.Linear(features, dim), nn.ReLU(), nn.Linear(dim, dim))
     return nn.Sequential(  # three Linear layers, BN after each (the last included)
-        nn.Linear(features, dim), nn.BatchNorm1d(dim), nn.ReLU(),
-        nn.Linear(dim, dim), nn.BatchNorm1d(dim), nn.ReLU(),
-        nn.Linear(dim, dim), nn.BatchNorm1d(dim),
+        nn.Linear(features, dim),
+        nn.BatchNorm1d(dim),
+        nn.ReLU(),
+        nn.Linear(dim, dim),
+        nn.BatchNorm1d(dim),
+        nn.ReLU(),
+        nn.Linear(dim, dim),
+        nn.BatchNorm1d(dim),
     )
 
 
 def build_predictor(dim: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
-                         nn.Linear(hidden, dim))
+    return nn.Sequential(
+        nn.Linear(dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, dim)
+    )
 
 
 def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
@@ -111,8 +121,9 @@ def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
     block's last BN) and PyTorch's default Linear init, drawn from the run's `init` source."""
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
-            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu",
-                                    generator=generator)
+            nn.init.kaiming_normal_(
+                module.weight, mode="fan_out", nonlinearity="relu", generator=generator
+            )
         elif isinstance(module, nn.BatchNorm1d | nn.BatchNorm2d):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
@@ -131,8 +142,9 @@ class SSLModel(nn.Module):
         dim = config.resolved("proj_dim")
         self.backbone = build_backbone(config.backbone, channels)
         self.projector = build_projector(config.method, self.backbone.features, dim)
-        self.predictor = (build_predictor(dim, config.pred_hidden)
-                          if config.method != "simclr" else None)
+        self.predictor = (
+            build_predictor(dim, config.pred_hidden) if config.method != "simclr" else None
+        )
         init_parameters(self, generator)
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

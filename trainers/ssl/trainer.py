@@ -85,12 +85,17 @@ def build_optimizer(config: SSLConfig, model: SSLModel) -> torch.optim.Optimizer
     encoder = [p for n, p in model.named_parameters() if not n.startswith("predictor.")]
     groups: list[dict[str, Any]] = [{"params": encoder}]
     if model.predictor is not None:  # SimSiam: the predictor keeps a constant lr
-        groups.append({"params": list(model.predictor.parameters()),
-                       "fixed_lr": lr if config.method == "simsiam" else None})
+        groups.append(
+            {
+                "params": list(model.predictor.parameters()),
+                "fixed_lr": lr if config.method == "simsiam" else None,
+            }
+        )
     if config.optimizer == "adam":
         return torch.optim.Adam(groups, lr=lr, weight_decay=wd)
-    return torch.optim.SGD(groups, lr=lr, momentum=0.9, weight_decay=wd,
-                           nesterov=config.method != "simclr")
+    return torch.optim.SGD(
+        groups, lr=lr, momentum=0.9, weight_decay=wd, nesterov=config.method != "simclr"
+    )
 
 
 @torch.no_grad()
@@ -111,9 +116,19 @@ class SSLTrainer(TrainerBase):
     )
     Config: ClassVar[type[SSLConfig]] = SSLConfig
     metrics: ClassVar[tuple[str, ...]] = (
-        "knn_accuracy", "knn_accuracy_clean", "loss", "lr", "norm_mean", "norm_q10", "norm_q50",
-        "norm_q90", "norm_test_mean", "norm_heldout_mean", "norm_heldout_ratio",
-        "knn_norm_spearman", "epochs_to_target",
+        "knn_accuracy",
+        "knn_accuracy_clean",
+        "loss",
+        "lr",
+        "norm_mean",
+        "norm_q10",
+        "norm_q50",
+        "norm_q90",
+        "norm_test_mean",
+        "norm_heldout_mean",
+        "norm_heldout_ratio",
+        "knn_norm_spearman",
+        "epochs_to_target",
         *(f"norm_class{c}" for c in range(MAX_CLASSES_LOGGED)),
     )
     diagnostics: ClassVar[tuple[str, ...]] = ("knn_by_norm", "norm_per_class")
@@ -121,8 +136,10 @@ class SSLTrainer(TrainerBase):
     # The epoch's mean training loss, logged every epoch.
     divergence_metric: ClassVar[str] = "loss"
     metric_bounds: ClassVar[dict[str, tuple[float, float]]] = {
-        "knn_accuracy": (0.0, 1.0), "knn_accuracy_clean": (0.0, 1.0),
-        "knn_norm_spearman": (-1.0, 1.0)}
+        "knn_accuracy": (0.0, 1.0),
+        "knn_accuracy_clean": (0.0, 1.0),
+        "knn_norm_spearman": (-1.0, 1.0),
+    }
 
     def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
         """Both kNN accuracies classify the in-distribution test images
@@ -151,12 +168,19 @@ class SSLTrainer(TrainerBase):
             target.requires_grad_(False)
             run.track(target)
         with precision_scope(config.precision, device) as precision:
-            return self._train(config, run, splits, kept, model, target, precision,
-                               channels_last)
+            return self._train(config, run, splits, kept, model, target, precision, channels_last)
 
-    def _train(self, config: SSLConfig, run: RunContext, splits: ImageSplits,
-               kept: dict[str, torch.Tensor], model: SSLModel, target: SSLModel | None,
-               precision: PrecisionScope, channels_last: bool) -> TrainOutput:
+    def _train(
+        self,
+        config: SSLConfig,
+        run: RunContext,
+        splits: ImageSplits,
+        kept: dict[str, torch.Tensor],
+        model: SSLModel,
+        target: SSLModel | None,
+        precision: PrecisionScope,
+        channels_last: bool,
+    ) -> TrainOutput:
         sources, device = run.sources, run.device
         optimizer = build_optimizer(config, model)
         temperature = config.resolved("temperature")
@@ -172,8 +196,7 @@ class SSLTrainer(TrainerBase):
             # the float32 losses): read once per epoch, not once per step
             total = torch.zeros((), dtype=torch.float64, device=device)
             count = 0
-            order = train_positions[torch.randperm(len(train_positions),
-                                                   generator=sources.data)]
+            order = train_positions[torch.randperm(len(train_positions), generator=sources.data)]
             for start in range(0, len(order), config.batch_size):
                 positions = order[start : start + config.batch_size]
                 if len(positions) < 2:
@@ -205,12 +228,14 @@ class SSLTrainer(TrainerBase):
             # A diverged epoch is logged without evaluation: its embeddings are not finite.
             if evaluated and math.isfinite(point["loss"]):
                 try:
-                    point.update(evaluate_epoch(config, model, splits, kept, device,
-                                                sources.evaluate, run.should_stop))
+                    point.update(
+                        evaluate_epoch(
+                            config, model, splits, kept, device, sources.evaluate, run.should_stop
+                        )
+                    )
                 except EvaluationStopped:
                     break
-                if epochs_to_target is None and \
-                        point["knn_accuracy"] >= config.target_knn_accuracy:
+                if epochs_to_target is None and point["knn_accuracy"] >= config.target_knn_accuracy:
                     epochs_to_target = epoch + 1
             last = point
             if run.log(step, point, epoch=epoch):
@@ -227,8 +252,9 @@ class SSLTrainer(TrainerBase):
         # its last finite point.
         if not run.stopped:
             with contextlib.suppress(EvaluationStopped):
-                final, final_diagnostics = final_evaluation(config, model, splits, kept, device,
-                                                            run.should_stop)
+                final, final_diagnostics = final_evaluation(
+                    config, model, splits, kept, device, run.should_stop
+                )
                 metrics.update(final)
                 diagnostics.update(final_diagnostics)
         if epochs_to_target is not None:

@@ -18,13 +18,17 @@ router = APIRouter(tags=["experiments"])
 IdQuery = Annotated[int, Query(ge=1, le=MAX_INT_COLUMN, description="an experiment id")]
 
 
-@router.get("/compare", response_model=ExperimentComparison, operation_id="compare_experiments",
-            summary="Two experiments of one trainer, condition by condition",
-            description="The conditions experiments `a` and `b` both completed runs of, side by "
-                        "side, each pair tested as in /stats (the factor is `experiment`); the "
-                        "conditions only one of them ran are listed by key. Stored and served "
-                        "again until another run of either experiment completes.",
-            responses=errors({404: "No experiment with one of these ids", 503: HEAVY_READS}))
+@router.get(
+    "/compare",
+    response_model=ExperimentComparison,
+    operation_id="compare_experiments",
+    summary="Two experiments of one trainer, condition by condition",
+    description="The conditions experiments `a` and `b` both completed runs of, side by "
+    "side, each pair tested as in /stats (the factor is `experiment`); the "
+    "conditions only one of them ran are listed by key. Stored and served "
+    "again until another run of either experiment completes.",
+    responses=errors({404: "No experiment with one of these ids", 503: HEAVY_READS}),
+)
 def compare_experiments(
     a: IdQuery,
     b: IdQuery,
@@ -34,7 +38,8 @@ def compare_experiments(
     limit: Annotated[int, Query(ge=1, le=MAX_CONDITIONS_PER_PAGE)] = 50,
     offset: Offset = 0,
 ) -> Response:
-    payload = logic.compare_json(session=session, a_id=a, b_id=b, metric=metric, offset=offset,
-                                 limit=limit, heavy=heavy)
+    payload = logic.compare_json(
+        session=session, a_id=a, b_id=b, metric=metric, offset=offset, limit=limit, heavy=heavy
+    )
     # the stored JSON as it is, like /stats
     return Response(content=payload, media_type="application/json")

@@ -15,13 +15,16 @@ Responses = dict[int | str, dict[str, Any]]
 def errors(described: dict[int, str]) -> Responses:
     """`errors({404: "No experiment with this id"})`: each status code with its description
     and the ErrorDetail body."""
-    return {code: {"model": ErrorDetail, "description": description}
-            for code, description in described.items()}
+    return {
+        code: {"model": ErrorDetail, "description": description}
+        for code, description in described.items()
+    }
 
 
 NO_EXPERIMENT = "No experiment with this id"
 BODY_TOO_LARGE = "The request body is larger than SEEDGRID_MAX_REQUEST_BODY_BYTES"
-QUEUE_FULL = ("The queue is full (SEEDGRID_MAX_QUEUED_RUNS): retry after the Retry-After "
-              "seconds")
-HEAVY_READS = ("As many heavy reads (statistics or comparisons not stored yet, exports) as "
-               "SEEDGRID_MAX_HEAVY_READS are running: retry after the Retry-After seconds")
+QUEUE_FULL = "The queue is full (SEEDGRID_MAX_QUEUED_RUNS): retry after the Retry-After seconds"
+HEAVY_READS = (
+    "As many heavy reads (statistics or comparisons not stored yet, exports) as "
+    "SEEDGRID_MAX_HEAVY_READS are running: retry after the Retry-After seconds"
+)

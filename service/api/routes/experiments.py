@@ -40,19 +40,26 @@ MAX_RUNS_PAGE = RUNS_PAGE
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
 
-@router.post("", status_code=201, response_model=ExperimentCreated,
-             operation_id="submit_experiment", summary="Submit an experiment",
-             description="Validates the spec (the trainer's config model checks `config` and "
-                         "every `grid` level), checks on a node of the cluster what would fail "
-                         "every run before it trains (the dataset's files, the device), "
-                         "expands the grid into conditions x seeds and queues one run per "
-                         "(condition, seed). Nothing is stored for a rejected spec; the 422 "
-                         "names the field.",
-             responses=errors({413: BODY_TOO_LARGE, 429: QUEUE_FULL}))
-def submit_experiment(spec: ExperimentSpec, session: SessionDep, settings: SettingsDep,
-                      preflight: PreflightDep) -> ExperimentCreated:
-    experiment = logic.create_experiment(session=session, spec=spec, settings=settings,
-                                         preflight=preflight)
+@router.post(
+    "",
+    status_code=201,
+    response_model=ExperimentCreated,
+    operation_id="submit_experiment",
+    summary="Submit an experiment",
+    description="Validates the spec (the trainer's config model checks `config` and "
+    "every `grid` level), checks on a node of the cluster what would fail "
+    "every run before it trains (the dataset's files, the device), "
+    "expands the grid into conditions x seeds and queues one run per "
+    "(condition, seed). Nothing is stored for a rejected spec; the 422 "
+    "names the field.",
+    responses=errors({413: BODY_TOO_LARGE, 429: QUEUE_FULL}),
+)
+def submit_experiment(
+    spec: ExperimentSpec, session: SessionDep, settings: SettingsDep, preflight: PreflightDep
+) -> ExperimentCreated:
+    experiment = logic.create_experiment(
+        session=session, spec=spec, settings=settings, preflight=preflight
+    )
     assert experiment.id is not None
     return ExperimentCreated(
         id=experiment.id,
@@ -64,44 +71,65 @@ def submit_experiment(spec: ExperimentSpec, session: SessionDep, settings: Setti
     )
 
 
-@router.get("", response_model=list[ExperimentSummary], operation_id="list_experiments",
-            summary="List experiments, newest first",
-            description="One page of experiments with their status and run counts; a "
-                        "`Link: rel=\"next\"` header points at the next page while a page comes "
-                        "back full.")
+@router.get(
+    "",
+    response_model=list[ExperimentSummary],
+    operation_id="list_experiments",
+    summary="List experiments, newest first",
+    description="One page of experiments with their status and run counts; a "
+    '`Link: rel="next"` header points at the next page while a page comes '
+    "back full.",
+)
 def list_experiments(
     request: Request,
     response: Response,
     session: SessionDep,
     status: ExperimentStatus | None = None,
-    name: Annotated[str | None, Query(
-        max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT,
-        description="only experiments whose name contains this text (case-insensitive)")] = None,
+    name: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_KEY_LENGTH,
+            pattern=STORABLE_TEXT,
+            description="only experiments whose name contains this text (case-insensitive)",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=EXPERIMENTS_PAGE)] = 50,
     offset: Offset = 0,
 ) -> list[ExperimentSummary]:
-    page = logic.list_experiments(session=session, status=status, name=name, limit=limit,
-                                  offset=offset)
+    page = logic.list_experiments(
+        session=session, status=status, name=name, limit=limit, offset=offset
+    )
     link_next(request, response, offset=offset, limit=limit, returned=len(page))
     return page
 
 
-@router.get("/{experiment_id}", response_model=ExperimentDetail, operation_id="get_experiment",
-            summary="One experiment: status, run counts and spec",
-            description="Its status, its runs per status, the spec as stored (seeds as given, "
-                        "config without the trainer's defaults) and, for an adaptive "
-                        "experiment, its looks.",
-            responses=errors({404: NO_EXPERIMENT}))
+@router.get(
+    "/{experiment_id}",
+    response_model=ExperimentDetail,
+    operation_id="get_experiment",
+    summary="One experiment: status, run counts and spec",
+    description="Its status, its runs per status, the spec as stored (seeds as given, "
+    "config without the trainer's defaults) and, for an adaptive "
+    "experiment, its looks.",
+    responses=errors({404: NO_EXPERIMENT}),
+)
 def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
-@router.delete("/{experiment_id}", status_code=204, response_class=Response,
-               operation_id="delete_experiment",
-               summary="Delete an ended experiment and everything it stored",
-               responses=errors({404: NO_EXPERIMENT, 409: "A run of the experiment is queued, "
-                                                          "pending or running: cancel it "
-                                                          "first"}))
+@router.delete(
+    "/{experiment_id}",
+    status_code=204,
+    response_class=Response,
+    operation_id="delete_experiment",
+    summary="Delete an ended experiment and everything it stored",
+    responses=errors(
+        {
+            404: NO_EXPERIMENT,
+            409: "A run of the experiment is queued, pending or running: cancel it first",
+        }
+    ),
+)
 def delete(experiment_id: ExperimentId, request: Request, session: SessionDep) -> Response:
     """Delete an ended experiment with its runs, attempts, metric points and statistics: gone
     from every read when the answer comes; its rows are removed in the background, in short
@@ -111,36 +139,54 @@ def delete(experiment_id: ExperimentId, request: Request, session: SessionDep) -
     return Response(status_code=204)
 
 
-@router.post("/{experiment_id}/cancel", status_code=202, response_model=ExperimentDetail,
-             operation_id="cancel_experiment", summary="Cancel a queued or running experiment",
-             description="Queued runs become `cancelled` at once; pending and running ones are "
-                         "cancelled in Ray and end `cancelled` within about a second.",
-             responses=errors({404: NO_EXPERIMENT,
-                               409: "The experiment ended or was cancelled already"}))
+@router.post(
+    "/{experiment_id}/cancel",
+    status_code=202,
+    response_model=ExperimentDetail,
+    operation_id="cancel_experiment",
+    summary="Cancel a queued or running experiment",
+    description="Queued runs become `cancelled` at once; pending and running ones are "
+    "cancelled in Ray and end `cancelled` within about a second.",
+    responses=errors({404: NO_EXPERIMENT, 409: "The experiment ended or was cancelled already"}),
+)
 def cancel_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
     logic.cancel_experiment(session=session, experiment_id=experiment_id)
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
-@router.post("/{experiment_id}/seeds", status_code=201, response_model=SeedsAdded,
-             operation_id="add_seeds", summary="Add seeds to every condition",
-             description="More seeds for every condition; their runs join the experiment's "
-                         "statistics.",
-             responses=errors({404: NO_EXPERIMENT,
-                               409: "The experiment was cancelled, or is adaptive (its rule "
-                                    "decides its seeds)",
-                               413: BODY_TOO_LARGE, 429: QUEUE_FULL}))
-def add_seeds(experiment_id: ExperimentId, request: AddSeeds, session: SessionDep,
-              settings: SettingsDep) -> SeedsAdded:
-    return logic.add_seeds(session=session, experiment_id=experiment_id, request=request,
-                           settings=settings)
+@router.post(
+    "/{experiment_id}/seeds",
+    status_code=201,
+    response_model=SeedsAdded,
+    operation_id="add_seeds",
+    summary="Add seeds to every condition",
+    description="More seeds for every condition; their runs join the experiment's statistics.",
+    responses=errors(
+        {
+            404: NO_EXPERIMENT,
+            409: "The experiment was cancelled, or is adaptive (its rule decides its seeds)",
+            413: BODY_TOO_LARGE,
+            429: QUEUE_FULL,
+        }
+    ),
+)
+def add_seeds(
+    experiment_id: ExperimentId, request: AddSeeds, session: SessionDep, settings: SettingsDep
+) -> SeedsAdded:
+    return logic.add_seeds(
+        session=session, experiment_id=experiment_id, request=request, settings=settings
+    )
 
 
-@router.get("/{experiment_id}/runs", response_model=list[RunOut], operation_id="list_runs",
-            summary="One page of an experiment's runs",
-            description="Each run's condition, seed, status, final metrics, diagnostics "
-                        "summary and warnings, in run order; `status` keeps one status.",
-            responses=errors({404: NO_EXPERIMENT}))
+@router.get(
+    "/{experiment_id}/runs",
+    response_model=list[RunOut],
+    operation_id="list_runs",
+    summary="One page of an experiment's runs",
+    description="Each run's condition, seed, status, final metrics, diagnostics "
+    "summary and warnings, in run order; `status` keeps one status.",
+    responses=errors({404: NO_EXPERIMENT}),
+)
 def list_runs(
     experiment_id: ExperimentId,
     request: Request,
@@ -150,68 +196,112 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE)] = MAX_RUNS_PAGE,
     offset: Offset = 0,
 ) -> list[RunOut]:
-    page = logic.list_runs(session=session, experiment_id=experiment_id, status=status,
-                           limit=limit, offset=offset)
+    page = logic.list_runs(
+        session=session, experiment_id=experiment_id, status=status, limit=limit, offset=offset
+    )
     link_next(request, response, offset=offset, limit=limit, returned=len(page))
     return page
 
 
-@router.get("/{experiment_id}/stats", response_model=Stats, operation_id="get_stats",
-            summary="Per-condition summaries and variance comparisons",
-            description="Of `metric` (default: the spec's), over the completed runs: every "
-                        "condition's summary with its values, their runs and seeds, and one page "
-                        "of the comparisons (pooled over the other factors, and within each "
-                        "combination of them). Stored and served again until another run of "
-                        "the experiment completes.",
-            responses=errors({404: NO_EXPERIMENT, 503: HEAVY_READS}))
+@router.get(
+    "/{experiment_id}/stats",
+    response_model=Stats,
+    operation_id="get_stats",
+    summary="Per-condition summaries and variance comparisons",
+    description="Of `metric` (default: the spec's), over the completed runs: every "
+    "condition's summary with its values, their runs and seeds, and one page "
+    "of the comparisons (pooled over the other factors, and within each "
+    "combination of them). Stored and served again until another run of "
+    "the experiment completes.",
+    responses=errors({404: NO_EXPERIMENT, 503: HEAVY_READS}),
+)
 def get_stats(
     experiment_id: ExperimentId,
     session: SessionDep,
     heavy: HeavyReadsDep,
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
-    factor: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT,
-                                        description="only this factor's comparisons")] = None,
-    limit: Annotated[int | None, Query(
-        ge=1, le=MAX_COMPARISONS_PER_PAGE,
-        description="comparisons in this page (default: all, if there are at most "
-                    f"{MAX_COMPARISONS_PER_PAGE})")] = None,
+    factor: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_KEY_LENGTH,
+            pattern=STORABLE_TEXT,
+            description="only this factor's comparisons",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_COMPARISONS_PER_PAGE,
+            description="comparisons in this page (default: all, if there are at most "
+            f"{MAX_COMPARISONS_PER_PAGE})",
+        ),
+    ] = None,
     offset: Offset = 0,
-    scale: Annotated[Literal["raw", "log"] | None, Query(
-        description="raw: compare variances of the metric; log: of its logarithm (relative "
-                    "spreads, for a positive metric). Default: the spec's analysis.scale")] = None,
+    scale: Annotated[
+        Literal["raw", "log"] | None,
+        Query(
+            description="raw: compare variances of the metric; log: of its logarithm (relative "
+            "spreads, for a positive metric). Default: the spec's analysis.scale"
+        ),
+    ] = None,
 ) -> Response:
     experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
-    payload = stats_json(session=session, experiment=experiment, metric=metric, factor=factor,
-                         offset=offset, limit=limit, scale=scale, heavy=heavy)
+    payload = stats_json(
+        session=session,
+        experiment=experiment,
+        metric=metric,
+        factor=factor,
+        offset=offset,
+        limit=limit,
+        scale=scale,
+        heavy=heavy,
+    )
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
     return Response(content=payload, media_type="application/json")
 
 
-@router.get("/{experiment_id}/export", response_class=Response,
-            operation_id="export_experiment",
-            summary="An experiment's runs or metric curves as a CSV or Parquet file",
-            responses={200: {"description": "The file (CSV or Parquet)",
-                             "content": {"text/csv": {}, "application/vnd.apache.parquet": {}}},
-                       **errors({404: NO_EXPERIMENT, 503: HEAVY_READS})})
+@router.get(
+    "/{experiment_id}/export",
+    response_class=Response,
+    operation_id="export_experiment",
+    summary="An experiment's runs or metric curves as a CSV or Parquet file",
+    responses={
+        200: {
+            "description": "The file (CSV or Parquet)",
+            "content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
+        },
+        **errors({404: NO_EXPERIMENT, 503: HEAVY_READS}),
+    },
+)
 def export_file(
     experiment_id: ExperimentId,
     request: Request,
     format: Annotated[ExportFormat, Query(description="csv or parquet")] = ExportFormat.csv,
-    what: Annotated[ExportWhat, Query(
-        description="runs: a row per run (condition, seed, status, final metrics); curves: a "
-                    "row per logged metric point")] = ExportWhat.runs,
+    what: Annotated[
+        ExportWhat,
+        Query(
+            description="runs: a row per run (condition, seed, status, final metrics); curves: a "
+            "row per logged metric point"
+        ),
+    ] = ExportWhat.runs,
 ) -> Response:
     """An experiment's runs or metric curves as one file, read a page at a time from one
     snapshot (service.analysis.export)."""
     table = export.export_table(request.app.state.engine, experiment_id, what)
-    headers = {"Content-Disposition":
-               f'attachment; filename="{export.filename(experiment_id, what, format)}"'}
+    filename = export.filename(experiment_id, what, format)
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
     if format == ExportFormat.csv:
-        return StreamingResponse(export.csv_chunks(table), headers=headers,
-                                 media_type=export.MEDIA_TYPES[format])
+        return StreamingResponse(
+            export.csv_chunks(table), headers=headers, media_type=export.MEDIA_TYPES[format]
+        )
     try:
         path = export.parquet_file(table)
     except export.ExportTypeError as exc:
         raise logic.SpecError.query("format", str(exc)) from None
-    return FileResponse(path, headers=headers, media_type=export.MEDIA_TYPES[format],
-                        background=BackgroundTask(os.unlink, path))
+    return FileResponse(
+        path,
+        headers=headers,
+        media_type=export.MEDIA_TYPES[format],
+        background=BackgroundTask(os.unlink, path),
+    )

@@ -12,8 +12,9 @@ from service.api.deps import MAX_DB_INT
 Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT, description="items to skip")]
 
 
-def link_next(request: Request, response: Response, *, offset: int, limit: int,
-              returned: int) -> None:
+def link_next(
+    request: Request, response: Response, *, offset: int, limit: int, returned: int
+) -> None:
     """Point at the next page when this one is full (there may be more)."""
     if returned >= limit:
         url = request.url.include_query_params(offset=offset + returned, limit=limit)

@@ -23,12 +23,16 @@ from trainers.runtime import seedgrid_version
 router = APIRouter(tags=["system"])
 
 
-@router.get("/trainers", response_model=list[TrainerInfo], operation_id="list_trainers",
-            summary="The trainers, their config fields, metrics and reports",
-            description="Each trainer's config schema (every field with its default and "
-                        "meaning), its final metrics and diagnostics, the primary metric a "
-                        "spec's `metric` defaults to, its cross-run reports and the checks "
-                        "`stop_on_checks` can name.")
+@router.get(
+    "/trainers",
+    response_model=list[TrainerInfo],
+    operation_id="list_trainers",
+    summary="The trainers, their config fields, metrics and reports",
+    description="Each trainer's config schema (every field with its default and "
+    "meaning), its final metrics and diagnostics, the primary metric a "
+    "spec's `metric` defaults to, its cross-run reports and the checks "
+    "`stop_on_checks` can name.",
+)
 def list_trainers() -> list[TrainerInfo]:
     return [
         TrainerInfo(
@@ -49,13 +53,17 @@ def list_trainers() -> list[TrainerInfo]:
     ]
 
 
-@router.get("/healthz", response_model=Health, operation_id="get_health",
-            summary="Database, Ray and dispatcher status",
-            description="Open without the token (a probe cannot send one). `status` is "
-                        "`degraded` when the database does not answer or this process's "
-                        "dispatcher stopped or its latest pass failed (`dispatcher_error`); "
-                        "`cluster_resources` are Ray's CPU, GPU and memory totals when this "
-                        "process is connected to Ray.")
+@router.get(
+    "/healthz",
+    response_model=Health,
+    operation_id="get_health",
+    summary="Database, Ray and dispatcher status",
+    description="Open without the token (a probe cannot send one). `status` is "
+    "`degraded` when the database does not answer or this process's "
+    "dispatcher stopped or its latest pass failed (`dispatcher_error`); "
+    "`cluster_resources` are Ray's CPU, GPU and memory totals when this "
+    "process is connected to Ray.",
+)
 def get_health(request: Request, session: SessionDep) -> Health:
     database_error: str | None = None
     try:
@@ -65,8 +73,11 @@ def get_health(request: Request, session: SessionDep) -> Health:
     resources: dict[str, float] = {}
     if ray.is_initialized():
         ray_state = RayState.ok
-        resources = {k: float(v) for k, v in ray.cluster_resources().items()
-                     if k in {"CPU", "GPU", "memory", "object_store_memory"}}
+        resources = {
+            k: float(v)
+            for k, v in ray.cluster_resources().items()
+            if k in {"CPU", "GPU", "memory", "object_store_memory"}
+        }
     else:
         ray_state = RayState.not_connected
     dispatcher = request.app.state.dispatcher
@@ -74,14 +85,17 @@ def get_health(request: Request, session: SessionDep) -> Health:
         ray_state = RayState.dispatcher_stopped
     failing = dispatcher is not None and dispatcher.failing
     ok = database_error is None and ray_state is not RayState.dispatcher_stopped and not failing
-    return Health(status=HealthStatus.ok if ok else HealthStatus.degraded,
-                  database=DatabaseState.ok if database_error is None else DatabaseState.error,
-                  database_error=database_error, ray=ray_state, cluster_resources=resources,
-                  version=seedgrid_version(),
-                  dispatcher=(DispatcherState.absent if dispatcher is None
-                              else dispatcher.state),
-                  dispatcher_step_errors=0 if dispatcher is None else dispatcher.step_errors,
-                  dispatcher_error=dispatcher.last_step_error if failing else None)
+    return Health(
+        status=HealthStatus.ok if ok else HealthStatus.degraded,
+        database=DatabaseState.ok if database_error is None else DatabaseState.error,
+        database_error=database_error,
+        ray=ray_state,
+        cluster_resources=resources,
+        version=seedgrid_version(),
+        dispatcher=(DispatcherState.absent if dispatcher is None else dispatcher.state),
+        dispatcher_step_errors=0 if dispatcher is None else dispatcher.step_errors,
+        dispatcher_error=dispatcher.last_step_error if failing else None,
+    )
 
 
 @router.head("/healthz", include_in_schema=False)
@@ -90,15 +104,26 @@ def head_health() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/metrics", response_class=Response, operation_id="get_metrics",
-            summary="Prometheus metrics",
-            description="Runs by status, queue depth, runs in flight, dispatch latency, run "
-                        "durations by trainer and worker losses, in Prometheus' text format "
-                        "(version 0.0.4). Needs the token like the rest of the API.",
-            responses={200: {"description": "Prometheus' text exposition format",
-                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    operation_id="get_metrics",
+    summary="Prometheus metrics",
+    description="Runs by status, queue depth, runs in flight, dispatch latency, run "
+    "durations by trainer and worker losses, in Prometheus' text format "
+    "(version 0.0.4). Needs the token like the rest of the API.",
+    responses={
+        200: {
+            "description": "Prometheus' text exposition format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
 def get_metrics(request: Request, session: SessionDep) -> Response:
     dispatcher = request.app.state.dispatcher
-    body = exposition(session, None if dispatcher is None else dispatcher.metrics,
-                      None if dispatcher is None else len(dispatcher.in_flight))
+    body = exposition(
+        session,
+        None if dispatcher is None else dispatcher.metrics,
+        None if dispatcher is None else len(dispatcher.in_flight),
+    )
     return Response(content=body, media_type=CONTENT_TYPE)

@@ -31,8 +31,8 @@ DOCS_ASSETS_URL = "/docs-assets"
 # style-src does not govern, never as style attributes.)
 DASHBOARD_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                               "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
-                               "base-uri 'none'; frame-ancestors 'none'",
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+    "base-uri 'none'; frame-ancestors 'none'",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
@@ -52,8 +52,10 @@ DOCS_ASSETS = {
 # The one address outside the service that these builds load from: ReDoc's sidebar footer shows
 # Redocly's logo from their CDN (no option turns it off); the local favicon stands in for it.
 DOCS_ASSET_REWRITES = {
-    "redoc.standalone.js": (b"https://cdn.redoc.ly/redoc/logo-mini.svg",
-                            f"{DOCS_ASSETS_URL}/favicon.png".encode()),
+    "redoc.standalone.js": (
+        b"https://cdn.redoc.ly/redoc/logo-mini.svg",
+        f"{DOCS_ASSETS_URL}/favicon.png".encode(),
+    ),
 }
 
 
@@ -65,10 +67,11 @@ STATUSES_MARKER = "__SEEDGRID_STATUSES__"
 def dashboard_statuses() -> dict[str, list[str]]:
     """What the dashboard knows of statuses, from the enums rather than restated in its script:
     every experiment status (its filter), and the active ones of runs and of experiments."""
-    return {"experiment": [s.value for s in ExperimentStatus],
-            "experiment_active": [s.value for s in ExperimentStatus
-                                  if s in ExperimentStatus.active()],
-            "run_active": [s.value for s in RunStatus if s in RunStatus.active()]}
+    return {
+        "experiment": [s.value for s in ExperimentStatus],
+        "experiment_active": [s.value for s in ExperimentStatus if s in ExperimentStatus.active()],
+        "run_active": [s.value for s in RunStatus if s in RunStatus.active()],
+    }
 
 
 @cache
@@ -111,35 +114,50 @@ def ui_router(app: FastAPI) -> APIRouter:
     for name, media_type in DASHBOARD_ASSETS.items():
         _add_file_route(router, f"{DASHBOARD_URL}/{name}", _dashboard_file(name), media_type)
     for name, media_type in DOCS_ASSETS.items():
-        _add_file_route(router, f"{DOCS_ASSETS_URL}/{name}", _docs_file(name), media_type,
-                        DOCS_ASSET_REWRITES.get(name))
+        _add_file_route(
+            router,
+            f"{DOCS_ASSETS_URL}/{name}",
+            _docs_file(name),
+            media_type,
+            DOCS_ASSET_REWRITES.get(name),
+        )
 
     @router.get(DOCS_URL, response_class=HTMLResponse)
     def swagger_ui() -> Response:
         page = get_swagger_ui_html(
-            openapi_url=openapi_url, title=f"{app.title} - Swagger UI",
+            openapi_url=openapi_url,
+            title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{DOCS_ASSETS_URL}/swagger-ui-bundle.js",
             swagger_css_url=f"{DOCS_ASSETS_URL}/swagger-ui.css",
             swagger_favicon_url=f"{DOCS_ASSETS_URL}/favicon.png",
             # Swagger UI would otherwise send the schema to an online validator.
-            swagger_ui_parameters={"validatorUrl": None})
+            swagger_ui_parameters={"validatorUrl": None},
+        )
         page.headers.update(DOCS_HEADERS)
         return page
 
     @router.get(REDOC_URL, response_class=HTMLResponse)
     def redoc() -> Response:
         page = get_redoc_html(
-            openapi_url=openapi_url, title=f"{app.title} - ReDoc",
+            openapi_url=openapi_url,
+            title=f"{app.title} - ReDoc",
             redoc_js_url=f"{DOCS_ASSETS_URL}/redoc.standalone.js",
-            redoc_favicon_url=f"{DOCS_ASSETS_URL}/favicon.png", with_google_fonts=False)
+            redoc_favicon_url=f"{DOCS_ASSETS_URL}/favicon.png",
+            with_google_fonts=False,
+        )
         page.headers.update(DOCS_HEADERS)
         return page
 
     return router
 
 
-def _add_file_route(router: APIRouter, path: str, source: Traversable, media_type: str,
-                    rewrite: tuple[bytes, bytes] | None = None) -> None:
+def _add_file_route(
+    router: APIRouter,
+    path: str,
+    source: Traversable,
+    media_type: str,
+    rewrite: tuple[bytes, bytes] | None = None,
+) -> None:
     @cache
     def content() -> bytes:
         # Read once, on first use, through importlib.resources (works from any install layout).

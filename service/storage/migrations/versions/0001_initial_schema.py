@@ -63,9 +63,7 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["experiment_id"], ["experiment.id"]),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint(
-            "experiment_id", "condition_key", "seed", name="uq_run_condition_seed"
-        ),
+        sa.UniqueConstraint("experiment_id", "condition_key", "seed", name="uq_run_condition_seed"),
     )
     op.create_index("ix_run_experiment_id", "run", ["experiment_id"])
     op.create_index("ix_run_queue", "run", ["status", "priority", "id"])

@@ -40,8 +40,10 @@ def _clean_json_column(table: str, column: str) -> None:
         value = json.loads(stored) if isinstance(stored, str) else stored
         cleaned = _clean(value)
         if cleaned != value:
-            bind.execute(sa.text(f"UPDATE {table} SET {column} = :value WHERE id = :id"),
-                         {"value": json.dumps(cleaned), "id": row_id})
+            bind.execute(
+                sa.text(f"UPDATE {table} SET {column} = :value WHERE id = :id"),
+                {"value": json.dumps(cleaned), "id": row_id},
+            )
 
 
 def upgrade() -> None:
@@ -82,5 +84,7 @@ def downgrade() -> None:
         spec = specs[experiment_id]
         spec = json.loads(spec) if isinstance(spec, str) else spec
         condition = json.loads(condition) if isinstance(condition, str) else condition
-        bind.execute(sa.text("UPDATE run SET config = :config WHERE id = :id"),
-                     {"config": json.dumps({**spec.get("config", {}), **condition}), "id": run_id})
+        bind.execute(
+            sa.text("UPDATE run SET config = :config WHERE id = :id"),
+            {"config": json.dumps({**spec.get("config", {}), **condition}), "id": run_id},
+        )

@@ -20,8 +20,10 @@ STATUSES = ("queued", "running", "completed", "failed", "diverged", "cancelled")
 
 def upgrade() -> None:
     for status in STATUSES:
-        op.add_column("experiment", sa.Column(f"runs_{status}", sa.Integer(), nullable=False,
-                                              server_default="0"))
+        op.add_column(
+            "experiment",
+            sa.Column(f"runs_{status}", sa.Integer(), nullable=False, server_default="0"),
+        )
     for status in STATUSES:
         op.execute(
             f"UPDATE experiment SET runs_{status} = (SELECT count(*) FROM run "

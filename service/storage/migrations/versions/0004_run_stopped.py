@@ -19,8 +19,9 @@ STOPPED_BEFORE_0004 = "stopped early by a check its spec asked to stop on (statu
 
 
 def upgrade() -> None:
-    op.add_column("experiment", sa.Column("runs_stopped", sa.Integer(), nullable=False,
-                                          server_default="0"))
+    op.add_column(
+        "experiment", sa.Column("runs_stopped", sa.Integer(), nullable=False, server_default="0")
+    )
     # 0 on a database that 0003 kept; counted, like 0003's columns, so that an upgrade after a
     # downgrade is exact too.
     op.execute(
@@ -33,12 +34,15 @@ def downgrade() -> None:
     # 0003's code knows no `stopped`: such runs become failed (not completed: /stats must keep
     # leaving them out), with the reason, and their counts move with them; an experiment that
     # 0004 called completed because of them is partial under 0003's rule.
-    op.execute("UPDATE experiment SET status = 'partial' "
-               "WHERE status = 'completed' AND runs_stopped > 0")
+    op.execute(
+        "UPDATE experiment SET status = 'partial' WHERE status = 'completed' AND runs_stopped > 0"
+    )
     op.execute("UPDATE experiment SET runs_failed = runs_failed + runs_stopped")
     op.execute(
-        sa.text("UPDATE run SET status = 'failed', error = coalesce(error, :reason) "
-                "WHERE status = 'stopped'").bindparams(reason=STOPPED_BEFORE_0004)
+        sa.text(
+            "UPDATE run SET status = 'failed', error = coalesce(error, :reason) "
+            "WHERE status = 'stopped'"
+        ).bindparams(reason=STOPPED_BEFORE_0004)
     )
     op.execute("UPDATE runattempt SET outcome = 'failed' WHERE outcome = 'stopped'")
     # Native on PostgreSQL and on SQLite >= 3.35 (no index or constraint uses the column).

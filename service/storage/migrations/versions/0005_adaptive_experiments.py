@@ -16,8 +16,9 @@ depends_on: str | None = None
 
 def upgrade() -> None:
     op.add_column("experiment", sa.Column("adaptive", sa.JSON(), nullable=True))
-    op.add_column("experiment", sa.Column("deciding", sa.Boolean(), nullable=False,
-                                          server_default=sa.false()))
+    op.add_column(
+        "experiment", sa.Column("deciding", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
 
 
 def downgrade() -> None:

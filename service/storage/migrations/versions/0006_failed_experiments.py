@@ -17,9 +17,11 @@ depends_on: str | None = None
 def upgrade() -> None:
     # service.scheduling.run_store.experiment_status, for the experiments that ended under 0005's
     # rule
-    op.execute("UPDATE experiment SET status = 'failed' WHERE status = 'partial' "
-               "AND runs_queued = 0 AND runs_running = 0 "
-               "AND runs_completed + runs_stopped = 0 AND runs_failed + runs_diverged > 0")
+    op.execute(
+        "UPDATE experiment SET status = 'failed' WHERE status = 'partial' "
+        "AND runs_queued = 0 AND runs_running = 0 "
+        "AND runs_completed + runs_stopped = 0 AND runs_failed + runs_diverged > 0"
+    )
 
 
 def downgrade() -> None:

@@ -20,8 +20,9 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
-    op.add_column("experiment", sa.Column("runs_pending", sa.Integer(), nullable=False,
-                                          server_default="0"))
+    op.add_column(
+        "experiment", sa.Column("runs_pending", sa.Integer(), nullable=False, server_default="0")
+    )
     # 0 on a database that 0006 kept; counted, like 0004's column, so that an upgrade after a
     # downgrade is exact too.
     op.execute(

@@ -32,8 +32,10 @@ def _sqlite() -> bool:
     if bind.dialect.name != "sqlite":
         return False
     if bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
-        raise RuntimeError("migration 0008 rebuilds tables that others refer to: run it with "
-                           "SQLite's foreign keys off (service.storage.db.upgrade_database does)")
+        raise RuntimeError(
+            "migration 0008 rebuilds tables that others refer to: run it with "
+            "SQLite's foreign keys off (service.storage.db.upgrade_database does)"
+        )
     return True
 
 
@@ -41,8 +43,9 @@ def _rebuild(*, autoincrement: bool, deleted: sa.Column | None) -> None:
     """SQLite's experiment and run tables rebuilt with or without AUTOINCREMENT, the experiment
     with `deleted` added (a column) or dropped (None)."""
     for table in REBUILT:
-        with op.batch_alter_table(table, recreate="always",
-                                  table_kwargs={"sqlite_autoincrement": autoincrement}) as batch:
+        with op.batch_alter_table(
+            table, recreate="always", table_kwargs={"sqlite_autoincrement": autoincrement}
+        ) as batch:
             if table == "experiment":
                 if deleted is not None:
                     batch.add_column(deleted)
@@ -54,8 +57,9 @@ def _rebuild(*, autoincrement: bool, deleted: sa.Column | None) -> None:
 
 
 def upgrade() -> None:
-    deleted: sa.Column[bool] = sa.Column("deleted", sa.Boolean(), nullable=False,
-                                         server_default=sa.false())
+    deleted: sa.Column[bool] = sa.Column(
+        "deleted", sa.Boolean(), nullable=False, server_default=sa.false()
+    )
     if _sqlite():
         _rebuild(autoincrement=True, deleted=deleted)
     else:
@@ -85,11 +89,13 @@ def downgrade() -> None:
     # experiments would come back.
     deleted = "SELECT id FROM experiment WHERE deleted"
     runs = f"SELECT id FROM run WHERE experiment_id IN ({deleted})"
-    for statement in (f"DELETE FROM metricpoint WHERE run_id IN ({runs})",
-                      f"DELETE FROM runattempt WHERE run_id IN ({runs})",
-                      f"DELETE FROM statscache WHERE experiment_id IN ({deleted})",
-                      f"DELETE FROM run WHERE experiment_id IN ({deleted})",
-                      "DELETE FROM experiment WHERE deleted"):
+    for statement in (
+        f"DELETE FROM metricpoint WHERE run_id IN ({runs})",
+        f"DELETE FROM runattempt WHERE run_id IN ({runs})",
+        f"DELETE FROM statscache WHERE experiment_id IN ({deleted})",
+        f"DELETE FROM run WHERE experiment_id IN ({deleted})",
+        "DELETE FROM experiment WHERE deleted",
+    ):
         op.execute(statement)
     if _sqlite():
         _rebuild(autoincrement=False, deleted=None)

@@ -22,13 +22,18 @@ PREFIX = "cancelled: the experiment "
 
 def upgrade() -> None:
     op.add_column("experiment", sa.Column("stop_message", sa.String(), nullable=True))
-    stopped_run = (f"FROM run WHERE run.experiment_id = experiment.id "
-                   f"AND substr(run.error, 1, {len(PREFIX)}) = :prefix")
-    op.get_bind().execute(sa.text(
-        f"UPDATE experiment SET stop_message = (SELECT substr(run.error, {len(PREFIX) + 1}) "
-        f"{stopped_run} ORDER BY run.id LIMIT 1) "
-        f"WHERE runs_failed > 0 AND EXISTS (SELECT 1 {stopped_run})"
-    ), {"prefix": PREFIX})
+    stopped_run = (
+        f"FROM run WHERE run.experiment_id = experiment.id "
+        f"AND substr(run.error, 1, {len(PREFIX)}) = :prefix"
+    )
+    op.get_bind().execute(
+        sa.text(
+            f"UPDATE experiment SET stop_message = (SELECT substr(run.error, {len(PREFIX) + 1}) "
+            f"{stopped_run} ORDER BY run.id LIMIT 1) "
+            f"WHERE runs_failed > 0 AND EXISTS (SELECT 1 {stopped_run})"
+        ),
+        {"prefix": PREFIX},
+    )
 
 
 def downgrade() -> None:
