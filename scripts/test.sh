@@ -37,5 +37,9 @@ if ! command -v chromium >/dev/null; then
   install_for_tests chromium tests/e2e/test_browser.py
 fi
 
+# The checks of tools, before the tests: lint, the one format, types (pyproject.toml's
+# [tool.mypy]: service, workers, trainers and api_schemas, with the pydantic plugin).
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest -q "$@"
