@@ -45,18 +45,13 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, special
 
-from api_schemas import SeedPlan
 from service.analysis.power import (
     DEFAULT_ALPHA,
     DEFAULT_POWER,
     MAX_SEEDS_PER_LEVEL,
-    detectable_ratio,
-    seeds_needed,
 )
 from service.analysis.resampling import (
     MIN_DISTINCT_ASSIGNMENTS,
-    PAIRED_TEST,
-    UNPAIRED_TEST,
     Stratum,
     _roots,
     assignments,
@@ -80,7 +75,7 @@ FEW_SEEDS = 8
 SHAPE_OFFSET = 5
 
 
-def _check_pairing(paired: bool, correlation: float) -> None:
+def check_pairing(paired: bool, correlation: float) -> None:
     if not -1 < correlation < 1:
         raise ValueError(f"correlation must lie in (-1, 1), got {correlation}")
     if correlation and not paired:
@@ -99,7 +94,7 @@ def normal_seeds(
     """`simulations` datasets of standard normal values, one per row of each side; with paired
     seeds the first min(n_a, n_b) seeds' values on the two sides have correlation
     `correlation`."""
-    _check_pairing(paired, correlation)
+    check_pairing(paired, correlation)
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((simulations, n_a))
     b = rng.standard_normal((simulations, n_b))
@@ -242,7 +237,7 @@ def approximate_primary_power(
     docstring); within a few percent of the simulation from MAX_SIMULATED_SEEDS seeds per side.
     Shared seeds of unequal counts get the unpaired test, and the approximation then ignores
     their correlation (which only makes that test conservative)."""
-    _check_pairing(paired, correlation)
+    check_pairing(paired, correlation)
     r, z = ratio, float(special.ndtri(1 - alpha / 2))
     power = 0.0
     if prepare_is_paired(n_a, n_b, paired, correlation):
@@ -315,7 +310,7 @@ def primary_power(
 ) -> float:
     """The primary test's power at var_a / var_b = `ratio` on normal seeds: simulated up to
     MAX_SIMULATED_SEEDS seeds per side, approximated above (0 below 2 seeds: no test)."""
-    _check_pairing(paired, correlation)
+    check_pairing(paired, correlation)
     if n_a < 2 or n_b < 2:
         return 0.0
     if max(n_a, n_b) > MAX_SIMULATED_SEEDS:
@@ -338,7 +333,7 @@ def primary_detectable_ratio(
     """The smallest var_a / var_b > 1 that the primary test detects with `power` on normal
     seeds, n_a and n_b per level (shared by the two levels when `paired`, their values
     correlated `correlation`); math.inf when none up to MAX_DETECTABLE_RATIO is."""
-    _check_pairing(paired, correlation)
+    check_pairing(paired, correlation)
     if n_a < 2 or n_b < 2:
         return math.inf
     if max(n_a, n_b) <= MAX_SIMULATED_SEEDS:
@@ -397,7 +392,7 @@ def primary_seeds_needed(
     first n that reaches `power`: two to four simulations, each cached. Power rises
     with n except at a handful of seeds (the pairing rule's step at 6, an odd side's
     structural zero), so below FEW_SEEDS every smaller n is tried too."""
-    _check_pairing(paired, correlation)
+    check_pairing(paired, correlation)
     rho = max(ratio, 1 / ratio)
     if rho == 1.0:
         return None
@@ -442,79 +437,3 @@ def primary_seeds_needed(
     if n <= FEW_SEEDS:
         n = next((m for m in range(2, n) if reaches(m)), n)
     return n
-
-
-def _method(seeds: int, *, paired: bool, correlation: float) -> str:
-    """The test that runs on `seeds` seeds per level, and how its power was found."""
-    paired_test = prepare_is_paired(seeds, seeds, paired, correlation)
-    test = PAIRED_TEST if paired_test else UNPAIRED_TEST
-    if paired and not paired_test:
-        test += " (too few shared seeds to sign-flip)"
-    model = (
-        f"normal seeds whose values correlate {correlation:g} between the levels"
-        if correlation
-        else "normal seeds"
-    )
-    source = (
-        "a normal approximation above 40 seeds per level"
-        if seeds > MAX_SIMULATED_SEEDS
-        else f"simulated on {SIMULATIONS:,} datasets"
-    )
-    return (
-        f"{test}, the primary test, two-sided at level alpha with the same seeds per level; "
-        f"power on {model}, {source}"
-    )
-
-
-def seed_plan(
-    *,
-    ratio: float | None,
-    seeds: int | None,
-    alpha: float = DEFAULT_ALPHA,
-    power: float = DEFAULT_POWER,
-    paired: bool = True,
-    correlation: float = 0.0,
-) -> SeedPlan:
-    """The planning answer for the primary test: seeds per level for `ratio`, or the ratio
-    `seeds` detect; with the F-test's answer beside it (what normality would promise)."""
-    _check_pairing(paired, correlation)
-    planned: float | None
-    f_test_ratio: float | None
-    if ratio is not None:
-        needed = primary_seeds_needed(
-            ratio, paired=paired, correlation=correlation, alpha=alpha, power=power
-        )
-        planned, f_test_ratio = ratio, ratio
-        f_test_seeds = seeds_needed(ratio, alpha, power)
-        note = (
-            None
-            if needed is not None
-            else (
-                "no study detects a ratio of 1"
-                if ratio == 1
-                else f"more than {MAX_SEEDS_PER_LEVEL:,} seeds per level"
-            )
-        )
-        method_seeds = needed if needed is not None else MAX_SEEDS_PER_LEVEL
-    else:
-        assert seeds is not None
-        needed, f_test_seeds, method_seeds = seeds, seeds, seeds
-        detectable = primary_detectable_ratio(
-            seeds, seeds, paired=paired, correlation=correlation, alpha=alpha, power=power
-        )
-        f_detectable = detectable_ratio(seeds, seeds, alpha, power)
-        planned = detectable if math.isfinite(detectable) else None
-        f_test_ratio = f_detectable if math.isfinite(f_detectable) else None
-        note = None if planned is not None else "no ratio below 1e12 reaches that power"
-    return SeedPlan(
-        method=_method(method_seeds, paired=paired, correlation=correlation),
-        alpha=alpha,
-        power=power,
-        paired=paired,
-        correlation=correlation if paired else None,
-        ratio=planned,
-        seeds_per_level=needed,
-        note=note,
-        f_test_ratio=f_test_ratio,
-        f_test_seeds_per_level=f_test_seeds,
-    )

@@ -304,7 +304,7 @@ def plan(
 ) -> None:
     """How many seeds a variance comparison needs (no service needed; GET /planning/seeds
     answers the same)."""
-    from service.analysis.primary_power import seed_plan
+    from service.analysis.planning import seed_plan
 
     if (ratio is None) == (seeds is None):
         raise fail(

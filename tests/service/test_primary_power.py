@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.analysis.planning import seed_plan
 from service.analysis.power import seeds_needed
 from service.analysis.primary_power import (
     MAX_SIMULATED_SEEDS,
@@ -21,7 +22,6 @@ from service.analysis.primary_power import (
     primary_detectable_ratio,
     primary_power,
     primary_seeds_needed,
-    seed_plan,
     seed_stratum,
 )
 from service.analysis.resampling import prepare, randomisation_tests

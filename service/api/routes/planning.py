@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api_schemas import SeedPlan
+from service.analysis.planning import seed_plan
 from service.analysis.power import DEFAULT_ALPHA, DEFAULT_POWER
-from service.analysis.primary_power import seed_plan
 from service.errors import SpecError
 
 router = APIRouter(prefix="/planning", tags=["planning"])
