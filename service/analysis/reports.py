@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from api_schemas import RunStatus
 from service.errors import NotFound
@@ -24,7 +24,7 @@ def experiment_report(*, session: Session, experiment_id: int, name: str) -> Bas
     experiment = get_experiment(session=session, experiment_id=experiment_id)
     report = declared_report(experiment, name)
     runs = session.exec(
-        select(Run).where(Run.experiment_id == experiment_id).order_by(Run.id)  # type: ignore[arg-type]
+        select(Run).where(col(Run.experiment_id) == experiment_id).order_by(col(Run.id))
     ).all()
     record = experiment_record(experiment)
     return report.build(record, [run_record(r, base_config=record.config) for r in runs])

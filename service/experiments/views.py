@@ -134,7 +134,7 @@ def list_runs(
     query = select(Run).where(Run.experiment_id == experiment_id)
     if status is not None:
         query = query.where(Run.status == status)
-    runs = session.exec(query.order_by(Run.id).offset(offset).limit(limit)).all()  # type: ignore[arg-type]
+    runs = session.exec(query.order_by(col(Run.id)).offset(offset).limit(limit)).all()
     return [run_out(r) for r in runs]
 
 
@@ -142,7 +142,7 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
     run = get_run(session=session, run_id=run_id)
     experiment = get_experiment(session=session, experiment_id=run.experiment_id)
     attempts = session.exec(
-        select(RunAttempt).where(RunAttempt.run_id == run_id).order_by(RunAttempt.attempt)  # type: ignore[arg-type]
+        select(RunAttempt).where(col(RunAttempt.run_id) == run_id).order_by(col(RunAttempt.attempt))
     ).all()
     provenance = {
         **run.provenance,
