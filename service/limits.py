@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Exports are computed while they stream, after their handler has returned: the gate holds
 # their slot for the whole response instead (HeavyPaths).
@@ -66,7 +66,10 @@ class HeavyReads:
 
 class HeavyPaths:
     """ASGI middleware: a request to EXPORT_PATH holds a slot of `heavy` from its first byte
-    to its last (released however the response ends, a client gone mid-stream included)."""
+    to its last (released however the response ends, a client gone mid-stream included). The
+    slot is given back before the last byte is handed to the server, not after the response
+    returns: a client that reads one export to its end and asks for the next must find the
+    slot free (on a busy machine the return came after the next request, which got a 503)."""
 
     def __init__(self, app: ASGIApp, *, heavy: HeavyReads) -> None:
         self.app = app
@@ -79,10 +82,23 @@ class HeavyPaths:
         if not self.heavy.try_acquire():
             await busy_response(Busy(self.heavy.limit))(scope, receive, send)
             return
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.heavy.release()
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                release()
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sending)
         finally:
-            self.heavy.release()
+            release()
 
 
 def busy_response(busy: Busy) -> JSONResponse:

@@ -4,14 +4,16 @@ DELETE /experiments/{id} only marks the experiment deleted (one row, one commit)
 every read treats it as gone. Its metric points, attempts, runs and stored pages are removed
 afterwards by the API process's purger, PURGE_BATCH rows per transaction, children first and its
 row last (service.scheduling.run_store.RunStore.purge_step). Removing them in the delete's own
-transaction
-held SQLite's database-wide write lock for as long as that took (28 s for 3M points), and every
-other experiment's writes waited for it.
+transaction held SQLite's database-wide write lock for as long as that took (28 s for 3M
+points), and every other experiment's writes waited for it.
 
 SQLite's busy handler polls for the lock and keeps no queue: a purger that took the lock again
 at once after each commit could keep a waiting writer out for its whole run, so it pauses
-between batches there. A purge cut short (a crash, a stop) goes on at the next start-up or the
-next delete: the mark is in the database.
+between batches there, for longer than two of the handler's polls. A pause of just one poll
+interval is not enough: a poll that comes late (a busy machine) misses it, and when a batch and
+a pause together last a whole number of poll intervals, a writer whose polls fall inside the
+batches misses every pause (a CI run measured a 1.03 s wait). A purge cut short (a crash, a
+stop) goes on at the next start-up or the next delete: the mark is in the database.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ log = logging.getLogger("seedgrid.purge")
 
 # Rows removed per transaction: on SQLite about 30 ms of the write lock (5,000 points).
 PURGE_BATCH = 5000
-# SQLite only: the pause after each batch, at least the busy handler's longest poll interval
-# (100 ms) and at least as long as the batch took (a busy machine slows both), so that a
-# writer waiting on the lock takes it before the next batch does.
-SQLITE_PAUSE_S = 0.1
+# SQLite only: the pause after each batch, at least 2.5 times the busy handler's longest poll
+# interval (100 ms) and at least as long as the batch took (a busy machine slows both), so that
+# a writer waiting on the lock polls at least twice inside it and takes the lock before the
+# next batch does, even when one of its polls comes late.
+SQLITE_PAUSE_S = 0.25
 # After a failed purge (the database unreachable, say), the wait before it is tried again.
 RETRY_S = 5.0
 
