@@ -690,11 +690,18 @@ class AttemptOut(ResponseModel):
     worker_pid: int | None
     outcome: AttemptOutcome | None
     error: str | None
+    # The full traceback of an attempt that failed because the trainer raised, else null.
+    traceback: str | None = None
     started_at: datetime
     finished_at: datetime | None
 
 
 class RunDetail(RunOut):
+    # When the trainer raised: the full traceback (Python's format, at most 20,000 characters,
+    # its middle cut when longer) and its innermost frame of the trainer's own code
+    # ("file:line, in function"); null otherwise.
+    traceback: str | None = None
+    failed_at: str | None = None
     config: dict[str, JsonValue]
     # seedgrid and torch versions, device, Ray node, worker pid, run time.
     provenance: dict[str, JsonValue]

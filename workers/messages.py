@@ -42,7 +42,8 @@ class MetricBatch:
 class Result:
     """How the run ended: completed, stopped (a check the spec asked to stop on fired: the
     diagnostics' "stop" says which, at which epoch), diverged (metrics are the last finite
-    point's) or failed (the trainer raised; `error` says what)."""
+    point's) or failed (the trainer raised; `error` says what in one line, `traceback` where:
+    api_schemas.tracebacks)."""
 
     status: RunStatus
     metrics: dict[str, Any]
@@ -51,6 +52,7 @@ class Result:
     provenance: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     index: int = 0  # the seed's place in the task's seeds
+    traceback: str | None = None
 
     def storable(self) -> Result:
         """This result with every string storable (no NUL, no lone surrogate): whatever a
@@ -62,6 +64,7 @@ class Result:
             warnings=storable_json(self.warnings, max_length=None),
             provenance=storable_json(self.provenance, max_length=None),
             error=storable_json(self.error, max_length=None),
+            traceback=storable_json(self.traceback, max_length=None),
         )
 
 

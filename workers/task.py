@@ -37,6 +37,7 @@ from typing import Any
 import ray
 
 from api_schemas import RunStatus, storable_text
+from api_schemas.tracebacks import format_traceback
 from trainers import get_trainer
 from trainers.base import RunResult
 from trainers.runtime import warm_up
@@ -95,6 +96,7 @@ def _outcome(
             metrics=reporter.last_finite,
             index=index,
             error=storable_text(f"{type(outcome).__name__}: {outcome}"),
+            traceback=format_traceback(outcome),
         )
     payload = outcome.as_dict()
     error_text = None

@@ -16,6 +16,7 @@ from api_schemas import (
     RunStatus,
     RunStop,
 )
+from api_schemas.tracebacks import innermost_frame
 from service.analysis.conditions import metric_value
 from service.scheduling.run_store import experiment_counts
 from service.specs import (
@@ -150,8 +151,11 @@ def run_detail(*, session: Session, run_id: int) -> RunDetail:
         "ray_worker_id": run.worker_id,
         "worker_pid": run.worker_pid,
     }
+    frame = innermost_frame(run.traceback)
     return RunDetail(
         **run_out(run).model_dump(),
+        traceback=run.traceback,
+        failed_at=str(frame) if frame is not None else None,
         config=run_config(experiment.stored_spec, run.condition, run.provenance.get("config")),
         provenance=provenance,
         attempt_history=[AttemptOut.model_validate(a, from_attributes=True) for a in attempts],

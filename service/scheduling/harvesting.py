@@ -11,6 +11,7 @@ import ray
 from ray.exceptions import RayError, TaskCancelledError
 
 from api_schemas import RunStatus, storable_text
+from api_schemas.tracebacks import innermost_frame
 from service.scheduling.dispatcher_base import DispatcherBase
 from service.scheduling.flights import Harvest, InFlight, TaskFlight, tasks_of
 from service.scheduling.ray_helpers import error_line
@@ -179,6 +180,7 @@ class Harvesting(DispatcherBase):
                             "dispatcher": self.identity,
                         },
                         error=result.error,
+                        traceback=result.traceback,
                     )
                     for flight, result in harvest.results
                 ]
@@ -189,6 +191,11 @@ class Harvesting(DispatcherBase):
                 if store.lose(flight.key, reason) is RunStatus.queued:
                     log.warning("run %s was lost (%s); retrying", flight.run_id, reason)
             store.commit()
+        for flight, result in harvest.results:
+            if result.status == RunStatus.failed:
+                frame = innermost_frame(result.traceback)
+                where = f" at {frame}" if frame is not None else ""
+                log.warning("run %s failed%s: %s", flight.run_id, where, result.error)
 
     def _save_unsaved(self) -> None:
         """Write the harvest read from Ray. When its transaction fails, write it run by run, so

@@ -59,6 +59,7 @@ _FINISH_RUN = (
         warnings=bindparam("v_warnings"),
         provenance=bindparam("v_provenance"),
         error=bindparam("v_error"),
+        traceback=bindparam("v_traceback"),
         finished_at=bindparam("v_finished_at"),
     )
 )
@@ -68,6 +69,7 @@ _END_ATTEMPT = (
     .values(
         outcome=bindparam("v_outcome"),
         error=bindparam("v_error"),
+        traceback=bindparam("v_traceback"),
         finished_at=bindparam("v_finished_at"),
     )
 )
@@ -279,6 +281,7 @@ class RunMoves(RunReads):
                     "v_warnings": f.warnings,
                     "v_provenance": f.provenance,
                     "v_error": f.error,
+                    "v_traceback": f.traceback,
                     "v_finished_at": now,
                 }
                 for f in ending
@@ -292,6 +295,7 @@ class RunMoves(RunReads):
                     "b_attempt": f.key.attempt,
                     "v_outcome": AttemptOutcome(f.status.value),
                     "v_error": f.error,
+                    "v_traceback": f.traceback,
                     "v_finished_at": now,
                 }
                 for f in ending

@@ -67,3 +67,4 @@ class FinishedAttempt:
     warnings: list[dict[str, Any]]
     provenance: dict[str, Any]
     error: str | None
+    traceback: str | None = None  # a failed run's (api_schemas.tracebacks)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from api_schemas import ExperimentCounts, ExperimentStatus, RunStatus, first_line
+from api_schemas.tracebacks import innermost_frame
 
 ORPHANED = "its dispatcher stopped without finishing it (the process died or lost its lock)"
 # A run a dispatcher holds: handed to Ray (pending) or started by a worker (running), in that
@@ -111,12 +112,17 @@ def failure_stop(*, counts: ExperimentCounts, stop_after: int) -> bool:
     )
 
 
-def failure_stop_message(n_failed: int, errors: Sequence[str | None]) -> str:
+def failure_stop_message(
+    n_failed: int, errors: Sequence[str | None], tracebacks: Sequence[str | None] = ()
+) -> str:
     """The experiment's message when its first runs all failed: the first failure's error
-    (its first line), and how many other errors there were."""
+    (its first line) and, when its traceback has one, the innermost frame of the trainer's
+    code it came from; and how many other errors there were."""
     lines = [first_line(e) for e in errors] or ["(no error message)"]
     others = len(set(lines)) - 1
     runs = "run" if n_failed == 1 else f"{n_failed} runs"
-    return f"stopped after its first {runs} failed: {lines[0][:1000]}" + (
+    frame = innermost_frame(tracebacks[0]) if tracebacks else None
+    where = f" (at {frame})" if frame is not None else ""
+    return f"stopped after its first {runs} failed: {lines[0][:1000]}{where}" + (
         f" (and {others} other errors: see its failed runs)" if others else ""
     )

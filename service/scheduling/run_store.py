@@ -159,13 +159,15 @@ class RunStore(RunMoves):
             return  # a spec this version cannot read stops nothing
         if not failure_stop(counts=counts, stop_after=stop_after):
             return
-        errors = self.session.exec(
-            select(col(Run.error))
+        failures = self.session.execute(
+            select(col(Run.error), col(Run.traceback))
             .where(col(Run.experiment_id) == experiment_id, col(Run.status) == RunStatus.failed)
             .order_by(col(Run.finished_at), col(Run.id))
             .limit(counts.failed)
         ).all()
-        message = failure_stop_message(counts.failed, errors)
+        message = failure_stop_message(
+            counts.failed, [f.error for f in failures], [f.traceback for f in failures]
+        )
         error = storable_text(STOPPED_RUN_PREFIX + message)
         mine = col(Run.experiment_id) == experiment_id
         check_move(RunStatus.queued, RunStatus.cancelled)  # counted below, not by _moved

@@ -167,6 +167,9 @@ class Run(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # A failed run's full traceback (api_schemas.tracebacks), beside its one-line `error`
+    # (last: migration 0010 added it).
+    traceback: str | None = None
 
 
 # The claim order (priority first, then oldest) read straight off an index, with no sort of
@@ -188,6 +191,7 @@ class RunAttempt(SQLModel, table=True):
     error: str | None = None
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+    traceback: str | None = None  # migration 0010
 
 
 class RunMetric(SQLModel, table=True):

@@ -321,6 +321,18 @@ def test_without_a_token_the_dashboard_opens_and_shows_why_an_experiment_stopped
     message.wait_for(timeout=15_000)
     assert message.inner_text() == detail["message"]
     watched.shot("failed-experiment")
+    # a failed run's page: the frame it failed at and its whole traceback
+    failed = next(r for r in service.runs(experiment_id) if r["status"] == "failed")
+    run = service.client.get(f"/runs/{failed['id']}").json()
+    page.goto(f"{origin}/ui#/runs/{failed['id']}")
+    shown = page.locator("[data-role=traceback]")
+    shown.wait_for(timeout=15_000)
+    assert shown.inner_text().strip() == run["traceback"].strip()
+    assert run["failed_at"] and run["failed_at"] in page.locator("dl.facts").inner_text()
+    # the attempt table leaves the traceback out of its cells
+    headers = page.locator("[data-role=attempts] th").all_inner_texts()
+    assert "outcome" in headers and "traceback" not in headers
+    watched.shot("failed-run")
     assert watched.blocked == []
     assert watched.errors == []
     watched.context.close()

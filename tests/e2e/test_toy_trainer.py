@@ -4,12 +4,14 @@ provenance and /stats; and an experiment whose first runs all fail stops there."
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -128,12 +130,35 @@ def assert_stopped_after_its_first_failures(
     counts = detail["counts"]
     assert detail["status"] == "failed" and counts["completed"] == 0, detail
     assert counts["failed"] in (3, 4) and counts["cancelled"] == n_runs - counts["failed"]
+    where = raise_site()
     assert re.fullmatch(
         r"stopped after its first [34] runs failed: RuntimeError: toy asked to "
-        r"fail at step 0",
+        r"fail at step 0 \(at " + re.escape(where) + r"\)",
         detail["message"],
     ), detail["message"]
-    cancelled = [r for r in service.runs(experiment_id) if r["status"] == "cancelled"]
+    listed = service.runs(experiment_id)
+    first_failed = next(r for r in listed if r["status"] == "failed")
+    failed = service.client.get(f"/runs/{first_failed['id']}").json()
+    assert failed["status"] == "failed" and failed["failed_at"] == where
+    file, line = where.split(", in ")[0].rsplit(":", 1)
+    assert failed["traceback"].startswith("Traceback (most recent call last):\n")
+    assert f'  File "{file}", line {line}, in train\n' in failed["traceback"]
+    assert failed["traceback"].endswith("RuntimeError: toy asked to fail at step 0\n")
+    assert [a["traceback"] for a in failed["attempt_history"]] == [failed["traceback"]]
+    # ...and only GET /runs/{id} carries it, not the run lists
+    assert "traceback" not in listed[0]
+    run_log = subprocess.run(
+        [sys.executable, "-m", "service.cli", "run-log", str(failed["id"]), "--url"]
+        + [service.server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run_log.returncode == 0, run_log.stderr
+    assert f"failed at: {where}\n" in run_log.stdout
+    assert failed["traceback"].rstrip("\n") in run_log.stdout
+    cancelled = [r for r in listed if r["status"] == "cancelled"]
     assert cancelled and all(r["started_at"] is None for r in cancelled)
     assert {r["error"] for r in cancelled} == {f"cancelled: the experiment {detail['message']}"}
     status = subprocess.run(
@@ -152,6 +177,15 @@ def assert_stopped_after_its_first_failures(
         cwd=ROOT,
     )
     assert status.returncode == 0 and detail["message"] in status.stdout, status.stdout
+
+
+def raise_site() -> str:
+    """Where the toy trainer raises for `fail_at_step`, as GET /runs/{id}'s failed_at says it:
+    "file:line, in train"."""
+    source = inspect.getsource(ToyTrainer.train).splitlines()
+    first = inspect.getsourcelines(ToyTrainer.train)[1]
+    offset = next(i for i, text in enumerate(source) if "raise RuntimeError" in text)
+    return f"{Path(inspect.getfile(ToyTrainer)).resolve()}:{first + offset}, in train"
 
 
 def test_a_long_toy_run_ends_within_two_seconds_of_a_cancel(

@@ -691,10 +691,14 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     before = _rows(database_url)
     assert upgrade_database(database_url).before == "0007"
     after = _rows(database_url)
-    # 0008's deleted, and 0009's stop_message (no run of these was stopped)
+    # 0008's deleted, 0009's stop_message (no run of these was stopped), 0010's tracebacks
+    # (none failed)
     assert after["experiment"] == [(*row, False, None) for row in before["experiment"]]
-    assert {t: r for t, r in after.items() if t != "experiment"} == {
-        t: r for t, r in before.items() if t != "experiment"
+    for table in ("run", "runattempt"):
+        assert after[table] == [(*row, None) for row in before[table]]
+    grown = {"experiment", "run", "runattempt"}
+    assert {t: r for t, r in after.items() if t not in grown} == {
+        t: r for t, r in before.items() if t not in grown
     }
     assert metadata_diffs(database_url, SQLModel.metadata) == []
 
@@ -754,7 +758,7 @@ def test_0008_downgrade_removes_what_a_purge_left_and_gives_ids_back_their_old_r
         )
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
-    assert _rows(database_url)["run"] == rows["run"]
+    assert _rows(database_url)["run"] == [(*row, None) for row in rows["run"]]  # 0010: traceback
 
 
 STOPPED = "cancelled: the experiment "  # the prefix of a run error the first-failures stop set
@@ -828,7 +832,8 @@ def test_0009_gives_a_stopped_experiment_its_stop_message_from_its_runs_errors(
         "no-failure": None,
         "failed": None,
     }
-    assert _rows(database_url)["run"] == errors_before  # the runs' errors are kept
+    # the runs' errors are kept (and 0010 gave them no traceback)
+    assert _rows(database_url)["run"] == [(*row, None) for row in errors_before]
     engine = make_engine(database_url)
     with Session(engine) as session:
         assert [
@@ -838,4 +843,37 @@ def test_0009_gives_a_stopped_experiment_its_stop_message_from_its_runs_errors(
     _migrate(database_url, "0008", down=True)
     upgrade_database(database_url)
     assert stop_messages()["stopped"] == message
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def test_0010_adds_empty_tracebacks_and_its_downgrade_keeps_the_errors(database_url: str) -> None:
+    """0010 gives runs and attempts a `traceback` column, null for those stored before; going
+    back to 0009 drops it and keeps every run's one-line error."""
+    _migrate(database_url, "0009")
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+            "n_conditions, n_runs, cancel_requested, created_at, runs_failed) VALUES "
+            "('x', 'collapse', '{}', 'min_l2', 'failed', 0, 1, 1, false, "
+            "'2026-01-01 00:00:00', 1)"
+        )
+        connection.exec_driver_sql(
+            "INSERT INTO run (experiment_id, condition_key, condition, seed, trainer, status, "
+            "priority, attempts, max_retries, num_cpus, num_gpus, cancel_requested, metrics, "
+            "diagnostics, warnings, provenance, error, created_at) SELECT id, '', '{}', 0, "
+            "'collapse', 'failed', 0, 1, 2, 1, 0, false, '{}', '{}', '[]', '{}', "
+            "'RuntimeError: boom', '2026-01-01 00:00:00' FROM experiment"
+        )
+    engine.dispose()
+    before = _rows(database_url)["run"]
+    assert upgrade_database(database_url).before == "0009"
+    assert _rows(database_url)["run"] == [(*row, None) for row in before]
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE run SET traceback = 'Traceback ...'")
+    engine.dispose()
+    _migrate(database_url, "0009", down=True)
+    assert _rows(database_url)["run"] == before
+    upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []

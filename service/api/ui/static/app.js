@@ -731,15 +731,20 @@ async function showRun(id) {
     curveChart([{ key: name, color: COLORS[0], mean: pts }], { xLabel: "step", yLabel: name,
       width: 400, height: 220, role: "run-curve" })));
   const history = run.attempt_history || [];
-  const historyKeys = [...new Set(history.flatMap((h) => Object.keys(h)))];
+  // an attempt's traceback is the run's (shown whole below), not a table cell
+  const historyKeys = [...new Set(history.flatMap((h) => Object.keys(h)))]
+    .filter((k) => k !== "traceback");
   main.replaceChildren(...[
     el("p", {}, el("a", { href: `#/experiments/${run.experiment_id}`, text: "← experiment" })),
     el("h1", { text: `Run ${run.id}: ${run.condition_key}, seed ${run.seed}` }),
     factsList([["status", statusBadge(run.status)], ["attempts", String(run.attempts)],
       ["started", fmtTime(run.started_at)], ["finished", fmtTime(run.finished_at)],
       ["error", run.error || "—"],
+      ["failed at", run.failed_at || "—"],
       ["stopped by", run.stop ? `${run.stop.checks.join(", ")} at epoch ${run.stop.epoch}: `
         + run.stop.reason : "—"]]),
+    run.traceback ? section("Traceback", "traceback-section",
+      el("pre", { "data-role": "traceback", text: run.traceback })) : null,
     section("Curves", "run-curves-section", truncated ? el("p", { class: "muted",
       text: `the first ${points.length} points` }) : null,
     charts.length ? el("div", { class: "charts" }, charts)
@@ -759,7 +764,7 @@ async function showRun(id) {
       : el("p", { class: "muted", text: "one attempt, no retries" })),
     section("Provenance", "provenance-section", keyValueTable(run.provenance, "provenance")),
     section("Config (as run)", "config-section", el("pre", { text: JSON.stringify(run.config, null, 2) })),
-  ]);
+  ].filter(Boolean));
   scheduleRefresh(ACTIVE.has(run.status), () => showRun(id).catch(showError));
 }
 
