@@ -41,6 +41,12 @@ def text(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
+def set_text(name: str, value: str) -> None:
+    """Set the variable for this process and the processes it starts (a command-line option
+    that the workers and the API's worker processes must see too)."""
+    os.environ[name] = value
+
+
 def is_set(name: str) -> bool:
     return name in os.environ
 

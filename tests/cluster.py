@@ -311,7 +311,10 @@ class ServiceProcess(Service):
     """`seedgrid serve` (API + dispatcher) in a subprocess, joined to a `LocalRayCluster`, on a
     SQLite file; reached over HTTP like conftest's in-process `Service`."""
 
-    def __init__(self, cluster: LocalRayCluster, db_path: Path, **settings: str) -> None:
+    def __init__(
+        self, cluster: LocalRayCluster, db_path: Path, *args: str, **settings: str
+    ) -> None:
+        """`args`: more of `seedgrid serve`'s arguments; `settings`: SEEDGRID_* variables."""
         # Service's own __init__ wants an in-process server; its other helpers only need these.
         port = free_port(cluster.ports)
         self.db_path = db_path
@@ -326,7 +329,7 @@ class ServiceProcess(Service):
             "SEEDGRID_LOG_LEVEL": "warning",
             **settings,
         }
-        command = [*_console_script("seedgrid", "service.cli"), "serve"]
+        command = [*_console_script("seedgrid", "service.cli"), "serve", *args]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 command,
@@ -361,7 +364,7 @@ class ServiceProcess(Service):
             if (
                 health.get("status") == "ok"
                 and resources.get("CPU") == cpus
-                and resources.get("GPU") == gpus
+                and resources.get("GPU", 0) == gpus  # no GPU: no "GPU" key
             ):
                 return health
             time.sleep(0.2)

@@ -23,6 +23,16 @@ UrlOpt = Annotated[
         "as `seedgrid serve` listens, else http://127.0.0.1:8000]",
     ),
 ]
+TrainersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--trainers",
+        help="your own trainer code: .py files, package folders or module names, "
+        "comma-separated (added to SEEDGRID_TRAINER_MODULES); files and folders are shipped "
+        "to every Ray worker",
+        show_default=False,
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the API's JSON answer")]
 CsvOpt = Annotated[bool, typer.Option("--csv", help="print the table as CSV")]
 DatabaseUrlOpt = Annotated[

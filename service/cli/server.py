@@ -22,7 +22,7 @@ import typer
 
 import service.cli.remote as remote
 import service.cli.render as render
-from service.cli.common import DatabaseUrlOpt, fail, load_spec
+from service.cli.common import DatabaseUrlOpt, TrainersOpt, fail, load_spec
 from service.cli.follow import exit_on_trouble, report, watch
 
 if TYPE_CHECKING:  # the client commands need no settings: SQLAlchemy's import is 0.2 s
@@ -43,6 +43,25 @@ def log_to_stderr(level: str) -> None:
         logger.addHandler(handler)
         logger.propagate = False
     logger.setLevel(level.upper())
+
+
+def load_trainers(option: str | None) -> None:
+    """The operator's trainer modules (SEEDGRID_TRAINER_MODULES, then `--trainers`) imported
+    and registered before anything else starts, or the command stops with one line naming
+    the module and why. `--trainers` joins the variable, so that the processes this command
+    starts (the API's workers, Ray's) load the same modules."""
+    from api_schemas import environment
+
+    try:
+        import trainers
+
+        if option:
+            trainers.load_trainer_modules(option, "--trainers")
+    except ImportError as exc:
+        raise fail(str(exc)) from None
+    if option:
+        entries = [environment.text(environment.TRAINER_MODULES), option]
+        environment.set_text(environment.TRAINER_MODULES, ",".join(e for e in entries if e))
 
 
 def load_settings(**options: Any) -> Settings:
@@ -246,6 +265,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    trainers: TrainersOpt = None,
 ) -> None:
     """Serve the REST API (and, by default, the dispatcher) with uvicorn."""
     import uvicorn
@@ -255,6 +275,7 @@ def serve(
             "--workers: more than one worker process needs --no-dispatch (run the "
             "dispatcher as its own process: `seedgrid dispatcher`)"
         )
+    load_trainers(trainers)
     settings = load_settings(host=host, port=port)
     refuse_open_exposure(settings, insecure, host_option=host is not None)
     log_to_stderr(settings.log_level)
@@ -284,7 +305,7 @@ def serve(
             )
 
 
-def dispatcher() -> None:
+def dispatcher(trainers: TrainersOpt = None) -> None:
     """Run the dispatcher alone: the database queue -> Ray, results -> the database.
 
     Exactly one dispatcher acts per database: this one waits as a standby while another holds
@@ -296,6 +317,7 @@ def dispatcher() -> None:
     from service.scheduling.dispatcher import Dispatcher
     from service.storage.db import make_engine
 
+    load_trainers(trainers)
     settings = load_settings()
     log_to_stderr(settings.log_level)
     upgrade_schema(settings)
@@ -321,9 +343,12 @@ def dispatcher() -> None:
 
 
 def run(
-    spec_file: Path, metric: Annotated[str | None, typer.Option(help="metric to compare")] = None
+    spec_file: Path,
+    metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
+    trainers: TrainersOpt = None,
 ) -> None:
     """Start the service in this process, run one spec to completion, print its statistics."""
+    load_trainers(trainers)
     from service.api.server import BackgroundServer
 
     settings = load_settings()

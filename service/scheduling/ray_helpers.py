@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Any
 
 import ray
 
+from api_schemas.environment import TRAINER_MODULES
 from service.settings import Settings
+from trainers import LOADED_MODULES
 
 
 def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]]) -> str | None:
@@ -24,19 +27,44 @@ def infeasible(num_cpus: float, num_gpus: float, nodes: list[tuple[float, float]
     )
 
 
+def worker_runtime_env() -> dict[str, Any]:
+    """The Ray job's runtime environment: when the operator's trainer modules
+    (SEEDGRID_TRAINER_MODULES or `--trainers`, as this process loaded them) include a file or
+    package folder, those are shipped to every node (Ray's `py_modules`: uploaded once, put on
+    each worker's sys.path), so that a cluster's nodes need no copy of the code, and every
+    module is named to every worker."""
+    modules = list(LOADED_MODULES)
+    shipped = [str(m.path) for m in modules if m.path is not None]
+    if not shipped:
+        # modules named by import name only: importable on every node already (their
+        # PYTHONPATH, an image), named to its workers by the nodes' own environment
+        return {}
+    return {
+        "py_modules": shipped,
+        "env_vars": {TRAINER_MODULES: ",".join(m.name for m in modules)},
+    }
+
+
 def ensure_ray(settings: Settings) -> None:
-    """Join the configured cluster, or start a local Ray, once per process."""
+    """Join the configured cluster, or start a local Ray, once per process, with the
+    operator's trainer modules in its runtime environment (worker_runtime_env)."""
     if ray.is_initialized():
         return
+    runtime_env = worker_runtime_env() or None
     # ray.init makes SIGTERM exit the process at once; keep the handler we had (uvicorn's, the
     # dispatcher command's), so that SIGTERM still stops seedgrid cleanly.
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
         if settings.ray_address:
-            ray.init(address=settings.ray_address, log_to_driver=False)
+            ray.init(address=settings.ray_address, log_to_driver=False, runtime_env=runtime_env)
         else:
-            ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(
+                num_cpus=settings.ray_num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env=runtime_env,
+            )
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
