@@ -117,11 +117,19 @@ def git_commit() -> str | None:
 
 
 def trainer_source(trainer: object) -> Path:
-    """The module file, or the package folder, that defines `trainer`'s class."""
-    module = sys.modules[type(trainer).__module__]
+    """The module file, or the package folder, that defines `trainer`'s class: a trainer
+    package such as trainers/feedback/, or an operator's package (SEEDGRID_TRAINER_MODULES)."""
+    from trainers import LOADED_MODULES  # at call time: trainers imports this module
+
+    name = type(trainer).__module__
+    module = sys.modules[name]
     file = Path(module.__file__ or "").resolve()
     if file.parent != TRAINERS_PACKAGE and file.parent.parent == TRAINERS_PACKAGE:
-        return file.parent  # a trainer package such as trainers/feedback/
+        return file.parent
+    top = sys.modules.get(name.split(".")[0])
+    operators = {loaded.name for loaded in LOADED_MODULES}
+    if top is not None and top.__name__ in operators and getattr(top, "__path__", None):
+        return Path(list(top.__path__)[0]).resolve()
     return file
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from api_schemas import RunStatus
-from trainers import REGISTRY, MemoryReporter, load_trainer_modules, trainer
+from trainers import LOADED_MODULES, REGISTRY, MemoryReporter, load_trainer_modules, trainer
 from trainers.functional import FunctionTrainer
 from trainers.runtime import RunContext, TrainOutput
 from workers.messages import Result
@@ -55,10 +55,11 @@ def user_file(tmp_path: Path) -> Iterator[Path]:
     loads SEEDGRID_TRAINER_MODULES; unregistered afterwards."""
     path = tmp_path / "user_quadratic.py"
     path.write_text(USER_MODULE)
-    before = dict(REGISTRY)
+    before, loaded = dict(REGISTRY), list(LOADED_MODULES)
     yield path
     REGISTRY.clear()
     REGISTRY.update(before)
+    LOADED_MODULES[:] = loaded
     sys.modules.pop("user_quadratic", None)
 
 
@@ -209,3 +210,37 @@ def test_a_module_that_cannot_be_loaded_is_one_clear_error(tmp_path: Path) -> No
         load_trainer_modules(str(empty))
     with pytest.raises(ImportError, match="neither a .py file nor a package folder"):
         load_trainer_modules(str(tmp_path / "missing.py"))
+
+
+def test_a_package_folder_is_loaded_by_its_name_and_hashed_whole(tmp_path: Path) -> None:
+    """An operator's package (a folder with __init__.py): imported under the folder's name,
+    its trainers' provenance hashing every .py file of it, a change to any of them shows."""
+    package = tmp_path / "my_lab"
+    package.mkdir()
+    (package / "__init__.py").write_text("from my_lab.models import fit\n")
+    (package / "helpers.py").write_text("SCALE = 2.0\n")
+    (package / "models.py").write_text(
+        "from my_lab.helpers import SCALE\n"
+        "from trainers import trainer\n\n\n"
+        "@trainer(name='lab_fit', metrics=('loss',))\n"
+        "def fit(config, run):\n"
+        "    return {'loss': SCALE}\n"
+    )
+    before, loaded = dict(REGISTRY), list(LOADED_MODULES)
+    try:
+        (module,) = load_trainer_modules(str(package))
+        assert (module.name, module.path) == ("my_lab", package.resolve())
+        fit = REGISTRY["lab_fit"]
+        result = fit.run(fit.Config(), seed=0, reporter=MemoryReporter())
+        assert result.metrics == {"loss": 2.0}
+        digest = hashlib.sha256()
+        for name in ("__init__.py", "helpers.py", "models.py"):
+            file = package / name
+            digest.update(f"my_lab/{name}".encode() + b"\0" + file.read_bytes() + b"\0")
+        assert result.provenance["trainer_source_sha256"] == digest.hexdigest()
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(before)
+        LOADED_MODULES[:] = loaded
+        for name in ("my_lab", "my_lab.models", "my_lab.helpers"):
+            sys.modules.pop(name, None)
