@@ -9,7 +9,7 @@ so it grows only by another import (POST /experiments/{id}/import).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,6 +33,14 @@ FactorLevel = (
 )
 
 
+def _keys_as_property_names(schema: dict[str, Any]) -> None:
+    """A dict whose keys have a pattern, written as additionalProperties with propertyNames
+    (api_schemas.key_pattern_as_property_names: generators ignore patternProperties)."""
+    ((pattern, values),) = schema.pop("patternProperties").items()
+    schema["additionalProperties"] = values
+    schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
+
+
 class ImportedResults(BaseModel):
     """What an imported experiment's spec records in place of a trainer: its metrics (what
     /stats may compare; the spec's `metric` is the primary one) and where they came from."""
@@ -49,9 +57,13 @@ class ImportedRun(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    condition: dict[MetricName, FactorLevel] = Field(default_factory=dict)
+    condition: dict[MetricName, FactorLevel] = Field(
+        default_factory=dict, json_schema_extra=_keys_as_property_names
+    )
     seed: int = Field(..., ge=0, le=_MAX_SEED)
-    metrics: dict[MetricName, float | None] = Field(..., min_length=1)
+    metrics: dict[MetricName, float | None] = Field(
+        ..., min_length=1, json_schema_extra=_keys_as_property_names
+    )
 
 
 class ExperimentImport(BaseModel):

@@ -227,9 +227,7 @@ def test_compare_two_imported_experiments(service: Service) -> None:
         assert side["comparison"]["var_ratio"] == pytest.approx(
             side["a"]["var"] / side["b"]["var"], rel=1e-9
         )
-    unknown = service.client.get(
-        "/compare", params={"a": a["id"], "b": b["id"], "metric": "nope"}
-    )
+    unknown = service.client.get("/compare", params={"a": a["id"], "b": b["id"], "metric": "nope"})
     assert unknown.status_code == 422 and "unknown metric 'nope'" in unknown.text
 
 
