@@ -632,7 +632,9 @@ async function showExperiment(id) {
   for (const key of new Set(runs.map((r) => r.condition_key))) {
     if (!conditionKeys.includes(key)) conditionKeys.push(key);
   }
-  const curves = await curvesSection(runs, conditionKeys, gen);
+  const curves = detail.spec.imported ? [el("p", { class: "muted", "data-role": "no-curves",
+    text: "imported results hold final metrics only: no curves" })]
+    : await curvesSection(runs, conditionKeys, gen);
   const reports = [];
   for (const name of (trainer && finished ? trainer.reports : [])) {
     try { reports.push([name, await api(`/experiments/${id}/reports/${encodeURIComponent(name)}`)]); }
