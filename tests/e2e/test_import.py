@@ -271,7 +271,13 @@ def test_a_second_import_grows_the_experiment(service: Service) -> None:
     submitted = service.client.post("/experiments", json=spec)
     assert submitted.status_code == 422
     assert submitted.json()["detail"][0]["loc"] == ["body", "trainer"]
+    report = service.client.get(f"/experiments/{created['id']}/reports/protocol")
+    assert report.status_code == 404 and "imported results" in report.json()["detail"]
     assert counts(service) == before
+
+    # It ended, so it can be deleted like any ended experiment.
+    assert service.client.delete(f"/experiments/{created['id']}").status_code == 204
+    assert service.client.get(f"/experiments/{created['id']}").status_code == 404
 
 
 def test_json_runs_import(service: Service) -> None:
