@@ -28,6 +28,13 @@ from api_schemas.adaptive import (
     is_stored,
 )
 from api_schemas.base import ResponseModel
+from api_schemas.imports import (
+    IMPORTED_TRAINER,
+    ExperimentImport,
+    ImportedResults,
+    ImportedRun,
+    ImportSource,
+)
 
 __all__ = [
     "STORED",
@@ -48,6 +55,8 @@ __all__ = [
     "ExperimentCounts",
     "ExperimentCreated",
     "ExperimentDetail",
+    "ExperimentImport",
+    "ExperimentImported",
     "ExperimentSpec",
     "ExperimentStatus",
     "ExperimentSummary",
@@ -55,6 +64,10 @@ __all__ = [
     "ExportWhat",
     "Health",
     "HealthStatus",
+    "IMPORTED_TRAINER",
+    "ImportSource",
+    "ImportedResults",
+    "ImportedRun",
     "JsonObject",
     "JsonValue",
     "MetricPoint",
@@ -494,6 +507,10 @@ class ExperimentSpec(BaseModel):
     ] = Field(default_factory=list, max_length=MAX_GRID_AXES)
     # How /stats reads the results: the scale and the ratio worth detecting.
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    # Set by POST /experiments/import only (trainer `imported`): the imported metrics.
+    imported: ImportedResults | None = Field(
+        None, description="imported results' metrics (set by POST /experiments/import only)"
+    )
 
     @field_validator("config")
     @classmethod
@@ -585,6 +602,27 @@ class ExperimentCreated(ResponseModel):
     n_conditions: int
     n_runs: int
     created_at: datetime
+
+
+class ExperimentImported(ResponseModel):
+    """The experiment an import created or grew (POST /experiments/import)."""
+
+    id: int
+    name: str
+    trainer: str
+    status: ExperimentStatus
+    n_conditions: int
+    n_runs: int
+    runs_added: int
+    # the seeds of the runs added, each once, ascending
+    seeds: list[int]
+    source: ImportSource
+    factors: list[str]
+    metrics: list[str]
+    metric: str
+    # Columns read as neither seed, factor nor metric (W&B's and MLflow's bookkeeping: Name,
+    # State, run_id, start_time, tags.*, summary._runtime ...).
+    ignored_columns: list[str]
 
 
 class ExperimentCounts(ResponseModel):

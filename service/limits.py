@@ -1,9 +1,14 @@
-"""A bound on the heavy reads one API process runs at once: a statistics page or a comparison
-computed cold, an export. Each holds a CPU (and its memory) for seconds; past
-SEEDGRID_MAX_HEAVY_READS of them, one more is refused at once with 503 and Retry-After instead
-of queueing behind them and slowing every other request. Stored pages take no slot.
+"""The service's own bounds on what one request may make it do.
 
-The bound is per process (`seedgrid serve --workers N` has N of them).
+The heavy reads one API process runs at once: a statistics page or a comparison computed cold,
+an export. Each holds a CPU (and its memory) for seconds; past SEEDGRID_MAX_HEAVY_READS of
+them, one more is refused at once with 503 and Retry-After instead of queueing behind them and
+slowing every other request. Stored pages take no slot. The bound is per process (`seedgrid
+serve --workers N` has N of them).
+
+An import (POST /experiments/import): at most MAX_IMPORT_ROWS runs and MAX_IMPORT_COLUMNS
+columns, within the request body's bound (SEEDGRID_MAX_REQUEST_BODY_BYTES) and the
+experiment's (SEEDGRID_MAX_RUNS_PER_EXPERIMENT); past them a 422 names the row or column.
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ from contextlib import contextmanager
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# Runs one import may add (about 10,000 rows of a few columns fill the default 1 MiB body).
+MAX_IMPORT_ROWS = 10_000
+# Columns of an imported CSV (W&B and MLflow exports carry one per config key and summary value).
+MAX_IMPORT_COLUMNS = 1_000
 
 # Exports are computed while they stream, after their handler has returned: the gate holds
 # their slot for the whole response instead (HeavyPaths).

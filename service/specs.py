@@ -4,15 +4,17 @@ messages that name what a spec gets wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import itertools
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pydantic
 
-from api_schemas import SOURCE_FACTOR, SOURCE_LEVELS, ExperimentSpec
+from api_schemas import IMPORTED_TRAINER, SOURCE_FACTOR, SOURCE_LEVELS, ExperimentSpec
 from service.errors import body_error
 from trainers import REGISTRY, Trainer
 
@@ -26,7 +28,44 @@ def condition_key(condition: dict[str, Any]) -> str:
     return ",".join(f"{k}={format_level(condition[k])}" for k in sorted(condition))
 
 
-def unknown_metric(trainer: Trainer, metric: str) -> str | None:
+class MetricCatalogue(Protocol):
+    """What the statistics read of an experiment's trainer: its metrics and diagnostics, their
+    declared bounds and test-set sizes. A registered trainer is one; so is ImportedMetrics."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def metrics(self) -> Sequence[str]: ...
+    @property
+    def diagnostics(self) -> Sequence[str]: ...
+    @property
+    def metric_bounds(self) -> Mapping[str, tuple[float, float]]: ...
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]: ...
+
+
+@dataclass(frozen=True)
+class ImportedMetrics:
+    """The metric catalogue of imported results (trainer `imported`): the metrics its spec
+    recorded, no diagnostics, no declared bounds or test sets (nothing is known of them)."""
+
+    metrics: tuple[str, ...]
+    name: str = IMPORTED_TRAINER
+    diagnostics: tuple[str, ...] = ()
+    metric_bounds: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
+        return {}
+
+
+def metric_catalogue(trainer: str, spec: ExperimentSpec) -> MetricCatalogue:
+    """The catalogue an experiment of `trainer` with `spec` is read with: its imported metrics
+    (trainer `imported`), else the registered trainer's."""
+    if trainer == IMPORTED_TRAINER and spec.imported is not None:
+        return ImportedMetrics(metrics=tuple(spec.imported.metrics))
+    return REGISTRY[trainer]
+
+
+def unknown_metric(trainer: MetricCatalogue, metric: str) -> str | None:
     """Why `metric` is not one the statistics can compare, or None. A diagnostic is refused
     too: it is stored per run (GET /runs/{id}), not in the final metrics the statistics read,
     so asking for one would give empty tables."""
@@ -38,7 +77,7 @@ def unknown_metric(trainer: Trainer, metric: str) -> str | None:
             f"{metric!r} is a diagnostic of trainer {trainer.name!r} (shown per run, in "
             f"GET /runs/{{id}}), not a metric the statistics compare; {known}"
         )
-    close = difflib.get_close_matches(metric, trainer.metrics, n=1)
+    close = difflib.get_close_matches(metric, list(trainer.metrics), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     only_diagnostics = [d for d in trainer.diagnostics if d not in trainer.metrics]
     diagnostics = (

@@ -36,10 +36,9 @@ from service.analysis.stats import compare
 from service.analysis.stats_store import page_lock
 from service.errors import SpecError
 from service.limits import HeavyReads
-from service.specs import unknown_metric
+from service.specs import metric_catalogue, unknown_metric
 from service.storage.db import CompareCache, Experiment, Run, utcnow
 from service.storage.lookup import get_experiment
-from trainers import REGISTRY
 
 log = logging.getLogger("seedgrid.compare")
 
@@ -99,9 +98,10 @@ def _checked(
             f"{a_id} ran {a.trainer!r}: only runs of one trainer compare",
         )
     metric = metric or a.metric
-    problem = unknown_metric(REGISTRY[a.trainer], metric)
-    if problem:
-        raise SpecError.query("metric", problem)
+    for side in (a, b):
+        problem = unknown_metric(metric_catalogue(side.trainer, side.stored_spec), metric)
+        if problem:
+            raise SpecError.query("metric", problem)
     return a, b, metric
 
 
@@ -144,7 +144,7 @@ def _comparison(
 ) -> tuple[ExperimentComparison, int, int]:
     """The page, and how many completed runs of a and of b it was computed from."""
     assert a.id is not None and b.id is not None
-    bounds = REGISTRY[a.trainer].metric_bounds.get(metric)
+    bounds = metric_catalogue(a.trainer, a.stored_spec).metric_bounds.get(metric)
     (values_a, n_a), (values_b, n_b) = _values(session, a, metric), _values(session, b, metric)
     shared = [key for key in values_a if key in values_b]
     if offset > len(shared):

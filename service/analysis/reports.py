@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
-from api_schemas import RunStatus
+from api_schemas import IMPORTED_TRAINER, RunStatus
 from service.errors import NotFound
 from service.specs import merged_config, stats_grid
 from service.storage.db import Experiment, Run
@@ -44,6 +44,10 @@ def declared_report(experiment: Experiment, name: str) -> CrossRunReport[Any]:
         if owners
         else f"; no trainer has a {name!r} report"
     )
+    if experiment.trainer == IMPORTED_TRAINER:
+        raise NotFound(
+            f"experiment {experiment.id} holds imported results, which have no reports{where}"
+        )
     if trainer is None:
         raise NotFound(
             f"experiment {experiment.id} ran trainer {experiment.trainer!r}, which "

@@ -39,9 +39,8 @@ from service.analysis.stats import (
 )
 from service.errors import SpecError
 from service.limits import HeavyReads
-from service.specs import stats_grid, unknown_metric
+from service.specs import metric_catalogue, stats_grid, unknown_metric
 from service.storage.db import Experiment, Run, StatsCache, utcnow
-from trainers import REGISTRY
 
 log = logging.getLogger("seedgrid.stats")
 
@@ -107,11 +106,10 @@ def stats_json(
     """
     assert experiment.id is not None
     metric = metric or experiment.metric
-    trainer = REGISTRY[experiment.trainer]
-    problem = unknown_metric(trainer, metric)
+    spec = experiment.stored_spec
+    problem = unknown_metric(metric_catalogue(experiment.trainer, spec), metric)
     if problem:
         raise SpecError.query("metric", problem)
-    spec = experiment.stored_spec
     grid = stats_grid(spec)
     if factor is not None and factor not in grid:
         raise SpecError.query(
@@ -204,7 +202,7 @@ def _compute(
     target_ratio: float,
 ) -> str:
     assert experiment.id is not None
-    trainer = REGISTRY[experiment.trainer]
+    trainer = metric_catalogue(experiment.trainer, experiment.stored_spec)
 
     # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
     # it stopped at, not comparable with a run trained to the end.

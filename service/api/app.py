@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from service.api.routes import compare, experiments, planning, runs, system
+from service.api.routes import compare, experiments, imports, planning, runs, system
 from service.api.routes.reports import reports_router
 from service.api.routes.ui import public_paths, ui_router
 from service.api.security import RequestGuard, capped_errors, declare_bearer_auth, is_loopback
@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         # generated client names its functions, instead of FastAPI's path-and-method ids.
         generate_unique_id_function=lambda route: route.name,
     )
+    app.include_router(imports.router)
     app.include_router(experiments.router)
     app.include_router(runs.router)
     app.include_router(system.router)

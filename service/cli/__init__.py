@@ -1,6 +1,6 @@
 """The `seedgrid` command line: serve, dispatcher, `run` (all in one process), the client
-commands (submit, list, status, runs, run-log, watch, stats, protocol, compare, cancel, delete,
-export, trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
+commands (submit, import, list, status, runs, run-log, watch, stats, protocol, compare, cancel,
+delete, export, trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
 
 Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
 rows); the tables fold long condition keys at their commas, never cutting a key or a number,
@@ -63,6 +63,7 @@ app.add_typer(db_app, name="db")
 app.command()(server.serve)
 app.command()(server.dispatcher)
 app.command()(commands.submit)
+app.command("import")(commands.import_results)
 app.command()(commands.status)
 app.command("add-seeds")(commands.add_seeds)
 app.command()(inspect.compare)

@@ -1,5 +1,5 @@
-"""The client commands that submit, follow, list and change experiments: submit, status,
-add-seeds, list, runs, watch, cancel, delete and export. Each talks to the service through
+"""The client commands that submit, follow, list and change experiments: submit, import,
+status, add-seeds, list, runs, watch, cancel, delete and export. Each talks to the service through
 service.cli.remote (a service.client.Client)."""
 
 from __future__ import annotations
@@ -45,6 +45,58 @@ def submit(
         if wait:
             watch(client, created["id"])
             exit_on_trouble(report(client, created["id"]))
+
+
+def import_results(
+    results_file: Annotated[
+        Path, typer.Argument(help="a .csv run table (W&B and MLflow exports too) or .json runs")
+    ],
+    url: UrlOpt = None,
+    name: Annotated[
+        str | None, typer.Option(help="the new experiment's name [default: the file's]")
+    ] = None,
+    into: Annotated[
+        int | None, typer.Option(help="add the runs to this imported experiment instead")
+    ] = None,
+    seed_column: Annotated[
+        str | None, typer.Option(help="the seed column [default: seed, config.seed, params.seed]")
+    ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            help="a plain CSV's metric columns, comma-separated [default: those after the seed]"
+        ),
+    ] = None,
+    metric: Annotated[
+        str | None, typer.Option(help="the primary metric [default: the first metric column]")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Import per-seed results you already have as an ended experiment (or into one)."""
+    with remote.connect(url, 60) as client:
+        imported = remote.import_results(
+            client,
+            results_file,
+            into=into,
+            name=name,
+            seed_column=seed_column,
+            metrics=[m.strip() for m in metrics.split(",")] if metrics else None,
+            metric=metric,
+        )
+    if as_json:
+        print_json(imported.model_dump(mode="json"))
+        return
+    render.console.print(
+        f"experiment {imported.id} {imported.name}: {imported.runs_added} runs imported "
+        f"({imported.source}; {imported.n_conditions} conditions, {imported.n_runs} runs in "
+        f"all); factors: {', '.join(imported.factors) or 'none'}; metrics: "
+        f"{', '.join(imported.metrics)} (primary {imported.metric})",
+        markup=False,
+    )
+    if imported.ignored_columns:
+        render.console.print(
+            f"ignored columns: {', '.join(imported.ignored_columns)}", markup=False
+        )
 
 
 def status(experiment_id: int, url: UrlOpt = None, as_json: JsonOpt = False) -> None:

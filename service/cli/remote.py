@@ -13,9 +13,16 @@ from typing import Any
 import typer
 
 import service.cli.render as render
-from api_schemas import environment
+from api_schemas import ExperimentImported, environment
 from service.cli.common import fail
-from service.client import MAX_RETRIES, ApiError, Client, Unreachable, default_address
+from service.client import (
+    MAX_RETRIES,
+    ApiError,
+    Client,
+    ResultsFileError,
+    Unreachable,
+    default_address,
+)
 
 # Where an address given to a command came from.
 URL_OPTION = "--url or SEEDGRID_URL"
@@ -66,6 +73,16 @@ def export(client: Client, experiment_id: int, target: Path, file_format: str, w
         raise refused(exc, fields=False) from None
     except OSError as exc:
         raise fail(f"cannot write {target}: {exc.strerror}") from None
+
+
+def import_results(client: Client, results: Path, **options: Any) -> ExperimentImported:
+    """The import of a results file (Client.import_results); a file that cannot be read, or
+    a refusal, stops the command with one message."""
+    with _stop_on_errors(client):
+        try:
+            return client.import_results(results, **options)
+        except ResultsFileError as exc:
+            raise fail(str(exc)) from None
 
 
 @contextmanager

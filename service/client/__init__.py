@@ -20,7 +20,8 @@ It is also the `seedgrid` command's way to the service (service/cli): `request` 
 answer as served), `pages` (every item of a paged list) and `export` (a file streamed to disk)
 are the one HTTP layer, with one URL rule, one token header and one retry policy.
 
-Modules: http.py (the address, the errors, the wait a 429 or 503 asks for), core.py (Client).
+Modules: http.py (the address, the errors, the wait a 429 or 503 asks for), core.py (Client),
+imports.py (an import's body from a results file).
 """
 
 from service.client.core import POINT_COLUMNS, Client, StatsFrames, has_ended
@@ -41,6 +42,7 @@ from service.client.http import (
     http_url,
     retry_after_s,
 )
+from service.client.imports import ResultsFileError
 
 __all__ = [
     "DEFAULT_HOST",
@@ -53,6 +55,7 @@ __all__ = [
     "WILDCARD_HOSTS",
     "ApiError",
     "Client",
+    "ResultsFileError",
     "RetryHook",
     "StatsFrames",
     "Unreachable",

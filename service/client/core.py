@@ -19,6 +19,7 @@ from api_schemas import (
     ExperimentComparison,
     ExperimentCreated,
     ExperimentDetail,
+    ExperimentImported,
     ExperimentSpec,
     ExperimentStatus,
     ExperimentSummary,
@@ -49,6 +50,7 @@ from service.client.http import (
     error_detail,
     retry_after_s,
 )
+from service.client.imports import results_body
 from service.spec_file import load_spec_file
 
 if TYPE_CHECKING:
@@ -196,6 +198,30 @@ class Client:
         return SeedsAdded.model_validate(
             self.request("POST", f"/experiments/{experiment_id}/seeds", json=body)
         )
+
+    def import_results(
+        self,
+        results: Mapping[str, Any] | str | Path,
+        *,
+        into: int | None = None,
+        name: str | None = None,
+        seed_column: str | None = None,
+        metrics: list[str] | None = None,
+        metric: str | None = None,
+    ) -> ExperimentImported:
+        """Import per-seed results (a .csv or .json file, or a body with `runs` or `csv`) as a
+        new experiment named `name` (default: the file's), or into the imported experiment
+        `into`; ResultsFileError for a file that cannot be read."""
+        body = results_body(
+            results,
+            new=into is None,
+            name=name,
+            seed_column=seed_column,
+            metrics=metrics,
+            metric=metric,
+        )
+        path = "/experiments/import" if into is None else f"/experiments/{into}/import"
+        return ExperimentImported.model_validate(self.request("POST", path, json=body))
 
     # -- runs ----------------------------------------------------------------------------------
     def run_list(self, experiment_id: int, status: RunStatus | str | None = None) -> list[RunOut]:

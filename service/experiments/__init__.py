@@ -10,6 +10,7 @@ from service.experiments.commands import (
     create_experiment,
     delete_experiment,
 )
+from service.experiments.importing import import_results
 from service.experiments.validation import validate_spec
 from service.experiments.views import (
     experiment_detail,
@@ -37,6 +38,7 @@ __all__ = [
     "experiment_summary",
     "get_experiment",
     "get_run",
+    "import_results",
     "list_experiments",
     "list_runs",
     "run_config",

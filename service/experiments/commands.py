@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import Session, select
 
 from api_schemas import (
+    IMPORTED_TRAINER,
     MAX_SEED,
     AdaptiveState,
     AddSeeds,
@@ -99,6 +100,12 @@ def add_seeds(
             "(experiment.adaptive), and seeds added by hand, even after it stopped, "
             "would be a look the rule did not count, so its false-stop rate would "
             "no longer be its alpha; submit a new experiment for more seeds"
+        )
+    if experiment.trainer == IMPORTED_TRAINER:
+        raise Conflict(
+            f"experiment {experiment_id} holds imported results (trainer "
+            f"{IMPORTED_TRAINER!r}): no trainer here can run its seeds; add runs to it with "
+            f"POST /experiments/{experiment_id}/import"
         )
     have = set(
         session.exec(select(Run.seed).where(Run.experiment_id == experiment_id).distinct()).all()

@@ -9,6 +9,7 @@ from typing import Any
 import pydantic
 
 from api_schemas import (
+    IMPORTED_TRAINER,
     SOURCE_FACTOR,
     SOURCE_LEVELS,
     ExperimentSpec,
@@ -107,6 +108,16 @@ def validate_spec(
     """Check the spec against its trainer and the operator's limits; return the trainer and
     the conditions in grid order (each once per level of the reserved factor varying_source
     when the spec asks for a source decomposition: service.analysis.sources)."""
+    if spec.trainer == IMPORTED_TRAINER or spec.imported is not None:
+        raise SpecError(
+            [
+                body_error(
+                    ["trainer" if spec.trainer == IMPORTED_TRAINER else "imported"],
+                    f"trainer {IMPORTED_TRAINER!r} holds results imported from elsewhere and "
+                    "runs nothing: import them with POST /experiments/import",
+                )
+            ]
+        )
     trainer = REGISTRY.get(spec.trainer)
     if trainer is None:
         raise SpecError(

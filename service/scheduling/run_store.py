@@ -55,7 +55,7 @@ from sqlalchemy import delete, insert, or_, update
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 
-from api_schemas import ExperimentSpec, RunStatus, storable_text
+from api_schemas import IMPORTED_TRAINER, ExperimentSpec, RunStatus, storable_text
 from service.scheduling.run_moves import RunMoves
 from service.scheduling.run_reads import changed, count_column, experiment_counts, recount
 from service.scheduling.run_records import (
@@ -280,6 +280,25 @@ class RunStore(RunMoves):
             .execution_options(synchronize_session=False)
         )
         self._moves[experiment.id][RunStatus.queued] += len(rows)
+        self._touched.add(experiment.id)
+
+    def add_imported_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]]) -> None:
+        """Runs that ended elsewhere (POST /experiments/import), inserted `completed` with their
+        final metrics: no attempt, no move of the state machine (nothing here ran them). The
+        experiment's run total and completed count grow in the same transaction, so its
+        status follows from its counts like any experiment's."""
+        assert experiment.id is not None
+        now = utcnow()
+        ended = {"status": RunStatus.completed, "started_at": now, "finished_at": now}
+        imported = [{**row, **ended} for row in rows]
+        self.create_runs(experiment, imported, {"trainer": IMPORTED_TRAINER})
+        self.session.execute(
+            update(Experiment)
+            .where(col(Experiment.id) == experiment.id)
+            .values(n_runs=col(Experiment.n_runs) + len(rows))
+            .execution_options(synchronize_session=False)
+        )
+        self._moves[experiment.id][RunStatus.completed] += len(rows)
         self._touched.add(experiment.id)
 
     def record_look(self, experiment_id: int, state: dict[str, Any], *, stopped: bool) -> None:

@@ -20,6 +20,8 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 from scipy import stats as scipy_stats
 
+from service.api.server import BackgroundServer
+from service.settings import Settings
 from tests.conftest import ROOT, Service
 from tests.e2e.toy_trainer import ToyTrainer
 from trainers import REGISTRY
@@ -336,3 +338,43 @@ def test_without_a_token_the_dashboard_opens_and_shows_why_an_experiment_stopped
     assert watched.blocked == []
     assert watched.errors == []
     watched.context.close()
+
+
+def test_an_imported_experiment_in_the_dashboard(browser: Browser, tmp_path: Path) -> None:
+    """Imported results (POST /experiments/import of examples/seeds.csv) get the experiment
+    page of a launched experiment: a point per seed, the conditions and the comparison, every
+    imported metric to choose from; no curves, which an import does not have."""
+    db_path = tmp_path / "seedgrid.db"
+    server = BackgroundServer(Settings(database_url=f"sqlite:///{db_path}"), dispatch=False)
+    service = Service(server.start(), db_path)
+    try:
+        text = (ROOT / "examples" / "seeds.csv").read_text()
+        created = service.client.post("/experiments/import", json={"name": "seeds", "csv": text})
+        assert created.status_code == 201, created.text
+        experiment_id = created.json()["id"]
+        stats = service.client.get(f"/experiments/{experiment_id}/stats").json()
+        origin = service.server.url.rstrip("/")
+        watched = Watched(browser, origin)
+        page = watched.page
+        page.goto(f"{origin}/ui#/experiments/{experiment_id}")
+        page.wait_for_selector("[data-role=distribution]")
+        for condition in stats["conditions"]:
+            points = page.locator(
+                f"[data-role=seed-point][data-condition='{condition['condition_key']}']"
+            )
+            assert points.count() == condition["n"] == 10
+        assert "imported" in page.locator(".facts").inner_text()
+        options = page.locator("[data-role=metric-select] option").all_inner_texts()
+        assert options == ["test_accuracy", "test_loss"]
+        row = page.locator("[data-role=comparison-row]").first
+        shown = _numbers(row.locator("[data-role=var-ratio]").inner_text())
+        assert shown == pytest.approx([stats["comparisons"][0]["var_ratio"]], rel=1e-3)
+        assert page.locator("[data-role=no-curves]").count() == 1
+        page.select_option("[data-role=metric-select]", "test_loss")
+        page.wait_for_selector("text=Distribution of test_loss per condition")
+        watched.shot("imported-experiment")
+        assert watched.blocked == []
+        assert watched.errors == []
+        watched.context.close()
+    finally:
+        service.close()

@@ -613,7 +613,9 @@ async function showExperiment(id) {
   const trainer = (await trainers()).find((t) => t.name === detail.trainer);
   const { items: runs, truncated } = await apiPages(`/experiments/${id}/runs`, RUNS_PAGE, MAX_RUN_PAGES);
   if (gen !== generation) return;
-  const metrics = trainer ? trainer.metrics : [];
+  // imported results name their metrics in their spec; a trainer's are in GET /trainers
+  const metrics = detail.spec.imported ? detail.spec.imported.metrics
+    : trainer ? trainer.metrics : [];
   experimentState.metric = experimentState.metric || detail.spec.metric
     || (trainer && trainer.primary_metric);
   experimentState.curveMetric = experimentState.curveMetric || experimentState.metric;
@@ -630,7 +632,9 @@ async function showExperiment(id) {
   for (const key of new Set(runs.map((r) => r.condition_key))) {
     if (!conditionKeys.includes(key)) conditionKeys.push(key);
   }
-  const curves = await curvesSection(runs, conditionKeys, gen);
+  const curves = detail.spec.imported ? [el("p", { class: "muted", "data-role": "no-curves",
+    text: "imported results hold final metrics only: no curves" })]
+    : await curvesSection(runs, conditionKeys, gen);
   const reports = [];
   for (const name of (trainer && finished ? trainer.reports : [])) {
     try { reports.push([name, await api(`/experiments/${id}/reports/${encodeURIComponent(name)}`)]); }
