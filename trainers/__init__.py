@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from api_schemas import environment
+from api_schemas import IMPORTED_TRAINER, environment
 from trainers.base import (
     MemoryReporter,
     NullReporter,
@@ -57,7 +57,10 @@ class UnknownTrainerError(KeyError):
 
 
 def register(trainer: Trainer) -> None:
-    """Add a trainer to the registry; a name already taken by another trainer is an error."""
+    """Add a trainer to the registry; a name already taken by another trainer, or the name of
+    imported results (api_schemas.IMPORTED_TRAINER), is an error."""
+    if trainer.name == IMPORTED_TRAINER:
+        raise ValueError(f"trainer name {trainer.name!r} is reserved for imported results")
     existing = REGISTRY.get(trainer.name)
     if existing is not None and type(existing) is not type(trainer):
         raise ValueError(f"trainer name {trainer.name!r} is taken by {type(existing).__name__}")

@@ -17,7 +17,14 @@ import pytest
 import torch
 
 from api_schemas import RunStatus
-from trainers import LOADED_MODULES, REGISTRY, MemoryReporter, load_trainer_modules, trainer
+from trainers import (
+    LOADED_MODULES,
+    REGISTRY,
+    MemoryReporter,
+    load_trainer_modules,
+    register,
+    trainer,
+)
 from trainers.functional import FunctionTrainer
 from trainers.runtime import RunContext, TrainOutput
 from workers.messages import Result
@@ -191,6 +198,8 @@ def test_bad_declarations_are_named_at_once() -> None:
         trainer(defaults={"model": object()})(two)
     with pytest.raises(ValueError, match="descriptions name fields with no default: lr"):
         trainer(defaults={"steps": 1}, descriptions={"lr": "x"})(two)
+    with pytest.raises(ValueError, match="'imported' is reserved for imported results"):
+        register(trainer(name="imported")(two))
     with pytest.raises(TypeError, match="must be a function of \\(config, run\\)"):
         trainer(lambda config: {})  # type: ignore[arg-type]
 
