@@ -8,11 +8,13 @@
             loss = loss_fn(output.float())  # what must stay exact: full float32
         loss.backward()                     # outside autocast, as PyTorch recommends
 
-`fp32` changes nothing. `tf32` lets float32 matrix products and convolutions use TF32 on a GPU
-(10 mantissa bits in the products, float32 sums) for the scope and restores the process's
-previous setting afterwards; on a CPU it has no effect. `bf16` runs what a trainer puts under
-`precision.autocast()` in torch.autocast with bfloat16 (on a CPU too). Under either, what a
-trainer puts under `precision.float32()` runs in full float32.
+`fp32` is float32 everywhere: matrix products at torch's "highest" precision and cuDNN's
+convolutions without TF32 (torch lets cuDNN use TF32 by default, so without this an `fp32` run
+on a GPU convolved in TF32). `tf32` lets float32 matrix products and convolutions use TF32 on a
+GPU (10 mantissa bits in the products, float32 sums). Both set these for the scope and restore
+the process's previous settings afterwards; on a CPU neither has an effect. `bf16` runs what a
+trainer puts under `precision.autocast()` in torch.autocast with bfloat16 (on a CPU too). Under
+`tf32` or `bf16`, what a trainer puts under `precision.float32()` runs in full float32.
 
 The TF32 setting is process-wide: two runs in threads of one process would share it. seedgrid's
 workers run one task per process.
@@ -30,9 +32,9 @@ import torch
 Precision = Literal["fp32", "tf32", "bf16"]
 
 PRECISION = (
-    "fp32: float32 throughout; tf32: float32 matrix products in TF32 on a GPU (no "
-    "effect on a CPU); bf16: the forward passes under bfloat16 autocast, the losses in "
-    "float32"
+    "fp32: float32 throughout (cuDNN's convolutions included); tf32: float32 matrix products "
+    "in TF32 on a GPU (no effect on a CPU); bf16: the forward passes under bfloat16 "
+    "autocast, the losses in float32"
 )
 
 
@@ -75,13 +77,13 @@ def precision_scope(precision: Precision, device: torch.device) -> Iterator[Prec
     if precision not in ("fp32", "tf32", "bf16"):
         raise ValueError(f"precision must be fp32, tf32 or bf16, not {precision!r}")
     scope = PrecisionScope(precision, device)
-    if precision != "tf32":
+    if precision == "bf16":
         yield scope
         return
     matmul_before = torch.get_float32_matmul_precision()
     cudnn_before = torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
     try:
         yield scope
     finally:

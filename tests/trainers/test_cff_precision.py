@@ -112,6 +112,24 @@ def test_tf32_acts_only_on_a_gpu_and_restores_the_setting() -> None:
         torch.set_float32_matmul_precision("highest")
 
 
+def test_fp32_turns_tf32_off_everywhere_cudnn_included_and_restores_the_settings() -> None:
+    """torch lets cuDNN convolve in TF32 by default (and a process may allow TF32 matmuls):
+    inside an fp32 scope neither is allowed; afterwards both are as they were."""
+    cudnn_before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    try:
+        with precision_scope("fp32", CPU):
+            assert not torch.backends.cudnn.allow_tf32
+            assert torch.get_float32_matmul_precision() == "highest"
+            assert not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.backends.cudnn.allow_tf32 = cudnn_before
+        torch.set_float32_matmul_precision("highest")
+
+
 def test_only_bf16_autocasts_and_float32_blocks_are_full_float32() -> None:
     linear = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4)
