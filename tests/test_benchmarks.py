@@ -201,3 +201,14 @@ def test_largest_relative_difference_of_final_metrics(seed_batching: ModuleType)
     assert seed_batching.largest_relative_difference(a, b) == pytest.approx(0.1 / 0.5)
     c = [result(loss=2.0, acc=0.5), result(loss=float("nan"))]
     assert seed_batching.largest_relative_difference(a, c) == float("inf")
+
+
+def test_read_paths_runs_in_its_smoke_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/read_paths.py end to end on a tiny experiment (it had stopped running: an
+    import of a constant that was gone, and runs without the completed count the stored page
+    is served by, so every "warm" GET computed again)."""
+    load_script("read_paths").main(["--smoke"])
+    out = capsys.readouterr().out
+    assert "/stats of a 18-run experiment" in out
+    assert "/metrics of a 10,000-point curve" in out
+    assert "/protocol: 100 runs" in out
