@@ -87,6 +87,9 @@ def assert_refused(response: httpx.Response, error: str | None) -> None:
     assert isinstance(response.json()["detail"], str)
 
 
+IMPORTED_CSV = "lr,seed,loss\n0.1,0,0.5\n0.1,1,0.6\n0.2,0,0.4\n0.2,1,0.3\n"
+
+
 def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Guarded) -> None:
     client = guarded.service.client
     slow = guarded.service.submit(spec(name="to-cancel", config={**FAST, "steps": 10**7}))
@@ -99,6 +102,8 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
     bodies = {
         ("POST", "/experiments"): spec(name="via-route-walk"),
         ("POST", "/experiments/{experiment_id}/seeds"): {"seeds": 1},
+        ("POST", "/experiments/import"): {"name": "imported", "csv": IMPORTED_CSV},
+        ("POST", "/experiments/{experiment_id}/import"): {"csv": IMPORTED_CSV},
     }
     queries = {
         ("GET", "/planning/seeds"): {"ratio": 4.0},
@@ -108,6 +113,9 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
         ("POST", "/experiments"): 201,
         ("POST", "/experiments/{experiment_id}/cancel"): 202,
         ("POST", "/experiments/{experiment_id}/seeds"): 201,
+        ("POST", "/experiments/import"): 201,
+        # `done` ran a trainer: only an imported experiment takes imported runs
+        ("POST", "/experiments/{experiment_id}/import"): 409,
         ("DELETE", "/experiments/{experiment_id}"): 204,
         # a collapse experiment has no reports (feedback declares the protocol)
         ("GET", "/experiments/{experiment_id}/protocol"): 404,
