@@ -587,6 +587,21 @@ def kernel_s_per_unit(measure: Callable[[GpuClock], Measurement]) -> float | Non
     return kernel_s / units if kernel_s is not None and units > 0 else None
 
 
+# The share of a GPU's free memory the runs measured at once may take, by their estimates.
+MEMORY_SHARE = 0.9
+
+
+def device_capacity(trainer: TrainerBase, config: Any, device: torch.device) -> int | None:
+    """How many runs of `config` fit the device's free memory at once by the trainer's own
+    estimate (ResourceEstimate.memory_bytes); None on a CPU (no bound here). A K-seed task of a
+    batched trainer holds K runs' memory, as K processes do."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    need = max(1, trainer.estimate(config).memory_bytes)
+    return max(1, int(free * MEMORY_SHARE // need))
+
+
 def measure_case(
     case: Case, config: Any, args: argparse.Namespace, pool: WorkerPool | None
 ) -> list[Row]:
@@ -602,11 +617,20 @@ def measure_case(
     def deadline() -> float:
         return time.time() + args.max_seconds
 
+    capacity = device_capacity(trainer, config, device)
+    warmed = len(pool.processes) if pool is not None else 0
+    if capacity is not None and capacity < warmed:
+        note(
+            f"{case.name}: {capacity} runs fit the device by the trainer's estimate "
+            f"({trainer.estimate(config).memory_bytes / 2**30:.1f} GiB a run): K above it is "
+            "not measured"
+        )
+        warmed = capacity
     note(f"{case.name}: warm-up")
     # The warm-up ends once a seed has trained an epoch (or a step): at its first logged point
     # where that point follows a trained epoch (cff, ssl), else at its second.
     warm_bound = 0 if case.epoch_offset else 1
-    if pool is not None:  # the workers warm up while this process does
+    if pool is not None:  # the workers warm up while this process does (as many as fit)
         pool.send(
             [
                 {
@@ -619,16 +643,25 @@ def measure_case(
                     "threads": 1,
                 }
             ]
-            * len(pool.processes)
+            * warmed
         )
     run_one(trainer, config, 0, progress, warm_bound, deadline(), threads=threads)
     if pool is not None:
-        failed = [a["error"] for a in pool.receive(len(pool.processes)) if "error" in a]
+        failed = [a["error"] for a in pool.receive(warmed) if "error" in a]
         if failed:
             note(f"{case.name}: a worker's warm-up failed: {failed[0]}")
     rows: list[Row] = []
 
     def attempt(mode: str, k: int, threads: int, measure: Callable[[], Measurement]) -> Row:
+        batched_at_once = mode == "processes" or (mode == "run_seeds" and trainer.batched)
+        if capacity is not None and batched_at_once and k > capacity:
+            return Row(
+                mode,
+                k,
+                threads,
+                error=f"not measured: {k} runs need more memory "
+                f"than the device's free {MEMORY_SHARE:.0%} by the trainer's estimate",
+            )
         note(f"{case.name}: {mode} K={k}, {threads} threads")
         try:
             return summarise(mode, k, threads, measure())

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKED = ("ray", "fastapi", "sqlalchemy", "sqlmodel", "service", "workers")
@@ -212,3 +213,51 @@ def test_read_paths_runs_in_its_smoke_mode(capsys: pytest.CaptureFixture[str]) -
     assert "/stats of a 18-run experiment" in out
     assert "/metrics of a 10,000-point curve" in out
     assert "/protocol: 100 runs" in out
+
+
+@pytest.fixture(scope="module")
+def launches() -> ModuleType:
+    return load_script("launches")
+
+
+def test_the_launch_counter_counts_kernels_syncs_and_host_copies(launches: ModuleType) -> None:
+    """On a known computation: an allocation and a view launch nothing; a fill, a multiply,
+    an add and a sum launch one kernel each; .item() and .tolist() make the host wait; a
+    tensor built from Python data is a host-to-device copy."""
+    with launches.gpu_like() as reads, launches.Counting() as counting:
+        a = torch.ones(3)  # empty + fill_
+        b = (a * 2 + 1).sum()
+        a.view(3, 1)
+        b.item()
+        a.tolist()
+        torch.tensor([1.0, 2.0])
+    counts = launches.tally(counting.ops, reads["n"], counting.views)
+    assert (counts.ops, counts.syncs, counts.copies) == (4, 2, 1), counting.ops
+
+
+def test_launches_smoke_counts_per_seed_step_and_batching_lowers_them(
+    launches: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = launches.main(["--smoke", "--trainers", "collapse", "feedback_studentnet"])
+    by = {(r.case, r.mode): r for r in rows}
+    assert set(by) == {
+        (c, m) for c in ("collapse", "feedback_studentnet") for m in ("solo", "K=1", "K=2")
+    }
+    for case in ("collapse", "feedback_studentnet"):
+        assert by[case, "solo"].ops > 0
+        # both batch their seeds: two seeds in one computation launch fewer ops per seed
+        assert by[case, "K=2"].ops < by[case, "K=1"].ops
+    assert "per seed per training step" in capsys.readouterr().out
+
+
+def test_a_steps_op_count_does_not_depend_on_the_batch_size(launches: ModuleType) -> None:
+    """What lets the gauge train on small batches: no trainer step here loops over examples."""
+    case = launches.ALL_CASES["feedback_studentnet"]
+    trainer = launches.gt.trainer_named(case.trainer)
+    config = launches.config_of(case)
+    per_step = [
+        launches.step_counts(trainer, config, size, None).ops
+        / launches.solo_steps(trainer, config, size)
+        for size in (8, 16)
+    ]
+    assert per_step[0] == per_step[1] > 0

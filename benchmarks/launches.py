@@ -1,0 +1,340 @@
+"""What each training step would launch on a GPU, counted on the CPU: device-side ops, host-device
+syncs and host-to-device copies per seed per training step, solo and in seed-batched tasks.
+
+This is seedgrid's GPU-efficiency gauge until a GPU is lent (on an H200, measured in 2026-11, the
+cff step was launch-bound). A K-seed task is only about K times cheaper per seed when the ops
+of a step fall about K-fold and its syncs do not stay per seed; this script counts both.
+
+How it counts. Every trainer runs its paper-scale example model (the example's config and the
+first level of each grid axis, as benchmarks/gpu_throughput.py takes it) on the CPU, with small
+data: --batch-size examples a batch (the number of ops a step launches does not depend on the
+batch size, unless a step loops over its examples in Python). A `TorchDispatchMode` sees every
+aten op dispatched; a training step's share is the difference between a one-epoch run of 4
+batches and one of 2 (set-up, data loading, the epoch's evaluation and the final results cancel
+out), divided by the seed-steps it adds (the optimiser steps it adds to a solo run, times K;
+collapse, which trains by full-batch gradient descent: 4 steps against 2):
+
+    ops     non-view aten ops other than allocations (`empty*`): on a GPU, each is about one
+            kernel launch (an optimiser's foreach kernels count once per op, as on a GPU:
+            optimisers are made to take their foreach path here, their GPU default);
+    syncs   points where a GPU run's host would wait for the device: a tensor read into Python
+            (`item`, `float`, `bool`, `tolist`, `numpy`), data-dependent shapes (`nonzero`,
+            `masked_select`, `unique`), `linalg` error checks. An upper bound: on the CPU every
+            tensor is a host tensor, and a read of one that a GPU run keeps on the host too
+            (batch indices, numbers drawn from a CPU generator) counts here but not there;
+    copies  tensors the host builds from Python data (`torch.tensor(...)`, `lift_fresh`): on
+            a GPU, each a host-to-device copy.
+
+The modes: `solo` (Trainer.run of one seed), `K=1` and `K=8` (Trainer.run_seeds of K seeds: a
+batched computation for a batched trainer, one seed after another otherwise). Deterministic
+algorithms stay on, as the runtime sets them on a CPU (they change which kernel runs, hardly how
+many). What the counts cannot see: kernel fusion inside one aten op,
+cuDNN's algorithm choice, the cost of a kernel, copies `.to(device)` makes on a GPU of a tensor
+that already lives there on the CPU.
+
+    python benchmarks/launches.py                    # every trainer, K = 1 8
+    python benchmarks/launches.py --trainers cff --k 1 4 8 --json launches.json
+    python benchmarks/launches.py --smoke            # tiny models, K = 1 2 (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS))
+
+import gpu_throughput as gt  # noqa: E402
+import torch  # noqa: E402
+from torch.optim import optimizer  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from api_schemas import environment  # noqa: E402
+from trainers.base import NullReporter  # noqa: E402
+
+# Ops that allocate or only read metadata: no kernel on a GPU.
+NO_KERNEL = frozenset(
+    {
+        "empty",
+        "empty_strided",
+        "empty_like",
+        "new_empty",
+        "new_empty_strided",
+        "lift_fresh",
+        "_local_scalar_dense",
+        "set_",
+        "resize_",
+        "detach",
+        "alias",
+    }
+)
+# Ops whose result decides a shape, or a Python value: the host waits for the device.
+SYNC_OPS = frozenset(
+    {
+        "_local_scalar_dense",
+        "nonzero",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "unique_dim",
+        "_linalg_check_errors",
+        "is_nonzero",
+        "equal",
+    }
+)
+COPY_OPS = frozenset({"lift_fresh"})
+
+CASES = {case.name: case for case in gt.CASES}
+CASES_ADDED = {
+    "feedback_vit": gt.Case(
+        "feedback_vit",
+        "feedback",
+        "examples/feedback_vit_mini_cifar10.yaml",
+        "epoch",
+        0,
+        {"width": 16, "depth": 1, "heads": 2, "batch_size": 32},
+    )
+}
+ALL_CASES = {**CASES, **CASES_ADDED}
+DEFAULT_CASES = ("cff", "feedback_resmlp", "feedback_vit", "ssl", "collapse", "ssl_sim")
+# The two epoch lengths whose difference is what a training step costs.
+FEW_BATCHES, MANY_BATCHES = 2, 4
+
+
+class Counting(TorchDispatchMode):
+    """Counts the aten ops dispatched while it is active (this thread only: the trainers run
+    in the caller's thread when called directly)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()  # every op by name
+        self.views: set[str] = set()  # the names of those that only make a view
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._schema.name.split("::")[-1]
+        self.ops[name] += 1
+        if func.is_view:
+            self.views.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class Counts:
+    ops: float
+    syncs: float
+    copies: float
+
+
+def tally(ops: Counter[str], reads: int, views: Collection[str] = ()) -> Counts:
+    kernels = sum(n for name, n in ops.items() if name not in NO_KERNEL and name not in views)
+    syncs = sum(ops[name] for name in SYNC_OPS) + reads
+    return Counts(kernels, syncs, sum(ops[name] for name in COPY_OPS))
+
+
+@contextmanager
+def gpu_like() -> Iterator[dict[str, int]]:
+    """Optimisers on their foreach path (their GPU default), and host reads of tensors that
+    dispatch no op on a CPU (`tolist`, `numpy`) counted."""
+    reads = {"n": 0}
+    default = optimizer._default_to_fused_or_foreach
+    tolist, numpy = torch.Tensor.tolist, torch.Tensor.numpy
+
+    def foreach(*args: Any, **kwargs: Any) -> tuple[bool, bool]:
+        return False, True
+
+    def counted(method: Any) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            reads["n"] += 1
+            return method(self, *args, **kwargs)
+
+        return read
+
+    optimizer._default_to_fused_or_foreach = foreach
+    torch.Tensor.tolist = counted(tolist)  # type: ignore[method-assign]
+    torch.Tensor.numpy = counted(numpy)  # type: ignore[method-assign]
+    try:
+        yield reads
+    finally:
+        optimizer._default_to_fused_or_foreach = default
+        torch.Tensor.tolist, torch.Tensor.numpy = tolist, numpy  # type: ignore[method-assign]
+
+
+class OptimiserSteps:
+    """Counts optimiser.step() calls (every optimiser of the process)."""
+
+    def __enter__(self) -> OptimiserSteps:
+        self.n = 0
+
+        def hook(*_: Any) -> None:
+            self.n += 1
+
+        self.handle = optimizer.register_optimizer_step_post_hook(hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+def sized(config: Any, batches: int, batch_size: int) -> Any:
+    """The config trained for one epoch of `batches` batches of `batch_size` examples (collapse,
+    full-batch gradient descent: `batches` steps), its test sets one batch."""
+    fields = type(config).model_fields
+    if "steps" in fields:  # collapse
+        changes: dict[str, Any] = {"steps": batches, "log_every": batches}
+        return type(config).model_validate({**config.model_dump(), **changes})
+    changes = {"epochs": 1}
+    if "batch_size" in fields:
+        changes["batch_size"] = batch_size
+    for name in ("train_size", "student_train_size", "n_samples"):
+        if name in fields:
+            changes[name] = batches * batch_size
+    for name in ("test_size", "student_test_size", "eval_batch_size"):
+        if name in fields:
+            changes[name] = batch_size
+    if "head_epochs" in fields:
+        changes["head_epochs"] = 0
+    if "warmup_epochs" in fields:
+        changes["warmup_epochs"] = 0
+    if "eval_every" in fields:
+        changes["eval_every"] = 100_000  # the kNN monitor (its most): not a training step's
+    return type(config).model_validate({**config.model_dump(), **changes})
+
+
+def measure(trainer: Any, config: Any, k: int | None) -> tuple[Counts, int]:
+    """Counts of one run (k None: Trainer.run of seed 0) or task (run_seeds of k seeds), and
+    its optimiser steps."""
+    with gpu_like() as reads, OptimiserSteps() as steps, Counting() as counting:
+        if k is None:
+            trainer.run(config, seed=0, reporter=NullReporter(), threads=1)
+        else:
+            outcomes = trainer.run_seeds(
+                config, list(range(k)), [NullReporter() for _ in range(k)], threads=1
+            )
+            failed = [o for o in outcomes if isinstance(o, Exception)]
+            if failed:
+                raise failed[0]
+    return tally(counting.ops, reads["n"], counting.views), steps.n
+
+
+def step_counts(trainer: Any, config: Any, batch_size: int, k: int | None) -> Counts:
+    """What FEW_BATCHES more training steps add to a run or task (an epoch of MANY_BATCHES
+    batches minus one of FEW_BATCHES): set-up, data loading, the epoch's evaluation and the
+    final results cancel out."""
+    few, _ = measure(trainer, sized(config, FEW_BATCHES, batch_size), k)
+    many, _ = measure(trainer, sized(config, MANY_BATCHES, batch_size), k)
+    return Counts(many.ops - few.ops, many.syncs - few.syncs, many.copies - few.copies)
+
+
+def solo_steps(trainer: Any, config: Any, batch_size: int) -> int:
+    """The optimiser steps those added batches are to one seed (a solo run's, counted)."""
+    _, few = measure(trainer, sized(config, FEW_BATCHES, batch_size), None)
+    _, many = measure(trainer, sized(config, MANY_BATCHES, batch_size), None)
+    return max(1, many - few)
+
+
+@dataclass
+class Row:
+    case: str
+    trainer: str
+    batched: bool
+    mode: str
+    ops: float
+    syncs: float
+    copies: float
+
+
+def run_case(name: str, ks: Sequence[int], *, smoke: bool, batch_size: int) -> list[Row]:
+    case = ALL_CASES[name]
+    trainer = gt.trainer_named(case.trainer)
+    config, _ = gt.case_config(
+        case, smoke=smoke, device="cpu", precision=None, data_root=_data_root(config_of(case))
+    )
+    steps = solo_steps(trainer, config, batch_size)
+    rows = []
+    for mode, k in [("solo", None), *((f"K={k}", k) for k in ks)]:
+        epoch = step_counts(trainer, config, batch_size, k)
+        seed_steps = steps * (k or 1)
+        rows.append(
+            Row(
+                name,
+                case.trainer,
+                trainer.batched,
+                mode,
+                epoch.ops / seed_steps,
+                epoch.syncs / seed_steps,
+                epoch.copies / seed_steps,
+            )
+        )
+    return rows
+
+
+def config_of(case: gt.Case) -> Any:
+    config, _ = gt.case_config(case, smoke=True, device="cpu", precision=None, data_root=None)
+    return config
+
+
+FAKE: dict[str, str] = {}
+
+
+def _data_root(config: Any) -> str | None:
+    dataset = gt.needs_files(config)
+    if dataset is None:
+        return None
+    if dataset not in FAKE:
+        folder = tempfile.mkdtemp(prefix="seedgrid-launches-")
+        gt.write_fake(Path(folder), dataset, smoke=True)
+        FAKE[dataset] = folder
+        roots = environment.text(environment.DATA_ROOTS)
+        entry = f"launches-{dataset}={folder}"
+        environment.set_text(environment.DATA_ROOTS, ",".join(filter(None, [roots, entry])))
+    return f"launches-{dataset}"
+
+
+def table(rows: Sequence[Row]) -> str:
+    lines = [
+        "per seed per training step, counted on the CPU (see the docstring): device ops, "
+        "host-device syncs, host-to-device copies",
+        f"{'trainer':<20} {'mode':<6} {'ops':>9} {'syncs':>7} {'copies':>7}  vs solo",
+    ]
+    solo = {r.case: r for r in rows if r.mode == "solo"}
+    for r in rows:
+        base = solo[r.case].ops
+        ratio = f"{base / r.ops:6.2f}x fewer ops" if r.mode != "solo" and r.ops > 0 else ""
+        lines.append(
+            f"{r.case:<20} {r.mode:<6} {r.ops:9.1f} {r.syncs:7.2f} {r.copies:7.2f}  {ratio}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trainers", nargs="+", default=list(DEFAULT_CASES), choices=ALL_CASES)
+    parser.add_argument("--k", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true", help="tiny models, K = 1 2 (CI)")
+    parser.add_argument("--json", help="also write the rows as JSON to this file")
+    args = parser.parse_args(argv)
+    ks = [1, 2] if args.smoke else args.k
+    rows: list[Row] = []
+    for name in args.trainers:
+        rows += run_case(name, ks, smoke=args.smoke, batch_size=args.batch_size)
+        print(f"counted {name}", file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
