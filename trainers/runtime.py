@@ -26,7 +26,14 @@ ends any run within about a second.
 
 Seed-batched tasks: `TrainerBase.run_seeds(config, seeds, reporters)` runs K seeds of one config
 in one task. Each seed gets its own `RunContext` (its own random sources, reporter, divergence
-and stop state), so a seed's result does not depend on which seeds shared its task. A trainer
+and stop state), so what it draws does not depend on which seeds share its task. Its result may
+still: a batched computation adds and multiplies in another order than a solo run does, and
+float32 training can amplify that rounding (feedback's StudentNet, K = 8: some seeds' test
+accuracy moved by several points), as running the same seed on 2 threads instead of 1 does.
+Such a result is another valid draw of the same run, not a copy of its solo run; the provenance
+records the task's size and the seed's place in it (`task_seeds`, `task_index`) beside
+`torch_threads`, and tests/trainers/test_batching_distribution.py checks that the seeds'
+distribution (mean and variance) is the same at K = 1 and K = 8. A trainer
 that overrides `train_seeds(config, runs)` computes the K seeds as one batched computation
 (`batched = True`): it must mask a seed whose context has stopped (diverged or stopped by a
 check) and go on with the others, and return one `TrainOutput` per run. The default
@@ -205,11 +212,13 @@ class RunContext:
         divergence_metric: str | None,
         stop_on_checks: Collection[str] = (),
         index: int = 0,
+        task_size: int = 1,
     ) -> None:
         self.config = config
         self.seed = seed
         # The run's place among the seeds of its task (0 for a task of one seed).
         self.index = index
+        self.task_size = task_size  # the seeds of its task (1: a run of its own)
         self.device = device
         self.sources = sources
         self.divergence_metric = divergence_metric
@@ -432,6 +441,7 @@ class TrainerBase(ABC):
                 divergence_metric=self.divergence_metric,
                 stop_on_checks=stop_on_checks,
                 index=index,
+                task_size=len(seeds),
             )
             for index, (seed, reporter, pins) in enumerate(
                 zip(seeds, reporters, pinned, strict=True)
@@ -510,6 +520,9 @@ class TrainerBase(ABC):
             "python_version": platform.python_version(),
             "device": str(run.device),
             "torch_threads": torch.get_num_threads(),
+            # a result depends on these as on the thread count (see the module's docstring)
+            "task_seeds": run.task_size,
+            "task_index": run.index,
             "seed": run.seed,
             "source_seeds": dict(run.sources.source_seeds),
             "config": run.config.model_dump(mode="json"),
