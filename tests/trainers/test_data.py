@@ -407,3 +407,27 @@ def test_studentnet_and_trainers_without_data_have_nothing_to_check() -> None:
         trainer = REGISTRY[name]
         assert trainer.preflight_inputs(trainer.Config()) == {}
         assert trainer.preflight(trainer.Config()) == []
+
+
+def test_augmentation_constants_are_made_once_per_device_and_give_the_same_bits() -> None:
+    """normalize's mean and std (and the colour matrices) are cached device constants, not a
+    tensor built from Python numbers on every batch (a blocking host-to-device copy on a GPU):
+    the same object on each call, usable by autograd even when first made in inference mode,
+    and the same bits as the per-call tensors they replace."""
+    import importlib
+
+    augment_module = importlib.import_module("trainers.data.augment")
+    augment_module.device_constant.cache_clear()
+    mean, std = (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)
+    with torch.inference_mode():
+        first = augment_module.device_constant(mean, torch.float32, torch.device("cpu"))
+    assert not first.is_inference()
+    assert augment_module.device_constant(mean, torch.float32, torch.device("cpu")) is first
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    expected = (x - torch.tensor(mean)[None, :, None, None]) / torch.tensor(std)[
+        None, :, None, None
+    ]
+    got = augment_module.normalize(x, mean, std)
+    assert torch.equal(got, expected)
+    got.sum().backward()  # autograd saves the cached std
+    assert x.grad is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -167,7 +168,9 @@ def _apply(op: str, x: torch.Tensor, m: float, sign: torch.Tensor) -> torch.Tens
         return mean + factor * (x - mean)
     if op == "sharpness":
         kernel = (
-            torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]], device=x.device)
+            device_constant(
+                ((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0)), torch.float32, x.device
+            )
             / 13.0
         )
         c = x.shape[1]
@@ -192,9 +195,22 @@ def _apply(op: str, x: torch.Tensor, m: float, sign: torch.Tensor) -> torch.Tens
     return (cdf / (side * side)).reshape(x.shape)
 
 
+@lru_cache(maxsize=64)
+def device_constant(
+    values: tuple[float, ...] | tuple[tuple[float, ...], ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """A constant tensor made once per (values, dtype, device) and kept: on a GPU, building it
+    from Python numbers on every batch was a blocking host-to-device copy each time. Never
+    written to; made outside inference mode, so that autograd may save it."""
+    with torch.inference_mode(False):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+
 def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device)[None, :, None, None]
-    s = torch.tensor(std, dtype=x.dtype, device=x.device)[None, :, None, None]
+    m = device_constant(tuple(mean), x.dtype, x.device)[None, :, None, None]
+    s = device_constant(tuple(std), x.dtype, x.device)[None, :, None, None]
     return (x - m) / s
 
 
@@ -238,7 +254,9 @@ def simclr_augment(
     out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
     jitter = 0.8 * strength
     if c == 3:
-        gray_weights = torch.tensor([0.299, 0.587, 0.114], device=device)[None, :, None, None]
+        gray_weights = device_constant((0.299, 0.587, 0.114), torch.float32, device)[
+            None, :, None, None
+        ]
     for op in ("brightness", "contrast", "saturation", "hue"):
         apply = (uniform(0.0, 1.0) < 0.8)[:, None, None, None]
         if op == "hue":
@@ -261,14 +279,20 @@ def simclr_augment(
     return out
 
 
+@lru_cache(maxsize=16)
+def _yiq(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RGB -> YIQ and its inverse, made once per dtype and device (the inverse's error check
+    waited for the device on every batch)."""
+    to_yiq = device_constant(
+        ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0.312)), dtype, device
+    )
+    with torch.inference_mode(False):
+        return to_yiq, torch.linalg.inv(to_yiq)
+
+
 def _hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """Rotate hue by `shift` turns (per image) in YIQ space, an exact rotation of chroma."""
-    to_yiq = torch.tensor(
-        [[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]],
-        device=x.device,
-        dtype=x.dtype,
-    )
-    from_yiq = torch.linalg.inv(to_yiq)
+    to_yiq, from_yiq = _yiq(x.dtype, x.device)
     yiq = torch.einsum("ij,bjhw->bihw", to_yiq, x)
     angle = 2 * math.pi * shift
     cos, sin = torch.cos(angle)[:, None, None], torch.sin(angle)[:, None, None]
