@@ -31,7 +31,7 @@ still: a batched computation adds and multiplies in another order than a solo ru
 float32 training can amplify that rounding (feedback's StudentNet, K = 8: some seeds' test
 accuracy moved by several points), as running the same seed on 2 threads instead of 1 does.
 Such a result is another valid draw of the same run, not a copy of its solo run; the provenance
-records the task's size and the seed's place in it (`task_seeds`, `task_index`) beside
+records the task's size and the seed's place in it (`task_size`, `task_index`) beside
 `torch_threads`, and tests/trainers/test_batching_distribution.py checks that the seeds'
 distribution (mean and variance) is the same at K = 1 and K = 8. A trainer
 that overrides `train_seeds(config, runs)` computes the K seeds as one batched computation
@@ -521,7 +521,7 @@ class TrainerBase(ABC):
             "device": str(run.device),
             "torch_threads": torch.get_num_threads(),
             # a result depends on these as on the thread count (see the module's docstring)
-            "task_seeds": run.task_size,
+            "task_size": run.task_size,
             "task_index": run.index,
             "seed": run.seed,
             "source_seeds": dict(run.sources.source_seeds),

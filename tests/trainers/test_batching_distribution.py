@@ -76,7 +76,7 @@ def test_seed_batched_studentnet_has_the_solo_runs_distribution() -> None:
         outcomes = trainer.run_seeds(config, seeds, [NullReporter() for _ in seeds], threads=1)
         for outcome in outcomes:
             assert not isinstance(outcome, Exception), outcome
-            assert outcome.provenance["task_seeds"] == K
+            assert outcome.provenance["task_size"] == K
             batched.append(outcome.metrics["test_accuracy"])
     together = np.array(batched)
     difference = together - solo
