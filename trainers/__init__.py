@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -135,12 +136,8 @@ def load_trainer_modules(entries: str, source: str = TRAINER_MODULES_ENV) -> lis
         try:
             loaded = _import(module)
         except Exception as exc:  # noqa: BLE001 - any import failure is the operator's to fix
-            where = ""
-            tb = exc.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            if tb is not None:
-                where = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})"
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
             raise ImportError(
                 f"{source}: cannot import {module.name!r}"
                 f"{f' from {module.path}' if module.path else ''}: "

@@ -199,72 +199,49 @@ def trainer(
     its ResourceEstimate, when it can work one out from the config alone."""
 
     def make(fn: TrainFunction) -> FunctionTrainer:
-        return _make_trainer(
-            fn,
-            name=name or fn.__name__,
-            metrics=tuple(metrics),
-            primary_metric=primary_metric,
-            defaults=defaults,
-            config=config,
-            descriptions=descriptions,
-            description=description,
-            divergence_metric=divergence_metric,
-            metric_bounds=metric_bounds,
-            estimate=estimate,
-            max_seeds_per_task=max_seeds_per_task,
+        trainer_name = name or fn.__name__
+        names = tuple(metrics)
+        if not callable(fn) or len(inspect.signature(fn).parameters) != 2:
+            raise TypeError(f"@trainer: {trainer_name!r} must be a function of (config, run)")
+        if not names or len(set(names)) != len(names):
+            raise ValueError(
+                f"@trainer {trainer_name!r}: metrics must name at least one metric, once each"
+            )
+        primary = primary_metric or names[0]
+        if primary not in names:
+            raise ValueError(
+                f"@trainer {trainer_name!r}: primary_metric {primary!r} is not in {names}"
+            )
+        if defaults is not None and config is not None:
+            raise ValueError(f"@trainer {trainer_name!r}: give defaults= or config=, not both")
+        model = (
+            _as_config_model(config)
+            if config is not None
+            else config_model(trainer_name, defaults or {}, descriptions)
         )
+        attributes = {
+            "__module__": fn.__module__,
+            "__doc__": fn.__doc__,
+            "name": trainer_name,
+            "description": description or inspect.getdoc(fn) or f"the function {fn.__qualname__}",
+            "Config": model,
+            "metrics": names,
+            "primary_metric": primary,
+            "divergence_metric": divergence_metric if divergence_metric in names else None,
+            "metric_bounds": dict(metric_bounds or {}),
+            "max_seeds_per_task": max_seeds_per_task,
+            "function": staticmethod(fn),
+            "estimate_function": staticmethod(estimate) if estimate is not None else None,
+        }
+        cls = types.new_class(
+            f"{trainer_name.title().replace('_', '')}Trainer",
+            (FunctionTrainer,),
+            exec_body=lambda namespace: namespace.update(attributes),
+        )
+        if fn.__module__ not in sys.modules:
+            raise TypeError(
+                f"@trainer {trainer_name!r}: its module {fn.__module__!r} is not imported"
+            )
+        return cls()
 
     return make(function) if function is not None else make
-
-
-def _make_trainer(
-    fn: TrainFunction,
-    *,
-    name: str,
-    metrics: tuple[str, ...],
-    primary_metric: str | None,
-    defaults: Mapping[str, Any] | None,
-    config: type[pydantic.BaseModel] | None,
-    descriptions: Mapping[str, str] | None,
-    description: str | None,
-    divergence_metric: str | None,
-    metric_bounds: Mapping[str, tuple[float, float]] | None,
-    estimate: Callable[[Any], ResourceEstimate] | None,
-    max_seeds_per_task: int,
-) -> FunctionTrainer:
-    if not callable(fn) or len(inspect.signature(fn).parameters) != 2:
-        raise TypeError(f"@trainer: {name!r} must be a function of (config, run)")
-    if not metrics or len(set(metrics)) != len(metrics):
-        raise ValueError(f"@trainer {name!r}: metrics must name at least one metric, once each")
-    primary = primary_metric or metrics[0]
-    if primary not in metrics:
-        raise ValueError(f"@trainer {name!r}: primary_metric {primary!r} is not in {metrics}")
-    if defaults is not None and config is not None:
-        raise ValueError(f"@trainer {name!r}: give defaults= or config=, not both")
-    model = (
-        _as_config_model(config)
-        if config is not None
-        else config_model(name, defaults or {}, descriptions)
-    )
-    attributes = {
-        "__module__": fn.__module__,
-        "__doc__": fn.__doc__,
-        "name": name,
-        "description": description or inspect.getdoc(fn) or f"the function {fn.__qualname__}",
-        "Config": model,
-        "metrics": metrics,
-        "primary_metric": primary,
-        "divergence_metric": divergence_metric if divergence_metric in metrics else None,
-        "metric_bounds": dict(metric_bounds or {}),
-        "max_seeds_per_task": max_seeds_per_task,
-        "function": staticmethod(fn),
-        "estimate_function": staticmethod(estimate) if estimate is not None else None,
-    }
-    cls = types.new_class(
-        f"{name.title().replace('_', '')}Trainer",
-        (FunctionTrainer,),
-        exec_body=lambda namespace: namespace.update(attributes),
-    )
-    if fn.__module__ not in sys.modules:
-        raise TypeError(f"@trainer {name!r}: its module {fn.__module__!r} is not imported")
-    return cls()

@@ -271,6 +271,27 @@ class RunStore(RunMoves):
     ) -> None:
         """More queued runs for an experiment that has some (seeds added by hand or by an
         adaptive round): its run total and queued count grow in the same transaction."""
+        self._grow(experiment, rows, shared, RunStatus.queued)
+
+    def add_imported_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]]) -> None:
+        """Runs that ended elsewhere (POST /experiments/import), inserted `completed` with their
+        final metrics: no attempt, no move of the state machine (nothing here ran them). The
+        experiment's run total and completed count grow in the same transaction, so its
+        status follows from its counts like any experiment's."""
+        now = utcnow()
+        ended = {"status": RunStatus.completed, "started_at": now, "finished_at": now}
+        imported = [{**row, **ended} for row in rows]
+        self._grow(experiment, imported, {"trainer": IMPORTED_TRAINER}, RunStatus.completed)
+
+    def _grow(
+        self,
+        experiment: Experiment,
+        rows: Sequence[dict[str, Any]],
+        shared: dict[str, Any],
+        status: RunStatus,
+    ) -> None:
+        """Insert `rows` (all in `status`); the experiment's run total and that status's count
+        grow in the same transaction."""
         assert experiment.id is not None
         self.create_runs(experiment, rows, shared)
         self.session.execute(
@@ -279,26 +300,7 @@ class RunStore(RunMoves):
             .values(n_runs=col(Experiment.n_runs) + len(rows))
             .execution_options(synchronize_session=False)
         )
-        self._moves[experiment.id][RunStatus.queued] += len(rows)
-        self._touched.add(experiment.id)
-
-    def add_imported_runs(self, experiment: Experiment, rows: Sequence[dict[str, Any]]) -> None:
-        """Runs that ended elsewhere (POST /experiments/import), inserted `completed` with their
-        final metrics: no attempt, no move of the state machine (nothing here ran them). The
-        experiment's run total and completed count grow in the same transaction, so its
-        status follows from its counts like any experiment's."""
-        assert experiment.id is not None
-        now = utcnow()
-        ended = {"status": RunStatus.completed, "started_at": now, "finished_at": now}
-        imported = [{**row, **ended} for row in rows]
-        self.create_runs(experiment, imported, {"trainer": IMPORTED_TRAINER})
-        self.session.execute(
-            update(Experiment)
-            .where(col(Experiment.id) == experiment.id)
-            .values(n_runs=col(Experiment.n_runs) + len(rows))
-            .execution_options(synchronize_session=False)
-        )
-        self._moves[experiment.id][RunStatus.completed] += len(rows)
+        self._moves[experiment.id][status] += len(rows)
         self._touched.add(experiment.id)
 
     def record_look(self, experiment_id: int, state: dict[str, Any], *, stopped: bool) -> None:
