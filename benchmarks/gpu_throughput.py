@@ -46,6 +46,7 @@ machine:
 
     python benchmarks/gpu_throughput.py                          # every trainer, K = 1 4 8 16
     python benchmarks/gpu_throughput.py --trainers cff --k 4 8 --epochs 3 --json cff.json
+    python benchmarks/gpu_throughput.py --modes run_seeds --k 1 8  # no worker processes
     python benchmarks/gpu_throughput.py --smoke                  # tiny configs, CPU, K = 1 2
 """
 
@@ -681,7 +682,7 @@ def measure_case(
         per_unit_single = kernel_s_per_unit(
             partial(run_one, trainer, config, 0, progress, args.profile_epochs, deadline(), threads)
         )
-    for k in args.k:
+    for k in args.k if "run_seeds" in args.modes else ():
         row = attempt(
             "run_seeds",
             k,
@@ -831,6 +832,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         help="steady epochs of the profiled run that gives GPU busy",
     )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES[1:],
+        default=list(MODES[1:]),
+        help="what is measured beside `single`, the baseline (default: both)",
+    )
     parser.add_argument("--no-busy", action="store_true", help="skip the profiled runs")
     parser.add_argument(
         "--threads",
@@ -859,7 +867,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--json",
         metavar="PATH",
         default=None,
-        help="also write the results as JSON to PATH ('-': stdout, no table)",
+        help="also write the results as JSON to PATH, after each trainer ('-': stdout, no table)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -933,7 +941,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             for name, case in ((c.name, c) for c in cases)
         }
-        pool = WorkerPool(max(args.k), env)  # they import while the fake files are written
+        # the workers import while the fake files are written
+        pool = WorkerPool(max(args.k), env) if "processes" in args.modes else None
         try:
             for dataset in sorted(fake):
                 note(
@@ -941,7 +950,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"size) under {fake_dir}"
                 )
                 write_fake(Path(fake_dir), dataset, smoke=args.smoke)
-            pool.ask([{"ping": True}] * len(pool.processes))
+            if pool is not None:
+                pool.ask([{"ping": True}] * len(pool.processes))
             report = {
                 "device": (torch.cuda.get_device_name() if device == "cuda" else "cpu"),
                 "torch": torch.__version__,
@@ -981,14 +991,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "results": [vars(row) for row in rows],
                     }
                 )
+                if args.json not in (None, "-"):  # a run cut short keeps what it measured
+                    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         finally:
-            pool.close()
-    if args.json is not None:
-        text = json.dumps(report, indent=2)
-        if args.json == "-":
-            print(text)
-            return
-        Path(args.json).write_text(text + "\n")
+            if pool is not None:
+                pool.close()
+    if args.json == "-":
+        print(json.dumps(report, indent=2))
+        return
     print(table(report))
 
 
