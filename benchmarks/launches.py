@@ -24,8 +24,10 @@ layer (cff) steps each of them in one training step.
             step count, which a GPU run keeps on the host. An upper bound: on the CPU every
             tensor is a host tensor, and a read of one that a GPU run keeps on the host too
             (batch indices, numbers drawn from a CPU generator) counts here but not there;
-    copies  tensors the host builds from Python data (`torch.tensor(...)`, `lift_fresh`): on
-            a GPU, each a host-to-device copy.
+    copies  tensors the host builds from Python data (`torch.tensor(...)`, `lift_fresh`), and
+            host tensors an op on the device reads (random numbers drawn from the seeds' CPU
+            generators, and what the host computes from them alone, which launches nothing
+            and is not counted in ops): on a GPU, each a host-to-device copy.
 
 The modes: `solo` (Trainer.run of one seed), `K=1` and `K=8` (Trainer.run_seeds of K seeds: a
 batched computation for a batched trainer, one seed after another otherwise). Deterministic
@@ -57,8 +59,9 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import gpu_throughput as gt  # noqa: E402
 import torch  # noqa: E402
-from torch.optim import optimizer  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils.weak import WeakTensorKeyDictionary  # noqa: E402
 
 from api_schemas import environment  # noqa: E402
 from trainers.base import NullReporter  # noqa: E402
@@ -78,8 +81,15 @@ NO_KERNEL = frozenset(
         "resize_",
         "detach",
         "alias",
+        "_unsafe_view",  # a view the autograd graph does not track: no data moves
+        "_record_function_enter_new",  # profiler markers
+        "_record_function_exit",
     }
 )
+# What an op run on host tensors is recorded as: the host computes it, no kernel is launched.
+HOST = " (host)"
+# A host tensor an op on the device reads: copied there (once per tensor).
+TO_DEVICE = "host-to-device"
 # Ops whose result decides a shape, or a Python value: the host waits for the device.
 SYNC_OPS = frozenset(
     {
@@ -96,7 +106,7 @@ SYNC_OPS = frozenset(
         "equal",
     }
 )
-COPY_OPS = frozenset({"lift_fresh"})
+COPY_OPS = frozenset({"lift_fresh", TO_DEVICE})
 
 CASES = {case.name: case for case in gt.CASES}
 CASES_ADDED = {
@@ -117,23 +127,53 @@ FEW_BATCHES, MANY_BATCHES = 2, 4
 
 class Counting(TorchDispatchMode):
     """Counts the aten ops dispatched while it is active (this thread only: the trainers run
-    in the caller's thread when called directly)."""
+    in the caller's thread when called directly).
+
+    Host tensors: what a GPU run computes on the host. Random numbers come from the seeds' CPU
+    generators, so an op given a generator runs on the host, and so does an op whose every
+    tensor input is a host tensor (arithmetic on the draws, their stacking, a slice of a
+    shuffle): such ops are recorded as `name (host)` and launch nothing, and a new tensor they
+    make is a host tensor (an in-place draw, a layer's initialisation, is not tracked). An op
+    on the device that reads a host tensor has it copied there first: one host-to-device copy
+    per tensor. Index arrays the host keeps from the start (a split's positions) are not known
+    to be host tensors: a gather from them counts one op and one copy, an upper bound."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()  # every op by name
         self.views: set[str] = set()  # the names of those that only make a view
+        self.host: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.copied: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
         name = func._schema.name.split("::")[-1]
         if name == "_local_scalar_dense" and _in_optimiser():
             # an optimiser reading its step count: on a GPU that count stays on the host
             # (torch.optim's default, not capturable), so the read waits for nothing
             name = "_local_scalar_dense (host)"
+        leaves = pytree.tree_leaves((args, kwargs))
+        inputs = [t for t in leaves if isinstance(t, torch.Tensor)]
+        drawn = any(isinstance(leaf, torch.Generator) for leaf in leaves)
+        on_host = drawn or (bool(inputs) and all(t in self.host for t in inputs))
+        if on_host:
+            name += HOST
+        else:
+            for tensor in inputs:
+                if tensor in self.host and tensor not in self.copied:
+                    self.copied[tensor] = True
+                    self.ops[TO_DEVICE] += 1
         self.ops[name] += 1
         if func.is_view:
             self.views.add(name)
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
+        # a draw into an existing tensor (a layer's initialisation) leaves it where it lives:
+        # a GPU run draws on the host and moves the layer to the device, which a CPU cannot show
+        if on_host and not func._schema.is_mutable:
+            for tensor in pytree.tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    self.host[tensor] = True
+        return out
 
 
 def _in_optimiser() -> bool:
@@ -153,7 +193,14 @@ class Counts:
 
 
 def tally(ops: Counter[str], reads: int, views: Collection[str] = ()) -> Counts:
-    kernels = sum(n for name, n in ops.items() if name not in NO_KERNEL and name not in views)
+    kernels = sum(
+        n
+        for name, n in ops.items()
+        if name not in NO_KERNEL
+        and name not in views
+        and name not in COPY_OPS
+        and not name.endswith(HOST)
+    )
     syncs = sum(ops[name] for name in SYNC_OPS) + reads
     return Counts(kernels, syncs, sum(ops[name] for name in COPY_OPS))
 
@@ -163,7 +210,14 @@ def gpu_like() -> Iterator[dict[str, int]]:
     """Optimisers on their foreach path (their GPU default), and host reads of tensors that
     dispatch no op on a CPU (`tolist`, `numpy`) counted."""
     reads = {"n": 0}
-    default = optimizer._default_to_fused_or_foreach
+    # every optimiser module binds the chooser under its own name (`from .optimizer import`):
+    # each binding is replaced, not only optimizer's
+    choosers = {
+        module: module._default_to_fused_or_foreach
+        for name, module in list(sys.modules.items())
+        if (name == "torch.optim" or name.startswith("torch.optim."))
+        and hasattr(module, "_default_to_fused_or_foreach")
+    }
     tolist, numpy = torch.Tensor.tolist, torch.Tensor.numpy
 
     def foreach(*args: Any, **kwargs: Any) -> tuple[bool, bool]:
@@ -176,13 +230,15 @@ def gpu_like() -> Iterator[dict[str, int]]:
 
         return read
 
-    optimizer._default_to_fused_or_foreach = foreach
+    for module in choosers:
+        module._default_to_fused_or_foreach = foreach
     torch.Tensor.tolist = counted(tolist)  # type: ignore[method-assign]
     torch.Tensor.numpy = counted(numpy)  # type: ignore[method-assign]
     try:
         yield reads
     finally:
-        optimizer._default_to_fused_or_foreach = default
+        for module, chooser in choosers.items():
+            module._default_to_fused_or_foreach = chooser
         torch.Tensor.tolist, torch.Tensor.numpy = tolist, numpy  # type: ignore[method-assign]
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
@@ -233,6 +234,18 @@ def test_the_launch_counter_counts_kernels_syncs_and_host_copies(launches: Modul
         torch.tensor([1.0, 2.0])
     counts = launches.tally(counting.ops, reads["n"], counting.views)
     assert (counts.ops, counts.syncs, counts.copies) == (4, 2, 1), counting.ops
+    # random numbers from a (CPU) generator, and arithmetic on them alone, stay on the host:
+    # no kernel; the device op that reads them copies them once
+    generator = torch.Generator().manual_seed(0)
+    x = torch.ones(4)
+    with launches.gpu_like() as reads, launches.Counting() as counting:
+        draws = torch.rand(4, generator=generator)
+        scaled = 2 * draws + 1
+        y = x * scaled  # one kernel, one copy
+        y = y + scaled  # one kernel, already on the device
+    drawn = launches.tally(counting.ops, reads["n"], counting.views)
+    assert (drawn.ops, drawn.syncs, drawn.copies) == (2, 0, 1), counting.ops
+    assert counting.ops["rand" + launches.HOST] == 1
     # an optimiser's read of its step count is no sync: a GPU run keeps that count on the host
     weight = torch.zeros(3, requires_grad=True)
     weight.grad = torch.ones(3)
@@ -242,6 +255,34 @@ def test_the_launch_counter_counts_kernels_syncs_and_host_copies(launches: Modul
     stepped = launches.tally(counting.ops, reads["n"], counting.views)
     assert stepped.syncs == 0 and stepped.ops > 0, counting.ops
     assert counting.ops["_local_scalar_dense (host)"] >= 1  # it did read it
+
+
+@pytest.mark.parametrize("make", ["Adam", "AdamW", "SGD"])
+def test_optimisers_take_their_foreach_path_whose_ops_do_not_grow_with_the_tensors(
+    launches: ModuleType, make: str
+) -> None:
+    """A GPU steps every parameter tensor of a group in one foreach kernel per op: the counted
+    step launches as many ops for 6 tensors as for 1 (each optimiser module binds the chooser
+    of its path under its own name; all are switched, and switched back after)."""
+
+    def ops(tensors: int) -> tuple[int, Counter[str]]:
+        params = [torch.zeros(3, requires_grad=True) for _ in range(tensors)]
+        for param in params:
+            param.grad = torch.ones(3)
+        kwargs = {"momentum": 0.9} if make == "SGD" else {}
+        step = getattr(torch.optim, make)(params, lr=0.1, **kwargs)
+        step.step()  # the first step makes the state
+        with launches.gpu_like() as reads, launches.Counting() as counting:
+            step.step()
+        return launches.tally(counting.ops, reads["n"], counting.views).ops, counting.ops
+
+    one, seen = ops(1)
+    six, _ = ops(6)
+    assert any(name.startswith("_foreach_") for name in seen), seen
+    assert one == six > 0
+    from torch.optim import adam
+
+    assert adam._default_to_fused_or_foreach.__module__ == "torch.optim.optimizer"
 
 
 def test_launches_smoke_counts_per_seed_step_and_batching_lowers_them(

@@ -33,10 +33,11 @@ accuracy moved by several points), as running the same seed on 2 threads instead
 Such a result is another valid draw of the same run, not a copy of its solo run; the provenance
 records the task's size and the seed's place in it (`task_size`, `task_index`) beside
 `torch_threads`, and tests/trainers/test_batching_distribution.py checks that the seeds'
-distribution (mean and variance) is the same at K = 1 and K = 8. A trainer
-that overrides `train_seeds(config, runs)` computes the K seeds as one batched computation
-(`batched = True`): it must mask a seed whose context has stopped (diverged or stopped by a
-check) and go on with the others, and return one `TrainOutput` per run. The default
+distribution (mean and variance) is the same at K = 1 and K = 8. A trainer that overrides
+`train_seeds(config, runs)` computes the K seeds as one batched computation (`batched = True`;
+a task of one seed trains through `train`, as a run of its own, so that it costs what a solo
+run costs): it must mask a seed whose context has stopped (diverged or stopped by a check) and
+go on with the others, and return one `TrainOutput` per run. The default
 `train_seeds` trains the seeds one after another in the same process (a trainer's data caches
 then load the data once per task), reporting each seed's result as soon as it ends.
 """
@@ -423,7 +424,8 @@ class TrainerBase(ABC):
         `seeds`: a result, or the exception that ended that seed alone (a trainer that is not
         batched goes on with the next seed, unless the task was cancelled: then the seeds not
         started get no outcome). An exception of a batched computation ends every seed: it
-        propagates."""
+        propagates. A batched trainer's task of one seed trains it through `train`, as a run
+        of its own (its outcome: as a trainer's that is not batched)."""
         if len(reporters) != len(seeds) or (
             source_seeds is not None and len(source_seeds) != len(seeds)
         ):
@@ -458,7 +460,7 @@ class TrainerBase(ABC):
             if on_start is not None:
                 on_start(run.index)
 
-        if self.batched:
+        if self.batched and len(contexts) > 1:  # a task of one seed trains as a run of its own
             for run in contexts:
                 start(run)
             for run, output in zip(contexts, self.train_seeds(config, contexts), strict=True):

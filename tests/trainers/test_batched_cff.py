@@ -20,6 +20,7 @@ from torch import nn
 
 from trainers import MemoryReporter, RunResult, get_trainer
 from trainers.cff import CFFConfig, CFFTrainer
+from trainers.cff import batched as cff_batched
 from trainers.cff.stacked import SeedStack
 from trainers.data import ImageSplits, load_for
 from trainers.random_sources import derive_seed
@@ -197,7 +198,20 @@ def poison_after_first_epoch(
             x = x * math.nan
         return x, y
 
+    stacked = cff_batched.stacked_images
+
+    def poisoned_stack(
+        seeds: Any, split: Any, positions: Any, generators: Any = None, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batched path's images of all the seeds at once: the seed's slice poisoned."""
+        x, y = stacked(seeds, split, positions, generators, **kwargs)
+        for k, generator in enumerate(generators or []):
+            if generator.initial_seed() == augment_seed and watched["reporter"].points:
+                x = x.index_fill(0, torch.tensor([k], device=x.device), math.nan)
+        return x, y
+
     monkeypatch.setattr(ImageSplits, "images", poisoned)
+    monkeypatch.setattr(cff_batched, "stacked_images", poisoned_stack)
     return lambda reporter: watched.update(reporter=reporter)
 
 

@@ -20,6 +20,7 @@ from trainers.data import (
     load_count,
     load_images,
     prepare_splits,
+    stacked_images,
 )
 from trainers.data.augment import random_crop
 from trainers.data.sources import downloads_allowed
@@ -431,3 +432,28 @@ def test_augmentation_constants_are_made_once_per_device_and_give_the_same_bits(
     assert torch.equal(got, expected)
     got.sum().backward()  # autograd saves the cached std
     assert x.grad is not None
+
+
+@pytest.mark.parametrize("strength", [0.5, 1.0])
+def test_stacked_images_are_each_seeds_own_views_from_the_same_draws(strength: float) -> None:
+    """A seed-batched task gathers, augments and normalises all its seeds' batches at once:
+    each seed's slice equals its own `images` calls (one per view, from its generator, in
+    that order) bit for bit, RandAugment included."""
+    config = Config(dataset="digits", augment_strength=strength)
+    seeds = [prepare_splits(config, random_sources(s)) for s in (0, 1, 2)]
+    positions = [torch.tensor([3, 1, 4, 1, 5, 9]), torch.arange(6), torch.tensor([2] * 6)]
+
+    def generators() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(10 + s) for s in range(3)]
+
+    x, y = stacked_images(seeds, "train", positions, generators(), views=2)
+    assert x.shape[:2] == (3, 12) and y.shape == (3, 6)
+    for k, (splits, p, g) in enumerate(zip(seeds, positions, generators(), strict=True)):
+        one, labels = splits.images("train", p, augment_generator=g)
+        two, _ = splits.images("train", p, augment_generator=g)
+        assert torch.equal(x[k], torch.cat([one, two])), k
+        assert torch.equal(y[k], labels), k
+    plain, _ = stacked_images(seeds, "val", [torch.arange(4)] * 3)  # no generators: as drawn
+    assert torch.equal(plain[1], seeds[1].images("val", torch.arange(4))[0])
+    with pytest.raises(ValueError, match="differ in size"):
+        stacked_images(seeds[:2], "train", [torch.arange(3), torch.arange(4)])

@@ -37,9 +37,8 @@ from trainers.cff.trainer import (
     evaluate,
     run_output,
     set_up_run,
-    two_views,
 )
-from trainers.data import ImageSplits, Split
+from trainers.data import ImageSplits, Split, stacked_images
 from trainers.losses.supcon_margin import (
     clamp_activation_rate,
     pair_similarities,
@@ -159,13 +158,18 @@ def _stacked_views(
     generators: Sequence[torch.Generator],
     patch: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each seed's two augmented views (its solo `two_views`), stacked: K x 2n x T x P patches
-    and K x n labels."""
-    views = [
-        two_views(seed.splits, split, p, g, patch, seed.run.device)
-        for seed, p, g in zip(seeds, positions, generators, strict=True)
-    ]
-    return torch.stack([h for h, _ in views]), torch.stack([y for _, y in views])
+    """Each seed's two augmented views (its solo `two_views`, from the same draws), stacked:
+    K x 2n x T x P patches and K x n labels; gathered, augmented and patchified for every seed
+    at once."""
+    x, y = stacked_images(
+        [seed.splits for seed in seeds],
+        split,
+        positions,
+        generators,
+        views=2,
+        device=seeds[0].run.device,
+    )
+    return patchify(x.flatten(0, 1), patch).unflatten(0, x.shape[:2]), y
 
 
 def _next_batches(
@@ -407,11 +411,8 @@ class _BatchedHeads:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each seed's images and labels at `positions` of its split, augmented from its
         generator, stacked: K x n x C x H x W and K x n."""
-        batches = [
-            seed.splits.images(split, p, augment_generator=g, device=seed.run.device)
-            for seed, p, g in zip(seeds, positions, generators, strict=True)
-        ]
-        return torch.stack([x for x, _ in batches]), torch.stack([y for _, y in batches])
+        splits = [seed.splits for seed in seeds]
+        return stacked_images(splits, split, positions, generators, device=seeds[0].run.device)
 
     def train(self) -> None:
         config, cohort = self.config, self.cohort

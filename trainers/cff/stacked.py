@@ -59,14 +59,12 @@ class SeedStack:
         self.optimizer.step()
 
     def grad_norms(self) -> torch.Tensor:
-        """Each seed's total gradient 2-norm over the stack's parameters (K): the 2-norm of the
-        per-tensor norms, as torch.nn.utils.get_total_norm computes it for one seed."""
-        norms = [
-            torch.linalg.vector_norm(p.grad.flatten(1), dim=1)
-            for p in self.params.values()
-            if p.grad is not None
-        ]
-        return torch.linalg.vector_norm(torch.stack(norms, dim=1), dim=1)
+        """Each seed's total gradient 2-norm over the stack's parameters (K), what
+        torch.nn.utils.get_total_norm computes for one seed (the 2-norm of the per-tensor
+        norms), as one norm of the seed's gradients laid end to end: two kernels, not one per
+        parameter tensor (the sum runs in another order: float32 rounding apart)."""
+        grads = [p.grad.flatten(1) for p in self.params.values() if p.grad is not None]
+        return torch.linalg.vector_norm(torch.cat(grads, dim=1), dim=1)
 
     def state(self, position: int) -> dict[str, torch.Tensor]:
         """A copy of the seed at `position` as its module's state_dict."""

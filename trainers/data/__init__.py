@@ -12,7 +12,7 @@ from its `augment` generator.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 from api_schemas import MAX_SEED
 from api_schemas.data_roots import ROOT_NAME
 from trainers.base import PreflightProblem, TrainerConfig
-from trainers.data.augment import AugmentPlan, augment, normalize
+from trainers.data.augment import AugmentPlan, Draws, apply, augment, draw, normalize
 from trainers.data.catalogue import (
     CROP_PADDING_FRACTION,
     DATASETS,
@@ -311,6 +311,68 @@ class ImageSplits:
         return x, source_y[index]
 
 
+def stacked_images(
+    seeds: Sequence[ImageSplits],
+    split: Split,
+    positions: Sequence[torch.Tensor],
+    generators: Sequence[torch.Generator] | None = None,
+    *,
+    views: int = 1,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K seeds' batches as one: seed k's images at `positions[k]` of its split, `views` times
+    (each view augmented from `generators[k]`, view after view, as `views` calls of its
+    `images` draw them), normalised: K x (views * n) x C x H x W, and the labels, K x n.
+
+    One gather, one augmentation and one normalisation for every seed (the random choices are
+    drawn per seed on the host, then applied to all images at once): bit-identical to each
+    seed's `images` calls, at a few ops a batch instead of a few per seed and view. Seeds whose
+    splits read different datasets or plans are gathered one by one; the batches must be of
+    one size."""
+    first = seeds[0]
+    sizes = {len(p) for p in positions}
+    if len(sizes) != 1:
+        raise ValueError(f"stacked_images: the seeds' batches differ in size ({sorted(sizes)})")
+    if any(s.data is not first.data or s.plan != first.plan for s in seeds):
+        picks: list[torch.Generator | None] = (
+            list(generators) if generators is not None else [None] * len(seeds)
+        )
+        parts = [
+            _views_of(s, split, p, g, views, device, dtype)
+            for s, p, g in zip(seeds, positions, picks, strict=True)
+        ]
+        return torch.stack([x for x, _ in parts]), torch.stack([y for _, y in parts])
+    k, n = len(seeds), sizes.pop()
+    index = torch.stack([getattr(s, split)[p] for s, p in zip(seeds, positions, strict=True)])
+    train_x, train_y, test_x, test_y = first.data.on(device)
+    source_x, source_y = (test_x, test_y) if split == "test" else (train_x, train_y)
+    index = index.to(source_x.device, non_blocking=True)
+    gathered = index[:, None, :].expand(k, views, n).flatten()
+    x = source_x[gathered].to(dtype=dtype).div_(255.0)
+    if generators is not None and first.plan.active:
+        draws = [draw(first.plan, n, g) for g in generators for _ in range(views)]
+        x = apply(x, first.plan, Draws.concat(draws))
+    x = normalize(x, first.data.mean, first.data.std)
+    return x.unflatten(0, (k, views * n)), source_y[index]
+
+
+def _views_of(
+    splits: ImageSplits,
+    split: Split,
+    positions: torch.Tensor,
+    generator: torch.Generator | None,
+    views: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batches = [
+        splits.images(split, positions, augment_generator=generator, device=device, dtype=dtype)
+        for _ in range(views)
+    ]
+    return torch.cat([x for x, _ in batches]), batches[0][1]
+
+
 def prepare_splits(config: DataConfig, sources: RandomSources) -> ImageSplits:
     """Load (or reuse) the dataset and draw this run's splits from its `data` generator."""
     data = load_for(config)
@@ -363,4 +425,5 @@ __all__ = [
     "load_images",
     "normalize",
     "prepare_splits",
+    "stacked_images",
 ]

@@ -21,6 +21,7 @@ posterize 8 -> 4 bits, solarize, autocontrast, equalize), applied per image.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -83,22 +84,77 @@ class AugmentPlan:
         return self.crop_padding > 0 or self.hflip or self.num_ops > 0
 
 
+@dataclass(frozen=True)
+class Draws:
+    """The random choices of one augmented batch, drawn on the host (CPU tensors, one entry per
+    image): per RandAugment step its ops and signs, the crop offsets, the flip draws."""
+
+    steps: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    dy: torch.Tensor | None = None
+    dx: torch.Tensor | None = None
+    flip: torch.Tensor | None = None
+
+    @staticmethod
+    def concat(parts: Sequence[Draws]) -> Draws:
+        """The draws of batches laid end to end (their images concatenated in that order)."""
+
+        def cat(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if tensors[0] is None else torch.cat(list(tensors))  # type: ignore[arg-type]
+
+        steps = tuple(
+            (torch.cat([p.steps[i][0] for p in parts]), torch.cat([p.steps[i][1] for p in parts]))
+            for i in range(len(parts[0].steps))
+        )
+        return Draws(
+            steps,
+            cat([p.dy for p in parts]),
+            cat([p.dx for p in parts]),
+            cat([p.flip for p in parts]),
+        )
+
+
+def draw(plan: AugmentPlan, b: int, generator: torch.Generator) -> Draws:
+    """A batch of `b` images' random choices from `generator` (CPU), in the order `augment`
+    has always drawn them: per RandAugment step the ops then the signs, the crop's rows then
+    columns, the flips."""
+    if not plan.active:
+        return Draws()
+    steps = tuple(
+        (
+            torch.randint(0, len(RANDAUGMENT_OPS), (b,), generator=generator),
+            torch.where(torch.rand(b, generator=generator) < 0.5, -1.0, 1.0),
+        )
+        for _ in range(plan.num_ops)
+    )
+    dy = dx = flip = None
+    if plan.crop_padding > 0:
+        span = 2 * plan.crop_padding + 1
+        dy = torch.randint(0, span, (b,), generator=generator)
+        dx = torch.randint(0, span, (b,), generator=generator)
+    if plan.hflip:
+        flip = torch.rand(b, generator=generator)
+    return Draws(steps, dy, dx, flip)
+
+
 def augment(x: torch.Tensor, plan: AugmentPlan, generator: torch.Generator) -> torch.Tensor:
     """Augment a batch of [0, 1] images (B x C x H x W); random draws from `generator` (CPU)."""
+    return apply(x, plan, draw(plan, len(x), generator))
+
+
+def apply(x: torch.Tensor, plan: AugmentPlan, draws: Draws) -> torch.Tensor:
+    """Augment a batch of [0, 1] images with its draws (`draw`, or `Draws.concat` of several
+    batches' draws for their images laid end to end: each image is augmented as in its own
+    batch)."""
     if not plan.active:
         return x
-    for _ in range(plan.num_ops):
-        x = _randaugment_step(x, plan.magnitude, generator)
-    if plan.crop_padding > 0:
-        x = random_crop(x, plan.crop_padding, generator)
-    if plan.hflip:
-        flip = _rand(len(x), generator, x.device) < 0.5
+    for choice, sign in draws.steps:
+        x = _randaugment_step(x, plan.magnitude, choice, sign)
+    if draws.dy is not None and draws.dx is not None:
+        x = _crop(x, plan.crop_padding, _to(draws.dy, x.device), _to(draws.dx, x.device))
+    if draws.flip is not None:
+        flip = _to(draws.flip < 0.5, x.device)
         x = torch.where(flip[:, None, None, None], x.flip(-1), x)
     return x
-
-
-def _rand(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return _to(torch.rand(n, generator=generator), device)
 
 
 def _to(draws: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -109,10 +165,15 @@ def _to(draws: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """torchvision's RandomCrop(side, padding) with zero fill, one offset per image."""
+    b = len(x)
+    dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator)
+    return _crop(x, padding, _to(dy, x.device), _to(dx, x.device))
+
+
+def _crop(x: torch.Tensor, padding: int, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
     b, c, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))
-    dy = _to(torch.randint(0, 2 * padding + 1, (b,), generator=generator), x.device)
-    dx = _to(torch.randint(0, 2 * padding + 1, (b,), generator=generator), x.device)
     rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
     cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
     batch = torch.arange(b, device=x.device)[:, None, None, None]
@@ -121,12 +182,9 @@ def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator) -> to
 
 
 def _randaugment_step(
-    x: torch.Tensor, magnitude: float, generator: torch.Generator
+    x: torch.Tensor, magnitude: float, choice: torch.Tensor, sign: torch.Tensor
 ) -> torch.Tensor:
-    """One RandAugment op per image, each image drawing its own op and sign."""
-    b = len(x)
-    choice = torch.randint(0, len(RANDAUGMENT_OPS), (b,), generator=generator)
-    sign = torch.where(torch.rand(b, generator=generator) < 0.5, -1.0, 1.0)
+    """One RandAugment op per image, each image with its own op and sign (host tensors)."""
     m = magnitude / 30.0
     out = x.clone()
     for index, op in enumerate(RANDAUGMENT_OPS):
