@@ -1,5 +1,5 @@
 """Seeds per second of K `cff` seeds as one batched task against the same K seeds one after
-another (each seed's result is the same either way, to float32 rounding).
+another (each seed draws the same either way; its result differs by float32 rounding).
 
 Both sides run in this process after a warm-up (dataset cache, allocator), with the same thread
 count; each repeat times the K sequential runs, then the batched task, by the wall clock and by

@@ -371,12 +371,12 @@ def table(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainers", nargs="+", default=list(DEFAULT_CASES), choices=ALL_CASES)
-    parser.add_argument("--k", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--k", nargs="+", type=int, default=None, help="(default 1 8; --smoke 1 2)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--smoke", action="store_true", help="tiny models, K = 1 2 (CI)")
     parser.add_argument("--json", help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
-    ks = [1, 2] if args.smoke else args.k
+    ks = args.k or ([1, 2] if args.smoke else [1, 8])
     rows: list[Row] = []
     for name in args.trainers:
         rows += run_case(name, ks, smoke=args.smoke, batch_size=args.batch_size)

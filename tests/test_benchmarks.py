@@ -300,6 +300,23 @@ def test_launches_smoke_counts_per_seed_step_and_batching_lowers_them(
     assert "per seed per training step" in capsys.readouterr().out
 
 
+def test_batched_tasks_launch_less_per_seed_and_sync_at_most_every_other_seed_step(
+    launches: ModuleType,
+) -> None:
+    """The gauge's targets that hold (issue 25): a task of one seed costs what a solo run
+    costs (K = 1 ops at most 1.05 x solo), and at K = 8 a batched trainer syncs at most 0.5
+    times per seed-step (feedback and ssl_sim read their step's losses once per step for all
+    K seeds) and launches fewer ops per seed than at K = 1."""
+    cases = ("collapse", "feedback_studentnet", "ssl_sim")
+    rows = launches.main(["--smoke", "--k", "1", "8", "--trainers", *cases])
+    by = {(r.case, r.mode): r for r in rows}
+    for case in cases:
+        solo, one, eight = by[case, "solo"], by[case, "K=1"], by[case, "K=8"]
+        assert one.ops <= 1.05 * solo.ops, (case, one, solo)
+        assert eight.syncs <= 0.5, (case, eight)
+        assert eight.ops < one.ops / 2, (case, eight, one)
+
+
 def test_a_steps_op_count_does_not_depend_on_the_batch_size(launches: ModuleType) -> None:
     """What lets the gauge train on small batches: no trainer step here loops over examples."""
     case = launches.ALL_CASES["feedback_studentnet"]

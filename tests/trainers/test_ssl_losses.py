@@ -232,3 +232,23 @@ def test_attract_pairs_infonce_without_any_same_class_pair_is_zero_with_a_gradie
     assert float(loss.detach()) == 0.0
     (grad,) = torch.autograd.grad(loss, z)
     assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_class_means_match_a_float64_reference_and_skip_empty_and_outside_classes() -> None:
+    """The per-class norm means (epoch curves and the final diagnostics) from one host read:
+    each class's float64 mean, None for an absent class, labels past `classes` (held out)
+    left out."""
+    from trainers.ssl.evaluate import class_means
+
+    generator = torch.Generator().manual_seed(0)
+    values = torch.rand(200, generator=generator)
+    labels = torch.randint(0, 9, (200,), generator=generator)
+    labels[labels == 3] = 4  # class 3 absent
+    got = class_means(values, labels, 6)  # classes 6..8: outside
+    v, y = values.double().numpy(), labels.numpy()
+    for c in range(6):
+        if c == 3:
+            assert got[c] is None
+        else:
+            assert got[c] == pytest.approx(float(np.mean(v[y == c])), rel=1e-12, abs=0), c
+    assert len(got) == 6

@@ -10,8 +10,8 @@ and logged points are per seed; the test evaluation runs per seed on its own mod
 A seed whose run stops (cancelled, diverged, or a part of an epoch cut short) is dropped from the
 stacks at the point its solo run would break out of its loop: its modules get its values there
 (the best checkpoint where its solo run would load one) and it logs nothing more; the others go
-on. A seed's values differ from its solo run's only by float32 rounding: the batched products
-sum in another order.
+on. A seed's values differ from its solo run's by float32 rounding (the batched products sum in
+another order), which long training can amplify (trainers/runtime.py).
 """
 
 from __future__ import annotations

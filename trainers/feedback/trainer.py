@@ -21,6 +21,7 @@ from trainers.base import (
     binomial_noise_floor,
 )
 from trainers.data import ImageSplits, prepare_splits
+from trainers.data.augment import device_constant
 from trainers.feedback import protocol
 from trainers.feedback.config import MAX_DEPTH, FeedbackConfig
 from trainers.feedback.credit import (
@@ -441,8 +442,8 @@ class FeedbackTrainer(TrainerBase):
         return train_network(config, run).output
 
     def train_seeds(self, config: FeedbackConfig, runs: list[RunContext]) -> list[TrainOutput]:
-        """The seeds as one stacked computation (trainers/feedback/batched.py), each seed's
-        result its solo run's to float32 rounding."""
+        """The seeds as one stacked computation (trainers/feedback/batched.py): each seed draws
+        as its solo run; its result may drift from it as rounding grows (trainers/runtime.py)."""
         from trainers.feedback.batched import train_networks  # it builds on this module
 
         return train_networks(config, runs)
@@ -517,7 +518,7 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
     last: dict[str, float] = {}
     step, started = 0, time.perf_counter()
     for epoch in range(1, config.epochs + 1):
-        sums = EpochSums()
+        sums = DeviceSums()
         model.train()
         for x, y in task.train_batches(config.batch_size):
             if run.should_stop():
@@ -528,10 +529,10 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
             optimizer.step()
             step += 1
             sums.add(
-                float(losses.ce),
-                float(losses.local),
-                float(losses.penalty),
-                float((losses.logits.argmax(1) == y).sum()),
+                losses.ce,
+                losses.local,
+                losses.penalty,
+                (losses.logits.argmax(1) == y).sum(),
                 len(y),
             )
         if run.stopped:
@@ -543,7 +544,7 @@ def train_network(config: FeedbackConfig, run: RunContext) -> TrainedNetwork:
             break
         snapshots.append(snapshot)
         accuracy = epoch_accuracy
-        last = sums.metrics(accuracy, snapshot)
+        last = sums.read().metrics(accuracy, snapshot)
         if run.log(step, last, epoch=epoch):
             break
         if report_fired_checks(run, snapshot, config, step=step, epoch=epoch):
@@ -590,6 +591,36 @@ class EpochSums:
             "test_accuracy": accuracy,
             **snapshot.metrics(),
         }
+
+
+class DeviceSums:
+    """An epoch's EpochSums kept on the device: a step adds its values with no host read (a
+    sync a step on a GPU), `read` takes them back once, at the epoch's end. The same float64
+    products and sums in the same order as EpochSums.add of each step's values."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.seen = 0
+
+    def add(
+        self,
+        ce: torch.Tensor,
+        local: torch.Tensor,
+        penalty: torch.Tensor,
+        correct: torch.Tensor,
+        n: int,
+    ) -> None:
+        values = torch.stack([ce.detach(), local.detach(), penalty.detach(), correct]).double()
+        weights = device_constant((float(n), float(n), float(n), 1.0), torch.float64, values.device)
+        step = values * weights
+        self.total = step if self.total is None else self.total + step
+        self.seen += n
+
+    def read(self) -> EpochSums:
+        if self.total is None:
+            return EpochSums()
+        loss, local, penalty, correct = self.total.tolist()
+        return EpochSums(loss, local, penalty, correct, self.seen)
 
 
 def run_output(

@@ -134,10 +134,10 @@ def evaluate_epoch(
         norms, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=norms.device)
     ).tolist()
     out = {"norm_mean": float(norms.mean()), "norm_q10": q10, "norm_q50": q50, "norm_q90": q90}
-    for c in range(min(splits.num_classes - config.held_out_classes, MAX_CLASSES_LOGGED)):
-        members = norms[y == c]
-        if len(members):
-            out[f"norm_class{c}"] = float(members.mean())
+    logged = min(splits.num_classes - config.held_out_classes, MAX_CLASSES_LOGGED)
+    for c, mean in enumerate(class_means(norms, y, logged)):
+        if mean is not None:
+            out[f"norm_class{c}"] = mean
     # The bank's views are the training views, view_strength included, so the monitor sees
     # the images the way the model is trained to (the official bank crops and flips only;
     # seedgrid keeps one view pipeline). They come from `generator`, never from `augment`.
@@ -189,9 +189,22 @@ def final_evaluation(
         ).statistic
         if math.isfinite(rho):
             metrics["knn_norm_spearman"] = float(rho)
-    norms = train_z.norm(dim=1)
-    per_class = [
-        float(norms[train_y == c].mean()) if (train_y == c).any() else None
-        for c in range(splits.num_classes - config.held_out_classes)
-    ]
+    per_class = class_means(
+        train_z.norm(dim=1), train_y, splits.num_classes - config.held_out_classes
+    )
     return metrics, {"knn_by_norm": by_norm, "norm_per_class": per_class}
+
+
+def class_means(values: torch.Tensor, labels: torch.Tensor, classes: int) -> list[float | None]:
+    """The mean of `values` over each class's members for classes 0 .. classes-1 (None for a
+    class with none; labels at or past `classes` are left out), summed in float64 on the
+    values' device and read back at once: one host read, not two per class."""
+    inside = labels < classes
+    picked = torch.where(inside, labels, 0)
+    weight = inside.to(torch.float64)
+    sums = torch.zeros(classes, dtype=torch.float64, device=values.device)
+    sums.index_add_(0, picked, values.double() * weight)
+    counts = torch.zeros(classes, dtype=torch.float64, device=values.device)
+    counts.index_add_(0, picked, weight)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1.0), math.nan)
+    return [None if math.isnan(m) else m for m in means.tolist()]
