@@ -214,6 +214,7 @@ def _compute(
             col(Run.condition_key),
             col(Run.metrics),
             col(Run.diagnostics),
+            col(Run.provenance),
         )
         .where(col(Run.experiment_id) == experiment.id, col(Run.status) == RunStatus.completed)
         .order_by(col(Run.id))
@@ -253,6 +254,7 @@ def _compute(
     except ScaleError as error:
         raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
     _attach_runs(stats, kept)
+    _warn_of_mixed_task_sizes(stats, kept)
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)
@@ -349,6 +351,45 @@ def _attach_runs(stats: Stats, kept: Sequence[tuple[Row[Any], float]]) -> None:
         )
     for condition in stats.conditions:
         condition.runs = by_key.get(condition.condition_key, [])
+
+
+def task_size_note(sizes: set[int]) -> str:
+    """The warning of values that came from seed-batched tasks of different sizes."""
+    listed = ", ".join(str(k) for k in sorted(sizes))
+    return (
+        f"pools runs from tasks of {listed} seeds (resources.seeds_per_task and the last, "
+        "smaller task): a seed's value depends on its task's size as it does on its thread "
+        "count (another valid draw of the seed, from the same distribution: docs/design-notes.md, "
+        '"seed-batched tasks and float32 rounding"), so one seed may differ between such runs'
+    )
+
+
+def _warn_of_mixed_task_sizes(stats: Stats, kept: Sequence[tuple[Row[Any], float]]) -> None:
+    """Say where a condition's values, or a comparison's two sides, come from seed-batched
+    tasks of more than one size (each run's provenance `task_size`; a run without one, say an
+    imported run, is left out)."""
+    sizes: dict[str, set[int]] = {}
+    for row, _ in kept:
+        size = (row.provenance or {}).get("task_size")
+        if isinstance(size, int) and not isinstance(size, bool):
+            sizes.setdefault(row.condition_key, set()).add(size)
+    if len({k for each in sizes.values() for k in each}) < 2:
+        return
+    for condition in stats.conditions:
+        mine = sizes.get(condition.condition_key, set())
+        if len(mine) > 1:
+            condition.warnings.append(task_size_note(mine))
+    for comparison in stats.comparisons:
+        within = comparison.within or {}
+        sides: set[int] = set()
+        for condition in stats.conditions:
+            values = condition.condition
+            if values.get(comparison.factor) in (comparison.a, comparison.b) and all(
+                values.get(f) == v for f, v in within.items()
+            ):
+                sides |= sizes.get(condition.condition_key, set())
+        if len(sides) > 1:
+            comparison.warnings.append(task_size_note(sides))
 
 
 def _store(

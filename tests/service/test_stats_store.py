@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import text
-from sqlmodel import Session
+from sqlalchemy import delete, text
+from sqlmodel import Session, select
 
 from api_schemas import RunStatus
 from service.analysis import omnibus, stats_store, variance
 from service.analysis.stats import experiment_stats
 from service.experiments import SpecError
 from service.limits import Busy, HeavyReads
-from service.storage.db import Experiment, Run, make_engine, upgrade_database
+from service.storage.db import Experiment, Run, StatsCache, make_engine, upgrade_database
 from tests.service.test_stats_guidance import store_cff_experiment
 
 ACCURACIES = {"clamp": [0.80, 0.85, 0.83, 0.86, 0.81], "subtract": [0.84, 0.845, 0.842, 0.83, 0.85]}
@@ -235,3 +235,39 @@ def experiment_stats_of(url: str, experiment_id: int) -> Any:
         seeds.append(seed)
     grid = {"r": sorted({c["r"] for c, _, _ in runs})}
     return experiment_stats(metric="min_l2", grid=grid, runs=runs, seeds=seeds, factor="r")
+
+
+def test_values_from_tasks_of_different_sizes_are_pooled_with_a_warning_saying_so(
+    tmp_path: Path,
+) -> None:
+    """A condition whose seeds ran in tasks of 8 and of 1 (the last, smaller task), and each
+    comparison with such runs on a side, says so; runs of one task size (or without one in
+    their provenance, say imported) say nothing."""
+    url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    upgrade_database(url)
+    experiment_id = store_cff_experiment(url, ACCURACIES, n_test=1000)
+
+    def set_sizes(sizes: dict[str, list[int | None]]) -> None:
+        engine = make_engine(url)
+        with Session(engine) as session:
+            for run in session.exec(select(Run).where(Run.experiment_id == experiment_id)):
+                size = sizes[run.condition["margin_mode"]][run.seed]
+                run.provenance = {} if size is None else {"task_size": size, "task_index": 0}
+                session.add(run)
+            session.execute(delete(StatsCache))  # the pages are computed again
+            session.commit()
+        engine.dispose()
+
+    set_sizes({"clamp": [8, 8, 8, 8, 8], "subtract": [8, 8, 8, 8, None]})
+    page = served(url, experiment_id)
+    assert not any("tasks of" in w for c in page["conditions"] for w in c["warnings"])
+    assert not any("tasks of" in w for c in page["comparisons"] for w in c["warnings"])
+
+    set_sizes({"clamp": [8, 8, 8, 8, 8], "subtract": [8, 8, 8, 8, 1]})
+    page = served(url, experiment_id)
+    by_mode = {c["condition"]["margin_mode"]: c["warnings"] for c in page["conditions"]}
+    assert not any("tasks of" in w for w in by_mode["clamp"])
+    (note,) = [w for w in by_mode["subtract"] if "tasks of" in w]
+    assert note.startswith("pools runs from tasks of 1, 8 seeds")
+    (comparison,) = page["comparisons"]
+    assert any(w.startswith("pools runs from tasks of 1, 8 seeds") for w in comparison["warnings"])
