@@ -419,7 +419,9 @@ class SSLSimTrainer(TrainerBase):
         run.log(0, point, epoch=0)
         for epoch in range(config.epochs):
             order = torch.randperm(len(x), generator=sources.data)
-            total = 0.0
+            # the epoch's loss sum stays on the device (float64, as the Python float it
+            # replaces) and is read once, at the epoch's end: no host read a step
+            total: torch.Tensor | None = None
             for start in range(0, len(x), config.batch_size):
                 index = order[start : start + config.batch_size]
                 if len(index) < 2:
@@ -428,13 +430,14 @@ class SSLSimTrainer(TrainerBase):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-                total += float(loss.detach()) * len(index)
+                weighted = loss.detach().double() * len(index)
+                total = weighted if total is None else total + weighted
                 step += 1
                 if run.should_stop():
                     break
             if run.stopped:
                 break
-            point = {"loss": total / len(x), **norm_point()}
+            point = {"loss": (0.0 if total is None else float(total)) / len(x), **norm_point()}
             if run.log(step, point, epoch=epoch + 1):
                 break
         return latent_class_output(config, point, labels)

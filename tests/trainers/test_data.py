@@ -3,6 +3,7 @@ datasets, seeded splits, class imbalance, augmentation and the per-process cache
 
 from __future__ import annotations
 
+import importlib
 import math
 from pathlib import Path
 
@@ -22,9 +23,12 @@ from trainers.data import (
     prepare_splits,
     stacked_images,
 )
-from trainers.data.augment import random_crop
+from trainers.data.augment import random_crop, simclr_augment
 from trainers.data.sources import downloads_allowed
 from trainers.random_sources import random_sources
+
+# the module (trainers.data's `augment` is its function)
+augment_module = importlib.import_module("trainers.data.augment")
 
 WRITERS = {
     "cifar10": lambda root: write_cifar(root),
@@ -457,3 +461,27 @@ def test_stacked_images_are_each_seeds_own_views_from_the_same_draws(strength: f
     assert torch.equal(plain[1], seeds[1].images("val", torch.arange(4))[0])
     with pytest.raises(ValueError, match="differ in size"):
         stacked_images(seeds[:2], "train", [torch.arange(3), torch.arange(4)])
+
+
+@pytest.mark.parametrize(("channels", "hflip"), [(3, True), (1, False)])
+def test_a_simclr_view_draws_from_its_generator_and_moves_its_draws_in_one_copy(
+    channels: int, hflip: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same generator state gives the same view; every uniform draw of a view is made on
+    the host and moved to the images' device at once (one copy a view, not one per draw: on
+    a GPU each was a host-to-device copy); the view stays an image on [0, 1]."""
+    x = torch.rand(8, channels, 12, 12, generator=torch.Generator().manual_seed(0))
+    moved: list[tuple[int, ...]] = []
+    real = augment_module._to
+
+    def counted(draws: torch.Tensor, device: torch.device) -> torch.Tensor:
+        moved.append(tuple(draws.shape))
+        return real(draws, device)
+
+    monkeypatch.setattr(augment_module, "_to", counted)
+    one = simclr_augment(x, torch.Generator().manual_seed(3), hflip=hflip)
+    assert len(moved) == 1 and moved[0][1] == len(x), moved
+    again = simclr_augment(x, torch.Generator().manual_seed(3), hflip=hflip)
+    other = simclr_augment(x, torch.Generator().manual_seed(4), hflip=hflip)
+    assert torch.equal(one, again) and not torch.equal(one, other)
+    assert one.shape == x.shape and 0.0 <= float(one.min()) and float(one.max()) <= 1.0

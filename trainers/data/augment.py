@@ -287,9 +287,17 @@ def simclr_augment(
     grayscale with p = 0.2. No normalisation, as the paper's code."""
     b, c, h, w = x.shape
     device = x.device
+    jitter = 0.8 * strength
+    # every uniform draw of the view, in the order the pipeline takes them, made on the host
+    # first and copied to the device at once (one copy per view, not one per draw)
+    bounds = _simclr_bounds(hflip=hflip, rgb=c == 3, jitter=jitter, min_scale=min_scale)
+    drawn = torch.stack([lo + (hi - lo) * torch.rand(b, generator=generator) for lo, hi in bounds])
+    rows = iter(zip(bounds, _to(drawn, device).unbind(0), strict=True))
 
     def uniform(lo: float, hi: float) -> torch.Tensor:
-        return _to(lo + (hi - lo) * torch.rand(b, generator=generator), device)
+        (want_lo, want_hi), row = next(rows)
+        assert (want_lo, want_hi) == (lo, hi), "the SimCLR draws were made out of order"
+        return row
 
     area = uniform(min_scale, 1.0)
     log_ratio = uniform(math.log(3 / 4), math.log(4 / 3))
@@ -310,7 +318,6 @@ def simclr_augment(
     theta[:, 1, 2] = cy
     grid = F.affine_grid(theta, [b, c, h, w], align_corners=False)
     out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    jitter = 0.8 * strength
     if c == 3:
         gray_weights = device_constant((0.299, 0.587, 0.114), torch.float32, device)[
             None, :, None, None
@@ -335,6 +342,27 @@ def simclr_augment(
         to_gray = (uniform(0.0, 1.0) < 0.2)[:, None, None, None]
         out = torch.where(to_gray, (out * gray_weights).sum(1, keepdim=True).expand_as(out), out)
     return out
+
+
+def _simclr_bounds(
+    *, hflip: bool, rgb: bool, jitter: float, min_scale: float
+) -> list[tuple[float, float]]:
+    """The (low, high) of each uniform draw simclr_augment takes, in its order: crop area, log
+    aspect ratio, centre x and y, the flip (with hflip); per colour op whether it applies, then
+    its factor (hue's shift only for RGB: a grey image draws whether hue applies, and no
+    shift); the grey conversion (RGB)."""
+    bounds = [(min_scale, 1.0), (math.log(3 / 4), math.log(4 / 3)), (0.0, 1.0), (0.0, 1.0)]
+    if hflip:
+        bounds.append((0.0, 1.0))
+    for op in ("brightness", "contrast", "saturation", "hue"):
+        bounds.append((0.0, 1.0))
+        if op != "hue":
+            bounds.append((max(0.0, 1 - jitter), 1 + jitter))
+        elif rgb:
+            bounds.append((-0.25 * jitter, 0.25 * jitter))
+    if rgb:
+        bounds.append((0.0, 1.0))
+    return bounds
 
 
 @lru_cache(maxsize=16)
