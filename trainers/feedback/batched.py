@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from trainers.data import stacked_images
+from trainers.data.augment import device_constant
 from trainers.feedback.config import FeedbackConfig
 from trainers.feedback.credit import FeedbackMatrices, draw_feedback
 from trainers.feedback.estimate import TEST_BATCH
@@ -53,6 +55,7 @@ from trainers.feedback.models import ResidualNet, StackedNet, build_model
 from trainers.feedback.trainer import (
     Batch,
     EpochSums,
+    ImageTask,
     Snapshot,
     Task,
     audit_tensors,
@@ -79,7 +82,7 @@ class Seed:
     last: dict[str, float] = field(default_factory=dict)
     accuracy: float | None = None
     sums: EpochSums = field(default_factory=EpochSums)
-    batches: Iterator[Batch] = field(default_factory=lambda: iter(()))
+    batches: Iterator[Batch | torch.Tensor] = field(default_factory=lambda: iter(()))
     output: TrainOutput | None = None
 
     def build_network(self, config: FeedbackConfig, method: str) -> ResidualNet:
@@ -130,6 +133,9 @@ class SeedStack:
         self.optimizer = build_optimizer(self.net, config)
         self.steps = 0
         self.started = time.perf_counter()
+        # the current epoch's sums of every seed in the stack (K x 4, float64) and its images
+        self.sums: torch.Tensor | None = None
+        self.seen = 0
 
     def end(self, ended: Sequence[Seed]) -> None:
         """These seeds stop here: each keeps its result and its network's current values,
@@ -158,6 +164,8 @@ class SeedStack:
         net = self.net.select(keep)
         self.optimizer = select_optimizer(self.optimizer, self.net, net, index, self.config)
         self.net = net
+        if self.sums is not None:
+            self.sums = self.sums.index_select(0, index)
         if self.matrices is not None:
             self.matrices = select_feedback(self.matrices, index)
 
@@ -192,30 +200,41 @@ class SeedStack:
             None if c else int(n) / task.n_test for c, n in zip(cut, correct.tolist(), strict=True)
         ]
 
-    def step(self, batches: list[Batch]) -> None:
-        """One optimisation step of every seed, each on its own batch."""
-        x = torch.stack([b[0] for b in batches])
-        y = torch.stack([b[1] for b in batches])
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One optimisation step of every seed, each on its own batch (K x n x ...)."""
         losses = step_losses(self.net, x, y, self.method, self.matrices, self.config)
         self.optimizer.zero_grad(set_to_none=True)
         losses.total.sum().backward()
         self.optimizer.step()
         self.steps += 1
-        k = len(self.seeds)
-        values = zip(
-            *(
-                torch.broadcast_to(t, (k,)).tolist()
+        k, n = len(self.seeds), y.shape[1]
+        values = torch.stack(
+            [
+                torch.broadcast_to(t.detach(), (k,))
                 for t in (
                     losses.ce,
                     losses.local,
                     losses.penalty,
                     (losses.logits.argmax(-1) == y).sum(1).to(losses.ce.dtype),
                 )
-            ),
-            strict=True,
-        )
-        for seed, (ce, local, penalty, correct) in zip(self.seeds, values, strict=True):
-            seed.sums.add(ce, local, penalty, correct, y.shape[1])
+            ],
+            dim=1,
+        ).double()
+        # EpochSums.add's float64 products and sums, kept on the device until the epoch ends
+        weights = device_constant((float(n), float(n), float(n), 1.0), torch.float64, y.device)
+        weighted = values * weights
+        self.sums = weighted if self.sums is None else self.sums + weighted
+        self.seen += n
+
+    def start_epoch(self) -> None:
+        self.sums, self.seen = None, 0
+
+    def read_sums(self) -> None:
+        """Each seed's epoch sums, read back from the device once an epoch (a read a step was
+        a host-device sync a step on a GPU)."""
+        rows = [[0.0] * 4] * len(self.seeds) if self.sums is None else self.sums.tolist()
+        for seed, (loss, local, penalty, correct) in zip(self.seeds, rows, strict=True):
+            seed.sums = EpochSums(loss, local, penalty, correct, self.seen)
 
 
 def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
@@ -223,6 +242,7 @@ def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
     trainer.train_network for each seed, the seeds that stop leaving the stack."""
     stack = SeedStack(config, method, seeds)
     task = seeds[0].task  # the evaluation batch and the test set: the same for every seed
+    images = all(isinstance(seed.task, ImageTask) for seed in seeds)
     eval_x, eval_y = task.eval_batch(config.eval_batch_size)
     for seed, snapshot, accuracy in zip(
         stack.seeds, stack.audit(eval_x, eval_y), stack.test_accuracies(task), strict=True
@@ -234,9 +254,9 @@ def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
             report_fired_checks(seed.run, snapshot, config, step=0, epoch=0)
     stack.started = time.perf_counter()
     for epoch in range(1, config.epochs + 1):
+        stack.start_epoch()
         for seed in stack.seeds:
-            seed.sums = EpochSums()
-            seed.batches = iter(seed.task.train_batches(config.batch_size))
+            seed.batches = epoch_batches(seed.task, config.batch_size, images)
         while stack.seeds:
             drawn = [(seed, next(seed.batches, None)) for seed in stack.seeds]
             if drawn[0][1] is None:  # the same batch sizes: every seed's epoch ends here
@@ -244,10 +264,13 @@ def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
             stack.end([seed for seed, _ in drawn if seed.run.should_stop()])
             if stack.seeds:
                 stack.step(
-                    [batch for seed, batch in drawn if batch is not None and seed in stack.seeds]
+                    *stacked_batches(
+                        [(s, b) for s, b in drawn if b is not None and s in stack.seeds], images
+                    )
                 )
         if not stack.seeds:
             return
+        stack.read_sums()
         snapshots = stack.audit(eval_x, eval_y)
         accuracies = stack.test_accuracies(task)
         ended = []
@@ -264,6 +287,37 @@ def train_group(config: FeedbackConfig, method: str, seeds: list[Seed]) -> None:
                 ended.append(seed)
         stack.end(ended)
     stack.end(list(stack.seeds))
+
+
+def epoch_batches(task: Task, batch_size: int, images: bool) -> Iterator[Batch | torch.Tensor]:
+    """A seed's epoch: its batches' positions when the task's seeds gather their images at
+    once (`images`), else its batches."""
+    if images:
+        assert isinstance(task, ImageTask)
+        return iter(task.train_positions(batch_size))
+    return iter(task.train_batches(batch_size))
+
+
+def stacked_batches(
+    drawn: list[tuple[Seed, Batch | torch.Tensor]], images: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every seed's batch as one (K x n x ...): image seeds' gathered, augmented from each
+    seed's own generator and normalised at once (trainers.data.stacked_images: each seed's
+    slice is its `train_batches` batch, bit for bit)."""
+    if images:
+        tasks = [seed.task for seed, _ in drawn]
+        assert all(isinstance(t, ImageTask) for t in tasks)
+        image_tasks = [t for t in tasks if isinstance(t, ImageTask)]
+        generators = [t.augment_generator for t in image_tasks]
+        return stacked_images(
+            [t.splits for t in image_tasks],
+            "train",
+            [positions for _, positions in drawn if isinstance(positions, torch.Tensor)],
+            None if generators[0] is None else [g for g in generators if g is not None],
+            device=image_tasks[0].device,
+        )
+    batches = [batch for _, batch in drawn if isinstance(batch, tuple)]
+    return torch.stack([x for x, _ in batches]), torch.stack([y for _, y in batches])
 
 
 def stack_feedback(drawn: list[FeedbackMatrices | None]) -> FeedbackMatrices | None:

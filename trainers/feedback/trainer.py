@@ -66,11 +66,20 @@ class ImageTask:
         self.n_train, self.n_test = len(self.splits.train), len(self.splits.test)
 
     def train_batches(self, batch_size: int) -> Iterator[Batch]:
-        generator = self.sources.augment if self.augment else None
-        for positions in self.splits.train_batches(batch_size, self.sources.data):
+        generator = self.augment_generator
+        for positions in self.train_positions(batch_size):
             yield self.splits.images(
                 "train", positions, augment_generator=generator, device=self.device
             )
+
+    def train_positions(self, batch_size: int) -> Iterator[torch.Tensor]:
+        """The positions of each training batch of an epoch (the data source's shuffle): what
+        `train_batches` gathers, for a seed-batched task to gather every seed's at once."""
+        return self.splits.train_batches(batch_size, self.sources.data)
+
+    @property
+    def augment_generator(self) -> torch.Generator | None:
+        return self.sources.augment if self.augment else None
 
     def test_batches(self, batch_size: int) -> Iterator[Batch]:
         for start in range(0, self.n_test, batch_size):
