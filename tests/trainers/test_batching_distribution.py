@@ -1,9 +1,11 @@
 """A seed-batched task changes a float32 seed's result as the thread count does: the rounding of
 another order of operations, which long training amplifies. What must not change is the
-distribution the statistics compare. Sixteen seeds of feedback's StudentNet (the example's
-model, fewer examples and epochs), solo and in two tasks of K = 8: on this machine some seeds'
-test accuracy moved by up to 1.2 points (the seeds' std is about 1.9), and the two samples
-are equivalent in mean and in variance.
+distribution the statistics compare. 32 seeds of feedback's StudentNet (the example's model,
+fewer examples and epochs), solo and in four tasks of K = 8: on this machine the first 16 seeds'
+test accuracy moved by up to 3.2 points (their std: 1.7), and the two samples are equivalent in
+mean and in variance. (With 16 seeds, a stacked layer norm that equals the
+previous one to 1e-15 in float64 failed the variance margin by chance, interval [0.94, 2.42],
+and passed with 32 and 48: at 16 the drift's noise alone can reach the margin.)
 
 Equivalence, paired by seed (each seed is run both ways): the 90% interval of the mean
 difference lies within +-0.5 seed standard deviations (two one-sided t-tests at 5%), and the 90%
@@ -21,7 +23,7 @@ from scipy import stats as scipy_stats
 from tests.conftest import ROOT
 from trainers import NullReporter, get_trainer
 
-SEEDS = 16
+SEEDS = 32
 K = 8
 MEAN_MARGIN_SDS = 0.5
 RATIO_MARGIN = 2.0

@@ -19,6 +19,16 @@ from torch.func import functional_call, stack_module_state, vmap
 from trainers.cff.model import Attention
 
 
+class _MatmulLinear(nn.Linear):
+    """nn.Linear as a matmul and an add, for the stack's template only: under vmap, F.linear's
+    batching rule adds a copy and two scalings, three more kernels a layer forward and
+    backward (benchmarks/launches.py); the solo modules keep F.linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
+
+
 class SeedStack:
     """Copies of one architecture (`modules`, one per seed, in the stack's order)."""
 
@@ -30,6 +40,8 @@ class SeedStack:
         for module in template.modules():
             if isinstance(module, Attention):
                 module.fused = False  # the fused kernel fails in backward under vmap on CUDA
+            if type(module) is nn.Linear:
+                module.__class__ = _MatmulLinear
         self.template = template
         params, self.buffers = stack_module_state(list(modules))
         self.params = {

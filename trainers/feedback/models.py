@@ -258,13 +258,23 @@ class StackedNet:
         return torch.baddbmm(bias.unsqueeze(1), flat, weight.mT).view(*x.shape[:-1], -1)
 
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """nn.LayerNorm `name` of every seed on its own K x ... x d input."""
+        """nn.LayerNorm `name` of every seed on its own K x ... x d input, as one group norm:
+        the samples' K x d features side by side in K groups (a group: one seed's d features
+        of one sample, normalised together, then that seed's affine), which fuses the seeds'
+        own weights and biases into the norm's kernel forward and backward, where the layer
+        norm of all seeds with the affine applied after it took three more kernels."""
         norm = self.template.get_submodule(name)
         assert isinstance(norm, nn.LayerNorm)
-        seedwise = (len(x),) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-        weight = self.params[f"{name}.weight"].view(seedwise)
-        bias = self.params[f"{name}.bias"].view(seedwise)
-        return F.layer_norm(x, norm.normalized_shape, eps=norm.eps) * weight + bias
+        k, d = len(x), x.shape[-1]
+        side_by_side = x.movedim(0, -2).reshape(-1, k * d)
+        out = F.group_norm(
+            side_by_side,
+            k,
+            self.params[f"{name}.weight"].reshape(k * d),
+            self.params[f"{name}.bias"].reshape(k * d),
+            eps=norm.eps,
+        )
+        return out.view(*x.shape[1:-1], k, d).movedim(-2, 0)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """h_0 of every seed, from its own batch (K x B x ...) or from one batch (B x ...)."""
