@@ -2,11 +2,13 @@
 another (each seed draws the same either way; its result differs by float32 rounding).
 
 Both sides run in this process after a warm-up (dataset cache, allocator), with the same thread
-count; each repeat times the K sequential runs, then the batched task, by the wall clock and by
-this process's CPU time (the figure to judge on a shared machine). The ratio is the median over
-repeats of the per-repeat ratio.
+count; each repeat times the K sequential runs and the batched task (each goes first in turn, so
+that an order effect cancels in the median), by the wall clock and by this process's CPU time
+(the figure to judge on a shared machine). The ratio is the median over repeats of the
+per-repeat ratio.
 
     PYTHONPATH=. python benchmarks/cff_batched.py                 # digits 16x16, small ViT, CPU
+    PYTHONPATH=. python benchmarks/cff_batched.py --smoke         # tiny ViT, K = 2, seconds (CI)
     PYTHONPATH=. python benchmarks/cff_batched.py --fake-cifar --image-size 32 --width 128 \\
         --depth 5 --batch-size 512 --epochs 1 --seeds 8 --device cuda --precision tf32
 
@@ -21,13 +23,26 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from trainers import NullReporter
 from trainers.cff import CFFConfig, CFFTrainer
+
+# --smoke's defaults: a run of a few seconds on a CPU, through the same code path
+SMOKE = {
+    "image_size": 8,
+    "width": 8,
+    "depth": 1,
+    "heads": 2,
+    "batch_size": 32,
+    "train_size": 64,
+    "epochs": 1,
+    "seeds": 2,
+    "repeats": 2,
+}
 
 
 def timed(work: Callable[[], None], seeds: int) -> tuple[float, float]:
@@ -39,7 +54,7 @@ def timed(work: Callable[[], None], seeds: int) -> tuple[float, float]:
     return seeds / (time.perf_counter() - wall), seeds / (time.process_time() - cpu)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--fake-cifar", action="store_true")
@@ -56,7 +71,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, K = 2, 2 repeats (CI)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     dataset = args.dataset
     if args.fake_cifar:
         from tests.fake_datasets import write_cifar
@@ -94,17 +113,20 @@ def main() -> None:
     def batched() -> None:
         trainer.run_seeds(config, seeds, [NullReporter() for _ in seeds], threads=args.threads)
 
+    arms = {"sequential": sequential, "batched": batched}
     warm = config.model_copy(update={"epochs": 1, "head_epochs": 1})
     trainer.run(warm, 0, NullReporter(), threads=args.threads)
     trainer.run_seeds(warm, seeds[:2], [NullReporter(), NullReporter()], threads=args.threads)
     rows = []
     for repeat in range(args.repeats):
-        one_by_one, together = timed(sequential, len(seeds)), timed(batched, len(seeds))
+        order = ("sequential", "batched") if repeat % 2 == 0 else ("batched", "sequential")
+        sides = {side: timed(arms[side], len(seeds)) for side in order}
+        one_by_one, together = sides["sequential"], sides["batched"]
         rows.append((*one_by_one, *together))
         print(
-            f"  repeat {repeat}: wall {one_by_one[0]:.3f} -> {together[0]:.3f} seeds/s "
-            f"({together[0] / one_by_one[0]:.2f}x); cpu {one_by_one[1]:.3f} -> "
-            f"{together[1]:.3f} seeds/s ({together[1] / one_by_one[1]:.2f}x)"
+            f"  repeat {repeat} ({order[0]} first): wall {one_by_one[0]:.3f} -> "
+            f"{together[0]:.3f} seeds/s ({together[0] / one_by_one[0]:.2f}x); cpu "
+            f"{one_by_one[1]:.3f} -> {together[1]:.3f} seeds/s ({together[1] / one_by_one[1]:.2f}x)"
         )
     for clock, a, b in (("wall clock", 0, 2), ("CPU time", 1, 3)):
         print(

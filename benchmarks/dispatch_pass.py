@@ -3,11 +3,13 @@
 One pass is what the dispatcher's loop asks of the runs store: claim up to K queued runs,
 record that their workers started, store a batch of metric points for each, finish them, and
 derive the experiment's status. The script fills a SQLite file with N queued runs (one
-experiment, as a large study would), times passes until P passes have run, and prints the
-median milliseconds per pass for each N and the ratio to the smallest N. Flat (ratio close to
-1) means a whole experiment costs O(N) in the dispatcher, not O(N^2).
+experiment, as a large study would), times P passes (the same P for every N), and prints the
+median milliseconds per pass for each N and the ratio to the first N. Each round measures every
+N, in reverse order every other round, so that an order effect cancels. Flat (ratio close to 1)
+means a whole experiment costs O(N) in the dispatcher, not O(N^2).
 
     python benchmarks/dispatch_pass.py --queued 1000 20000 --passes 25 --claim 32 --rounds 2
+    python benchmarks/dispatch_pass.py --smoke        # 64 and 256 queued runs, seconds (CI)
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from sqlmodel import Session
@@ -27,6 +30,8 @@ from service.settings import Settings
 from service.storage.db import make_engine, upgrade_database
 
 POINTS_PER_RUN = 20
+# --smoke's defaults: a run of a few seconds, through the same code path
+SMOKE = {"queued": [64, 256], "passes": 4, "claim": 8, "rounds": 2}
 
 
 def one_pass(session: Session, claim: int) -> int:
@@ -93,14 +98,14 @@ def time_passes(queued: int, passes: int, claim: int) -> float:
     return statistics.median(timings)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queued", type=int, nargs="+", default=[1000, 20000])
     parser.add_argument(
         "--passes",
         type=int,
         default=25,
-        help="passes timed (each claims --claim runs; at most queued / claim)",
+        help="passes timed (each claims --claim runs; at most the smallest queued / claim)",
     )
     parser.add_argument("--claim", type=int, default=32, help="runs claimed per pass")
     parser.add_argument(
@@ -110,15 +115,23 @@ def main() -> None:
         help="times each size is measured, sizes alternating (the machine is "
         "shared: alternation spreads its noise over every size)",
     )
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="small sizes, 4 passes (CI)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    # the same passes for every size, so that each median is over the same work
+    passes = min(args.passes, min(args.queued) // args.claim)
+    if passes < 1:
+        parser.error("every --queued must be at least --claim")
     measured: dict[int, list[float]] = {n: [] for n in args.queued}
     for round_ in range(args.rounds):
-        for queued in args.queued:
-            ms = time_passes(queued, min(args.passes, queued // args.claim), args.claim)
+        for queued in args.queued if round_ % 2 == 0 else reversed(args.queued):
+            ms = time_passes(queued, passes, args.claim)
             measured[queued].append(ms)
             print(
                 f"round {round_}: {queued:>7,} queued runs: median {ms:6.2f} ms per pass of "
-                f"{args.claim} runs",
+                f"{args.claim} runs ({passes} passes)",
                 flush=True,
             )
     base = statistics.median(measured[args.queued[0]])

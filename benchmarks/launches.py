@@ -135,8 +135,10 @@ class Counting(TorchDispatchMode):
     shuffle): such ops are recorded as `name (host)` and launch nothing, and a new tensor they
     make is a host tensor (an in-place draw, a layer's initialisation, is not tracked). An op
     on the device that reads a host tensor has it copied there first: one host-to-device copy
-    per tensor. Index arrays the host keeps from the start (a split's positions) are not known
-    to be host tensors: a gather from them counts one op and one copy, an upper bound."""
+    per tensor (views of one tensor: one copy). A host tensor moved with `.to(device)` (a
+    no-op on a CPU) is counted as copied there and is a device tensor from then on. Index
+    arrays the host keeps from the start (a split's positions) are not known to be host
+    tensors: a gather from them counts one op, an upper bound."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -144,6 +146,37 @@ class Counting(TorchDispatchMode):
         self.views: set[str] = set()  # the names of those that only make a view
         self.host: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.copied: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self._to = torch.Tensor.to
+
+    def __enter__(self) -> Counting:
+        counting, to = self, self._to
+
+        def moved(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = to(tensor, *args, **kwargs)
+            devices = [
+                a for a in (*args, kwargs.get("device")) if isinstance(a, torch.device | str)
+            ]
+            if devices and tensor in counting.host:
+                counting.copy(tensor)
+                del counting.host[tensor]  # on the device from here on
+                if out is not tensor:
+                    counting.host.pop(out, None)
+            return out
+
+        torch.Tensor.to = moved  # type: ignore[method-assign]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.Tensor.to = self._to  # type: ignore[method-assign]
+        super().__exit__(*exc)
+
+    def copy(self, tensor: torch.Tensor) -> None:
+        """A host tensor the device reads: one copy, once (views of one tensor: one copy)."""
+        base = tensor if tensor._base is None else tensor._base
+        if base not in self.copied:
+            self.copied[base] = True
+            self.ops[TO_DEVICE] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -160,9 +193,8 @@ class Counting(TorchDispatchMode):
             name += HOST
         else:
             for tensor in inputs:
-                if tensor in self.host and tensor not in self.copied:
-                    self.copied[tensor] = True
-                    self.ops[TO_DEVICE] += 1
+                if tensor in self.host:
+                    self.copy(tensor)
         self.ops[name] += 1
         if func.is_view:
             self.views.add(name)

@@ -1,14 +1,16 @@
 """Bounded load test: concurrent clients submit small experiments and poll them, for a fixed time,
-against a real `seedgrid serve` (a subprocess: uvicorn on loopback, a local Ray, a temporary
-SQLite file, the bearer token on).
+against a real `seedgrid serve` (a subprocess: uvicorn on loopback, a Ray it starts for itself,
+never a cluster already running here, a temporary SQLite file, the bearer token on).
 
-Each client loops until the time is up: submit a `collapse` experiment (tiny config, one
+After one untimed experiment has run to its end (the first runs wait seconds for Ray's workers
+to start), each client loops until the time is up: submit a `collapse` experiment (tiny config, one
 condition x `--seeds` seeds), poll its detail every `--poll-s` until every run has ended
 (reading its runs list every fifth poll), then read its runs and statistics, and list the
 newest experiments. Every request is timed; any exception or non-2xx answer is an error.
 Prints p50/p99/max latency per endpoint and overall, the error count and requests/s.
 
     python benchmarks/load.py --clients 50 --duration-s 60
+    python benchmarks/load.py --smoke         # 2 clients for 3 s, after the warm-up (CI)
 """
 
 from __future__ import annotations
@@ -20,18 +22,20 @@ import os
 import platform
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
-from service.api.server import free_port
-
 ENDED = {"completed", "partial", "failed", "cancelled"}
+# --smoke's defaults: a load of a few seconds, through the same code path
+SMOKE = {"clients": 2, "duration_s": 3.0, "steps": 5, "seeds": 1, "poll_s": 0.1}
 
 
 class Recorder:
@@ -61,6 +65,31 @@ class Recorder:
             self.examples.append(example)
 
 
+def experiment_spec(name: str, args: argparse.Namespace) -> dict[str, object]:
+    """A small `collapse` experiment: one condition x `--seeds` seeds."""
+    return {
+        "name": name,
+        "trainer": "collapse",
+        "config": {"n_samples": 64, "steps": args.steps},
+        "grid": {},
+        "seeds": args.seeds,
+        "metric": "min_l2",
+    }
+
+
+async def warm_up(client: httpx.AsyncClient, args: argparse.Namespace, timeout_s: float) -> float:
+    """Run one experiment to its end; returns the seconds it took."""
+    started = time.monotonic()
+    response = await client.post("/experiments", json=experiment_spec("load-warm-up", args))
+    response.raise_for_status()
+    detail = f"/experiments/{response.json()['id']}"
+    while (await client.get(detail)).json()["status"] not in ENDED:
+        if time.monotonic() - started > timeout_s:
+            raise SystemExit(f"the warm-up experiment did not end in {timeout_s} s")
+        await asyncio.sleep(args.poll_s)
+    return time.monotonic() - started
+
+
 async def client_loop(
     client: httpx.AsyncClient,
     recorder: Recorder,
@@ -69,14 +98,7 @@ async def client_loop(
     args: argparse.Namespace,
 ) -> tuple[int, int]:
     """Returns (experiments submitted, experiments seen ending)."""
-    spec = {
-        "name": f"load-{index}",
-        "trainer": "collapse",
-        "config": {"n_samples": 64, "steps": args.steps},
-        "grid": {},
-        "seeds": args.seeds,
-        "metric": "min_l2",
-    }
+    spec = experiment_spec(f"load-{index}", args)
     submitted = ended = 0
     while time.monotonic() < deadline:
         response = await recorder.request(
@@ -136,6 +158,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def free_port() -> int:
+    """A free loopback port (service.api.server's free_port, whose import costs the whole app)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -148,7 +177,9 @@ def cpu_model() -> str:
 
 def start_service(db_path: Path, port: int, token: str, ray_cpus: int) -> subprocess.Popen:
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "SEEDGRID_RAY_ADDRESS"},
+        # a Ray of its own: without an address, ray.init joins the last one started here
+        "RAY_ADDRESS": "local",
         "SEEDGRID_DATABASE_URL": f"sqlite:///{db_path}",
         "SEEDGRID_PORT": str(port),
         "SEEDGRID_API_TOKEN": token,
@@ -181,6 +212,8 @@ async def run_load(url: str, token: str, args: argparse.Namespace) -> None:
         limits=limits,
         headers={"Authorization": f"Bearer {token}"},
     ) as client:
+        warm_up_s = await warm_up(client, args, timeout_s=120.0)
+        print(f"warm-up: one experiment submitted and ended in {warm_up_s:.1f} s")
         started = time.monotonic()
         deadline = started + args.duration_s
         outcomes = await asyncio.gather(
@@ -222,7 +255,7 @@ async def run_load(url: str, token: str, args: argparse.Namespace) -> None:
         print("  error:", example)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--duration-s", type=float, default=60.0)
@@ -231,7 +264,11 @@ def main() -> None:
     parser.add_argument("--poll-s", type=float, default=0.25, help="pause between polls")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="per-request timeout")
     parser.add_argument("--ray-cpus", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="2 clients for 3 s (CI)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
 
     print(
         f"machine: {cpu_model()}, {os.cpu_count()} CPUs, "

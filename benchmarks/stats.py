@@ -10,10 +10,12 @@ families, the omnibus tests and the warnings are all computed), then asks the re
 warm; then it adds one completed run and asks again (only the comparisons whose cells it joined
 are recomputed). The baseline is the earlier path: for every comparison, scipy.stats'
 permutation_test (9,999 resamples, log variance ratio), bootstrap (9,999, percentile), levene
-and ttest_ind on the raw values, one Python call per comparison. It prints each time and the
-ratios. The goals: cold 1 s or less and warm 200 ms or less for 1,000 runs.
+and ttest_ind on the raw values, one Python call per comparison (the script stops if it makes
+another number of comparisons than /stats). It prints each time and the ratios. The goals: cold
+1 s or less and warm 200 ms or less for 1,000 runs.
 
     python benchmarks/stats.py --runs 1000 --repeats 20
+    python benchmarks/stats.py --smoke        # 60 runs, 2 warm requests, seconds (CI)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import itertools
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,8 @@ from service.storage.db import Experiment, Run, make_engine, upgrade_database
 GRID = {"margin_mode": ["clamp", "subtract", "none", "soft"], "depth": [1, 2, 3, 4, 5]}
 CONDITIONS = [{"margin_mode": m, "depth": d} for m in GRID["margin_mode"] for d in GRID["depth"]]
 N_TEST = 10_000
+# --smoke's defaults: 3 seeds a condition, a run of a few seconds
+SMOKE = {"runs": 60, "repeats": 2}
 
 
 def accuracy(rng: np.random.Generator, condition: dict) -> float:
@@ -157,17 +162,22 @@ def earlier_path(values: dict[str, list[float]]) -> int:
     return count
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=20, help="warm requests timed")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="60 runs, 2 warm requests (CI)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         upgrade_database(url)
         experiment_id, values = write_experiment(url, args.runs)
-        app = create_app(Settings(database_url=url), dispatch=False)
-        with TestClient(app) as client:
+        app = create_app(Settings(database_url=url, api_token=""), dispatch=False)
+        # a loopback Host: the API refuses another name when it runs without a token
+        with TestClient(app, base_url="http://127.0.0.1") as client:
             path = f"/experiments/{experiment_id}/stats"
             started = time.perf_counter()
             cold = client.get(path)
@@ -188,6 +198,11 @@ def main() -> None:
         started = time.perf_counter()
         compared = earlier_path(values)
         earlier_ms = (time.perf_counter() - started) * 1000
+    if compared != body["total_comparisons"]:
+        raise SystemExit(
+            f"unequal work: the earlier path made {compared} comparisons, /stats "
+            f"{body['total_comparisons']}"
+        )
     warm_ms = statistics.median(warm)
     print(
         f"{args.runs:,} runs, {len(body['conditions'])} conditions, "

@@ -243,9 +243,13 @@ def test_the_launch_counter_counts_kernels_syncs_and_host_copies(launches: Modul
         scaled = 2 * draws + 1
         y = x * scaled  # one kernel, one copy
         y = y + scaled  # one kernel, already on the device
+        rows = torch.stack([draws, draws]).unbind(0)  # host work
+        y = y * rows[0] + rows[1]  # two kernels, one copy (of the stack the rows view)
+        moved = torch.rand(4, generator=generator).to("cpu", non_blocking=True)  # one copy
+        y = y * (moved < 0.5)  # two kernels on the device, no further copy
     drawn = launches.tally(counting.ops, reads["n"], counting.views)
-    assert (drawn.ops, drawn.syncs, drawn.copies) == (2, 0, 1), counting.ops
-    assert counting.ops["rand" + launches.HOST] == 1
+    assert (drawn.ops, drawn.syncs, drawn.copies) == (6, 0, 3), counting.ops
+    assert counting.ops["rand" + launches.HOST] == 2
     # an optimiser's read of its step count is no sync: a GPU run keeps that count on the host
     weight = torch.zeros(3, requires_grad=True)
     weight.grad = torch.ones(3)
@@ -324,3 +328,28 @@ def test_a_steps_op_count_does_not_depend_on_the_batch_size(launches: ModuleType
     config = launches.config_of(case)
     per_step = [launches.step_counts(trainer, config, size, None).ops for size in (8, 16)]
     assert per_step[0] == per_step[1] > 0
+
+
+def test_dispatch_compares_equal_work_with_alternating_arms_in_its_smoke_mode() -> None:
+    """benchmarks/dispatch.py at 4 seeds a task in both arms (seedgrid's spec and the bare Ray
+    tasks), each arm first in turn, compute alone timed in a Ray worker: it runs to the end on
+    its own local Ray and prints positive figures."""
+    done = subprocess.run(
+        [sys.executable, "benchmarks/dispatch.py", "--smoke", "--seeds-per-task", "4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "repeat 0 (bare first)" in out and "repeat 1 (seedgrid first)" in out, out
+    assert "runs per repeat: 16, repeats: 2, seeds per task: 4" in out, out
+    figures = {
+        name: float(value)
+        for name, value in re.findall(
+            r"^(compute alone|bare Ray tasks|seedgrid).*?([\d.]+) ms/run", out, re.M
+        )
+    }
+    assert set(figures) == {"compute alone", "bare Ray tasks", "seedgrid"}, out
+    assert all(v > 0 for v in figures.values()), figures
