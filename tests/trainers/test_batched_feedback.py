@@ -19,6 +19,7 @@ from trainers import MemoryReporter, get_trainer
 from trainers.base import RunResult
 from trainers.feedback import FeedbackConfig, build_model, draw_feedback
 from trainers.feedback import batched as batched_module
+from trainers.feedback import models as models_module
 from trainers.feedback import trainer as trainer_module
 from trainers.feedback.batched import stack_feedback
 from trainers.feedback.models import ResidualNet, StackedNet
@@ -361,6 +362,12 @@ def test_a_cancel_ends_every_seed_within_the_bound() -> None:
 # the stacked network and step in float64, against one network at a time
 
 
+@pytest.fixture(params=[False, True], ids=["layer-norm", "fused-group-norm"])
+def norm_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stacked layer norms as a CPU runs them, and as a GPU does (one fused group norm)."""
+    monkeypatch.setitem(models_module.FUSED_NORM, "cpu", request.param)
+
+
 def stacked_models(
     arch: str, method: str, **overrides: Any
 ) -> tuple[FeedbackConfig, list[ResidualNet], list[Any], tuple[int, ...]]:
@@ -389,7 +396,7 @@ def stacked_models(
 
 
 @pytest.mark.parametrize("arch", ["studentnet", "resmlp", "vit_mini"])
-def test_the_stacked_network_computes_each_networks_states(arch: str) -> None:
+def test_the_stacked_network_computes_each_networks_states(arch: str, norm_form: None) -> None:
     _, models, _, shape = stacked_models(arch, "bp")
     net = StackedNet.stack(models, sample_dims=len(shape))
     g = torch.Generator().manual_seed(4)
@@ -422,7 +429,7 @@ def test_the_stacked_network_computes_each_networks_states(arch: str) -> None:
     ],
 )
 def test_a_stacked_step_gives_each_network_its_own_losses_and_gradients(
-    arch: str, method: str, overrides: dict[str, Any]
+    arch: str, method: str, overrides: dict[str, Any], norm_form: None
 ) -> None:
     config, models, matrices, shape = stacked_models(arch, method, **overrides)
     net = StackedNet.stack(models, sample_dims=len(shape))
@@ -446,7 +453,9 @@ def test_a_stacked_step_gives_each_network_its_own_losses_and_gradients(
 
 
 @pytest.mark.parametrize("method", ["bp", "fa", "dfa"])
-def test_the_stacked_audit_gives_each_network_its_own_gradients_and_credits(method: str) -> None:
+def test_the_stacked_audit_gives_each_network_its_own_gradients_and_credits(
+    method: str, norm_form: None
+) -> None:
     config, models, matrices, shape = stacked_models("resmlp", method, ce_reduction="mean")
     net = StackedNet.stack(models, sample_dims=len(shape))
     g = torch.Generator().manual_seed(6)

@@ -3,9 +3,10 @@ another order of operations, which long training amplifies. What must not change
 distribution the statistics compare. 32 seeds of feedback's StudentNet (the example's model,
 fewer examples and epochs), solo and in four tasks of K = 8: on this machine the first 16 seeds'
 test accuracy moved by up to 3.2 points (their std: 1.7), and the two samples are equivalent in
-mean and in variance. (With 16 seeds, a stacked layer norm that equals the
-previous one to 1e-15 in float64 failed the variance margin by chance, interval [0.94, 2.42],
-and passed with 32 and 48: at 16 the drift's noise alone can reach the margin.)
+mean and in variance. (With 16 seeds, the stacked layer norm's fused group-norm form, which
+a GPU runs and which equals the CPU's form to 1e-15 in float64, failed the variance margin by
+chance, interval [0.94, 2.42], and passed with 32 and 48: at 16 the drift's noise alone can
+reach the margin.)
 
 Equivalence, paired by seed (each seed is run both ways): the 90% interval of the mean
 difference lies within +-0.5 seed standard deviations (two one-sided t-tests at 5%), and the 90%

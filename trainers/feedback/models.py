@@ -15,6 +15,11 @@ from torch import nn
 from trainers.cff.model import Attention, Block, patchify
 from trainers.feedback.config import FeedbackConfig
 
+# Whether StackedNet's layer norms run as one fused group norm, by device type (see
+# StackedNet._norm): on a GPU it launches fewer kernels; benchmarks/launches.py sets "cpu" too,
+# to count what a GPU would launch.
+FUSED_NORM: dict[str, bool] = {"cuda": True}
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
@@ -258,14 +263,22 @@ class StackedNet:
         return torch.baddbmm(bias.unsqueeze(1), flat, weight.mT).view(*x.shape[:-1], -1)
 
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """nn.LayerNorm `name` of every seed on its own K x ... x d input, as one group norm:
-        the samples' K x d features side by side in K groups (a group: one seed's d features
-        of one sample, normalised together, then that seed's affine), which fuses the seeds'
-        own weights and biases into the norm's kernel forward and backward, where the layer
-        norm of all seeds with the affine applied after it took three more kernels."""
+        """nn.LayerNorm `name` of every seed on its own K x ... x d input.
+
+        On a GPU (FUSED_NORM), one group norm: the samples' K x d features side by side in K
+        groups (a group: one seed's d features of one sample, normalised together, then that
+        seed's affine), which fuses the seeds' own weights and biases into the norm's kernel
+        forward and backward, where the layer norm with the affine after it takes three more
+        kernels. On a CPU, where kernels cost no launch, the layer norm and affine run faster
+        (benchmarks/seed_batching.py). The two agree to float rounding (1e-15 in float64)."""
         norm = self.template.get_submodule(name)
         assert isinstance(norm, nn.LayerNorm)
         k, d = len(x), x.shape[-1]
+        if not FUSED_NORM.get(x.device.type, False):
+            seedwise = (k,) + (1,) * (x.dim() - 2) + (d,)
+            weight = self.params[f"{name}.weight"].view(seedwise)
+            bias = self.params[f"{name}.bias"].view(seedwise)
+            return F.layer_norm(x, norm.normalized_shape, eps=norm.eps) * weight + bias
         side_by_side = x.movedim(0, -2).reshape(-1, k * d)
         out = F.group_norm(
             side_by_side,
