@@ -64,8 +64,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.weak import WeakTensorKeyDictionary  # noqa: E402
 
 from api_schemas import environment  # noqa: E402
+from trainers import stacked_ops  # noqa: E402
 from trainers.base import NullReporter  # noqa: E402
-from trainers.feedback import models as feedback_models  # noqa: E402
 
 # Ops that allocate or only read metadata: no kernel on a GPU.
 NO_KERNEL = frozenset(
@@ -240,7 +240,7 @@ def tally(ops: Counter[str], reads: int, views: Collection[str] = ()) -> Counts:
 
 @contextmanager
 def gpu_like() -> Iterator[dict[str, int]]:
-    """Optimisers on their foreach path (their GPU default), feedback's stacked norms fused as
+    """Optimisers on their foreach path (their GPU default), the stacked layer norms fused as
     on a GPU, and host reads of tensors that dispatch no op on a CPU (`tolist`, `numpy`)
     counted."""
     reads = {"n": 0}
@@ -266,8 +266,8 @@ def gpu_like() -> Iterator[dict[str, int]]:
 
     for module in choosers:
         module._default_to_fused_or_foreach = foreach
-    fused_norm = dict(feedback_models.FUSED_NORM)
-    feedback_models.FUSED_NORM["cpu"] = True  # feedback's stacked norms as on a GPU
+    fused_norm = dict(stacked_ops.FUSED_NORM)
+    stacked_ops.FUSED_NORM["cpu"] = True  # the stacked layer norms as on a GPU
     torch.Tensor.tolist = counted(tolist)  # type: ignore[method-assign]
     torch.Tensor.numpy = counted(numpy)  # type: ignore[method-assign]
     try:
@@ -275,8 +275,8 @@ def gpu_like() -> Iterator[dict[str, int]]:
     finally:
         for module, chooser in choosers.items():
             module._default_to_fused_or_foreach = chooser
-        feedback_models.FUSED_NORM.clear()
-        feedback_models.FUSED_NORM.update(fused_norm)
+        stacked_ops.FUSED_NORM.clear()
+        stacked_ops.FUSED_NORM.update(fused_norm)
         torch.Tensor.tolist, torch.Tensor.numpy = tolist, numpy  # type: ignore[method-assign]
 
 

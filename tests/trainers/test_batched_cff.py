@@ -18,9 +18,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainers import MemoryReporter, RunResult, get_trainer
+from trainers import MemoryReporter, RunResult, get_trainer, stacked_ops
 from trainers.cff import CFFConfig, CFFTrainer
 from trainers.cff import batched as cff_batched
+from trainers.cff.model import Block, CFFLayer, Embedding
 from trainers.cff.stacked import SeedStack
 from trainers.data import ImageSplits, load_for
 from trainers.random_sources import derive_seed
@@ -373,3 +374,39 @@ def test_a_stack_runs_each_seeds_module_and_norms_each_seeds_gradient() -> None:
         module(x[k]).square().sum().backward()
         want = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()])
         torch.testing.assert_close(norms[k], want, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("fused_norm", [False, True], ids=["layer-norm", "fused-group-norm"])
+@pytest.mark.parametrize("first", [True, False], ids=["layer-0", "later-layer"])
+def test_a_stack_of_cff_layers_is_each_seeds_layer_in_float64(
+    fused_norm: bool, first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cff's layers run on their stacked parameters without vmap (trainers.stacked_ops): each
+    seed's slice of the output and of every parameter's gradient is its own layer's, to float64
+    rounding (1e-12 of the gradient's largest entry), on the seeds' own inputs and on one
+    shared input, with the layer norm as a CPU runs it and as a GPU does (one group norm)."""
+    monkeypatch.setitem(stacked_ops.FUSED_NORM, "cpu", fused_norm)
+    generator = torch.Generator().manual_seed(3)
+    layers = []
+    for _ in range(3):
+        embedding = Embedding(48, 16, 32) if first else None
+        layer = CFFLayer(Block(32, 4, 2), embedding).double()
+        for p in layer.parameters():
+            p.data.normal_(generator=generator)
+        layers.append(layer)
+    stack = SeedStack(layers, lr=1e-3)
+    x = torch.randn(3, 5, 16, 48 if first else 32, generator=generator, dtype=torch.float64)
+    out = stack(x)
+    out.square().sum().backward()
+    shared = stack(x[0], shared=True)
+    for k, layer in enumerate(layers):
+        own = layer(x[k])
+        torch.testing.assert_close(out[k], own, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(shared[k], layer(x[0]), rtol=1e-12, atol=1e-12)
+        own.square().sum().backward()
+        for name, p in layer.named_parameters():
+            assert p.grad is not None and stack.params[name].grad is not None, name
+            scale = float(p.grad.abs().max())  # gradients of N(0, 1) weights reach 1e6
+            torch.testing.assert_close(
+                stack.params[name].grad[k], p.grad, rtol=0, atol=1e-12 * scale, msg=name
+            )

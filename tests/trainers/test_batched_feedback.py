@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from tests.trainers.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S
-from trainers import MemoryReporter, get_trainer
+from trainers import MemoryReporter, get_trainer, stacked_ops
 from trainers.base import RunResult
 from trainers.feedback import FeedbackConfig, build_model, draw_feedback
 from trainers.feedback import batched as batched_module
-from trainers.feedback import models as models_module
 from trainers.feedback import trainer as trainer_module
 from trainers.feedback.batched import stack_feedback
 from trainers.feedback.models import ResidualNet, StackedNet
@@ -365,7 +364,7 @@ def test_a_cancel_ends_every_seed_within_the_bound() -> None:
 @pytest.fixture(params=[False, True], ids=["layer-norm", "fused-group-norm"])
 def norm_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The stacked layer norms as a CPU runs them, and as a GPU does (one fused group norm)."""
-    monkeypatch.setitem(models_module.FUSED_NORM, "cpu", request.param)
+    monkeypatch.setitem(stacked_ops.FUSED_NORM, "cpu", request.param)
 
 
 def stacked_models(

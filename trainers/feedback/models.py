@@ -14,11 +14,7 @@ from torch import nn
 
 from trainers.cff.model import Attention, Block, patchify
 from trainers.feedback.config import FeedbackConfig
-
-# Whether StackedNet's layer norms run as one fused group norm, by device type (see
-# StackedNet._norm): on a GPU it launches fewer kernels; benchmarks/launches.py sets "cpu" too,
-# to count what a GPU would launch.
-FUSED_NORM: dict[str, bool] = {"cuda": True}
+from trainers.stacked_ops import stacked_attention, stacked_layer_norm, stacked_linear
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
@@ -258,36 +254,15 @@ class StackedNet:
 
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """nn.Linear `name` of every seed on its own input (K x ... x in): one batched GEMM."""
-        weight, bias = self.params[f"{name}.weight"], self.params[f"{name}.bias"]
-        flat = x.reshape(len(x), -1, x.shape[-1])
-        return torch.baddbmm(bias.unsqueeze(1), flat, weight.mT).view(*x.shape[:-1], -1)
+        return stacked_linear(x, self.params[f"{name}.weight"], self.params[f"{name}.bias"])
 
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """nn.LayerNorm `name` of every seed on its own K x ... x d input.
-
-        On a GPU (FUSED_NORM), one group norm: the samples' K x d features side by side in K
-        groups (a group: one seed's d features of one sample, normalised together, then that
-        seed's affine), which fuses the seeds' own weights and biases into the norm's kernel
-        forward and backward, where the layer norm with the affine after it takes three more
-        kernels. On a CPU, where kernels cost no launch, the layer norm and affine run faster
-        (benchmarks/seed_batching.py). The two agree to float rounding (1e-15 in float64)."""
+        """nn.LayerNorm `name` of every seed on its own K x ... x d input."""
         norm = self.template.get_submodule(name)
         assert isinstance(norm, nn.LayerNorm)
-        k, d = len(x), x.shape[-1]
-        if not FUSED_NORM.get(x.device.type, False):
-            seedwise = (k,) + (1,) * (x.dim() - 2) + (d,)
-            weight = self.params[f"{name}.weight"].view(seedwise)
-            bias = self.params[f"{name}.bias"].view(seedwise)
-            return F.layer_norm(x, norm.normalized_shape, eps=norm.eps) * weight + bias
-        side_by_side = x.movedim(0, -2).reshape(-1, k * d)
-        out = F.group_norm(
-            side_by_side,
-            k,
-            self.params[f"{name}.weight"].reshape(k * d),
-            self.params[f"{name}.bias"].reshape(k * d),
-            eps=norm.eps,
+        return stacked_layer_norm(
+            x, self.params[f"{name}.weight"], self.params[f"{name}.bias"], norm.eps
         )
-        return out.view(*x.shape[1:-1], k, d).movedim(-2, 0)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """h_0 of every seed, from its own batch (K x B x ...) or from one batch (B x ...)."""
@@ -322,14 +297,14 @@ class StackedNet:
         return a + self._linear(f"{name}.fc2", hidden)
 
     def _attention(self, name: str, heads: int, x: torch.Tensor) -> torch.Tensor:
-        """cff's Attention of every seed on K x B x T x E tokens: the projections per seed, the
-        parameter-free attention core with the seed axis folded into the batch axis (no vmap,
-        whose backward of scaled_dot_product_attention fails on CUDA)."""
-        k, b, t, e = x.shape
-        qkv = self._linear(f"{name}.qkv", x).view(k * b, t, 3, heads, e // heads)
-        q, key, v = qkv.permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, key, v)
-        return self._linear(f"{name}.out", y.transpose(1, 2).reshape(k, b, t, e))
+        """cff's Attention of every seed on K x B x T x E tokens (stacked_attention)."""
+        p = self.params
+        return stacked_attention(
+            x,
+            heads,
+            (p[f"{name}.qkv.weight"], p[f"{name}.qkv.bias"]),
+            (p[f"{name}.out.weight"], p[f"{name}.out.bias"]),
+        )
 
     def vector(self, h: torch.Tensor) -> torch.Tensor:
         return h[:, :, 0] if self.cls_token else h
