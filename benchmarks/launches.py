@@ -138,8 +138,9 @@ class Counting(TorchDispatchMode):
     on the device that reads a host tensor has it copied there first: one host-to-device copy
     per tensor (views of one tensor: one copy). A host tensor moved with `.to(device)` (a
     no-op on a CPU) is counted as copied there and is a device tensor from then on. Index
-    arrays the host keeps from the start (a split's positions) are not known to be host
-    tensors: a gather from them counts one op, an upper bound."""
+    arrays the host made outside an op the mode sees (a split's positions, from numpy) are host
+    tensors too: an integer or boolean tensor that no device op made and no `.to(device)`
+    moved."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,6 +148,7 @@ class Counting(TorchDispatchMode):
         self.views: set[str] = set()  # the names of those that only make a view
         self.host: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.copied: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.device: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # known on the device
         self._to = torch.Tensor.to
 
     def __enter__(self) -> Counting:
@@ -157,11 +159,12 @@ class Counting(TorchDispatchMode):
             devices = [
                 a for a in (*args, kwargs.get("device")) if isinstance(a, torch.device | str)
             ]
-            if devices and tensor in counting.host:
-                counting.copy(tensor)
-                del counting.host[tensor]  # on the device from here on
-                if out is not tensor:
+            if devices:
+                if tensor in counting.host:
+                    counting.copy(tensor)
+                    del counting.host[tensor]  # on the device from here on
                     counting.host.pop(out, None)
+                counting.device[tensor] = counting.device[out] = True
             return out
 
         torch.Tensor.to = moved  # type: ignore[method-assign]
@@ -189,7 +192,7 @@ class Counting(TorchDispatchMode):
         leaves = pytree.tree_leaves((args, kwargs))
         inputs = [t for t in leaves if isinstance(t, torch.Tensor)]
         drawn = any(isinstance(leaf, torch.Generator) for leaf in leaves)
-        on_host = drawn or (bool(inputs) and all(t in self.host for t in inputs))
+        on_host = drawn or (bool(inputs) and all(self.on_host(t) for t in inputs))
         if on_host:
             name += HOST
         else:
@@ -202,11 +205,21 @@ class Counting(TorchDispatchMode):
         out = func(*args, **kwargs)
         # a draw into an existing tensor (a layer's initialisation) leaves it where it lives:
         # a GPU run draws on the host and moves the layer to the device, which a CPU cannot show
+        made = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if on_host and not func._schema.is_mutable:
-            for tensor in pytree.tree_leaves(out):
-                if isinstance(tensor, torch.Tensor):
-                    self.host[tensor] = True
+            for tensor in made:
+                self.host[tensor] = True
+        elif not on_host:
+            for tensor in made:
+                self.device[tensor] = True
         return out
+
+    def on_host(self, tensor: torch.Tensor) -> bool:
+        """A host tensor: made on the host (a draw, or an op of host tensors alone), or an
+        index array no device op made and no `.to(device)` moved."""
+        if tensor in self.host:
+            return True
+        return not tensor.is_floating_point() and tensor not in self.device
 
 
 def _in_optimiser() -> bool:
