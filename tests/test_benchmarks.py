@@ -321,6 +321,25 @@ def test_batched_tasks_launch_less_per_seed_and_sync_at_most_every_other_seed_st
         assert eight.ops < one.ops / 2, (case, eight, one)
 
 
+def test_the_paper_scale_batched_steps_launch_a_seventh_per_seed_at_k_8(
+    launches: ModuleType,
+) -> None:
+    """Issue 25's targets at the paper-scale example models (the gauge's own configs): at K = 8
+    a seed-step of cff and of both feedback models launches at most a seventh of a solo
+    step's ops, with at most 0.5 syncs; a task of one seed costs what a solo run costs; ssl
+    (not batched; its smoke model) syncs at most once a step."""
+    cases = ("cff", "feedback_resmlp", "feedback_vit")
+    rows = launches.main(["--k", "1", "8", "--trainers", *cases])
+    by = {(r.case, r.mode): r for r in rows}
+    for case in cases:
+        solo, one, eight = by[case, "solo"], by[case, "K=1"], by[case, "K=8"]
+        assert eight.ops <= solo.ops / 7, (case, eight.ops, solo.ops)
+        assert eight.syncs <= 0.5, (case, eight)
+        assert one.ops <= 1.05 * solo.ops, (case, one, solo)
+    (ssl,) = [r for r in launches.main(["--smoke", "--trainers", "ssl"]) if r.mode == "solo"]
+    assert ssl.syncs <= 1, ssl
+
+
 def test_a_steps_op_count_does_not_depend_on_the_batch_size(launches: ModuleType) -> None:
     """What lets the gauge train on small batches: no trainer step here loops over examples."""
     case = launches.ALL_CASES["feedback_studentnet"]

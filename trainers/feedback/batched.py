@@ -215,7 +215,7 @@ class SeedStack:
                     losses.ce,
                     losses.local,
                     losses.penalty,
-                    (losses.logits.argmax(-1) == y).sum(1).to(losses.ce.dtype),
+                    (losses.logits.argmax(-1) == y).sum(1),  # to float by the stack
                 )
             ],
             dim=1,
