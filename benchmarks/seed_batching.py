@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -141,6 +142,18 @@ def compare(
     return ratios["wall clock"]
 
 
+def machine_load(threads: int) -> str:
+    """The 1-minute load average against this machine's cores, and a warning when other work
+    competes for them: the ratio is then noise (StudentNet 2.05x on an idle machine, 1.14-1.66x
+    in earlier runs whose load was not recorded)."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    line = f"load average (1 min) {load:.2f} on {cores} cores"
+    if load > cores - threads + 0.5:
+        line += ": other work competes for the cores; the ratios below read low"
+    return line
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=8, help="seeds per task (default 8)")
@@ -170,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     torch.set_num_threads(args.threads)
+    print(f"before: {machine_load(args.threads)}")
     seeds = list(range(args.k))
     collapse = get_trainer("collapse")
     feedback = get_trainer("feedback")
@@ -198,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in ratios.items())
         + f" (target >= {TARGET_RATIO}x)"
     )
+    print(f"after: {machine_load(args.threads)}")
 
 
 if __name__ == "__main__":

@@ -189,6 +189,21 @@ def test_seed_batching_prints_both_trainers_ratios_and_their_agreement(
     (difference,) = re.findall(r"largest relative difference of a final metric ([^;]+);", feedback)
     assert float(difference) < 1e-3, feedback
     assert "seed-batched task / solo runs, seeds per second (wall clock): collapse " in printed
+    # the machine's load is printed before and after, so a low ratio on a busy machine says so
+    assert re.search(r"^before: load average \(1 min\) \d+\.\d\d on \d+ cores", printed, re.M)
+    assert re.search(r"^after: load average \(1 min\) \d+\.\d\d on \d+ cores", printed, re.M)
+
+
+def test_seed_batching_warns_when_other_work_competes_for_the_cores(
+    seed_batching: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(seed_batching.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(seed_batching.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
+    assert seed_batching.machine_load(1) == "load average (1 min) 0.90 on 2 cores"
+    monkeypatch.setattr(seed_batching.os, "getloadavg", lambda: (3.2, 0.0, 0.0))
+    assert seed_batching.machine_load(1).endswith(
+        "other work competes for the cores; the ratios below read low"
+    )
 
 
 def test_largest_relative_difference_of_final_metrics(seed_batching: ModuleType) -> None:
