@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     max_in_flight: int | None = Field(None, ge=1)
     # How often a worker sends its buffered metric points.
     metrics_batch_interval_s: float = Field(0.5, gt=0, le=60)
+    # How often a worker samples its process's CPU, memory and GPU into its runs' points
+    # (sys/... series, docs/system-metrics.md); 0 turns the sampling off.
+    system_metrics_interval_s: float = Field(5.0, ge=0, le=3600)
     # How often the dispatcher looks for queued runs and cancellations when idle.
     dispatch_poll_interval_s: float = Field(0.05, gt=0, le=10)
     # Fail a run at once when no alive node of the cluster has the CPUs and GPUs it asks for

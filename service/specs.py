@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import pydantic
 
 from api_schemas import IMPORTED_TRAINER, SOURCE_FACTOR, SOURCE_LEVELS, ExperimentSpec
+from api_schemas.system_metrics import is_system_metric
 from service.errors import body_error
 from trainers import REGISTRY, Trainer
 
@@ -72,6 +73,11 @@ def unknown_metric(trainer: MetricCatalogue, metric: str) -> str | None:
     if metric in trainer.metrics:
         return None
     known = f"known metrics: {', '.join(trainer.metrics)}"
+    if is_system_metric(metric):
+        return (
+            f"{metric!r} is a system series (what the worker's hardware did, per run in "
+            f"GET /runs/{{id}}/metrics), not a metric the statistics compare; {known}"
+        )
     if metric in trainer.diagnostics:
         return (
             f"{metric!r} is a diagnostic of trainer {trainer.name!r} (shown per run, in "

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import ModuleType
 
 from api_schemas import IMPORTED_TRAINER, environment
+from api_schemas.system_metrics import PREFIX as SYSTEM_PREFIX
+from api_schemas.system_metrics import is_system_metric
 from trainers.base import (
     MemoryReporter,
     NullReporter,
@@ -58,10 +60,17 @@ class UnknownTrainerError(KeyError):
 
 
 def register(trainer: Trainer) -> None:
-    """Add a trainer to the registry; a name already taken by another trainer, or the name of
-    imported results (api_schemas.IMPORTED_TRAINER), is an error."""
+    """Add a trainer to the registry; a name already taken by another trainer, the name of
+    imported results (api_schemas.IMPORTED_TRAINER), or a metric named like a system series
+    (api_schemas.system_metrics), is an error."""
     if trainer.name == IMPORTED_TRAINER:
         raise ValueError(f"trainer name {trainer.name!r} is reserved for imported results")
+    for name in (*trainer.metrics, *trainer.diagnostics):
+        if is_system_metric(name):
+            raise ValueError(
+                f"trainer {trainer.name!r} declares {name!r}: names starting with "
+                f"{SYSTEM_PREFIX!r} are the workers' system metrics (docs/system-metrics.md)"
+            )
     existing = REGISTRY.get(trainer.name)
     if existing is not None and type(existing) is not type(trainer):
         raise ValueError(f"trainer name {trainer.name!r} is taken by {type(existing).__name__}")

@@ -18,6 +18,10 @@ returns at its next check (the loop contract of trainers.runtime: within about a
 the interrupt propagates so that Ray reports the task cancelled: a cancel ends every seed, and
 a seed-batched task running its seeds one after another starts no further one. A trainer that
 has not returned CANCEL_GRACE_S after the cancel ends its worker process with it.
+
+With a sampling interval, the same consuming thread records the process's system metrics
+(workers.system_metrics) into the points of the seeds training: at each seed's start and end
+and every interval between; every seed of a task gets the process's values.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
@@ -37,11 +41,13 @@ from typing import Any
 import ray
 
 from api_schemas import RunStatus, storable_text
+from api_schemas import system_metrics as names
 from api_schemas.tracebacks import format_traceback
 from trainers import get_trainer
 from trainers.base import RunResult
 from trainers.runtime import warm_up
 from workers.messages import MetricBatch, Point, Result, Started, WorkerMessage
+from workers.system_metrics import SystemSampler
 
 # How long the trainer thread gets to notice a cancellation; past it the worker process ends
 # itself (a Python thread cannot be stopped), so that no trainer outlives its cancel in a
@@ -59,6 +65,9 @@ class StreamingReporter:
         self._points: list[Point] = []
         self.stop_requested = stop_requested or threading.Event()
         self._last_finite: dict[str, float] = {}
+        # where system values are put: the run's latest step and epoch
+        self._last_step: int = 0
+        self._last_epoch: int | None = None
 
     @property
     def last_finite(self) -> dict[str, float]:
@@ -73,6 +82,15 @@ class StreamingReporter:
             if all(math.isfinite(v) for v in values.values()):
                 self._last_finite = values
             self._points.extend(rows)
+            self._last_step, self._last_epoch = step, epoch
+
+    def record_system(self, values: Mapping[str, float]) -> None:
+        """System values (api_schemas.system_metrics) at the run's latest step; never the run's
+        metrics, so never a failed run's last finite ones."""
+        with self._lock:
+            self._points.extend(
+                (self._last_step, self._last_epoch, name, value) for name, value in values.items()
+            )
 
     def should_stop(self) -> bool:
         return self.stop_requested.is_set()
@@ -143,10 +161,17 @@ def execute(
     batch_interval_s: float,
     source_seeds: dict[str, int] | None = None,
     stop_on_checks: Sequence[str] = (),
+    system_metrics_interval_s: float | None = None,
 ) -> Iterator[WorkerMessage]:
     """One seed: `execute_seeds` with a task of one (the trainer's single-run path)."""
     yield from execute_seeds(
-        trainer_name, config, [seed], batch_interval_s, [source_seeds], stop_on_checks
+        trainer_name,
+        config,
+        [seed],
+        batch_interval_s,
+        [source_seeds],
+        stop_on_checks,
+        system_metrics_interval_s,
     )
 
 
@@ -157,14 +182,23 @@ def execute_seeds(
     batch_interval_s: float,
     source_seeds: Sequence[dict[str, int] | None] | None = None,
     stop_on_checks: Sequence[str] = (),
+    system_metrics_interval_s: float | None = None,
 ) -> Iterator[WorkerMessage]:
     """The body of the Ray task, usable without Ray (a plain generator). `seeds`: the seeds of
     one condition this task runs (one: the trainer's single-run path, `Trainer.run`; more: its
     `run_seeds`). `source_seeds`: per seed, random sources pinned to other seeds (source name ->
     seed; checked by trainers.random_sources, a bad one fails the run). `stop_on_checks`: the
-    spec's checks on which a run ends early (status `stopped`). See `SeedTask`."""
+    spec's checks on which a run ends early (status `stopped`). `system_metrics_interval_s`:
+    how often the process's system metrics join the points (None or 0: never). See
+    `SeedTask`."""
     yield from SeedTask(
-        trainer_name, config, seeds, batch_interval_s, source_seeds, stop_on_checks
+        trainer_name,
+        config,
+        seeds,
+        batch_interval_s,
+        source_seeds,
+        stop_on_checks,
+        system_metrics_interval_s,
     ).messages()
 
 
@@ -216,6 +250,7 @@ class SeedTask:
         batch_interval_s: float,
         source_seeds: Sequence[dict[str, int] | None] | None = None,
         stop_on_checks: Sequence[str] = (),
+        system_metrics_interval_s: float | None = None,
     ) -> None:
         self.seeds = list(seeds)
         self.pins = list(source_seeds) if source_seeds is not None else [None] * len(self.seeds)
@@ -236,6 +271,8 @@ class SeedTask:
         self._sent: set[int] = set()  # the seeds whose Result was sent
         self._divergence_metric: str | None = None
         self._ended: _TrainerEnded | None = None
+        self.sampler = SystemSampler.for_this_task(system_metrics_interval_s)
+        self._seed_began_at: dict[int, float] = {}  # perf_counter() at each seed's Started
 
     # -- the trainer's side: events on the queue --------------------------------------------
 
@@ -290,6 +327,7 @@ class SeedTask:
         if len(self.seeds) == 1:
             self._announced.add(0)
             yield self._began(None)
+            self._sample([0])
         self.began_at = time.perf_counter()
         self.thread.start()
         try:
@@ -319,10 +357,14 @@ class SeedTask:
         result), then the points of the seeds still training."""
         for starts, group in groupby(events, key=lambda event: isinstance(event, _SeedStarted)):
             if starts:
-                yield self._announce([e.index for e in group if isinstance(e, _SeedStarted)])
+                indices = [e.index for e in group if isinstance(e, _SeedStarted)]
+                yield self._announce(indices)
+                self._sample(indices)
             else:
                 for event in group:
                     yield from self._handle(event)
+        if self.sampler is not None and self.sampler.due():
+            self._sample(self._announced - self._sent)
         for index in sorted(self._announced - self._sent):  # a seed begun since: after Started
             yield from self._points(index)
 
@@ -332,6 +374,7 @@ class SeedTask:
 
     def _handle(self, event: _Event) -> Iterator[WorkerMessage]:
         if isinstance(event, _SeedDone):
+            self._sample([event.index])
             yield from self._points(event.index)
             self._sent.add(event.index)
             yield self._result(event.outcome, event.index, event.seconds)
@@ -339,6 +382,17 @@ class SeedTask:
             self._divergence_metric = event.divergence_metric
         elif isinstance(event, _TrainerEnded):
             self._ended = event
+
+    def _sample(self, indices: Iterable[int]) -> None:
+        """One reading of the system values into these seeds' points (the first for a seed
+        marks its start: `sys/elapsed_s` counts from it)."""
+        if self.sampler is None:
+            return
+        values = self.sampler.read()
+        now = time.perf_counter()
+        for index in indices:
+            began = self._seed_began_at.setdefault(index, now)
+            self.reporters[index].record_system({**values, names.ELAPSED_S: now - began})
 
     def _points(self, index: int) -> Iterator[MetricBatch]:
         points = self.reporters[index].drain()
@@ -397,9 +451,16 @@ def run_task(
     batch_interval_s: float = 0.5,
     source_seeds: Sequence[dict[str, int] | None] | None = None,
     stop_on_checks: Sequence[str] = (),
+    system_metrics_interval_s: float | None = None,
 ) -> Iterator[WorkerMessage]:
     """Ray streaming generator running one condition's seeds (one, or a seed-batched task of
     several); the dispatcher does retries."""
     yield from execute_seeds(
-        trainer_name, config, seeds, batch_interval_s, source_seeds, stop_on_checks
+        trainer_name,
+        config,
+        seeds,
+        batch_interval_s,
+        source_seeds,
+        stop_on_checks,
+        system_metrics_interval_s,
     )

@@ -11,6 +11,7 @@ import ray
 from ray.exceptions import RayError, TaskCancelledError
 
 from api_schemas import RunStatus, storable_text
+from api_schemas.system_metrics import is_system_metric
 from api_schemas.tracebacks import innermost_frame
 from service.scheduling.dispatcher_base import DispatcherBase
 from service.scheduling.flights import Harvest, InFlight, TaskFlight, tasks_of
@@ -70,6 +71,8 @@ class Harvesting(DispatcherBase):
                         f"its messages could not be read: {type(exc).__name__}: {error_line(exc)}"
                     ),
                 )
+        if harvest.results or harvest.cancelled or harvest.lost:
+            self.metrics.keep_system_of({f.task.trainer for f in self.in_flight.values()})
         return harvest
 
     def _drain(self, task: TaskFlight, harvest: Harvest) -> None:
@@ -115,6 +118,9 @@ class Harvesting(DispatcherBase):
                         {"run_id": batched.run_id, "step": s, "epoch": e, "name": n, "value": v}
                         for s, e, n, v in message.points
                     ]
+                    for _, _, name, value in message.points:
+                        if is_system_metric(name) and value is not None:
+                            self.metrics.record_system(task.trainer, name, value)
             elif isinstance(message, Result):
                 ended = task.runs.pop(message.index, None)
                 if ended is not None:

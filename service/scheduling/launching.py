@@ -126,6 +126,7 @@ class Launching(DispatcherBase):
             self.settings.metrics_batch_interval_s,
             [template.sources.source_seeds(run.condition) for run in group],
             template.stop_on_checks,
+            self.settings.system_metrics_interval_s,
         )
         return TaskFlight(generator=generator, trainer=first.trainer, claimed_at=time.monotonic())
 

@@ -135,7 +135,8 @@ def snapshot(database: Path, experiment_id: int) -> Snapshot:
         for run_id, *point in db.execute(
             "SELECT p.run_id, p.name, p.step, p.epoch, p.value FROM metricpoint p "
             "JOIN run r ON r.id = p.run_id WHERE r.experiment_id = ? AND r.status = 'completed' "
-            "ORDER BY p.run_id, p.name, p.step, p.id",
+            # the trainer's points; the system series (sys/...) are the hardware's
+            "AND p.name NOT LIKE 'sys/%' ORDER BY p.run_id, p.name, p.step, p.id",
             (experiment_id,),
         ):
             points[run_id].append(tuple(point))

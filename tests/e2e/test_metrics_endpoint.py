@@ -1,8 +1,11 @@
 """GET /metrics over real HTTP: Prometheus' own parser reads it, and its counts are those of the
-database. Runs twice: on a SQLite file and on a fresh PostgreSQL database."""
+database; the runs' system series (docs/system-metrics.md) are stored with their points and
+gauged per trainer while they run. Runs twice: on a SQLite file and on a fresh PostgreSQL
+database."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import httpx
@@ -15,11 +18,12 @@ from service.settings import Settings
 from tests.conftest import Service
 
 FAST = {"n_samples": 64, "steps": 50}
+SYSTEM_GAUGES = ("seedgrid_run_cpu_percent", "seedgrid_run_rss_bytes")
 
 
 @pytest.fixture
-def service(backend_service: Service) -> Service:
-    return backend_service
+def service(start_backend_service: Callable[..., Service]) -> Service:
+    return start_backend_service(system_metrics_interval_s=0.5)
 
 
 def scrape(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -72,6 +76,9 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
     latency_sum = samples[("seedgrid_dispatch_latency_seconds_sum", ())]
     assert 0 < latency_sum < 120
     assert samples[("seedgrid_worker_losses_total", ())] == 0
+    assert_system_series(service, done["id"])
+    # no run in flight: no trainer's system gauges
+    assert not [key for key in samples if key[0] in SYSTEM_GAUGES]
 
     # Queued and cancelled runs are counted too: an experiment too long to finish, cancelled.
     slow = service.submit(
@@ -83,6 +90,15 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
             "seeds": 3,
         }
     )
+    # while its runs train, the trainer's latest system values
+    deadline = time.monotonic() + 60
+    while not all((g, (("trainer", "collapse"),)) in samples for g in SYSTEM_GAUGES):
+        assert time.monotonic() < deadline, "no system gauges while runs train"
+        time.sleep(0.2)
+        samples = scrape(service)
+    assert samples[("seedgrid_run_rss_bytes", (("trainer", "collapse"),))] > 50 * 2**20
+    assert samples[("seedgrid_run_cpu_percent", (("trainer", "collapse"),))] >= 0
+    assert not [key for key in samples if "gpu" in key[0]]  # no GPU here
     assert service.client.post(f"/experiments/{slow['id']}/cancel").status_code == 202
     assert service.wait(slow["id"])["status"] == "cancelled"
     samples = scrape(service)
@@ -91,6 +107,7 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
     for status, n in counts.items():
         assert samples[("seedgrid_runs", (("status", status),))] == n, status
     assert samples[("seedgrid_queue_depth", ())] == counts["queued"] == 0
+    assert not [key for key in samples if key[0] in SYSTEM_GAUGES]
 
     # An API without a dispatcher (--no-dispatch) on the same database: the database's counts,
     # and none of the dispatcher's metrics, which live in the dispatcher's process.
@@ -106,6 +123,28 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
         if s.name == "seedgrid_runs"
     }
     assert api_only == {(status,): n for status, n in counts.items()}
+
+
+def assert_system_series(service: Service, experiment_id: int) -> None:
+    """Each run has the worker's CPU and memory among its points, at its steps, and none of
+    them in its final metrics or among the metrics the statistics compare."""
+    runs = service.client.get(f"/experiments/{experiment_id}/runs").json()
+    for run in runs:
+        points = service.client.get(f"/runs/{run['id']}/metrics").json()
+        by_name: dict[str, list[dict[str, float]]] = {}
+        for p in points:
+            by_name.setdefault(p["name"], []).append(p)
+        logged_steps = {p["step"] for p in by_name["loss"]}
+        assert by_name["sys/cpu_percent"] and by_name["sys/rss_bytes"], sorted(by_name)
+        for p in by_name["sys/cpu_percent"] + by_name["sys/rss_bytes"]:
+            assert p["step"] in logged_steps and p["value"] >= 0, p
+        assert all(p["value"] > 50 * 2**20 for p in by_name["sys/rss_bytes"])  # torch alone
+        assert not [name for name in run["metrics"] if name.startswith("sys/")]
+    refused = service.client.get(
+        f"/experiments/{experiment_id}/stats", params={"metric": "sys/cpu_percent"}
+    )
+    assert refused.status_code == 422
+    assert "'sys/cpu_percent' is a system series" in refused.text
 
 
 def test_metrics_need_the_token_when_one_is_set(

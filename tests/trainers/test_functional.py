@@ -200,6 +200,8 @@ def test_bad_declarations_are_named_at_once() -> None:
         trainer(defaults={"steps": 1}, descriptions={"lr": "x"})(two)
     with pytest.raises(ValueError, match="'imported' is reserved for imported results"):
         register(trainer(name="imported")(two))
+    with pytest.raises(ValueError, match="'sys/cpu_percent': names starting with 'sys/' are"):
+        register(trainer(name="hogs_sys", metrics=("loss", "sys/cpu_percent"))(two))
     with pytest.raises(TypeError, match="must be a function of \\(config, run\\)"):
         trainer(lambda config: {})  # type: ignore[arg-type]
 
