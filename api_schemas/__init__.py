@@ -675,6 +675,10 @@ class ExperimentDetail(ExperimentSummary):
     # Why the experiment ended before all its runs had run (its first runs all failed: spec's
     # stop_after_failures), with the error; null otherwise.
     message: str | None = None
+    # Where a queued experiment (none of its runs started) waits: 1 = the next to start, among
+    # the queued experiments in the dispatcher's claim order (priority, then oldest run); null
+    # when the experiment is not queued.
+    queue_position: int | None = None
 
 
 class RunStop(ResponseModel):

@@ -13,6 +13,7 @@ import typer
 import service.cli.remote as remote
 import service.cli.render as render
 from api_schemas.pages import COMPARE_PAGE
+from api_schemas.stats_fields import field_meaning, known_fields
 from service.cli.common import CsvOpt, JsonOpt, UrlOpt, fail, output_mode
 from service.cli.follow import report
 from service.cli.render import (
@@ -356,3 +357,23 @@ def plan(
             soft_wrap=True,
         )
     render.console.print(f"({answer.method})", markup=False, soft_wrap=True)
+
+
+def explain(
+    field: Annotated[
+        str | None,
+        typer.Argument(help="a field of /stats (a condition's or a comparison's) [default: all]"),
+    ] = None,
+) -> None:
+    """What a statistics field means, in one line (no service needed); every field without
+    FIELD."""
+    if field is None:
+        for name in known_fields():
+            render.console.print(f"{name}: {field_meaning(name)}", markup=False, soft_wrap=True)
+        return
+    meaning = field_meaning(field)
+    if meaning is None:
+        close = difflib.get_close_matches(field, known_fields(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise fail(f"unknown statistics field {field!r}{hint}; `seedgrid explain` lists them all")
+    render.console.print(f"{field}: {meaning}", markup=False, soft_wrap=True)
