@@ -70,6 +70,7 @@ __all__ = [
     "ImportedRun",
     "JsonObject",
     "JsonValue",
+    "ConfigDifference",
     "MetricPoint",
     "NamedComparison",
     "MultiplicityFamily",
@@ -1071,12 +1072,24 @@ class ErrorDetail(ResponseModel):
     detail: str
 
 
-class SideBySide(ResponseModel):
-    """One condition two experiments both ran: each one's summary and the tests between them,
-    as a Comparison whose factor is "experiment" and whose levels are the two ids."""
+class ConfigDifference(ResponseModel):
+    """A base-config field two compared experiments run with different values."""
 
+    field: str
+    a: JsonValue
+    b: JsonValue
+
+
+class SideBySide(ResponseModel):
+    """One condition two experiments both ran (the same resolved run config, whatever grid
+    keys each gave it): each one's summary and the tests between them, as a Comparison whose
+    factor is "experiment" and whose levels are the two ids."""
+
+    # The condition as experiment a names it, and as b does (the same when both grid it alike).
     condition: dict[str, GridValue]
     condition_key: str
+    condition_b: dict[str, GridValue] = {}
+    condition_key_b: str = ""
     a: ConditionStats
     b: ConditionStats
     comparison: Comparison
@@ -1099,3 +1112,6 @@ class ExperimentComparison(ResponseModel):
     # Condition keys that only one experiment has completed runs of.
     only_in_a: list[str]
     only_in_b: list[str]
+    # The base-config fields neither experiment grids over whose values (defaults filled in)
+    # differ between them.
+    config_differences: list[ConfigDifference] = []

@@ -35,9 +35,10 @@ def compare(
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
-    """Two experiments of one trainer side by side, condition by condition: the means with
-    their test, the variance ratio with the primary test (raw p-values: not adjusted for the
-    conditions compared)."""
+    """Two experiments of one trainer side by side, condition by condition (matched by the run
+    config they train with, whatever grid keys gave it; base-config fields that differ listed
+    first): the means with their test, the variance ratio with the primary test (raw p-values:
+    not adjusted for the conditions compared)."""
     params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
     if metric:
         params["metric"] = metric
@@ -63,7 +64,7 @@ def compare(
                 t = side["comparison"]
                 rows.append(
                     [
-                        spaced(side["condition_key"]),
+                        spaced(_matched(side)),
                         f"{t['n_a']}/{t['n_b']}",
                         fmt(side["a"]["mean"]),
                         fmt(side["b"]["mean"]),
@@ -83,9 +84,18 @@ def compare(
         print_csv(columns, rows)
         return
     render.console.print(
-        f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} shared conditions",
+        f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} shared conditions "
+        "(matched by the run config they train with)",
         markup=False,
+        soft_wrap=True,
     )
+    for difference in body.get("config_differences", []):
+        render.console.print(
+            f"config {difference['field']}: {json.dumps(difference['a'])} in {a}, "
+            f"{json.dumps(difference['b'])} in {b}",
+            markup=False,
+            soft_wrap=True,
+        )
     print_table(
         f"experiment {a} vs {b}: raw p-values, not adjusted for the conditions compared",
         columns,
@@ -105,6 +115,14 @@ def compare(
     for side, keys in (("a", body["only_in_a"]), ("b", body["only_in_b"])):
         if keys:
             render.console.print(f"only in {side}: {', '.join(keys)}", markup=False)
+
+
+def _matched(side: dict[str, Any]) -> str:
+    """A shared condition's key in a, and b's where b's grid names it otherwise."""
+    key_a, key_b = side["condition_key"], side.get("condition_key_b", side["condition_key"])
+    if key_b != key_a:
+        return f"{key_a or '(all)'} = b: {key_b or '(all)'}"
+    return str(key_a)
 
 
 def stats(
