@@ -1076,8 +1076,10 @@ class ConfigDifference(ResponseModel):
     """A base-config field two compared experiments run with different values."""
 
     field: str
-    a: JsonValue
-    b: JsonValue
+    # Each experiment's value as JSON text (8, "cifar10", [64, 64], null): a config value may
+    # be any JSON its trainer's config model takes.
+    a: str
+    b: str
 
 
 class SideBySide(ResponseModel):

@@ -100,7 +100,9 @@ def config_differences(a: ExperimentSpec, b: ExperimentSpec) -> list[ConfigDiffe
     base_a, base_b = run_config(a, {}), run_config(b, {})
     gridded = set(a.grid) | set(b.grid)
     return [
-        ConfigDifference(field=field, a=base_a.get(field), b=base_b.get(field))
+        ConfigDifference(
+            field=field, a=json.dumps(base_a.get(field)), b=json.dumps(base_b.get(field))
+        )
         for field in dict.fromkeys([*base_a, *base_b])
         if field not in gridded and base_a.get(field) != base_b.get(field)
     ]

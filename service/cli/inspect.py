@@ -91,8 +91,7 @@ def compare(
     )
     for difference in body.get("config_differences", []):
         render.console.print(
-            f"config {difference['field']}: {json.dumps(difference['a'])} in {a}, "
-            f"{json.dumps(difference['b'])} in {b}",
+            f"config {difference['field']}: {difference['a']} in {a}, {difference['b']} in {b}",
             markup=False,
             soft_wrap=True,
         )
@@ -149,7 +148,9 @@ def stats(
     as_csv: Annotated[
         bool,
         typer.Option(
-            "--csv", help="both compact tables as one CSV (its `table` column says which)"
+            "--csv",
+            help="both tables as one CSV at full precision, intervals as two columns (its "
+            "`table` column says which table a row is from)",
         ),
     ] = False,
 ) -> None:

@@ -334,7 +334,7 @@ def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
         "conditions": [side],
         "only_in_a": [],
         "only_in_b": [],
-        "config_differences": [{"field": "steps", "a": 300, "b": 600}],
+        "config_differences": [{"field": "steps", "a": "300", "b": "600"}],
     }
     mock_service(monkeypatch, {"/compare": body})
     result = CliRunner().invoke(cli.app, ["compare", "1", "2"])

@@ -265,7 +265,7 @@ def test_conditions_match_by_the_run_config_they_train_with_not_by_grid_keys(
     body = served(url, a_id, b_id)
     # dim differs in the base config too, so nothing is shared yet
     assert body.total_conditions == 0
-    assert [(d.field, d.a, d.b) for d in body.config_differences] == [("dim", 8, 12)]
+    assert [(d.field, d.a, d.b) for d in body.config_differences] == [("dim", "8", "12")]
 
     follow_up["config"] = {"n_samples": 64, "steps": 300, "r": 0.1}
     c_id = store_collapse_experiment(
