@@ -1083,9 +1083,10 @@ class ConfigDifference(ResponseModel):
 
 
 class SideBySide(ResponseModel):
-    """One condition two experiments both ran (the same resolved run config, whatever grid
-    keys each gave it): each one's summary and the tests between them, as a Comparison whose
-    factor is "experiment" and whose levels are the two ids."""
+    """One condition two experiments both ran (the same values of the fields either grids
+    over in its resolved run config, whatever grid keys each gave it): each one's summary and
+    the tests between them, as a Comparison whose factor is "experiment" and whose levels are
+    the two ids."""
 
     # The condition as experiment a names it, and as b does (the same when both grid it alike).
     condition: dict[str, GridValue]

@@ -1,7 +1,8 @@
 """Two experiments side by side (GET /compare): studies grow after the first look, and a
 follow-up experiment (more seeds, a changed base config) is compared condition by condition
-with the first, conditions matched by the run config they train with (whatever grid keys gave
-it) and the base-config fields that differ listed; with the same tests as /stats
+with the first, conditions matched by what they run (the values of every field either
+experiment grids over, in the resolved run config: whatever grid keys or base config gave
+them), the base-config fields that differ listed; with the same tests as /stats
 (service.analysis.stats.compare): paired by seed where both ran the same seeds (seed s draws
 the same random streams in both), the p-values raw (no family is adjusted here), and the
 condition intervals within the metric's declared bounds.
@@ -60,9 +61,9 @@ Value = tuple[int, int, float]
 
 
 def _values(
-    session: Session, experiment: Experiment, metric: str
+    session: Session, experiment: Experiment, metric: str, factors: set[str]
 ) -> tuple[dict[str, tuple[dict[str, Any], str, list[Value]]], int]:
-    """resolved config -> (condition, condition_key, the metric of its completed runs in run
+    """resolved_condition -> (condition, condition_key, the metric of its completed runs in run
     order, each with its run id and seed); and how many completed runs were read."""
     out: dict[str, tuple[dict[str, Any], str, list[Value]]] = {}
     resolved: dict[str, str] = {}  # condition_key -> its resolved config
@@ -79,19 +80,21 @@ def _values(
         if value is None:
             continue
         if key not in resolved:
-            resolved[key] = resolved_condition(spec, condition)
+            resolved[key] = resolved_condition(spec, condition, factors)
         out.setdefault(resolved[key], (condition, key, []))[2].append((run_id, seed, value))
     return out, len(rows)
 
 
-def resolved_condition(spec: ExperimentSpec, condition: dict[str, Any]) -> str:
+def resolved_condition(spec: ExperimentSpec, condition: dict[str, Any], factors: set[str]) -> str:
     """What a condition of `spec` runs as, as text two experiments' conditions match on: the
-    run config it trains with (the base config merged with its grid levels, defaults filled
-    in) and its level of the reserved seed-source factor."""
-    return json.dumps(
-        {"config": run_config(spec, condition), SOURCE_FACTOR: condition.get(SOURCE_FACTOR)},
-        sort_keys=True,
-    )
+    values of `factors` (the fields either experiment grids over) in the run config it trains
+    with (the base config merged with its grid levels, defaults filled in), and its level of
+    the reserved seed-source factor. The other fields are base config: a follow-up that
+    changes one (more steps) still compares condition by condition, and config_differences
+    names the change."""
+    config = run_config(spec, condition)
+    matched = {field: config.get(field) for field in sorted(factors)}
+    return json.dumps([matched, condition.get(SOURCE_FACTOR)], sort_keys=True)
 
 
 def config_differences(a: ExperimentSpec, b: ExperimentSpec) -> list[ConfigDifference]:
@@ -179,7 +182,9 @@ def _comparison(
     """The page, and how many completed runs of a and of b it was computed from."""
     assert a.id is not None and b.id is not None
     bounds = metric_catalogue(a.trainer, a.stored_spec).metric_bounds.get(metric)
-    (values_a, n_a), (values_b, n_b) = _values(session, a, metric), _values(session, b, metric)
+    factors = (set(a.stored_spec.grid) | set(b.stored_spec.grid)) - {SOURCE_FACTOR}
+    values_a, n_a = _values(session, a, metric, factors)
+    values_b, n_b = _values(session, b, metric, factors)
     shared = [resolved for resolved in values_a if resolved in values_b]
     if offset > len(shared):
         raise SpecError.query(

@@ -35,10 +35,10 @@ def compare(
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
-    """Two experiments of one trainer side by side, condition by condition (matched by the run
-    config they train with, whatever grid keys gave it; base-config fields that differ listed
-    first): the means with their test, the variance ratio with the primary test (raw p-values:
-    not adjusted for the conditions compared)."""
+    """Two experiments of one trainer side by side, condition by condition (matched by the
+    values their run configs give the gridded fields, whatever grid keys gave them; the
+    base-config fields that differ listed first): the means with their test, the variance
+    ratio with the primary test (raw p-values: not adjusted for the conditions compared)."""
     params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
     if metric:
         params["metric"] = metric
@@ -85,7 +85,7 @@ def compare(
         return
     render.console.print(
         f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} shared conditions "
-        "(matched by the run config they train with)",
+        "(matched by what they run)",
         markup=False,
         soft_wrap=True,
     )
