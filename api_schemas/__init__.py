@@ -70,6 +70,7 @@ __all__ = [
     "ImportedRun",
     "JsonObject",
     "JsonValue",
+    "ConfigDifference",
     "MetricPoint",
     "NamedComparison",
     "MultiplicityFamily",
@@ -675,6 +676,10 @@ class ExperimentDetail(ExperimentSummary):
     # Why the experiment ended before all its runs had run (its first runs all failed: spec's
     # stop_after_failures), with the error; null otherwise.
     message: str | None = None
+    # Where a queued experiment (none of its runs started) waits: 1 = the next to start, among
+    # the queued experiments in the dispatcher's claim order (priority, then oldest run); null
+    # when the experiment is not queued.
+    queue_position: int | None = None
 
 
 class RunStop(ResponseModel):
@@ -1067,12 +1072,27 @@ class ErrorDetail(ResponseModel):
     detail: str
 
 
-class SideBySide(ResponseModel):
-    """One condition two experiments both ran: each one's summary and the tests between them,
-    as a Comparison whose factor is "experiment" and whose levels are the two ids."""
+class ConfigDifference(ResponseModel):
+    """A base-config field two compared experiments run with different values."""
 
+    field: str
+    # Each experiment's value as JSON text (8, "cifar10", [64, 64], null): a config value may
+    # be any JSON its trainer's config model takes.
+    a: str
+    b: str
+
+
+class SideBySide(ResponseModel):
+    """One condition two experiments both ran (the same values of the fields either grids
+    over in its resolved run config, whatever grid keys each gave it): each one's summary and
+    the tests between them, as a Comparison whose factor is "experiment" and whose levels are
+    the two ids."""
+
+    # The condition as experiment a names it, and as b does (the same when both grid it alike).
     condition: dict[str, GridValue]
     condition_key: str
+    condition_b: dict[str, GridValue] = {}
+    condition_key_b: str = ""
     a: ConditionStats
     b: ConditionStats
     comparison: Comparison
@@ -1095,3 +1115,6 @@ class ExperimentComparison(ResponseModel):
     # Condition keys that only one experiment has completed runs of.
     only_in_a: list[str]
     only_in_b: list[str]
+    # The base-config fields neither experiment grids over whose values (defaults filled in)
+    # differ between them.
+    config_differences: list[ConfigDifference] = []

@@ -71,7 +71,15 @@ def _json(text: str, path: Path) -> Any:
 
 
 def _yaml(text: str, path: Path) -> Any:
-    loader = yaml.SafeLoader(text)
+    try:
+        # the reader checks the text as it is built: a control character is refused here
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecFileError(
+            f"spec file {path} is not valid YAML: character #x{exc.character:04x} is not "
+            f"allowed (line {line})"
+        ) from None
     try:
         node = loader.get_single_node()
         if node is None:  # an empty file

@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 import itertools
 import json
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -213,3 +214,42 @@ class Refusals:
                 message = f"{message} (conditions: {shown}{more})"
             out.append(body_error(where, message))
         return out
+
+
+def with_key_hints(errors: list[dict[str, Any]], body: Any) -> list[dict[str, Any]]:
+    """A request's validation errors, each unknown key of its body model `body` (at any level
+    of the spec: a top-level `seed`, an `analysis.scal`) named with the closest valid key and
+    every valid one, as config fields and grid keys are."""
+    hinted = []
+    for error in errors:
+        loc = list(error.get("loc", ()))
+        if error.get("type") == "extra_forbidden" and loc[:1] == ["body"] and len(loc) > 1:
+            fields = _fields_at(body, loc[1:-1])
+            if fields:
+                key = str(loc[-1])
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                error = {
+                    **error,
+                    "msg": f"unknown field {key!r}{hint}; valid fields: {', '.join(fields)}",
+                }
+        hinted.append(error)
+    return hinted
+
+
+def _models(annotation: Any) -> list[type[pydantic.BaseModel]]:
+    """The pydantic models an annotation holds (itself, or inside lists, unions, dicts)."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models(arg)]
+
+
+def _fields_at(annotation: Any, path: list[Any]) -> list[str]:
+    """The fields of the model at `path` (a validation error's location) inside
+    `annotation`; a list index, a dict key or a union's tag keeps the annotation."""
+    for step in path:
+        owner = next((m for m in _models(annotation) if step in m.model_fields), None)
+        if owner is not None:
+            annotation = owner.model_fields[step].annotation
+    models = _models(annotation)
+    return list(models[0].model_fields) if models else []

@@ -1,19 +1,22 @@
 """Two experiments side by side (GET /compare): studies grow after the first look, and a
 follow-up experiment (more seeds, a changed base config) is compared condition by condition
-with the first, with the same tests as /stats (service.analysis.stats.compare): paired by seed where
-both ran the same seeds (seed s draws the same random streams in both), the p-values raw (no
-family is adjusted here), and the condition intervals within the metric's declared bounds.
+with the first, conditions matched by what they run (the values of every field either
+experiment grids over, in the resolved run config: whatever grid keys or base config gave
+them), the base-config fields that differ listed; with the same tests as /stats
+(service.analysis.stats.compare): paired by seed where both ran the same seeds (seed s draws
+the same random streams in both), the p-values raw (no family is adjusted here), and the
+condition intervals within the metric's declared bounds.
 
-Each page is stored like a page of /stats (service.analysis.stats_store), per (a, b, metric, page)
-in
-`comparecache`, and computed again only when the number of completed runs of a or of b changed
-since: a page of two 10,000-run experiments costs seconds to compute, and every API replica
-then serves the same stored answer. Its rows go with either experiment
+Each page is stored like a page of /stats (service.analysis.stats_store), per (a, b, metric,
+page) in `comparecache`, and computed again only when the number of completed runs of a or of
+b changed since: a page of two 10,000-run experiments costs seconds to compute, and every API
+replica then serves the same stored answer. Its rows go with either experiment
 (service.scheduling.purge)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -23,9 +26,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from api_schemas import (
+    SOURCE_FACTOR,
     Comparison,
     ConditionStats,
+    ConfigDifference,
     ExperimentComparison,
+    ExperimentSpec,
     RunStatus,
     RunValue,
     SideBySide,
@@ -36,7 +42,7 @@ from service.analysis.stats import compare
 from service.analysis.stats_store import page_lock
 from service.errors import SpecError
 from service.limits import HeavyReads
-from service.specs import metric_catalogue, unknown_metric
+from service.specs import metric_catalogue, run_config, unknown_metric
 from service.storage.db import CompareCache, Experiment, Run, utcnow
 from service.storage.lookup import get_experiment
 
@@ -46,7 +52,7 @@ log = logging.getLogger("seedgrid.compare")
 MAX_CONDITIONS_PER_PAGE = COMPARE_PAGE
 # Bumped when the served comparison gains fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-COMPARE_FORMAT = "v1"
+COMPARE_FORMAT = "v2"
 # Stored pages kept per experiment `a` (the least recently computed go first).
 MAX_STORED_PAGES = 64
 
@@ -55,11 +61,13 @@ Value = tuple[int, int, float]
 
 
 def _values(
-    session: Session, experiment: Experiment, metric: str
-) -> tuple[dict[str, tuple[dict[str, Any], list[Value]]], int]:
-    """condition_key -> (condition, the metric of its completed runs in run order, each with
-    its run id and seed); and how many completed runs were read."""
-    out: dict[str, tuple[dict[str, Any], list[Value]]] = {}
+    session: Session, experiment: Experiment, metric: str, factors: set[str]
+) -> tuple[dict[str, tuple[dict[str, Any], str, list[Value]]], int]:
+    """resolved_condition -> (condition, condition_key, the metric of its completed runs in run
+    order, each with its run id and seed); and how many completed runs were read."""
+    out: dict[str, tuple[dict[str, Any], str, list[Value]]] = {}
+    resolved: dict[str, str] = {}  # condition_key -> its resolved config
+    spec = experiment.stored_spec
     rows = session.execute(
         sa_select(
             col(Run.id), col(Run.seed), col(Run.condition), col(Run.condition_key), col(Run.metrics)
@@ -69,9 +77,38 @@ def _values(
     ).all()
     for run_id, seed, condition, key, metrics in rows:
         value = metric_value(metrics, metric)
-        if value is not None:
-            out.setdefault(key, (condition, []))[1].append((run_id, seed, value))
+        if value is None:
+            continue
+        if key not in resolved:
+            resolved[key] = resolved_condition(spec, condition, factors)
+        out.setdefault(resolved[key], (condition, key, []))[2].append((run_id, seed, value))
     return out, len(rows)
+
+
+def resolved_condition(spec: ExperimentSpec, condition: dict[str, Any], factors: set[str]) -> str:
+    """What a condition of `spec` runs as, as text two experiments' conditions match on: the
+    values of `factors` (the fields either experiment grids over) in the run config it trains
+    with (the base config merged with its grid levels, defaults filled in), and its level of
+    the reserved seed-source factor. The other fields are base config: a follow-up that
+    changes one (more steps) still compares condition by condition, and config_differences
+    names the change."""
+    config = run_config(spec, condition)
+    matched = {field: config.get(field) for field in sorted(factors)}
+    return json.dumps([matched, condition.get(SOURCE_FACTOR)], sort_keys=True)
+
+
+def config_differences(a: ExperimentSpec, b: ExperimentSpec) -> list[ConfigDifference]:
+    """The base-config fields (defaults filled in) whose values differ between a and b, those
+    either experiment grids over left out: their levels are in the conditions' keys."""
+    base_a, base_b = run_config(a, {}), run_config(b, {})
+    gridded = set(a.grid) | set(b.grid)
+    return [
+        ConfigDifference(
+            field=field, a=json.dumps(base_a.get(field)), b=json.dumps(base_b.get(field))
+        )
+        for field in dict.fromkeys([*base_a, *base_b])
+        if field not in gridded and base_a.get(field) != base_b.get(field)
+    ]
 
 
 def _side(
@@ -145,22 +182,26 @@ def _comparison(
     """The page, and how many completed runs of a and of b it was computed from."""
     assert a.id is not None and b.id is not None
     bounds = metric_catalogue(a.trainer, a.stored_spec).metric_bounds.get(metric)
-    (values_a, n_a), (values_b, n_b) = _values(session, a, metric), _values(session, b, metric)
-    shared = [key for key in values_a if key in values_b]
+    factors = (set(a.stored_spec.grid) | set(b.stored_spec.grid)) - {SOURCE_FACTOR}
+    values_a, n_a = _values(session, a, metric, factors)
+    values_b, n_b = _values(session, b, metric, factors)
+    shared = [resolved for resolved in values_a if resolved in values_b]
     if offset > len(shared):
         raise SpecError.query(
             "offset", f"offset {offset} is past the {len(shared)} shared conditions"
         )
     sides = []
-    for key in shared[offset : offset + limit]:
-        condition, runs_a = values_a[key]
-        runs_b = values_b[key][1]
+    for resolved in shared[offset : offset + limit]:
+        condition, key, runs_a = values_a[resolved]
+        condition_b, key_b, runs_b = values_b[resolved]
         sides.append(
             SideBySide(
                 condition=condition,
                 condition_key=key,
+                condition_b=condition_b,
+                condition_key_b=key_b,
                 a=_side(condition, key, runs_a, bounds),
-                b=_side(condition, key, runs_b, bounds),
+                b=_side(condition_b, key_b, runs_b, bounds),
                 comparison=Comparison(
                     factor="experiment",
                     a=a.id,
@@ -186,8 +227,9 @@ def _comparison(
             total_conditions=len(shared),
             offset=offset,
             next_offset=end if end < len(shared) else None,
-            only_in_a=[k for k in values_a if k not in values_b],
-            only_in_b=[k for k in values_b if k not in values_a],
+            only_in_a=[side[1] for r, side in values_a.items() if r not in values_b],
+            only_in_b=[side[1] for r, side in values_b.items() if r not in values_a],
+            config_differences=config_differences(a.stored_spec, b.stored_spec),
         ),
         n_a,
         n_b,

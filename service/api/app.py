@@ -22,6 +22,7 @@ from service.scheduling.dispatcher import Dispatcher
 from service.scheduling.preflight import ClusterPreflight
 from service.scheduling.purge import Purger
 from service.settings import Settings, get_settings
+from service.specs import with_key_hints
 from service.storage.db import make_engine, upgrade_database
 from trainers import REGISTRY
 from trainers.runtime import seedgrid_version
@@ -110,8 +111,12 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         declare_bearer_auth(app, public)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": capped_errors(exc.errors())})
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        route = request.scope.get("route")
+        body_field = getattr(route, "body_field", None)
+        body = body_field.field_info.annotation if body_field is not None else None
+        errors = with_key_hints(list(exc.errors()), body)
+        return JSONResponse(status_code=422, content={"detail": capped_errors(errors)})
 
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:

@@ -1,6 +1,7 @@
 """The `seedgrid` command line: serve, dispatcher, `run` (all in one process), the client
 commands (submit, import, list, status, runs, run-log, watch, stats, protocol, compare, cancel,
-delete, export, trainers, add-seeds), and `db upgrade` / `db current` (schema migrations).
+delete, export, trainers, add-seeds), `explain` (what a statistics field means), and
+`db upgrade` / `db current` (schema migrations).
 
 Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
 rows); the tables fold long condition keys at their commas, never cutting a key or a number,
@@ -16,7 +17,9 @@ it), remote (the client and its errors as one-line exits), render (what is print
 
 from __future__ import annotations
 
+import inspect as inspect_module
 import sys
+from collections.abc import Callable
 
 import typer
 
@@ -60,27 +63,39 @@ app = typer.Typer(
 db_app = typer.Typer(no_args_is_help=True, help="The database schema: apply and show migrations.")
 app.add_typer(db_app, name="db")
 
-app.command()(server.serve)
-app.command()(server.dispatcher)
-app.command()(commands.submit)
-app.command("import")(commands.import_results)
-app.command()(commands.status)
-app.command("add-seeds")(commands.add_seeds)
-app.command()(inspect.compare)
-app.command()(inspect.stats)
-app.command("list")(commands.list_experiments)
-app.command()(commands.runs)
-app.command("run-log")(runlog.run_log)
-app.command("watch")(commands.watch_command)
-app.command()(commands.cancel)
-app.command()(commands.delete)
-app.command()(inspect.protocol)
-app.command()(commands.export)
-app.command()(inspect.trainers)
-app.command()(inspect.plan)
-app.command()(server.run)
-db_app.command("upgrade")(server.db_upgrade)
-db_app.command("current")(server.db_current)
+
+def _register(group: typer.Typer, command: Callable[..., None], name: str | None = None) -> None:
+    """Add `command` with each paragraph of its docstring on one line: the help then wraps at
+    the terminal's width, never at the docstring's line breaks (mid-sentence)."""
+    paragraphs = inspect_module.cleandoc(command.__doc__ or "").split("\n\n")
+    group.command(name, help="\n\n".join(" ".join(p.split()) for p in paragraphs))(command)
+
+
+for name, command in (
+    ("serve", server.serve),
+    ("dispatcher", server.dispatcher),
+    ("submit", commands.submit),
+    ("import", commands.import_results),
+    ("status", commands.status),
+    ("add-seeds", commands.add_seeds),
+    ("compare", inspect.compare),
+    ("stats", inspect.stats),
+    ("explain", inspect.explain),
+    ("list", commands.list_experiments),
+    ("runs", commands.runs),
+    ("run-log", runlog.run_log),
+    ("watch", commands.watch_command),
+    ("cancel", commands.cancel),
+    ("delete", commands.delete),
+    ("protocol", inspect.protocol),
+    ("export", commands.export),
+    ("trainers", inspect.trainers),
+    ("plan", inspect.plan),
+    ("run", server.run),
+):
+    _register(app, command, name)
+_register(db_app, server.db_upgrade, "upgrade")
+_register(db_app, server.db_current, "current")
 
 
 def main() -> None:

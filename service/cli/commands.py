@@ -112,6 +112,9 @@ def status(experiment_id: int, url: UrlOpt = None, as_json: JsonOpt = False) -> 
         f"{d['n_runs']} runs: {counts}",
         markup=False,
     )
+    waiting = render.queue_line(d)
+    if waiting:
+        render.console.print(waiting, markup=False)
     print_message(d)
     adaptive = d.get("adaptive")
     if adaptive:
@@ -201,7 +204,7 @@ def list_experiments(
     if mode == "csv":
         print_csv(columns, rows)
     elif rows:
-        print_table(None, columns, rows, {"name", "trainer", "created", "finished"})
+        print_table(None, columns, rows, {"name", "trainer", "status", "created", "finished"})
     else:
         render.console.print("no experiments" + (" match" if name or status else ""), markup=False)
 
@@ -238,6 +241,10 @@ def runs(
     if mode == "json":
         print_json(listed)
         return
+    if not listed and mode == "table":
+        which = f"{status} runs" if status else "runs"
+        render.console.print(f"no {which} in experiment {experiment_id}", markup=False)
+        return
     columns = ("id", "condition", "seed", "status", shown, "tries", "why / warnings")
     rows = [
         [
@@ -245,7 +252,7 @@ def runs(
             spaced(r["condition_key"]),
             str(r["seed"]),
             r["status"],
-            fmt(r["metrics"].get(shown)),
+            fmt(r["metrics"].get(shown)) + ("" if _final(r) or not r["metrics"] else " (last)"),
             str(r["attempts"]),
             _why(r),
         ]
@@ -271,6 +278,13 @@ def runs(
         {"condition", "why / warnings"},
         key_factors(r["condition_key"] for r in listed),
     )
+    if any(not _final(r) and r["metrics"] for r in listed):
+        render.console.print(
+            f"(last): the {shown} last logged before the run failed, diverged, stopped or was "
+            "cancelled, not a final value",
+            markup=False,
+            soft_wrap=True,
+        )
     for r in listed:
         for warning in r["warnings"]:
             render.console.print(
@@ -286,6 +300,12 @@ def _primary_metric(client: Client, detail: dict[str, Any]) -> str:
     trainers = {t["name"]: t for t in remote.ask(client, "GET", "/trainers")}
     trainer = trainers.get(detail["trainer"])
     return trainer["primary_metric"] if trainer else "-"
+
+
+def _final(run: dict[str, Any]) -> bool:
+    """Whether a run's metrics are final: it completed; a run that failed, diverged, was
+    cancelled or stopped keeps the values it last logged."""
+    return bool(run["status"] == RunStatus.completed)
 
 
 def _why(run: dict[str, Any]) -> str:

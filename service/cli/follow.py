@@ -80,9 +80,13 @@ def _follow(client: Client, experiment_id: int, poll_s: float) -> dict[str, Any]
         while True:
             c = detail["counts"]
             done = sum(v for k, v in c.items() if k not in RunStatus.active())
+            waiting = render.queue_line(detail)
             # an adaptive experiment's total grows with each round
             progress.update(
-                overall, total=detail["n_runs"], completed=done, counts=escape(counts_line(c))
+                overall,
+                total=detail["n_runs"],
+                completed=done,
+                counts=escape(f"{waiting}; {counts_line(c)}" if waiting else counts_line(c)),
             )
             if per_condition:
                 by_condition: dict[str, Counter[str]] = {}

@@ -13,6 +13,7 @@ import typer
 import service.cli.remote as remote
 import service.cli.render as render
 from api_schemas.pages import COMPARE_PAGE
+from api_schemas.stats_fields import field_meaning, known_fields
 from service.cli.common import CsvOpt, JsonOpt, UrlOpt, fail, output_mode
 from service.cli.follow import report
 from service.cli.render import (
@@ -34,9 +35,10 @@ def compare(
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
-    """Two experiments of one trainer side by side, condition by condition: the means with
-    their test, the variance ratio with the primary test (raw p-values: not adjusted for the
-    conditions compared)."""
+    """Two experiments of one trainer side by side, condition by condition (matched by the
+    values their run configs give the gridded fields, whatever grid keys gave them; the
+    base-config fields that differ listed first): the means with their test, the variance
+    ratio with the primary test (raw p-values: not adjusted for the conditions compared)."""
     params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
     if metric:
         params["metric"] = metric
@@ -62,7 +64,7 @@ def compare(
                 t = side["comparison"]
                 rows.append(
                     [
-                        spaced(side["condition_key"]),
+                        spaced(_matched(side)),
                         f"{t['n_a']}/{t['n_b']}",
                         fmt(side["a"]["mean"]),
                         fmt(side["b"]["mean"]),
@@ -82,9 +84,17 @@ def compare(
         print_csv(columns, rows)
         return
     render.console.print(
-        f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} shared conditions",
+        f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} shared conditions "
+        "(matched by what they run)",
         markup=False,
+        soft_wrap=True,
     )
+    for difference in body.get("config_differences", []):
+        render.console.print(
+            f"config {difference['field']}: {difference['a']} in {a}, {difference['b']} in {b}",
+            markup=False,
+            soft_wrap=True,
+        )
     print_table(
         f"experiment {a} vs {b}: raw p-values, not adjusted for the conditions compared",
         columns,
@@ -104,6 +114,14 @@ def compare(
     for side, keys in (("a", body["only_in_a"]), ("b", body["only_in_b"])):
         if keys:
             render.console.print(f"only in {side}: {', '.join(keys)}", markup=False)
+
+
+def _matched(side: dict[str, Any]) -> str:
+    """A shared condition's key in a, and b's where b's grid names it otherwise."""
+    key_a, key_b = side["condition_key"], side.get("condition_key_b", side["condition_key"])
+    if key_b != key_a:
+        return f"{key_a or '(all)'} = b: {key_b or '(all)'}"
+    return str(key_a)
 
 
 def stats(
@@ -130,7 +148,9 @@ def stats(
     as_csv: Annotated[
         bool,
         typer.Option(
-            "--csv", help="both compact tables as one CSV (its `table` column says which)"
+            "--csv",
+            help="both tables as one CSV at full precision, intervals as two columns (its "
+            "`table` column says which table a row is from)",
         ),
     ] = False,
 ) -> None:
@@ -356,3 +376,23 @@ def plan(
             soft_wrap=True,
         )
     render.console.print(f"({answer.method})", markup=False, soft_wrap=True)
+
+
+def explain(
+    field: Annotated[
+        str | None,
+        typer.Argument(help="a field of /stats (a condition's or a comparison's) [default: all]"),
+    ] = None,
+) -> None:
+    """What a statistics field means, in one line (no service needed); every field without
+    FIELD."""
+    if field is None:
+        for name in known_fields():
+            render.console.print(f"{name}: {field_meaning(name)}", markup=False, soft_wrap=True)
+        return
+    meaning = field_meaning(field)
+    if meaning is None:
+        close = difflib.get_close_matches(field, known_fields(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise fail(f"unknown statistics field {field!r}{hint}; `seedgrid explain` lists them all")
+    render.console.print(f"{field}: {meaning}", markup=False, soft_wrap=True)

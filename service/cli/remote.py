@@ -5,6 +5,7 @@ invalid field of a 422), and how long the retries of a 503 or 429 waited."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,8 +100,43 @@ def _stop_on_errors(client: Client) -> Iterator[None]:
         raise refused(exc) from None
 
 
+# API requests an error answer may name, and the command that does the same.
+CLI_EQUIVALENTS = (
+    (re.compile(r"POST /experiments/(\d+)/cancel"), r"`seedgrid cancel \1`"),
+    (re.compile(r"POST /experiments/(\d+)/seeds"), r"`seedgrid add-seeds \1 SEEDS`"),
+    (re.compile(r"POST /experiments/(\d+)/import"), r"`seedgrid import FILE --into \1`"),
+    (re.compile(r"POST /experiments/import"), "`seedgrid import FILE`"),
+    (re.compile(r"DELETE /experiments/(\d+)"), r"`seedgrid delete \1`"),
+    (re.compile(r"GET /experiments/(\d+)/stats"), r"`seedgrid stats \1`"),
+    (re.compile(r"GET /runs/(\{id\}|\d+)"), "`seedgrid run-log RUN_ID`"),
+)
+
+
+def in_cli_terms(text: str) -> str:
+    """An API message with each request it names replaced by the command that does it."""
+    for pattern, command in CLI_EQUIVALENTS:
+        text = pattern.sub(command, text)
+    return text
+
+
 def _answer(error: ApiError) -> str:
-    return f"{error.method} {error.path}: {error.status_code} {error.detail}"
+    if error.status_code == 401:
+        return _unauthorized(error)
+    detail = in_cli_terms(error.detail) if isinstance(error.detail, str) else error.detail
+    return f"{error.method} {error.path}: {error.status_code} {detail}"
+
+
+def _unauthorized(error: ApiError) -> str:
+    """A 401 as what to set: the service asks for a token, or refused the one given."""
+    if environment.text(environment.API_TOKEN):
+        return (
+            f"the service refused the token in {environment.API_TOKEN} ({error.detail}): set it "
+            "to the token the service was started with"
+        )
+    return (
+        f"the service asks for a token: set {environment.API_TOKEN} to the token it was "
+        "started with"
+    )
 
 
 def refused(error: ApiError, fields: bool = True) -> typer.Exit:
@@ -114,9 +150,9 @@ def refused(error: ApiError, fields: bool = True) -> typer.Exit:
     if error.status_code == 422 and fields:
         detail = error.detail
         lines = (
-            [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in detail]
+            [f"  {'.'.join(map(str, e['loc']))}: {in_cli_terms(e['msg'])}" for e in detail]
             if isinstance(detail, list)
-            else [f"  {detail}"]
+            else [f"  {in_cli_terms(str(detail))}"]
         )
         what = (
             "the spec was rejected"

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api_schemas import environment
+from api_schemas.stats_fields import COMPARISON_FIELDS, CONDITION_FIELDS
 
 # A pipe gets 160 columns unless COLUMNS says otherwise (rich reads COLUMNS itself).
 console = Console(width=None if sys.stdout.isatty() or environment.terminal_columns_set() else 160)
@@ -348,18 +349,80 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
     _print_page(stats)
 
 
+# The CSV of `stats --csv`: one row per condition, then one per comparison (the `table` column
+# says which, the other table's columns empty), numbers at full precision, intervals as two
+# columns, a null as an empty cell and an unbounded interval end as inf.
+CONDITION_CSV = ("condition", "n", "mean", "ci_low", "ci_high", "std", "noise_floor_share")
+COMPARISON_CSV = (
+    "factor",
+    "a",
+    "b",
+    "within",
+    "n_a",
+    "n_b",
+    "pairing",
+    "var_ratio",
+    "primary_ci_low",
+    "primary_ci_high",
+    "primary_p",
+    "primary_p_holm_factor",
+)
+# Columns of the CSV that hold a number in every row they are filled in.
+CSV_NUMBERS = frozenset(
+    {"n", "mean", "ci_low", "ci_high", "std", "noise_floor_share", "n_a", "n_b", "var_ratio"}
+    | {"primary_ci_low", "primary_ci_high", "primary_p", "primary_p_holm_factor", "warnings"}
+)
+
+
+def _number(value: Any) -> str:
+    """A number as CSV text at full precision (repr), a null as an empty cell."""
+    return "" if value is None else repr(value)
+
+
+def _ends(interval: list[float | None] | None, unbounded: str = "") -> list[str]:
+    """An interval's two ends; a null high end is `unbounded` (a ratio interval: inf)."""
+    if interval is None:
+        return ["", ""]
+    low, high = interval
+    return [_number(low), unbounded if high is None else _number(high)]
+
+
 def print_stats_csv(stats: dict[str, Any]) -> None:
-    """Both compact tables as one CSV: a `table` column says which each row is from, and each
-    row leaves the other table's columns empty."""
-    columns = ["table", *CONDITION_COLUMNS[:-1], *COMPARISON_COLUMNS[:-1], "warnings"]
-    blank_c, blank_p = [""] * (len(CONDITION_COLUMNS) - 1), [""] * (len(COMPARISON_COLUMNS) - 1)
-    rows = [
-        ["condition", *r[:-1], *blank_p, len(c.get("warnings", []))]
-        for r, c in zip(condition_rows(stats), stats["conditions"], strict=True)
+    """Both compact tables as one CSV (CONDITION_CSV, COMPARISON_CSV), at full precision."""
+    columns = ["table", *CONDITION_CSV, *COMPARISON_CSV, "warnings"]
+    blank_c, blank_p = [""] * len(CONDITION_CSV), [""] * len(COMPARISON_CSV)
+    rows: list[list[Any]] = [
+        [
+            "condition",
+            c["condition_key"],
+            c["n"],
+            _number(c["mean"]),
+            *_ends(c["ci95"]),
+            _number(c["std"]),
+            _number(c.get("noise_floor_share")),
+            *blank_p,
+            len(c.get("warnings", [])),
+        ]
+        for c in stats["conditions"]
     ]
     rows += [
-        ["comparison", *blank_c, *r[:-1], len(c.get("warnings", []))]
-        for r, c in zip(comparison_rows(stats, marks=False), stats["comparisons"], strict=True)
+        [
+            "comparison",
+            *blank_c,
+            c["factor"],
+            c["a"],
+            c["b"],
+            _within(c),
+            c["n_a"],
+            c["n_b"],
+            c.get("pairing") or "",
+            _number(c["var_ratio"]),
+            *_ends(c.get("primary_ci95"), "inf"),
+            _number(c.get("primary_p")),
+            _number(c.get("primary_p_holm_factor")),
+            len(c.get("warnings", [])),
+        ]
+        for c in stats["comparisons"]
     ]
     print_csv(columns, rows)
 
@@ -399,6 +462,24 @@ def print_all_stats(stats: dict[str, Any]) -> None:
     for omnibus in stats.get("omnibus", []):
         block(f"omnibus {omnibus['factor']}", {k: v for k, v in omnibus.items() if k != "factor"})
     _print_page(stats)
+    print_legend(stats)
+
+
+def print_legend(stats: dict[str, Any]) -> None:
+    """What each field of the conditions and comparisons above means, one line each."""
+    for title, items, meanings in (
+        ("per condition", stats["conditions"], CONDITION_FIELDS),
+        ("per comparison", stats["comparisons"], COMPARISON_FIELDS),
+    ):
+        shown = dict.fromkeys(key for item in items for key in item)
+        if shown:
+            console.print(f"legend, {title}:", markup=False, style="bold")
+            for key in shown:
+                console.print(
+                    f"  {key}: {meanings.get(key, '(no meaning recorded)')}",
+                    markup=False,
+                    soft_wrap=True,
+                )
 
 
 def _field(key: str, value: Any) -> str:
@@ -441,6 +522,16 @@ def print_source_decomposition(stats: dict[str, Any]) -> None:
             fmt(d["sum_over_all"], 3),
         )
     console.print(table)
+
+
+def queue_line(detail: dict[str, Any]) -> str | None:
+    """Where a queued experiment waits (GET /experiments/{id}'s queue_position), or None."""
+    position = detail.get("queue_position")
+    if position is None:
+        return None
+    if position == 1:
+        return "queue position 1: the next experiment to start"
+    return f"queue position {position}: {position - 1} queued experiments start before it"
 
 
 def print_message(detail: dict[str, Any]) -> None:

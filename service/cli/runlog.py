@@ -1,6 +1,6 @@
-"""`seedgrid run-log RUN_ID`: one run as a person debugging it wants it: where it ran, how it
-ended, the one-line error, the frame of the trainer's code it failed at, the full traceback,
-and each attempt's outcome."""
+"""`seedgrid run-log RUN_ID`: one run as a person debugging it wants it: how it ended, the
+one-line error, the frame of the trainer's code it failed at, the full traceback, then its
+metrics (final for a completed run, else last logged) and each attempt's outcome."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import service.cli.remote as remote
 import service.cli.render as render
+from api_schemas import RunStatus
 from service.cli.common import JsonOpt, UrlOpt
 from service.cli.render import fmt, print_json, spaced
 
@@ -36,11 +37,13 @@ def run_log_lines(run: dict[str, Any]) -> list[str]:
         lines.append(f"error: {run['error']}")
     if run.get("failed_at"):
         lines.append(f"failed at: {run['failed_at']}")
+    if run.get("traceback"):
+        lines += ["", run["traceback"].rstrip("\n"), ""]
     if run["metrics"]:
         shown = ", ".join(f"{name} {fmt(value)}" for name, value in run["metrics"].items())
-        lines.append(f"final metrics: {shown}")
-    if run.get("traceback"):
-        lines += ["", run["traceback"].rstrip("\n")]
+        # only a completed run's values are final; any other kept what it last logged
+        label = "final metrics" if run["status"] == RunStatus.completed else "last logged"
+        lines.append(f"{label}: {shown}")
     for attempt in run["attempt_history"]:
         where = f"node {attempt['node_id'] or '?'}, pid {attempt['worker_pid'] or '?'}"
         outcome = attempt["outcome"] or "running"

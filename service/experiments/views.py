@@ -51,7 +51,33 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         n_conditions=experiment.n_conditions,
         adaptive=experiment.adaptive,
         message=stop_message(experiment),
+        queue_position=queue_position(session=session, experiment=experiment),
     )
+
+
+def queue_position(*, session: Session, experiment: Experiment) -> int | None:
+    """Where a queued experiment waits, 1 = the next to start: the queued experiments ranked
+    as the dispatcher claims their runs (highest priority, then lowest run id, first); None
+    for an experiment that is not queued."""
+    if experiment.status != ExperimentStatus.queued:
+        return None
+    first_runs = (
+        select(
+            col(Run.experiment_id),
+            func.max(col(Run.priority)).label("priority"),
+            func.min(col(Run.id)).label("first_run"),
+        )
+        .join(Experiment, col(Experiment.id) == col(Run.experiment_id))
+        .where(
+            col(Run.status) == RunStatus.queued,
+            col(Experiment.status) == ExperimentStatus.queued,
+            col(Experiment.deleted) == False,  # noqa: E712
+        )
+        .group_by(col(Run.experiment_id))
+        .order_by(func.max(col(Run.priority)).desc(), func.min(col(Run.id)))
+    )
+    order = [row[0] for row in session.exec(first_runs).all()]
+    return order.index(experiment.id) + 1 if experiment.id in order else None
 
 
 def stop_message(experiment: Experiment) -> str | None:

@@ -5,6 +5,8 @@ confirmation."""
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import pty
 import re
@@ -141,6 +143,10 @@ def test_a_field_typo_names_the_closest_field_and_a_diagnostic_is_named_as_one(
     assert typo.returncode == 2
     assert "body.config.n_sample: unknown config field 'n_sample'" in typo.stderr
     assert "did you mean 'n_samples'?" in typo.stderr and "valid fields: " in typo.stderr
+    # a top-level key of the spec too
+    top = seedgrid(service, "submit", spec_file(tmp_path, seed=3))
+    assert top.returncode == 2
+    assert "body.seed: unknown field 'seed' (did you mean 'seeds'?)" in top.stderr
     response = service.client.post(
         "/experiments",
         json={"name": "x", "trainer": "collapse", "grid": {"stop_gradiant": [False, True]}},
@@ -224,6 +230,17 @@ def test_tables_at_80_columns_show_whole_condition_keys_and_p_values(service: Se
             names = {factor, legend.get(factor, factor)}
             assert any(f"{n}={level_text}" in cells for n in names), (factor, runs.stdout)
         assert f"{run['metrics']['min_l2']:.4g}" in cells
+    # stats as CSV: every filled cell of a number column is a number, at full precision
+    stats_csv = seedgrid(service, "stats", str(created["id"]), "--csv")
+    assert stats_csv.returncode == 0, stats_csv.stderr
+    records = list(csv.DictReader(io.StringIO(stats_csv.stdout)))
+    numbers = ("n", "mean", "ci_low", "ci_high", "std", "var_ratio", "primary_ci_low", "primary_p")
+    for record in records:
+        for column in numbers:
+            if record[column]:
+                float(record[column])
+    means = [float(r["mean"]) for r in records if r["table"] == "condition"]
+    assert means == [c["mean"] for c in stats["conditions"]]
     as_csv = seedgrid(service, "runs", str(created["id"]), "--csv")
     assert as_csv.stdout.splitlines()[0].startswith("id,condition,seed,status,min_l2")
     assert len(as_csv.stdout.splitlines()) == 1 + 12

@@ -5,7 +5,9 @@ served by a mock transport)."""
 
 from __future__ import annotations
 
+import csv
 import email.utils
+import io
 import json
 import os
 import re
@@ -23,13 +25,18 @@ import httpx
 import numpy as np
 import pytest
 from rich.console import Console
+from sqlmodel import Session
 from typer.testing import CliRunner
 
-from api_schemas import Comparison
+from api_schemas import Comparison, ConditionStats, ExperimentStatus, RunStatus
+from api_schemas.stats_fields import COMPARISON_FIELDS, CONDITION_FIELDS
 from service import cli
 from service.analysis.stats import compare, experiment_stats
 from service.cli import abbreviations, remote, render
+from service.cli.runlog import run_log_lines
 from service.client import Client
+from service.experiments.views import experiment_detail
+from service.storage.db import Experiment, Run, make_engine, upgrade_database
 from tests.seedgrid_process import SeedgridProcess
 
 
@@ -310,6 +317,8 @@ def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
     side = {
         "condition": {"lr": 0.1},
         "condition_key": "lr=0.1",
+        "condition_b": {"lr": 0.1},
+        "condition_key_b": "lr=0.1",
         "a": {"mean": float(a.mean())},
         "b": {"mean": float(b.mean())},
         "comparison": json.loads(comparison.model_dump_json()),
@@ -325,12 +334,14 @@ def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
         "conditions": [side],
         "only_in_a": [],
         "only_in_b": [],
+        "config_differences": [{"field": "steps", "a": "300", "b": "600"}],
     }
     mock_service(monkeypatch, {"/compare": body})
     result = CliRunner().invoke(cli.app, ["compare", "1", "2"])
     assert result.exit_code == 0, result.output
     shown = render.console.export_text()
     assert "raw p-values, not adjusted for the conditions compared" in shown
+    assert "config steps: 300 in 1, 600 in 2" in shown
     t = side["comparison"]
     assert t["pairing"] == "paired" and t["mean_test"] == "paired t"
     (row,) = [
@@ -461,3 +472,240 @@ def test_retries_are_bounded_in_number_and_in_time() -> None:
         missing = CliRunner().invoke(cli.app, ["status", "4", "--url", api.url])
         assert missing.exit_code == 2 and "404 no experiment 4" in missing.output
         assert [p for _, p in api.requests].count("/experiments/4") == 1
+
+
+# The columns of `stats --csv` that hold numbers: every filled cell converts with float().
+CSV_NUMBER_COLUMNS = {
+    "n",
+    "mean",
+    "ci_low",
+    "ci_high",
+    "std",
+    "noise_floor_share",
+    "n_a",
+    "n_b",
+    "var_ratio",
+    "primary_ci_low",
+    "primary_ci_high",
+    "primary_p",
+    "primary_p_holm_factor",
+    "warnings",
+}
+
+
+def test_stats_csv_is_numbers_at_full_precision_and_json_is_the_api_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stats = stats_payload(seeds=2)  # 2 seeds: the ratio intervals end at inf
+    mock_service(monkeypatch, {"/experiments/7": DETAIL, "/experiments/7/stats": stats})
+    result = CliRunner().invoke(cli.app, ["stats", "7", "--csv"])
+    assert result.exit_code == 0, result.output
+    header, *rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert len(header) == len(set(header)), header  # unique headers
+    assert CSV_NUMBER_COLUMNS <= set(header)
+    records = [dict(zip(header, row, strict=True)) for row in rows]
+    for record in records:
+        for column in CSV_NUMBER_COLUMNS:
+            if record[column] != "":
+                float(record[column])
+    conditions = [r for r in records if r["table"] == "condition"]
+    comparisons = [r for r in records if r["table"] == "comparison"]
+    assert len(conditions) == len(stats["conditions"]) and len(comparisons) == 6
+    for record, c in zip(conditions, stats["conditions"], strict=True):
+        # full precision: each number reads back as the API's, not a display rounding
+        assert record["condition"] == c["condition_key"]
+        assert float(record["mean"]) == c["mean"] and float(record["std"]) == c["std"]
+        assert [float(record["ci_low"]), float(record["ci_high"])] == c["ci95"]
+        assert int(record["n"]) == c["n"] == 2
+    for record, c in zip(comparisons, stats["comparisons"], strict=True):
+        assert float(record["var_ratio"]) == c["var_ratio"]
+        assert float(record["primary_ci_low"]) == c["primary_ci95"][0]
+        assert c["primary_ci95"][1] is None and float(record["primary_ci_high"]) == float("inf")
+        assert float(record["primary_p_holm_factor"]) == c["primary_p_holm_factor"]
+        assert (int(record["n_a"]), int(record["n_b"])) == (c["n_a"], c["n_b"])
+
+    as_json = CliRunner().invoke(cli.app, ["stats", "7", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout) == stats
+
+
+def test_explain_gives_every_stats_field_a_meaning_and_stats_all_prints_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stats = stats_payload()
+    served = {f for c in stats["conditions"] for f in c} | set(ConditionStats.model_fields)
+    compared = {f for c in stats["comparisons"] for f in c} | set(Comparison.model_fields)
+    # a field /stats gains without a meaning fails here
+    assert served - set(CONDITION_FIELDS) == set()
+    assert compared - set(COMPARISON_FIELDS) == set()
+
+    monkeypatch.setattr(render, "console", Console(width=300, record=True))
+    explained = CliRunner().invoke(cli.app, ["explain", "noise_floor_share"])
+    assert explained.exit_code == 0, explained.output
+    assert render.console.export_text().strip() == (
+        f"noise_floor_share: {CONDITION_FIELDS['noise_floor_share']}"
+    )
+    typo = CliRunner().invoke(cli.app, ["explain", "var_ratoi"])
+    assert typo.exit_code == 2 and "did you mean 'var_ratio'?" in typo.output
+
+    mock_service(monkeypatch, {"/experiments/7": DETAIL, "/experiments/7/stats": stats})
+    assert CliRunner().invoke(cli.app, ["stats", "7", "--all"]).exit_code == 0
+    everything = render.console.export_text().splitlines()
+    legend = everything[everything.index("legend, per condition:") :]
+    assert f"  mean: {CONDITION_FIELDS['mean']}" in legend
+    assert "legend, per comparison:" in legend
+    assert f"  primary_p_holm_factor: {COMPARISON_FIELDS['primary_p_holm_factor']}" in legend
+
+
+def test_a_yaml_spec_with_a_control_character_is_refused_naming_the_file(tmp_path: Path) -> None:
+    spec = tmp_path / "typed.yaml"
+    spec.write_text("name: x\x01\ntrainer: collapse\n")
+    result = CliRunner().invoke(cli.app, ["submit", str(spec)])
+    assert result.exit_code == 2
+    assert f"spec file {spec} is not valid YAML: character #x0001 is not allowed (line 1)" in (
+        " ".join(result.output.split())
+    )
+    assert "<unicode string>" not in result.output and "Traceback" not in result.output
+
+
+def test_errors_say_the_setting_or_the_command_not_the_http_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conflict = (
+        "experiment 8 is running (3 runs queued, pending or running): cancel it "
+        "(POST /experiments/8/cancel) and delete it once its runs have ended"
+    )
+    answers: dict[str, list[Answer]] = {
+        "/experiments/5": [(401, {}, {"detail": "missing bearer token"})],
+        "/experiments/8": [(409, {}, {"detail": conflict})],
+    }
+    monkeypatch.delenv("SEEDGRID_API_TOKEN", raising=False)
+    with ScriptedApi(answers) as api:
+        missing = CliRunner().invoke(cli.app, ["status", "5", "--url", api.url])
+        assert missing.exit_code == 2
+        assert "set SEEDGRID_API_TOKEN to the token it was started with" in missing.output
+        assert "bearer" not in missing.output
+        monkeypatch.setenv("SEEDGRID_API_TOKEN", "wrong")
+        wrong = CliRunner().invoke(cli.app, ["status", "5", "--url", api.url])
+        assert "refused the token in SEEDGRID_API_TOKEN" in wrong.output
+        busy = CliRunner().invoke(cli.app, ["status", "8", "--url", api.url])
+        assert busy.exit_code == 2
+        assert "cancel it (`seedgrid cancel 8`) and delete it" in busy.output
+        assert "POST /experiments/8/cancel" not in busy.output
+
+
+RUN = {
+    "id": 3,
+    "experiment_id": 7,
+    "condition": {"lr": 0.1},
+    "condition_key": "lr=0.1",
+    "seed": 0,
+    "attempts": 1,
+    "warnings": [],
+    "stop": None,
+}
+
+
+def test_runs_of_no_match_say_so_and_runs_that_ended_badly_show_their_last_logged_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    detail = {**EXPERIMENT, "spec": {"metric": "loss"}}
+    mock_service(monkeypatch, {"/experiments/7": detail, "/experiments/7/runs": []})
+    none = CliRunner().invoke(cli.app, ["runs", "7", "--status", "failed"])
+    assert none.exit_code == 0, none.output
+    assert render.console.export_text().strip() == "no failed runs in experiment 7"
+
+    failed = {**RUN, "status": "failed", "metrics": {"loss": 0.5}, "error": "ValueError: bad"}
+    done = {**RUN, "id": 4, "seed": 1, "status": "completed", "metrics": {"loss": 0.25}}
+    done["error"] = None
+    mock_service(monkeypatch, {"/experiments/7": detail, "/experiments/7/runs": [failed, done]})
+    assert CliRunner().invoke(cli.app, ["runs", "7"]).exit_code == 0
+    shown = render.console.export_text()
+    assert re.search(r"\b3\s+lr=0.1\s+0\s+failed\s+0.5 \(last\)\s+1\s+ValueError: bad", shown)
+    assert re.search(r"\b4\s+lr=0.1\s+1\s+completed\s+0.25\s+1", shown)
+    assert "(last): the loss last logged before the run failed" in shown
+
+    lines = run_log_lines(
+        {
+            **failed,
+            "failed_at": None,
+            "traceback": "Traceback ...\nValueError: bad\n",
+            "attempt_history": [],
+        }
+    )
+    assert lines[1] == "error: ValueError: bad"
+    assert lines.index("last logged: loss 0.5") > lines.index("Traceback ...\nValueError: bad")
+    assert not any(line.startswith("final metrics") for line in lines)
+    completed = run_log_lines({**done, "attempt_history": []})
+    assert "final metrics: loss 0.25" in completed
+
+
+def store_queue(url: str) -> dict[str, int]:
+    """Experiments written straight into a database, each with two runs, in this order: first
+    (queued), started (running, a run left queued), urgent (queued at priority 5), last
+    (queued), done (completed)."""
+    upgrade_database(url)
+    engine = make_engine(url)
+    plan = [
+        ("first", ExperimentStatus.queued, 0, [RunStatus.queued] * 2),
+        ("started", ExperimentStatus.running, 0, [RunStatus.running, RunStatus.queued]),
+        ("urgent", ExperimentStatus.queued, 5, [RunStatus.queued] * 2),
+        ("last", ExperimentStatus.queued, 0, [RunStatus.queued] * 2),
+        ("done", ExperimentStatus.completed, 0, [RunStatus.completed] * 2),
+    ]
+    ids = {}
+    with Session(engine) as session:
+        for name, status, priority, run_statuses in plan:
+            experiment = Experiment(
+                name=name,
+                trainer="collapse",
+                metric="min_l2",
+                spec={"name": name, "trainer": "collapse"},
+                status=status,
+                priority=priority,
+                n_conditions=1,
+                n_runs=2,
+            )
+            session.add(experiment)
+            session.commit()
+            assert experiment.id is not None
+            ids[name] = experiment.id
+            for seed, run_status in enumerate(run_statuses):
+                session.add(
+                    Run(
+                        experiment_id=experiment.id,
+                        condition={},
+                        condition_key="",
+                        seed=seed,
+                        trainer="collapse",
+                        status=run_status,
+                        priority=priority,
+                    )
+                )
+            session.commit()
+    engine.dispose()
+    return ids
+
+
+def test_status_says_where_a_queued_experiment_waits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    ids = store_queue(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        details = {
+            name: experiment_detail(session=session, experiment_id=experiment_id)
+            for name, experiment_id in ids.items()
+        }
+    engine.dispose()
+    # the dispatcher's claim order: higher priority first, then the oldest run
+    positions = {name: d.queue_position for name, d in details.items()}
+    assert positions == {"urgent": 1, "first": 2, "last": 3, "started": None, "done": None}
+
+    waiting = json.loads(details["last"].model_dump_json())
+    mock_service(monkeypatch, {f"/experiments/{ids['last']}": waiting})
+    assert CliRunner().invoke(cli.app, ["status", str(ids["last"])]).exit_code == 0
+    assert "queue position 3: 2 queued experiments start before it" in (
+        render.console.export_text()
+    )

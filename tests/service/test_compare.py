@@ -1,5 +1,5 @@
 """GET /compare's logic (service.analysis.compare) on a real SQLite file and PostgreSQL: the
-condition
+conditions match by the run config they train with (not by grid keys), the condition
 intervals keep the metric's declared bounds, two experiments that ran the same seeds are
 compared paired, pages are stored like /stats pages, and a 10,000-seed comparison stays within
 a memory bound."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from api_schemas import ExperimentComparison, ExperimentStatus, RunStatus
 from service.analysis.compare import compare_json
 from service.experiments import delete_experiment
 from service.scheduling.purge import purge_deleted
+from service.specs import condition_key, grid_conditions
 from service.storage.db import CompareCache, Experiment, Run, make_engine, upgrade_database
 from tests.service.test_stats_guidance import store_cff_experiment
 
@@ -189,3 +191,83 @@ def test_a_compare_of_two_10000_seed_experiments_stays_within_a_memory_bound(
     assert side.comparison.pairing == "paired" and side.comparison.paired_seeds == 10_000
     assert side.comparison.primary_p is not None
     assert peak < 150 * 2**20, f"{peak / 2**20:.0f} MB"
+
+
+def store_collapse_experiment(
+    url: str, spec: dict[str, Any], values: dict[str, list[float]]
+) -> int:
+    """A completed collapse experiment of `spec` written straight into the database: per
+    condition of its grid (in grid order), one completed run per value of `values`."""
+    engine = make_engine(url)
+    conditions = grid_conditions(spec["grid"])
+    with Session(engine) as session:
+        experiment = Experiment(
+            name=spec["name"],
+            trainer="collapse",
+            metric="min_l2",
+            spec=spec,
+            n_conditions=len(conditions),
+            n_runs=sum(len(v) for v in values.values()),
+            runs_completed=sum(len(v) for v in values.values()),
+            status=ExperimentStatus.completed,
+        )
+        session.add(experiment)
+        session.commit()
+        experiment_id = experiment.id
+        assert experiment_id is not None
+        for condition in conditions:
+            key = condition_key(condition)
+            for seed, value in enumerate(values[key]):
+                session.add(
+                    Run(
+                        experiment_id=experiment_id,
+                        condition=condition,
+                        condition_key=key,
+                        seed=seed,
+                        trainer="collapse",
+                        status=RunStatus.completed,
+                        metrics={"min_l2": value},
+                    )
+                )
+        session.commit()
+    engine.dispose()
+    return experiment_id
+
+
+def test_conditions_match_by_the_run_config_they_train_with_not_by_grid_keys(
+    tmp_path: Path,
+) -> None:
+    """A follow-up that fixes r = 0.1 in its base config and grids stop_gradient runs its
+    stop_gradient=false condition as the first experiment runs r=0.1 (stop_gradient false is
+    the default): the two share that condition; the base-config field they set differently
+    (dim) is listed."""
+    url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    upgrade_database(url)
+    first = {
+        "name": "first",
+        "trainer": "collapse",
+        "config": {"n_samples": 64, "steps": 300},
+        "grid": {"r": [0.0, 0.1]},
+        "seeds": 3,
+    }
+    follow_up = {
+        "name": "follow-up",
+        "trainer": "collapse",
+        "config": {"n_samples": 64, "steps": 300, "r": 0.1, "dim": 12},
+        "grid": {"stop_gradient": [False, True]},
+        "seeds": 3,
+    }
+    a_id = store_collapse_experiment(url, first, {"r=0.0": [1.0, 2.0, 3.0], "r=0.1": [4.0, 5, 7]})
+    b_id = store_collapse_experiment(
+        url,
+        follow_up,
+        {"stop_gradient=false": [4.5, 5.5, 6.0], "stop_gradient=true": [9.0, 9.5, 8.0]},
+    )
+    body = served(url, a_id, b_id)
+    (side,) = body.conditions
+    assert (side.condition_key, side.condition_key_b) == ("r=0.1", "stop_gradient=false")
+    assert side.a.values == [4.0, 5.0, 7.0] and side.b.values == [4.5, 5.5, 6.0]
+    assert body.only_in_a == ["r=0.0"] and body.only_in_b == ["stop_gradient=true"]
+    # dim is base config in both: its change is listed; r and stop_gradient are gridded by one
+    # of them, their levels are in the keys
+    assert [(d.field, d.a, d.b) for d in body.config_differences] == [("dim", "8", "12")]
