@@ -51,7 +51,12 @@ def test_the_guide_command_runs_the_function_trainers_grid(tmp_path: Path) -> No
         COLUMNS="160",
     )
     done = subprocess.run(
-        [sys.executable, "-m", "service.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=360
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 conditions x seeds = 12 runs" in done.stdout, done.stdout
