@@ -27,6 +27,7 @@ NOT_CONTENT = {
 # Built from pieces so that this file does not match itself.
 OUTSIDE_REFERENCES = ("../" + "shared", "shared" + "/papers", "shared" + "/DESIGN")
 DESIGN_DOC = "DESIGN" + ".md"
+README_MAX_LINES = 250
 
 # [text](target) and reference definitions `[label]: target`; images too.
 INLINE_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -172,15 +173,22 @@ def test_the_link_checker_finds_what_it_must() -> None:
     }
 
 
-def test_every_setting_is_documented() -> None:
-    """The README's "Configuration" table, or the docs/ page of the feature it belongs to, is
-    where users look for a setting: each field of service.settings.Settings must appear there
-    under its environment variable."""
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    text = "\n".join(page.read_text(encoding="utf-8") for page in docs)
+def test_every_setting_is_documented_in_the_settings_page() -> None:
+    """docs/settings.md is where users look for a setting: each field of
+    service.settings.Settings must appear there under its environment variable."""
+    page = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     undocumented = [
         f"SEEDGRID_{name.upper()}"
         for name in Settings.model_fields
-        if f"`SEEDGRID_{name.upper()}`" not in text
+        if f"`SEEDGRID_{name.upper()}`" not in page
     ]
-    assert not undocumented, f"settings missing from README.md and docs/: {', '.join(undocumented)}"
+    assert not undocumented, f"settings missing from docs/settings.md: {', '.join(undocumented)}"
+
+
+def test_the_readme_stays_short() -> None:
+    """The README says what seedgrid is, the two commands, the first five minutes and where to
+    read on; everything else belongs in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines < README_MAX_LINES, (
+        f"README.md has {lines} lines (at most {README_MAX_LINES - 1}): move detail to docs/"
+    )

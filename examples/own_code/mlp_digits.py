@@ -1,4 +1,4 @@
-"""An MLP on scikit-learn's 8x8 digits as a seedgrid trainer (README: "Your own training code")."""
+"""An MLP on scikit-learn's 8x8 digits as a seedgrid trainer (docs/user-guide.md, own code)."""
 
 import torch
 from sklearn.datasets import load_digits

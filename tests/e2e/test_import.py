@@ -2,7 +2,7 @@
 run-table export and a JSON list of runs become ended experiments of trainer `imported` whose
 /stats, /compare, runs and export are a launched experiment's; a second import grows one; every
 bad input is a 422 naming the row and column and stores nothing; `seedgrid import` does the same
-from a file, and the README's import commands run as written."""
+from a file, and the user guide's import commands run as written."""
 
 from __future__ import annotations
 
@@ -441,22 +441,22 @@ def test_the_cli_imports_a_file_and_grows_it(service: Service, tmp_path: Path) -
     assert counts(service) == before
 
 
-def readme_import_commands() -> list[str]:
-    """The commands of the README's "Analyse results you already have" block."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Analyse results you already have", 1)[1].split("\n## ", 1)[0]
+def guide_import_commands() -> list[str]:
+    """The commands of the user guide's "Analyse results you already have" block."""
+    guide = (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    section = guide.split("## Analyse results you already have", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
     assert block is not None, "the section has no bash block"
     return [line.split("  #")[0].strip() for line in block[1].splitlines() if line.strip()]
 
 
-def test_the_readme_import_runs_as_written(service: Service) -> None:
-    commands = readme_import_commands()
-    assert len(commands) == 3 and commands[0].startswith(".venv/bin/seedgrid serve")
+def test_the_guide_import_runs_as_written(service: Service) -> None:
+    commands = guide_import_commands()
+    assert len(commands) == 3 and commands[0].startswith("seedgrid serve")
     outputs = []
     for command in commands[1:]:  # the service runs already (the fixture's)
         program, *args = command.split()
-        assert program == ".venv/bin/seedgrid", command
+        assert program == "seedgrid", command
         done = seedgrid(service, *args)
         assert done.returncode == 0, f"{command}: {done.stderr}"
         outputs.append(done.stdout)

@@ -1,5 +1,5 @@
-"""The README's "Your own training code" runs as written: its code block is the example file
-whole, and its command (`seedgrid run ... --trainers FILE`) runs the example grid of that
+"""The user guide's "Your own training code" runs as written: its code block is the example
+file whole, and its command (`seedgrid run ... --trainers FILE`) runs the example grid of that
 function trainer to completion on a local Ray, with the statistics printed."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,25 +20,27 @@ EXAMPLE = ROOT / "examples" / "own_code" / "mlp_digits.py"
 
 
 def section(title: str) -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index(f"\n## {title}\n")
-    end = readme.index("\n## ", start + 1)
-    return readme[start:end]
+    guide = (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    start = guide.index(f"\n## {title}\n")
+    end = guide.index("\n## ", start + 1)
+    return guide[start:end]
 
 
 def blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
-def test_the_readme_shows_the_example_trainer_whole() -> None:
+def test_the_guide_shows_the_example_trainer_whole() -> None:
     (code,) = blocks(section("Your own training code"), "python")
     assert code == EXAMPLE.read_text(encoding="utf-8")
 
 
 @pytest.mark.timeout(400)
-def test_the_readme_command_runs_the_function_trainers_grid(tmp_path: Path) -> None:
+def test_the_guide_command_runs_the_function_trainers_grid(tmp_path: Path) -> None:
     (commands,) = blocks(section("Your own training code"), "bash")
     (command,) = commands.strip().splitlines()
+    program, *args = shlex.split(command)
+    assert program == "seedgrid", command
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"
     }
@@ -48,7 +51,12 @@ def test_the_readme_command_runs_the_function_trainers_grid(tmp_path: Path) -> N
         COLUMNS="160",
     )
     done = subprocess.run(
-        shlex.split(command), cwd=ROOT, env=env, capture_output=True, text=True, timeout=360
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 conditions x seeds = 12 runs" in done.stdout, done.stdout
