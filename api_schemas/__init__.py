@@ -675,6 +675,9 @@ class ExperimentDetail(ExperimentSummary):
     # Why the experiment ended before all its runs had run (its first runs all failed: spec's
     # stop_after_failures), with the error; null otherwise.
     message: str | None = None
+    # The metric names that have points (curves), read from one started run per condition
+    # (a completed one where there is one), sorted; empty before any run logged a point.
+    curve_metrics: list[str] = []
 
 
 class RunStop(ResponseModel):
