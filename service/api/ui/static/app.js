@@ -294,17 +294,19 @@ function yAxis(values, top, bottom, log) {
   const [lo, hi] = extent(log ? finite.map(Math.log10) : finite);
   const row = (u) => bottom - ((u - lo) / (hi - lo)) * (bottom - top);
   const scale = (v) => row(log ? Math.log10(v) : v);
-  const ticks = log
-    ? niceTicks(lo, hi).filter(Number.isInteger).map((e) => [10 ** e, row(e)])
-    : niceTicks(lo, hi).map((t) => [t, row(t)]);
+  // log: a tick per decade ("1e-6"), or plain ticks where the values span less than two
+  const decades = log ? niceTicks(lo, hi).filter(Number.isInteger) : [];
+  const ticks = !log ? niceTicks(lo, hi).map((t) => [t, row(t)])
+    : decades.length >= 2 ? decades.map((e) => [10 ** e, row(e), Math.abs(e) >= 3 ? `1e${e}` : fmt(10 ** e)])
+      : niceTicks(10 ** lo, 10 ** hi).filter((t) => t > 0).map((t) => [t, row(Math.log10(t))]);
   return { scale, ticks };
 }
 
 function frame(width, height, margin, ticksY, ticksX, xLabel, yLabel) {
   const g = svg("g", { class: "axis" });
-  for (const [value, y] of ticksY) {
+  for (const [value, y, label] of ticksY) {
     g.append(svg("line", { class: "grid", x1: margin.left, x2: width - margin.right, y1: y, y2: y }),
-      svg("text", { x: margin.left - 4, y: y + 3, "text-anchor": "end", text: fmt(value) }));
+      svg("text", { x: margin.left - 4, y: y + 3, "text-anchor": "end", text: label || fmt(value) }));
   }
   for (const [value, x] of ticksX) {
     g.append(svg("text", { x, y: height - margin.bottom + 14, "text-anchor": "middle", text: fmt(value) }));
