@@ -39,7 +39,7 @@ let trainersCache = null;
 const curveCache = new Map();  // "runId/name" -> points, kept only for runs that have ended
 const listState = { name: "", status: "" };
 const experimentState = { id: null, metric: null, curveMetric: null, seeds: false, log: false,
-  hidden: new Set() };
+  hidden: new Set(), openWarnings: new Set() };
 const runState = { id: null, log: false };
 const sortState = new Map();  // table role -> { column, descending }, kept across refreshes
 
@@ -747,8 +747,11 @@ function warningsList(runs, stats) {
   }
   if (!kinds.size) return el("p", { class: "muted", text: "no warnings" });
   const MAX_ITEMS = 200;
-  return el("ul", { class: "warn warnings", "data-role": "warnings" }, [...kinds.values()].map((k) =>
-    el("li", { "data-role": "warning-kind" }, el("details", {},
+  // which kinds are expanded survives the refreshes of a running experiment
+  const open = experimentState.openWarnings;
+  return el("ul", { class: "warn warnings", "data-role": "warnings" }, [...kinds].map(([kind, k]) =>
+    el("li", { "data-role": "warning-kind" }, el("details", { open: open.has(kind),
+      ontoggle: (e) => { if (e.target.open) open.add(kind); else open.delete(kind); } },
       el("summary", {}, el("span", { "data-role": "warning-title", text: k.title }), " ",
         el("span", { class: "count", "data-role": "warning-count", text: `× ${k.items.length}` })),
       el("ul", {}, k.items.slice(0, MAX_ITEMS).map((t) => el("li", { class: "muted", text: t })),
@@ -801,7 +804,8 @@ function conditionLegend(conditions, rerender, place) {
 async function showExperiment(id) {
   const gen = generation;
   if (experimentState.id !== id) Object.assign(experimentState,
-    { id, metric: null, curveMetric: null, seeds: false, log: false, hidden: new Set() });
+    { id, metric: null, curveMetric: null, seeds: false, log: false, hidden: new Set(),
+      openWarnings: new Set() });
   const rerender = () => showExperiment(id).catch(showError);
   const detail = await api(`/experiments/${id}`);
   const trainer = (await trainers()).find((t) => t.name === detail.trainer);
