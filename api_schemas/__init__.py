@@ -680,6 +680,9 @@ class ExperimentDetail(ExperimentSummary):
     # the queued experiments in the dispatcher's claim order (priority, then oldest run); null
     # when the experiment is not queued.
     queue_position: int | None = None
+    # The metric names that have points (curves), read from one started run per condition
+    # (a completed one where there is one), sorted; empty before any run logged a point.
+    curve_metrics: list[str] = []
 
 
 class RunStop(ResponseModel):

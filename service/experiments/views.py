@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pydantic
-from sqlalchemy import func
+from sqlalchemy import bindparam, func, text
 from sqlmodel import Session, col, select
 
 from api_schemas import (
@@ -52,6 +52,7 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         adaptive=experiment.adaptive,
         message=stop_message(experiment),
         queue_position=queue_position(session=session, experiment=experiment),
+        curve_metrics=curve_metrics(session=session, experiment_id=experiment_id),
     )
 
 
@@ -78,6 +79,49 @@ def queue_position(*, session: Session, experiment: Experiment) -> int | None:
     )
     order = [row[0] for row in session.exec(first_runs).all()]
     return order.index(experiment.id) + 1 if experiment.id in order else None
+
+
+# The distinct metric names of a set of runs' points, one index seek per (run, name) on
+# ix_metric_run_name_step (a loose index scan), never a read of every point.
+CURVE_NAMES_SQL = text(
+    """
+    WITH RECURSIVE names(run_id, name) AS (
+        SELECT run.id, (SELECT MIN(name) FROM metricpoint WHERE run_id = run.id)
+        FROM run WHERE run.id IN :run_ids
+        UNION ALL
+        SELECT names.run_id, (SELECT MIN(m.name) FROM metricpoint m
+                              WHERE m.run_id = names.run_id AND m.name > names.name)
+        FROM names WHERE names.name IS NOT NULL
+    )
+    SELECT DISTINCT name FROM names WHERE name IS NOT NULL
+    """
+).bindparams(bindparam("run_ids", expanding=True))
+
+
+def curve_metrics(*, session: Session, experiment_id: int) -> list[str]:
+    """The names of the metrics an experiment's runs logged as points, from one started run
+    per condition (its conditions may log different names: a deeper model, more layers), a
+    completed run where the condition has one, since it logged everything it ever will."""
+    started = session.exec(
+        select(Run.id, Run.condition_key, Run.status)
+        .where(col(Run.experiment_id) == experiment_id, col(Run.started_at).is_not(None))
+        .order_by(col(Run.id))
+    ).all()
+    chosen: dict[str, int] = {}
+    completed: set[str] = set()
+    for run_id, condition_key, status in started:
+        assert run_id is not None  # a stored row's key
+        if condition_key not in completed and (
+            condition_key not in chosen or status == RunStatus.completed
+        ):
+            chosen[condition_key] = run_id
+        if status == RunStatus.completed:
+            completed.add(condition_key)
+    if not chosen:
+        return []
+    rows = session.execute(CURVE_NAMES_SQL, {"run_ids": list(chosen.values())}).all()
+    # sorted here: the database's collation may order "_" and digits otherwise
+    return sorted(name for (name,) in rows)
 
 
 def stop_message(experiment: Experiment) -> str | None:

@@ -33,12 +33,42 @@ SEEDS = 4
 SPEC = {
     "name": "browser-collapse",
     "trainer": "collapse",
-    "config": {"n_samples": 200, "steps": 400, "r": 0.1},
+    # 800 steps: every stop_gradient=false run collapses and carries the same run warning
+    "config": {"n_samples": 200, "steps": 800, "r": 0.1},
     "grid": {"stop_gradient": [False, True]},
     "seeds": SEEDS,
     "metric": "min_l2",
 }
+# 16 conditions with long keys, one step each of little work: the labels' worst case.
+GRID_16 = {
+    "name": "grid-16-conditions",
+    "trainer": "collapse",
+    "config": {"n_samples": 40, "steps": 20},
+    "grid": {"loss": ["mse", "cosine"], "r": [0.05, 0.1, 0.2, 0.3], "stop_gradient": [False, True]},
+    "seeds": 2,
+    "metric": "min_l2",
+}
 NUMBER = r"[-+]?\d*\.?\d+(?:e[-+]?\d+)?"
+# (page scripts as functions: the page's Content-Security-Policy refuses eval of an expression)
+# Pairs of the distribution chart's x-axis labels (every text under a condition) whose boxes meet.
+LABEL_OVERLAPS = """() => {
+  const boxes = [...document.querySelectorAll(
+    '[data-role=distribution] [data-role=condition-distribution] text,'
+    + '[data-role=distribution] [data-role=factor-names] text')]
+    .map((t) => [t.textContent, t.getBoundingClientRect()]);
+  const hits = [];
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const [a, b] = [boxes[i][1], boxes[j][1]];
+    if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)
+      hits.push([boxes[i][0], boxes[j][0]]);
+  }
+  return { labels: boxes.length, hits };
+}"""
+# The sections wider than their box or than the window.
+OVERFLOWING_SECTIONS = """() => [...document.querySelectorAll('main section')]
+  .filter((s) => s.scrollWidth > s.clientWidth + 1
+    || s.getBoundingClientRect().right > document.documentElement.clientWidth)
+  .map((s) => s.dataset.role)"""
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +90,11 @@ def browser() -> Iterator[Browser]:
 class Watched:
     """A page whose console errors, uncaught exceptions and requests off the service are kept."""
 
-    def __init__(self, browser: Browser, origin: str) -> None:
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+    def __init__(self, browser: Browser, origin: str, color_scheme: str = "light") -> None:
+        self.context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            color_scheme=color_scheme,  # type: ignore[arg-type]
+        )
         self.errors: list[str] = []
         self.blocked: list[str] = []
 
@@ -82,6 +115,50 @@ class Watched:
         path = SCREENSHOTS / f"{name}.png"
         self.page.screenshot(path=path, full_page=True)
         return path
+
+
+def assert_labels_apart(page: Page, conditions: int) -> None:
+    """No two x-axis labels of the distribution chart overlap (each condition has some)."""
+    found = page.evaluate(LABEL_OVERLAPS)
+    assert found["labels"] >= 2 * conditions and found["hits"] == [], found
+
+
+def assert_no_section_overflows(page: Page) -> None:
+    assert page.evaluate(OVERFLOWING_SECTIONS) == []
+    assert page.evaluate("() => document.documentElement.scrollWidth <= innerWidth")
+
+
+def assert_tab_reaches_every_seed_point(page: Page) -> None:
+    """Tab from the top of the page focuses every seed point, each visibly (a thick stroke),
+    and names its condition, seed and value for a screen reader."""
+    expected = {
+        page.locator("[data-role=seed-point]").nth(i).get_attribute("data-run-id")
+        for i in range(page.locator("[data-role=seed-point]").count())
+    }
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    reached: set[str] = set()
+    for _ in range(len(expected) + 80):
+        page.keyboard.press("Tab")
+        focused = page.evaluate(
+            """() => { const e = document.activeElement;
+              return e && e.dataset.role === 'seed-point' ? [e.dataset.runId,
+                getComputedStyle(e).strokeWidth, e.getAttribute('aria-label'),
+                document.querySelector('[data-role=point-readout]').textContent] : null; }"""
+        )
+        if focused:
+            run_id, stroke, label, readout = focused
+            reached.add(run_id)
+            assert stroke == "3px" and re.search(r"seed \d+: ", label) and label == readout
+            if reached == expected:
+                break
+    assert reached == expected
+
+
+def _luminance(page: Page, selector: str) -> float:
+    """The relative luminance (0 black, 1 white) of the background of `selector`."""
+    color = page.locator(selector).first.evaluate("(e) => getComputedStyle(e).backgroundColor")
+    red, green, blue = (int(x) / 255 for x in re.findall(r"\d+", color)[:3])
+    return 0.2126 * red + 0.7152 * green + 0.0722 * blue
 
 
 def _numbers(text: str) -> list[float]:
@@ -128,6 +205,8 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert service.wait(experiment_id)["status"] == "completed"
     runs = service.runs(experiment_id)
     stats = service.client.get(f"/experiments/{experiment_id}/stats").json()
+    # (submitted now, it runs while the pages below are checked, not beside the first)
+    wide_id = service.submit(GRID_16)["id"]
 
     # The list: status and progress; filters by name on the page, by status through ?status=.
     page.goto(f"{origin}/ui#/")
@@ -159,10 +238,30 @@ def test_dashboard_and_offline_docs_in_chromium(
         )
         assert shown_runs == sorted(r["id"] for r in runs if r["condition_key"] == key)
     assert page.locator("[data-role=box]").count() == 2
+    assert_labels_apart(page, 2)
+    # Only what the runs logged is offered: final values to compare, curves with points.
+    offered = set(page.locator("[data-role=metric-select] option").all_inner_texts())
+    assert SPEC["metric"] in offered and offered <= set(runs[0]["metrics"])
+    curve_options = page.locator("[data-role=curve-metric-select] option").all_inner_texts()
+    logged = {p["name"] for p in service.client.get(f"/runs/{runs[0]['id']}/metrics").json()}
+    assert curve_options == sorted(logged)
+    # The legend hides a condition on every chart, and shows it again.
+    hidden = stats["conditions"][0]["condition_key"]
+    page.locator(f"[data-role=legend-item][data-condition='{hidden}']").first.click()
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-role=condition-distribution]').length === 1"
+    )
+    assert page.locator(f"[data-role=mean-curve][data-condition='{hidden}']").count() == 0
+    assert page.locator(f"[data-role=seed-point][data-condition='{hidden}']").count() == 0
+    page.locator("[data-role=show-all]").first.click()
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-role=condition-distribution]').length === 2"
+    )
+    assert_tab_reaches_every_seed_point(page)
 
-    # Curves: a mean ± std band per condition; single seeds on demand.
+    # Curves: a mean ± std band and a 95% CI per condition; single seeds on demand.
     bands = page.locator("[data-role=band]")
-    assert bands.count() == 2
+    assert bands.count() == 2 and page.locator("[data-role=ci-band]").count() == 2
     for i in range(2):
         assert len(re.findall("L", bands.nth(i).get_attribute("d") or "")) > 4
     assert page.locator("[data-role=seed-curve]").count() == 0
@@ -214,6 +313,18 @@ def test_dashboard_and_offline_docs_in_chromium(
     headers = page.locator("[data-role=comparisons] th").all_inner_texts()
     assert {"95% CI (primary)", "primary p (raw)", "Holm p (factor)"} <= set(headers)
     assert page.locator("[data-role=interim-note]").count() == 0  # not an adaptive experiment
+    # The runs table sorts by a clicked header (seed, then reversed).
+    page.locator("[data-role=runs] [data-role=sort-header]", has_text="seed").click()
+    seeds = [
+        int(t) for t in page.locator("[data-role=runs] tbody td:nth-child(3)").all_inner_texts()
+    ]
+    assert seeds == sorted(seeds) and len(seeds) == len(runs)
+    page.locator("[data-role=runs] [data-role=sort-header]", has_text="seed").click()
+    seeds = [
+        int(t) for t in page.locator("[data-role=runs] tbody td:nth-child(3)").all_inner_texts()
+    ]
+    assert seeds == sorted(seeds, reverse=True)
+    assert_no_section_overflows(page)
     watched.shot("experiment")
     if os.environ.get("SEEDGRID_UPDATE_README_SCREENSHOT") == "1":
         # The top of the page: distributions, comparisons and curves.
@@ -234,7 +345,72 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert len(re.findall("L", curve.get_attribute("d") or "")) > 4
     assert "min_l2_peak" in page.locator("[data-role=diagnostics]").inner_text()
     assert page.locator("[data-role=provenance]").count() == 1
+    assert "Final metrics" in page.locator("[data-role=run-metrics-section] h2").inner_text()
+    page.check("[data-role=run-log-scale]")  # min_l2 falls by decades: a log axis shows it
+    page.wait_for_function(
+        "() => document.querySelector('[data-role=run-log-scale]')?.checked"
+        " && document.querySelectorAll('[data-role=run-curve]').length > 0"
+    )
+    assert_no_section_overflows(page)
     watched.shot("run")
+
+    # 16 conditions: labels still apart, every point in reach of Tab.
+    assert service.wait(wide_id)["status"] == "completed"
+    page.goto(f"{origin}/ui#/experiments/{wide_id}")
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-role=seed-point]').length === 32"
+    )
+    assert page.locator("[data-role=condition-distribution]").count() == 16
+    assert_labels_apart(page, 16)
+    assert_no_section_overflows(page)
+    fills = {
+        page.locator("[data-role=legend-item] .swatch")
+        .nth(i)
+        .evaluate("(e) => getComputedStyle(e).backgroundColor")
+        for i in range(16)
+    }
+    assert len(fills) == 16  # a colour per condition
+    assert_tab_reaches_every_seed_point(page)
+    watched.shot("experiment-16-conditions")
+
+    # Add-seeds gives every new run the same warning again: listed once, with its count.
+    added = service.client.post(f"/experiments/{experiment_id}/seeds", json={"seeds": 1})
+    assert added.status_code == 201, added.text
+    assert service.wait(experiment_id)["status"] == "completed"
+    runs = service.runs(experiment_id)
+    page.goto(f"{origin}/ui#/experiments/{experiment_id}")
+    page.wait_for_function(
+        f"() => document.querySelectorAll('[data-role=seed-point]').length === {len(runs)}"
+    )
+    titles = page.locator("[data-role=warning-title]").all_inner_texts()
+    assert titles and len(titles) == len(set(titles))
+    warned = [w["message"] for r in runs for w in r["warnings"]]
+    assert len(warned) == SEEDS + 1  # each stop_gradient=false run's collapse, added seed too
+    for message in set(warned):
+        kind = page.locator("[data-role=warning-kind]", has_text=message)
+        assert kind.count() == 1
+        assert kind.locator("[data-role=warning-count]").inner_text() == (
+            f"× {warned.count(message)}"
+        )
+        kind.locator("summary").click()  # the runs it concerns, on expand
+        assert kind.locator("li").count() == warned.count(message)
+
+    # Dark where the system prefers it; the toggle's choice is remembered.
+    dark = Watched(browser, origin, color_scheme="dark")
+    dark.page.goto(f"{origin}/ui")
+    dark.page.fill("#token", TOKEN)
+    dark.page.click("#login button[type=submit]")
+    dark.page.goto(f"{origin}/ui#/experiments/{experiment_id}")
+    dark.page.wait_for_selector("[data-role=distribution]")
+    assert _luminance(dark.page, "body") < 0.2 and _luminance(dark.page, "section") < 0.2
+    dark.shot("experiment-dark")
+    dark.page.click("#theme-toggle")
+    assert _luminance(dark.page, "body") > 0.9
+    dark.page.reload()
+    dark.page.wait_for_selector("[data-role=distribution]")
+    assert _luminance(dark.page, "body") > 0.9
+    assert dark.blocked == [] and dark.errors == []
+    dark.context.close()
 
     # /docs and /redoc with nothing but the service reachable: every operation is listed.
     schema = service.client.get("/openapi.json").json()
@@ -322,6 +498,23 @@ def test_without_a_token_the_dashboard_opens_and_shows_why_an_experiment_stopped
     message = page.locator("[data-role=experiment-message]")
     message.wait_for(timeout=15_000)
     assert message.inner_text() == detail["message"]
+    # The first screen says why, with the first run's error; no empty chart.
+    first_error = page.locator("[data-role=first-error]")
+    for shown in (message, first_error):
+        box = shown.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 900
+    failed_runs = [r for r in service.runs(experiment_id) if r["error"]]
+    assert min(failed_runs, key=lambda r: r["id"])["error"] in first_error.inner_text()
+    assert page.locator("[data-role=distribution]").count() == 0
+    # The progress bar: a segment per outcome in its status's colour, no full blue bar.
+    segments = page.locator("[data-role=progress-segment]")
+    shown_counts = {
+        segments.nth(i).get_attribute("data-status"): segments.nth(i).get_attribute("title")
+        for i in range(segments.count())
+    }
+    counts = service.client.get(f"/experiments/{experiment_id}").json()["counts"]
+    assert shown_counts == {s: f"{s}: {n}" for s, n in counts.items() if n}
+    assert "failed" in shown_counts
     watched.shot("failed-experiment")
     # a failed run's page: the frame it failed at and its whole traceback
     failed = next(r for r in service.runs(experiment_id) if r["status"] == "failed")
@@ -331,6 +524,12 @@ def test_without_a_token_the_dashboard_opens_and_shows_why_an_experiment_stopped
     shown.wait_for(timeout=15_000)
     assert shown.inner_text().strip() == run["traceback"].strip()
     assert run["failed_at"] and run["failed_at"] in page.locator("dl.facts").inner_text()
+    # its error and traceback come first; its values are the last it logged, not final ones
+    roles = page.locator("main section").evaluate_all("(s) => s.map((e) => e.dataset.role)")
+    assert roles[0] == "error-section"
+    assert run["error"] in page.locator("[data-role=run-error]").inner_text()
+    values = page.locator("[data-role=run-metrics-section] h2").inner_text()
+    assert values.startswith("Last logged") and "Final" not in page.locator("main").inner_text()
     # the attempt table leaves the traceback out of its cells
     headers = page.locator("[data-role=attempts] th").all_inner_texts()
     assert "outcome" in headers and "traceback" not in headers

@@ -63,6 +63,12 @@ def test_margin_by_stability_grid_serves_pooled_and_within_comparisons(service: 
         f"/runs/{runs[0]['id']}/metrics", params={"name": "grad_norm_layer0"}
     ).json()
     assert [p["epoch"] for p in curve] == [0, 1]
+    # the experiment names the curves its runs logged: a depth-2 model's layers 0 and 1 only
+    # (the dashboard offers these, not the trainer's whole list)
+    logged = {p["name"] for p in service.client.get(f"/runs/{runs[0]['id']}/metrics").json()}
+    shown = service.client.get(f"/experiments/{created['id']}").json()["curve_metrics"]
+    assert shown == sorted(logged) and "grad_norm_layer1" in shown
+    assert not [name for name in shown if name.endswith("layer2")]
 
     stats = service.client.get(f"/experiments/{created['id']}/stats").json()
     assert stats["metric"] == "test_accuracy"

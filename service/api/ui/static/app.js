@@ -19,17 +19,29 @@ const MAX_RUN_POINT_PAGES = 5;
 // worker yet).
 const STATUSES = JSON.parse(document.querySelector('meta[name="seedgrid-statuses"]').content);
 const ACTIVE = new Set([...STATUSES.run_active, ...STATUSES.experiment_active]);
-const COLORS = ["#2456a6", "#d1495b", "#2a9d8f", "#e9a23b", "#7b4fb5", "#5b8c2a", "#c2417f",
-  "#3d7ea6", "#8c6d31", "#555555"];
+// Distinct condition colours, readable on the light and the dark background; past the list,
+// hues a golden angle apart.
+const COLORS = ["#2f6fd6", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+  "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#ad494a", "#637939", "#b8860b", "#7b4173",
+  "#31a354", "#e6550d", "#756bb1", "#3182bd", "#636363"];
+const THEME_KEY = "seedgrid.theme";
+// Two-sided 95% quantiles of Student's t by degrees of freedom (1..30); 1.96 beyond.
+const T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+  2.16, 2.145, 2.131, 2.12, 2.11, 2.101, 2.093, 2.086, 2.08, 2.074, 2.069, 2.064, 2.06, 2.056,
+  2.052, 2.048, 2.045, 2.042];
 
 const main = document.getElementById("main");
+let chartCount = 0;  // numbers each chart's clip path
 let generation = 0;  // bumped on every navigation: a render that awaited a stale view stops
 let refreshTimer = null;
 let authRequired = null;
 let trainersCache = null;
 const curveCache = new Map();  // "runId/name" -> points, kept only for runs that have ended
 const listState = { name: "", status: "" };
-const experimentState = { id: null, metric: null, curveMetric: null, seeds: false, log: false };
+const experimentState = { id: null, metric: null, curveMetric: null, seeds: false, log: false,
+  hidden: new Set(), openWarnings: new Set() };
+const runState = { id: null, log: false };
+const sortState = new Map();  // table role -> { column, descending }, kept across refreshes
 
 // ---------------------------------------------------------------- DOM helpers
 
@@ -103,16 +115,65 @@ function statusBadge(status) {
   return el("span", { class: `status status-${status}`, "data-status": status, text: status });
 }
 
+// A bar with one segment per run status (its colour from app.css), in the order of `counts`.
 function progress(counts, total) {
   const done = total - STATUSES.run_active.reduce((n, s) => n + (counts[s] || 0), 0);
-  const share = total ? (100 * done) / total : 0;
-  return el("span", {}, el("span", { class: "bar" }, el("span", { style: `width:${share}%` })),
-    `${done}/${total}`);
+  const segments = Object.entries(counts).filter(([, n]) => n > 0 && total > 0)
+    .map(([status, n]) => el("span", { class: `seg seg-${status}`, "data-role": "progress-segment",
+      "data-status": status, title: `${status}: ${n}`, style: `width:${(100 * n) / total}%` }));
+  return el("span", { "data-role": "progress" }, el("span", { class: "bar", role: "img",
+    "aria-label": Object.entries(counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`)
+      .join(", ") || "no runs" }, segments), `${done}/${total}`);
+}
+
+function conditionColor(index) {
+  return index < COLORS.length ? COLORS[index] : `hsl(${(index * 137.5) % 360} 65% 45%)`;
+}
+
+// A table whose headers sort it (click or Enter on a header; again to reverse). Numbers sort
+// as numbers ("—" last), text as text; the order survives the page's refreshes.
+function sortableTable(role, headers, rows, attrs = {}) {
+  const body = el("tbody", {}, rows);
+  const cells = headers.map((h, column) => el("th", { "aria-sort": "none" },
+    el("button", { type: "button", class: "sort", "data-role": "sort-header", text: h,
+      onclick: () => {
+        const state = sortState.get(role);
+        sortState.set(role, { column, descending: state && state.column === column
+          ? !state.descending : false });
+        applySort(role, body, cells);
+      } })));
+  applySort(role, body, cells);
+  return el("table", { ...attrs, "data-role": role }, el("thead", {}, el("tr", {}, cells)), body);
+}
+
+function applySort(role, body, cells) {
+  const state = sortState.get(role);
+  if (!state) return;
+  const key = (row) => {
+    const text = row.children[state.column] ? row.children[state.column].textContent.trim() : "";
+    const number = text.match(/^[-+]?\d*\.?\d+(?:e[-+]?\d+)?/i);
+    return number ? Number(number[0]) : text;
+  };
+  const rank = (v) => (typeof v === "number" ? 0 : v === "" || v === "—" ? 2 : 1);
+  const rows = [...body.children].sort((a, b) => {
+    const [x, y] = [key(a), key(b)];
+    if (rank(x) !== rank(y)) return rank(x) - rank(y);
+    const order = typeof x === "number" ? x - y : String(x).localeCompare(String(y));
+    return state.descending ? -order : order;
+  });
+  body.replaceChildren(...rows);
+  cells.forEach((cell, i) => cell.setAttribute("aria-sort", i !== state.column ? "none"
+    : state.descending ? "descending" : "ascending"));
 }
 
 function conditionLabel(condition) {
   const entries = Object.entries(condition);
   return entries.length ? entries.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "(no grid)";
+}
+
+// A condition key as shown: an experiment without a grid has one condition, keyed "".
+function keyText(key) {
+  return key || "(no grid)";
 }
 
 function factsList(pairs) {
@@ -233,17 +294,19 @@ function yAxis(values, top, bottom, log) {
   const [lo, hi] = extent(log ? finite.map(Math.log10) : finite);
   const row = (u) => bottom - ((u - lo) / (hi - lo)) * (bottom - top);
   const scale = (v) => row(log ? Math.log10(v) : v);
-  const ticks = log
-    ? niceTicks(lo, hi).filter(Number.isInteger).map((e) => [10 ** e, row(e)])
-    : niceTicks(lo, hi).map((t) => [t, row(t)]);
+  // log: a tick per decade ("1e-6"), or plain ticks where the values span less than two
+  const decades = log ? niceTicks(lo, hi).filter(Number.isInteger) : [];
+  const ticks = !log ? niceTicks(lo, hi).map((t) => [t, row(t)])
+    : decades.length >= 2 ? decades.map((e) => [10 ** e, row(e), Math.abs(e) >= 3 ? `1e${e}` : fmt(10 ** e)])
+      : niceTicks(10 ** lo, 10 ** hi).filter((t) => t > 0).map((t) => [t, row(Math.log10(t))]);
   return { scale, ticks };
 }
 
 function frame(width, height, margin, ticksY, ticksX, xLabel, yLabel) {
   const g = svg("g", { class: "axis" });
-  for (const [value, y] of ticksY) {
+  for (const [value, y, label] of ticksY) {
     g.append(svg("line", { class: "grid", x1: margin.left, x2: width - margin.right, y1: y, y2: y }),
-      svg("text", { x: margin.left - 4, y: y + 3, "text-anchor": "end", text: fmt(value) }));
+      svg("text", { x: margin.left - 4, y: y + 3, "text-anchor": "end", text: label || fmt(value) }));
   }
   for (const [value, x] of ticksX) {
     g.append(svg("text", { x, y: height - margin.bottom + 14, "text-anchor": "middle", text: fmt(value) }));
@@ -265,57 +328,119 @@ function quantile(sorted, q) {
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
 }
 
-// Per condition, a box (quartiles, median, whiskers at min and max) and every seed as a point.
-function distributionChart(groups, metric, log) {
-  const width = Math.max(480, 110 * groups.length + 80);
-  const height = 320;
-  const margin = { top: 24, right: 16, bottom: 64, left: 64 };
+// The width a chart gets: the page's content width (sections' padding taken off), so that it
+// spans its section; the SVG's viewBox lets it shrink with a narrower window.
+function chartWidth(columns = 1) {
+  const content = Math.max(480, main.clientWidth - 80);
+  return Math.floor((content - 16 * (columns - 1)) / columns);
+}
+
+function chartSvg(width, height, attrs) {
+  return svg("svg", { class: "chart", width, height, viewBox: `0 0 ${width} ${height}`,
+    preserveAspectRatio: "xMinYMin meet", ...attrs });
+}
+
+// A seed's sideways offset in [-1, 1], fixed by its seed, so that ties stay apart and a point
+// keeps its place across refreshes.
+function jitter(seed) {
+  return ((((seed + 1) * 2654435761) % 4096) / 4096) * 2 - 1;
+}
+
+// Shortens every text[data-fit] of `root` (once in the page, where text can be measured) to its
+// data-fit width in pixels, with an ellipsis; the whole text stays in its <title>.
+function fitLabels(root) {
+  for (const text of root.querySelectorAll("text[data-fit]")) {
+    const limit = Number(text.dataset.fit);
+    const whole = text.textContent;
+    let keep = whole.length;
+    while (keep > 1 && text.getComputedTextLength() > limit) {
+      keep -= 1;
+      text.textContent = `${whole.slice(0, keep)}…`;
+    }
+  }
+}
+
+// A condition key's [factor, value] pairs ("loss=mse,r=0.1": [["loss", "mse"], ["r", "0.1"]]).
+function gridParts(key) {
+  return key.split(/,\s*(?=[^,=\s]+=)/).map((part) => {
+    const at = part.indexOf("=");
+    return at < 0 ? [null, part] : [part.slice(0, at), part.slice(at + 1)];
+  });
+}
+
+// Per condition, a box (quartiles, median, whiskers at min and max) and every seed as a point
+// that hover and keyboard focus name (condition, seed, value) in `readout`; Enter opens its run.
+// Each condition's label is its number in the legend over its grid values, one per line (the
+// factors' names once, at the left, where every condition has the same factors), each line
+// shortened to its slot: labels never overlap.
+function distributionChart(groups, metric, log, readout) {
+  const width = chartWidth();
+  const parsed = groups.map((g) => gridParts(g.key));
+  const factors = parsed.length ? parsed[0].map((p) => p[0]) : [];
+  const shared = factors.length > 0 && factors.length <= 4 && factors.every(Boolean)
+    && parsed.every((ps) => ps.length === factors.length && ps.every((p, k) => p[0] === factors[k]));
+  const lines = shared ? factors.length : Math.min(3, Math.max(...parsed.map((ps) => ps.length), 1));
+  const left = shared ? Math.min(150, Math.max(64, 14 + 6.5 * Math.max(...factors.map((f) => f.length)))) : 64;
+  const margin = { top: 24, right: 16, bottom: 38 + 15 * lines, left };
+  const height = 300 + margin.bottom;
   const all = groups.flatMap((g) => g.points.map((p) => p.value));
   const y = yAxis(all, margin.top, height - margin.bottom, log);
   const slot = (width - margin.left - margin.right) / Math.max(groups.length, 1);
-  const chart = svg("svg", { class: "chart", width, height, "data-role": "distribution",
-    "data-metric": metric }, frame(width, height, margin, y.ticks, [], null, metric));
+  const chart = chartSvg(width, height, { "data-role": "distribution", "data-metric": metric });
+  chart.append(frame(width, height, margin, y.ticks, [], null, metric));
+  const show = (text) => { readout.textContent = text; };
   groups.forEach((group, i) => {
     const cx = margin.left + slot * (i + 0.5);
-    const color = COLORS[i % COLORS.length];
     const g = svg("g", { "data-role": "condition-distribution", "data-condition": group.key });
     const values = group.points.map((p) => p.value).filter((v) => Number.isFinite(v)
       && (!log || v > 0)).sort((a, b) => a - b);
+    const half = Math.min(36, slot * 0.32);
     if (values.length) {
       const [q1, med, q3] = [0.25, 0.5, 0.75].map((q) => quantile(values, q));
-      const half = Math.min(28, slot * 0.3);
       g.append(
         svg("line", { x1: cx, x2: cx, y1: y.scale(values[0]), y2: y.scale(values[values.length - 1]),
-          stroke: color }),
+          stroke: group.color }),
         svg("rect", { "data-role": "box", x: cx - half, width: 2 * half, y: y.scale(q3),
-          height: Math.max(1, y.scale(q1) - y.scale(q3)), fill: color, "fill-opacity": 0.12,
-          stroke: color }),
+          height: Math.max(1, y.scale(q1) - y.scale(q3)), fill: group.color, "fill-opacity": 0.14,
+          stroke: group.color }),
         svg("line", { x1: cx - half, x2: cx + half, y1: y.scale(med), y2: y.scale(med),
-          stroke: color, "stroke-width": 2 }));
+          stroke: group.color, "stroke-width": 2 }));
     }
-    group.points.forEach((point, j) => {
-      if (!Number.isFinite(point.value) || (log && point.value <= 0)) return;
-      // Spread the points sideways by their order (deterministic), so ties stay visible.
-      const dx = ((j % 7) - 3) * Math.min(5, slot * 0.04);
-      const dot = svg("circle", { "data-role": "seed-point", "data-condition": group.key,
-        "data-run-id": point.runId, "data-seed": point.seed, cx: cx + dx, cy: y.scale(point.value),
-        r: 3.5, fill: color, "fill-opacity": 0.8, style: "cursor:pointer",
-        onclick: () => { location.hash = `#/runs/${point.runId}`; } },
-      svg("title", { text: `seed ${point.seed} (run ${point.runId}): ${fmt(point.value)}` }));
-      g.append(dot);
-    });
-    g.append(svg("text", { x: cx, y: height - margin.bottom + 16, "text-anchor": "middle",
-      text: group.key.length > 28 ? `${group.key.slice(0, 27)}…` : group.key },
-    svg("title", { text: group.key })));
-    g.append(svg("text", { x: cx, y: height - margin.bottom + 30, "text-anchor": "middle",
-      class: "muted", text: `n=${group.points.length}` }));
+    for (const point of group.points) {
+      if (!Number.isFinite(point.value) || (log && point.value <= 0)) continue;
+      const label = `${group.key}, seed ${point.seed}: ${fmt(point.value)} (run ${point.runId})`;
+      const open = () => { location.hash = `#/runs/${point.runId}`; };
+      g.append(svg("circle", { "data-role": "seed-point", "data-condition": group.key,
+        "data-run-id": point.runId, "data-seed": point.seed, class: "seed-point",
+        cx: cx + jitter(point.seed) * half * 0.85, cy: y.scale(point.value), r: 4,
+        fill: group.color, tabindex: 0, role: "link", "aria-label": label,
+        onclick: open, onfocus: () => show(label), onmouseenter: () => show(label),
+        onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(); } } },
+      svg("title", { text: label })));
+    }
+    const parts = [`#${i + 1}`, ...(shared ? parsed[i].map((p) => p[1])
+      : parsed[i].map(([f, v]) => (f === null ? v : `${f}=${v}`)))];
+    const shown = parts.length > lines + 1
+      ? [...parts.slice(0, lines), parts.slice(lines).join(", ")] : parts;
+    shown.forEach((part, line) => g.append(svg("text", { x: cx, "text-anchor": "middle",
+      y: height - margin.bottom + 16 + 15 * line, "data-role": line ? "condition-label-line"
+        : "condition-label", "data-fit": Math.max(8, slot - 8), class: line ? null : "label-key",
+      text: part }, svg("title", { text: group.key }))));
+    g.append(svg("text", { x: cx, y: height - 6, "text-anchor": "middle", "data-fit":
+      Math.max(8, slot - 8), text: `n=${group.points.length}` }));
     chart.append(g);
   });
+  if (shared) {
+    chart.append(svg("g", { "data-role": "factor-names" }, factors.map((f, k) => svg("text", {
+      x: margin.left - 6, y: height - margin.bottom + 31 + 15 * k, "text-anchor": "end",
+      "data-fit": margin.left - 12, class: "label-key", text: f }))));
+  }
   return chart;
 }
 
-// One chart of curves: per series a mean line, optionally a ±std band and single seeds.
-function curveChart(series, { xLabel, yLabel, log, width = 640, height = 300, role }) {
+// One chart of curves: per series a mean line, a ±std band (shaded) and the 95% CI of the
+// mean (dashed), and single seeds when asked.
+function curveChart(series, { xLabel, yLabel, log, width = chartWidth(), height = 340, role }) {
   const margin = { top: 24, right: 16, bottom: 40, left: 64 };
   const ys = series.flatMap((s) => [...s.mean.map((p) => p[1]),
     ...(s.band || []).flatMap((p) => [p[1], p[2]]),
@@ -327,43 +452,52 @@ function curveChart(series, { xLabel, yLabel, log, width = 640, height = 300, ro
   const scaleX = (x) => left + ((x - x0) / (x1 - x0)) * (right - left);
   const y = yAxis(ys, margin.top, height - margin.bottom, log);
   const ok = (v) => Number.isFinite(v) && (!log || v > 0);
+  const point = (x, v) => `${scaleX(x).toFixed(1)},${y.scale(v).toFixed(1)}`;
   const path = (pts) => {
     let d = "";
     let pen = "M";
     for (const [x, v] of pts) {
       if (!ok(v)) { pen = "M"; continue; }
-      d += `${pen}${scaleX(x).toFixed(1)},${y.scale(v).toFixed(1)}`;
+      d += `${pen}${point(x, v)}`;
       pen = "L";
     }
     return d;
   };
-  const chart = svg("svg", { class: "chart", width, height, "data-role": role },
-    frame(width, height, margin, y.ticks, niceTicks(x0, x1).map((t) => [t, scaleX(t)]), xLabel, yLabel));
+  const chart = chartSvg(width, height, { "data-role": role });
+  // The axes fit the means, bands and seeds; a wider interval is cut at the plot's edge.
+  const clip = `plot-${++chartCount}`;
+  chart.append(svg("clipPath", { id: clip }, svg("rect", { x: left, y: margin.top,
+    width: right - left, height: height - margin.bottom - margin.top })),
+  frame(width, height, margin, y.ticks, niceTicks(x0, x1).map((t) => [t, scaleX(t)]),
+    xLabel, yLabel));
   for (const s of series) {
-    const g = svg("g", { "data-condition": s.key });
-    if (s.band && s.band.length) {
-      const pts = s.band.filter((p) => ok(p[1]) && ok(p[2]));
-      if (pts.length) {
-        const upper = pts.map((p) => `${scaleX(p[0]).toFixed(1)},${y.scale(p[2]).toFixed(1)}`);
-        const lower = pts.slice().reverse()
-          .map((p) => `${scaleX(p[0]).toFixed(1)},${y.scale(p[1]).toFixed(1)}`);
-        g.append(svg("path", { "data-role": "band", "data-condition": s.key,
-          d: `M${upper.join("L")}L${lower.join("L")}Z`, fill: s.color, "fill-opacity": 0.15,
-          stroke: "none" }));
-      }
+    const g = svg("g", { "data-condition": s.key, "clip-path": `url(#${clip})` });
+    const pts = (s.band || []).filter((p) => ok(p[1]) && ok(p[2]));
+    if (pts.length) {
+      const upper = pts.map((p) => point(p[0], p[2]));
+      const lower = pts.slice().reverse().map((p) => point(p[0], p[1]));
+      g.append(svg("path", { "data-role": "band", "data-condition": s.key,
+        d: `M${upper.join("L")}L${lower.join("L")}Z`, fill: s.color, "fill-opacity": 0.13,
+        stroke: "none" }));
+    }
+    if (s.ci && s.ci.some((p) => ok(p[1]))) {
+      g.append(svg("path", { "data-role": "ci-band", "data-condition": s.key,
+        d: `${path(s.ci.map((p) => [p[0], p[1]]))}${path(s.ci.map((p) => [p[0], p[2]]))}`,
+        fill: "none", stroke: s.color, "stroke-width": 1, "stroke-dasharray": "4 3" }));
     }
     for (const seed of s.seeds || []) {
-      g.append(svg("path", { "data-role": "seed-curve", d: path(seed), fill: "none",
-        stroke: s.color, "stroke-opacity": 0.45, "stroke-width": 1 }));
+      g.append(svg("path", { "data-role": "seed-curve", "data-condition": s.key, d: path(seed),
+        fill: "none", stroke: s.color, "stroke-opacity": 0.8, "stroke-width": 1.3 }));
     }
     g.append(svg("path", { "data-role": "mean-curve", "data-condition": s.key, d: path(s.mean),
-      fill: "none", stroke: s.color, "stroke-width": 2 }));
+      fill: "none", stroke: s.color, "stroke-width": s.seeds && s.seeds.length ? 3 : 2.2 }));
     chart.append(g);
   }
   return chart;
 }
 
-// Mean and sample standard deviation across seeds at each step that some seed logged.
+// Mean, mean ± sample standard deviation and the mean's 95% t interval across seeds at each
+// step that some seed logged (no interval where fewer than 3 did).
 function meanBand(curves) {
   const byStep = new Map();
   for (const curve of curves) {
@@ -376,6 +510,7 @@ function meanBand(curves) {
   const steps = [...byStep.keys()].sort((a, b) => a - b);
   const mean = [];
   const band = [];
+  const ci = [];
   for (const step of steps) {
     const vs = byStep.get(step);
     const m = vs.reduce((a, b) => a + b, 0) / vs.length;
@@ -383,8 +518,11 @@ function meanBand(curves) {
       ? Math.sqrt(vs.reduce((a, v) => a + (v - m) ** 2, 0) / (vs.length - 1)) : 0;
     mean.push([step, m]);
     band.push([step, m - sd, m + sd]);
+    // from 3 seeds on: with 2 the interval (t = 12.7) says little and swamps the chart
+    const half = vs.length > 2 ? (T95[vs.length - 2] || 1.96) * (sd / Math.sqrt(vs.length)) : NaN;
+    ci.push([step, m - half, m + half]);
   }
-  return { mean, band };
+  return { mean, band, ci };
 }
 
 // ---------------------------------------------------------------- views
@@ -459,21 +597,21 @@ async function runCurve(run, name) {
   return points;
 }
 
-async function curvesSection(runs, conditionKeys, gen) {
+async function curvesSection(runs, conditions, gen) {
   const metric = experimentState.curveMetric;
+  if (!metric) return [el("p", { class: "muted", text: "no points logged yet" })];
   const started = runs.filter((r) => r.started_at !== null);
   const chosen = [];
-  for (const key of conditionKeys) {
+  for (const { key } of conditions) {
     chosen.push(...started.filter((r) => r.condition_key === key)
       .slice(0, MAX_CURVE_RUNS_PER_CONDITION));
   }
   const limited = chosen.slice(0, MAX_CURVE_RUNS);
   const curves = await Promise.all(limited.map((r) => runCurve(r, metric)));
   if (gen !== generation) return null;
-  const series = conditionKeys.map((key, i) => {
+  const series = conditions.map(({ key, color }) => {
     const own = curves.filter((_, j) => limited[j].condition_key === key && curves[j].length);
-    const { mean, band } = meanBand(own);
-    return { key, color: COLORS[i % COLORS.length], mean, band, n: own.length,
+    return { key, color, ...meanBand(own), n: own.length,
       seeds: experimentState.seeds ? own : [] };
   }).filter((s) => s.mean.length);
   const note = chosen.length > limited.length || started.length > chosen.length
@@ -481,10 +619,11 @@ async function curvesSection(runs, conditionKeys, gen) {
       + `${MAX_CURVE_RUNS_PER_CONDITION} per condition, ${MAX_CURVE_RUNS} in all)` }) : null;
   if (!series.length) return [el("p", { class: "muted", text: `no ${metric} points logged yet` })];
   return [
-    el("div", { class: "legend" }, series.map((s) => el("span", {},
-      el("span", { class: "swatch", style: `background:${s.color}` }), `${s.key} (${s.n} seeds)`))),
-    curveChart(series, { xLabel: "step", yLabel: `${metric}: mean ± std across seeds`,
-      log: experimentState.log, width: 760, role: "curves" }),
+    el("p", { class: "muted", text: "Line: the mean across seeds; shaded: mean ± one standard "
+      + "deviation; dashed: the mean's 95% confidence interval (t)"
+      + (experimentState.seeds ? "; thin lines: single seeds." : ".") }),
+    curveChart(series, { xLabel: "step", yLabel: metric, log: experimentState.log,
+      role: "curves" }),
     note];
 }
 
@@ -536,12 +675,10 @@ function comparisonsTable(stats) {
       el("td", { class: "warn", title: c.warnings.join("\n") || null,
         text: c.warnings.length ? `${c.warnings.length} ⚠` : "" }));
   });
-  return el("table", { "data-role": "comparisons", class: "numbers" },
-    el("thead", {}, el("tr", {}, ["factor", "levels a vs b", "within", "n", "pairing",
-      "var a / var b (within cells)", "var ratio", "95% CI (primary)", "primary p (raw)",
-      "Holm p (factor)", "marginal ratio (pooled)", "mean a − b [95% CI]", "warnings"]
-      .map((h) => el("th", { text: h })))),
-    el("tbody", {}, rows));
+  return el("div", { class: "table-scroll" }, sortableTable("comparisons", ["factor",
+    "levels a vs b", "within", "n", "pairing", "var a / var b (within cells)", "var ratio",
+    "95% CI (primary)", "primary p (raw)", "Holm p (factor)", "marginal ratio (pooled)",
+    "mean a − b [95% CI]", "warnings"], rows, { class: "numbers" }));
 }
 
 function omnibusTable(stats) {
@@ -556,70 +693,138 @@ function omnibusTable(stats) {
       el("td", { text: fmtP(o.brown_forsythe_p) })))));
 }
 
-function conditionsTable(stats) {
-  return el("table", { "data-role": "conditions" },
-    el("thead", {}, el("tr", {}, ["condition", "n", "mean", "95% CI of mean", "std", "median",
-      "min", "max", "warnings"].map((h) => el("th", { text: h })))),
-    el("tbody", {}, stats.conditions.map((c) => el("tr", { "data-role": "condition-row",
-      "data-condition": c.condition_key, "data-n": c.n },
-    el("td", { text: c.condition_key }), el("td", { text: c.n }), el("td", { text: fmt(c.mean) }),
-    el("td", { text: fmtInterval(c.ci95) }), el("td", { text: fmt(c.std) }),
-    el("td", { text: fmt(c.median) }), el("td", { text: fmt(c.min) }),
-    el("td", { text: fmt(c.max) }), el("td", { class: "warn", text: c.warnings.join("; ") })))));
+function conditionsTable(stats, numberOf) {
+  return el("div", { class: "table-scroll" }, sortableTable("conditions", ["#", "condition", "n",
+    "mean", "95% CI of mean", "std", "median", "min", "max", "warnings"],
+  stats.conditions.map((c) => el("tr", { "data-role": "condition-row",
+    "data-condition": c.condition_key, "data-n": c.n },
+  el("td", { text: numberOf.get(c.condition_key) || "" }),
+  el("td", { text: c.condition_key }), el("td", { text: c.n }), el("td", { text: fmt(c.mean) }),
+  el("td", { text: fmtInterval(c.ci95) }), el("td", { text: fmt(c.std) }),
+  el("td", { text: fmt(c.median) }), el("td", { text: fmt(c.min) }),
+  el("td", { text: fmt(c.max) }),
+  el("td", { class: "warn", title: c.warnings.join("\n") || null,
+    text: c.warnings.length ? `${c.warnings.length} ⚠` : "" })))));
 }
 
 function runsTable(runs, metric) {
-  return el("table", { "data-role": "runs" },
-    el("thead", {}, el("tr", {}, ["run", "condition", "seed", "status", "attempts", metric,
-      "warnings"].map((h) => el("th", { text: h })))),
-    el("tbody", {}, runs.map((r) => el("tr", {},
-      el("td", {}, el("a", { href: `#/runs/${r.id}`, "data-role": "run-link", text: r.id })),
-      el("td", { text: r.condition_key }), el("td", { text: r.seed }),
-      el("td", {}, statusBadge(r.status)), el("td", { text: r.attempts }),
-      el("td", { text: fmt(r.metrics[metric]) }),
-      el("td", { class: "warn", text: r.warnings.length || "" })))));
+  return el("div", { class: "table-scroll" }, sortableTable("runs", ["run", "condition", "seed",
+    "status", "attempts", metric, "warnings"], runs.map((r) => el("tr", { "data-role": "run-row" },
+    el("td", {}, el("a", { href: `#/runs/${r.id}`, "data-role": "run-link", text: r.id })),
+    el("td", { text: r.condition_key }), el("td", { text: r.seed }),
+    el("td", {}, statusBadge(r.status)), el("td", { text: r.attempts }),
+    el("td", { text: fmt(r.metrics[metric]) }),
+    el("td", { class: "warn", text: r.warnings.length || "" })))));
 }
 
+// Warnings grouped by kind (a diagnostic's warning, an error, a statistics warning with its
+// numbers left out), each with its count; the runs or conditions it concerns on expand.
 function warningsList(runs, stats) {
-  const items = [];
+  const kinds = new Map();
+  const add = (kind, title, item) => {
+    if (!kinds.has(kind)) kinds.set(kind, { title, items: [] });
+    kinds.get(kind).items.push(item);
+  };
+  const shape = (text) => text.replace(/[-+]?\d*\.?\d+(?:e[-+]?\d+)?/gi, "#");
   for (const r of runs) {
+    const where = `run ${r.id} (${r.condition_key}, seed ${r.seed})`;
     for (const w of r.warnings) {
-      items.push(`run ${r.id} (${r.condition_key}, seed ${r.seed}): ${w.message || JSON.stringify(w)}`);
+      add(`run:${w.diagnostic || shape(w.message || "")}`, w.message || JSON.stringify(w),
+        w.diagnostic ? `${where}: ${w.diagnostic} = ${fmt(w.value)}, threshold ${fmt(w.threshold)}`
+          : where);
     }
+    if (r.error) add(`error:${r.error}`, `ended with: ${r.error}`, `${where}: ${r.status}`);
   }
-  const errors = new Map();
-  for (const r of runs.filter((x) => x.error)) errors.set(r.error, (errors.get(r.error) || 0) + 1);
-  for (const [error, count] of errors) items.push(`${count} run(s) ended with: ${error}`);
   if (stats) {
-    for (const c of stats.conditions) for (const w of c.warnings) items.push(`${c.condition_key}: ${w}`);
+    for (const c of stats.conditions) for (const w of c.warnings) add(`stats:${shape(w)}`, w, `${c.condition_key}: ${w}`);
     for (const c of stats.comparisons) {
       for (const w of c.warnings) {
-        items.push(`${c.factor} ${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}: ${w}`);
+        add(`stats:${shape(w)}`, w, `${c.factor} ${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}`
+          + `${c.within === null ? " (pooled)" : ` within ${conditionLabel(c.within)}`}: ${w}`);
       }
     }
-    for (const o of stats.omnibus) for (const w of o.warnings) items.push(`${o.factor}: ${w}`);
+    for (const o of stats.omnibus) for (const w of o.warnings) add(`stats:${shape(w)}`, w, `${o.factor}: ${w}`);
   }
-  if (!items.length) return el("p", { class: "muted", text: "no warnings" });
-  const shown = items.slice(0, 50);
-  return el("ul", { class: "warn" }, shown.map((t) => el("li", { text: t })),
-    items.length > shown.length ? el("li", { class: "muted", text: `and ${items.length - 50} more` }) : null);
+  if (!kinds.size) return el("p", { class: "muted", text: "no warnings" });
+  const MAX_ITEMS = 200;
+  // which kinds are expanded survives the refreshes of a running experiment
+  const open = experimentState.openWarnings;
+  return el("ul", { class: "warn warnings", "data-role": "warnings" }, [...kinds].map(([kind, k]) =>
+    el("li", { "data-role": "warning-kind" }, el("details", { open: open.has(kind),
+      ontoggle: (e) => { if (e.target.open) open.add(kind); else open.delete(kind); } },
+      el("summary", {}, el("span", { "data-role": "warning-title", text: k.title }), " ",
+        el("span", { class: "count", "data-role": "warning-count", text: `× ${k.items.length}` })),
+      el("ul", {}, k.items.slice(0, MAX_ITEMS).map((t) => el("li", { class: "muted", text: t })),
+        k.items.length > MAX_ITEMS ? el("li", { class: "muted",
+          text: `and ${k.items.length - MAX_ITEMS} more` }) : null)))));
+}
+
+// Which control has the keyboard focus, as a selector that finds its counterpart after the
+// view is rebuilt (a refresh or a control's change), so that focus stays where it was.
+function focusedSelector() {
+  const active = document.activeElement;
+  if (!active || !main.contains(active) || !active.dataset || !active.dataset.role) return null;
+  const attrs = ["role", "legend", "condition", "runId", "metric"].filter((k) => active.dataset[k] !== undefined)
+    .map((k) => `[data-${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}="${CSS.escape(active.dataset[k])}"]`);
+  return attrs.join("");
+}
+
+function replaceView(children) {
+  const focused = focusedSelector();
+  main.replaceChildren(...children.filter(Boolean));
+  fitLabels(main);
+  const again = focused && main.querySelector(focused);
+  if (again) again.focus();
+}
+
+// A run that ended without completing: its values are the last it logged, never final ones.
+function endedBadly(status) {
+  return !ACTIVE.has(status) && status !== "completed";
+}
+
+// The conditions' key: its number, colour and grid values; a click (or Enter) hides or shows a
+// condition on every chart of the page.
+function conditionLegend(conditions, rerender, place) {
+  return el("div", { class: "legend", "data-role": "legend" }, conditions.map((c) => el("button", {
+    type: "button", class: "legend-item", "data-role": "legend-item", "data-legend": place,
+    "data-condition": c.key,
+    "aria-pressed": String(!experimentState.hidden.has(c.key)),
+    title: experimentState.hidden.has(c.key) ? "hidden: click to show" : "click to hide",
+    onclick: () => {
+      if (experimentState.hidden.has(c.key)) experimentState.hidden.delete(c.key);
+      else experimentState.hidden.add(c.key);
+      rerender();
+    } }, el("span", { class: "swatch", style: `background:${c.color}` }),
+  el("span", { class: "legend-number", text: `#${c.number}` }), ` ${keyText(c.key)}`)),
+  experimentState.hidden.size ? el("button", { type: "button", "data-role": "show-all",
+    "data-legend": place,
+    text: "show all", onclick: () => { experimentState.hidden.clear(); rerender(); } }) : null);
 }
 
 async function showExperiment(id) {
   const gen = generation;
   if (experimentState.id !== id) Object.assign(experimentState,
-    { id, metric: null, curveMetric: null, seeds: false, log: false });
+    { id, metric: null, curveMetric: null, seeds: false, log: false, hidden: new Set(),
+      openWarnings: new Set() });
+  const rerender = () => showExperiment(id).catch(showError);
   const detail = await api(`/experiments/${id}`);
   const trainer = (await trainers()).find((t) => t.name === detail.trainer);
   const { items: runs, truncated } = await apiPages(`/experiments/${id}/runs`, RUNS_PAGE, MAX_RUN_PAGES);
   if (gen !== generation) return;
-  // imported results name their metrics in their spec; a trainer's are in GET /trainers
-  const metrics = detail.spec.imported ? detail.spec.imported.metrics
+  // imported results name their metrics in their spec; a trainer's are in GET /trainers. Only
+  // those some run holds a final value of are offered, and curves only of names with points.
+  const known = detail.spec.imported ? detail.spec.imported.metrics
     : trainer ? trainer.metrics : [];
+  const logged = new Set(runs.flatMap((r) => Object.keys(r.metrics)));
   experimentState.metric = experimentState.metric || detail.spec.metric
     || (trainer && trainer.primary_metric);
-  experimentState.curveMetric = experimentState.curveMetric || experimentState.metric;
   const metric = experimentState.metric;
+  const metrics = [...new Set([metric, ...known.filter((m) => logged.has(m))])].filter(Boolean);
+  const curveMetrics = detail.curve_metrics || [];
+  if (!curveMetrics.includes(experimentState.curveMetric)) {
+    experimentState.curveMetric = curveMetrics.includes(metric) ? metric
+      : curveMetrics.find((m) => known.includes(m)) || curveMetrics[0] || null;
+  }
   const finished = runs.some((r) => r.status === "completed");
   let stats = null;
   let statsProblem = null;
@@ -632,9 +837,12 @@ async function showExperiment(id) {
   for (const key of new Set(runs.map((r) => r.condition_key))) {
     if (!conditionKeys.includes(key)) conditionKeys.push(key);
   }
+  const conditions = conditionKeys.map((key, i) => ({ key, number: i + 1, color: conditionColor(i) }));
+  const visible = conditions.filter((c) => !experimentState.hidden.has(c.key));
+  const numberOf = new Map(conditions.map((c) => [c.key, c.number]));
   const curves = detail.spec.imported ? [el("p", { class: "muted", "data-role": "no-curves",
     text: "imported results hold final metrics only: no curves" })]
-    : await curvesSection(runs, conditionKeys, gen);
+    : await curvesSection(runs, visible, gen);
   const reports = [];
   for (const name of (trainer && finished ? trainer.reports : [])) {
     try { reports.push([name, await api(`/experiments/${id}/reports/${encodeURIComponent(name)}`)]); }
@@ -643,36 +851,54 @@ async function showExperiment(id) {
   if (gen !== generation || curves === null) return;
 
   const select = (role, value, options, onchange) => el("select", { "data-role": role,
-    onchange: (e) => { onchange(e.target.value); showExperiment(id).catch(showError); } },
+    onchange: (e) => { onchange(e.target.value); rerender(); } },
   options.map((m) => el("option", { value: m, selected: m === value, text: m })));
   const toggle = (role, label, key) => el("label", {}, el("input", { type: "checkbox",
     "data-role": role, checked: experimentState[key],
-    onchange: (e) => { experimentState[key] = e.target.checked; showExperiment(id).catch(showError); } }),
+    onchange: (e) => { experimentState[key] = e.target.checked; rerender(); } }),
   ` ${label}`);
 
-  const groups = conditionKeys.map((key) => ({ key, points: runs
+  const groups = visible.map(({ key, color }) => ({ key, color, points: runs
     .filter((r) => r.condition_key === key && r.status === "completed"
       && typeof r.metrics[metric] === "number")
     .map((r) => ({ runId: r.id, seed: r.seed, value: r.metrics[metric] })) }));
+  const readout = el("p", { class: "readout", "data-role": "point-readout", "aria-live": "polite",
+    text: "Hover or Tab to a point for its condition, seed and value; Enter opens its run." });
+  // A failed or stopped experiment says why first, with the first run's error.
+  const firstFailed = runs.filter((r) => r.error).sort((a, b) => a.id - b.id)[0];
+  const problem = detail.message || (firstFailed && !finished) ? el("div", { class: "problem",
+    "data-role": "problem" },
+  detail.message ? el("p", { class: "error", "data-role": "experiment-message", text: detail.message }) : null,
+  firstFailed ? el("p", { "data-role": "first-error" }, "First error: ",
+    el("a", { href: `#/runs/${firstFailed.id}`, text: `run ${firstFailed.id}` }),
+    ` (${keyText(firstFailed.condition_key)}, seed ${firstFailed.seed}, ${firstFailed.status}): `,
+    el("code", { class: "error", text: firstFailed.error })) : null) : null;
+  const anyPoint = groups.some((g) => g.points.length);
 
-  const view = [
+  replaceView([
     el("p", {}, el("a", { href: "#/", text: "← experiments" })),
     el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
+    problem,
     factsList([["status", statusBadge(detail.status)], ["trainer", detail.trainer],
       ["progress", progress(detail.counts, detail.n_runs)],
       ["conditions × seeds", `${detail.n_conditions} conditions, ${detail.n_runs} runs`],
       ["created", fmtTime(detail.created_at)], ["finished", fmtTime(detail.finished_at)],
       ["counts", Object.entries(detail.counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`).join(", ")]]),
-    detail.message ? el("p", { class: "error", "data-role": "experiment-message", text: detail.message }) : null,
     el("div", { class: "controls" }, el("label", {}, "metric ", select("metric-select", metric,
       metrics, (v) => { experimentState.metric = v; })), toggle("log-scale", "log scale", "log"),
     ACTIVE.has(detail.status) ? el("span", { class: "muted", text: "refreshing while it runs" }) : null),
     section(`Distribution of ${metric} per condition`, "distribution-section",
-      el("p", { class: "muted", text: "Every completed seed is a point (click one for its run); "
-        + "the box spans the quartiles, the bar is the median, the whiskers reach min and max." }),
-      distributionChart(groups, metric, experimentState.log),
-      stats ? conditionsTable(stats) : el("p", { class: "muted",
-        text: statsProblem || "statistics appear once a run has completed" })),
+      conditionLegend(conditions, rerender, "distribution"),
+      anyPoint ? [el("p", { class: "muted", text: "Every completed seed is a point (click one "
+        + "for its run); the box spans the quartiles, the bar is the median, the whiskers "
+        + "reach min and max. Click a condition above to hide or show it." }),
+      distributionChart(groups, metric, experimentState.log, readout), readout]
+        : el("p", { class: "muted", "data-role": "no-distribution", text: finished
+          ? `no completed run of the conditions shown has a value of ${metric}`
+          : ACTIVE.has(detail.status) ? "no run has completed yet: a point per seed appears as "
+            + "each completes" : "no run completed: nothing to compare" }),
+      stats ? conditionsTable(stats, numberOf) : statsProblem ? el("p", { class: "muted",
+        text: statsProblem }) : null),
     section("Comparisons of variance", "comparisons-section",
       stats && stats.interim ? el("p", { class: "warn", "data-role": "interim-note",
         text: stats.interim_note || "Interim: this adaptive experiment is still adding seeds; "
@@ -686,24 +912,27 @@ async function showExperiment(id) {
         + "both levels ran; unpaired: permuted within cells); its 95% CI holds the ratios it "
         + "does not reject (∞: unbounded). * / **: its Holm-adjusted p below 0.05 / 0.01 over "
         + "the factor's comparisons. Hover a cell for the F-test, Brown–Forsythe, the mean "
-        + "test and pairing." }),
+        + "test and pairing. Click a header to sort." }),
       stats && stats.comparisons.length ? comparisonsTable(stats)
         : el("p", { class: "muted", text: "no comparisons (a grid factor with two levels and "
           + "completed runs is needed)" }),
       stats && stats.next_offset !== null ? el("p", { class: "muted", text: `the first `
         + `${stats.comparisons.length} of ${stats.total_comparisons} comparisons` }) : null,
-      stats && stats.omnibus.length ? omnibusTable(stats) : null,
-      stats && stats.source_decomposition ? el("table", { "data-role": "source-decomposition" },
-        el("thead", {}, el("tr", {}, ["within", "source", "n", "variance", "95% CI"]
-          .map((h) => el("th", { text: h })))),
-        el("tbody", {}, stats.source_decomposition.flatMap((d) => d.sources.map((s) =>
-          el("tr", {}, el("td", { text: conditionLabel(d.within) }), el("td", { text: s.source }),
-            el("td", { text: s.n }), el("td", { text: fmt(s.var) }),
-            el("td", { text: fmtInterval(s.var_ci95) })))))) : null),
-    section(`Curves of ${experimentState.curveMetric}`, "curves-section",
-      el("div", { class: "controls" }, el("label", {}, "curve ", select("curve-metric-select",
-        experimentState.curveMetric, metrics, (v) => { experimentState.curveMetric = v; })),
-      toggle("show-seeds", "show single seeds", "seeds")),
+      stats && stats.omnibus.length ? el("div", { class: "table-scroll" }, omnibusTable(stats)) : null,
+      stats && stats.source_decomposition ? el("div", { class: "table-scroll" },
+        el("table", { "data-role": "source-decomposition" },
+          el("thead", {}, el("tr", {}, ["within", "source", "n", "variance", "95% CI"]
+            .map((h) => el("th", { text: h })))),
+          el("tbody", {}, stats.source_decomposition.flatMap((d) => d.sources.map((s) =>
+            el("tr", {}, el("td", { text: conditionLabel(d.within) }), el("td", { text: s.source }),
+              el("td", { text: s.n }), el("td", { text: fmt(s.var) }),
+              el("td", { text: fmtInterval(s.var_ci95) }))))))) : null),
+    section(`Curves of ${experimentState.curveMetric || "—"}`, "curves-section",
+      detail.spec.imported || !curveMetrics.length ? null : el("div", { class: "controls" },
+        el("label", {}, "curve ", select("curve-metric-select", experimentState.curveMetric,
+          curveMetrics, (v) => { experimentState.curveMetric = v; })),
+        toggle("show-seeds", "show single seeds", "seeds")),
+      detail.spec.imported || !curveMetrics.length ? null : conditionLegend(conditions, rerender, "curves"),
       curves),
     section("Warnings", "warnings-section", warningsList(runs, stats)),
     reports.length ? section("Reports", "reports-section", reports.map(([name, body]) =>
@@ -715,13 +944,13 @@ async function showExperiment(id) {
     section("Runs", "runs-section", truncated ? el("p", { class: "muted",
       text: `the first ${runs.length} runs` }) : null, runsTable(runs, metric)),
     section("Spec", "spec-section", el("pre", { text: JSON.stringify(detail.spec, null, 2) })),
-  ];
-  main.replaceChildren(...view.filter(Boolean));
-  scheduleRefresh(ACTIVE.has(detail.status), () => showExperiment(id).catch(showError));
+  ]);
+  scheduleRefresh(ACTIVE.has(detail.status), rerender);
 }
 
 async function showRun(id) {
   const gen = generation;
+  if (runState.id !== id) Object.assign(runState, { id, log: false });
   const run = await api(`/runs/${id}`);
   const { items: points, truncated } = await apiPages(`/runs/${id}/metrics`, POINTS_PAGE,
     MAX_RUN_POINT_PAGES);
@@ -731,29 +960,40 @@ async function showRun(id) {
     if (!byName.has(p.name)) byName.set(p.name, []);
     byName.get(p.name).push([p.step, p.value === null ? NaN : p.value]);
   }
+  const width = chartWidth(2);
   const charts = [...byName].map(([name, pts]) => el("figure", { "data-metric": name },
     curveChart([{ key: name, color: COLORS[0], mean: pts }], { xLabel: "step", yLabel: name,
-      width: 400, height: 220, role: "run-curve" })));
+      log: runState.log, width, height: 240, role: "run-curve" })));
   const history = run.attempt_history || [];
   // an attempt's traceback is the run's (shown whole below), not a table cell
   const historyKeys = [...new Set(history.flatMap((h) => Object.keys(h)))]
     .filter((k) => k !== "traceback");
-  main.replaceChildren(...[
+  const bad = endedBadly(run.status);
+  const rerender = () => showRun(id).catch(showError);
+  replaceView([
     el("p", {}, el("a", { href: `#/experiments/${run.experiment_id}`, text: "← experiment" })),
-    el("h1", { text: `Run ${run.id}: ${run.condition_key}, seed ${run.seed}` }),
+    el("h1", { text: `Run ${run.id}: ${keyText(run.condition_key)}, seed ${run.seed}` }),
+    // A run that ended badly shows why before anything else.
+    run.error || run.traceback ? section(`Why it ended: ${run.status}`, "error-section",
+      run.error ? el("p", { class: "error", "data-role": "run-error", text: run.error }) : null,
+      run.failed_at ? el("p", {}, "at ", el("code", { text: run.failed_at })) : null,
+      run.traceback ? el("pre", { "data-role": "traceback", text: run.traceback }) : null) : null,
     factsList([["status", statusBadge(run.status)], ["attempts", String(run.attempts)],
       ["started", fmtTime(run.started_at)], ["finished", fmtTime(run.finished_at)],
       ["error", run.error || "—"],
       ["failed at", run.failed_at || "—"],
       ["stopped by", run.stop ? `${run.stop.checks.join(", ")} at epoch ${run.stop.epoch}: `
         + run.stop.reason : "—"]]),
-    run.traceback ? section("Traceback", "traceback-section",
-      el("pre", { "data-role": "traceback", text: run.traceback })) : null,
-    section("Curves", "run-curves-section", truncated ? el("p", { class: "muted",
-      text: `the first ${points.length} points` }) : null,
-    charts.length ? el("div", { class: "charts" }, charts)
-      : el("p", { class: "muted", text: "no points logged yet" })),
-    section("Final metrics", "run-metrics-section", keyValueTable(run.metrics, "run-metrics")),
+    section(run.status === "completed" ? "Final metrics" : bad
+      ? `Last logged values (the run ${run.status}: not final)` : "Last logged values (still running)",
+    "run-metrics-section", keyValueTable(run.metrics, "run-metrics")),
+    section("Curves", "run-curves-section",
+      el("div", { class: "controls" }, el("label", {}, el("input", { type: "checkbox",
+        "data-role": "run-log-scale", checked: runState.log,
+        onchange: (e) => { runState.log = e.target.checked; rerender(); } }), " log scale")),
+      truncated ? el("p", { class: "muted", text: `the first ${points.length} points` }) : null,
+      charts.length ? el("div", { class: "charts" }, charts)
+        : el("p", { class: "muted", text: "no points logged yet" })),
     section("Diagnostics", "diagnostics-section", keyValueTable(run.diagnostics, "diagnostics")),
     section("Warnings", "run-warnings-section", run.warnings.length
       ? el("ul", { class: "warn" }, run.warnings.map((w) => el("li", { text: w.message
@@ -761,15 +1001,15 @@ async function showRun(id) {
         : JSON.stringify(w) })))
       : el("p", { class: "muted", text: "no warnings" })),
     section("Attempt history", "attempts-section", history.length
-      ? el("table", { "data-role": "attempts" },
+      ? el("div", { class: "table-scroll" }, el("table", { "data-role": "attempts" },
         el("thead", {}, el("tr", {}, historyKeys.map((k) => el("th", { text: k })))),
         el("tbody", {}, history.map((h) => el("tr", {}, historyKeys.map((k) =>
-          el("td", { text: h[k] === undefined ? "" : fmtValue(h[k]) }))))))
+          el("td", { text: h[k] === undefined ? "" : fmtValue(h[k]) })))))))
       : el("p", { class: "muted", text: "one attempt, no retries" })),
     section("Provenance", "provenance-section", keyValueTable(run.provenance, "provenance")),
     section("Config (as run)", "config-section", el("pre", { text: JSON.stringify(run.config, null, 2) })),
-  ].filter(Boolean));
-  scheduleRefresh(ACTIVE.has(run.status), () => showRun(id).catch(showError));
+  ]);
+  scheduleRefresh(ACTIVE.has(run.status), rerender);
 }
 
 async function route() {
@@ -793,6 +1033,42 @@ async function route() {
     showError(error);
   }
 }
+
+// ---------------------------------------------------------------- theme
+
+// Dark or light: the system's (prefers-color-scheme) until the toggle picks one, which this
+// browser then remembers (localStorage).
+const darkScheme = window.matchMedia("(prefers-color-scheme: dark)");
+
+function applyTheme() {
+  const chosen = localStorage.getItem(THEME_KEY);
+  if (chosen) document.documentElement.dataset.theme = chosen;
+  else delete document.documentElement.dataset.theme;
+  const dark = chosen ? chosen === "dark" : darkScheme.matches;
+  const button = document.getElementById("theme-toggle");
+  button.textContent = dark ? "light mode" : "dark mode";
+  button.setAttribute("aria-pressed", String(dark));
+}
+
+document.getElementById("theme-toggle").addEventListener("click", () => {
+  const dark = document.getElementById("theme-toggle").getAttribute("aria-pressed") === "true";
+  localStorage.setItem(THEME_KEY, dark ? "light" : "dark");
+  applyTheme();
+});
+darkScheme.addEventListener("change", applyTheme);
+applyTheme();
+
+// Charts are drawn at the window's width: a resize draws them again (once it settles).
+let resizeTimer = null;
+let drawnWidth = main.clientWidth;
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    if (Math.abs(main.clientWidth - drawnWidth) < 40) return;
+    drawnWidth = main.clientWidth;
+    if (!main.querySelector("select:focus, input:focus")) route();
+  }, 300);
+});
 
 window.addEventListener("hashchange", route);
 route();
