@@ -42,6 +42,7 @@ def _distinct_tags(tags: list[str]) -> list[str]:
 
 
 def _note(note: str | None) -> str | None:
+    # PostgreSQL's text refuses NUL (pydantic itself refuses lone surrogates)
     if note is not None and "\x00" in note:
         raise ValueError("the note contains NUL (U+0000)")
     return note
