@@ -35,6 +35,7 @@ from api_schemas.imports import (
     ImportedRun,
     ImportSource,
 )
+from api_schemas.labels import ExperimentLabels, Note, Tags
 
 __all__ = [
     "STORED",
@@ -46,6 +47,7 @@ __all__ = [
     "AttemptOut",
     "AttemptOutcome",
     "Comparison",
+    "ConditionParams",
     "ConditionStats",
     "DatabaseState",
     "DiagnosticWarning",
@@ -57,6 +59,7 @@ __all__ = [
     "ExperimentDetail",
     "ExperimentImport",
     "ExperimentImported",
+    "ExperimentLabels",
     "ExperimentSpec",
     "ExperimentStatus",
     "ExperimentSummary",
@@ -75,6 +78,7 @@ __all__ = [
     "NamedComparison",
     "MultiplicityFamily",
     "Omnibus",
+    "ParamsTable",
     "RayState",
     "RANDOM_SOURCES",
     "Resources",
@@ -508,6 +512,10 @@ class ExperimentSpec(BaseModel):
     ] = Field(default_factory=list, max_length=MAX_GRID_AXES)
     # How /stats reads the results: the scale and the ratio worth detecting.
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    # What the researcher writes on it to find it again (api_schemas.labels); PATCH
+    # /experiments/{id} changes them later.
+    tags: Tags = Field(default_factory=list, description="short labels to filter by")
+    note: Note = Field(None, description="free text")
     # Set by POST /experiments/import only (trainer `imported`): the imported metrics.
     imported: ImportedResults | None = Field(
         None, description="imported results' metrics (set by POST /experiments/import only)"
@@ -666,6 +674,8 @@ class ExperimentSummary(ResponseModel):
     n_runs: int
     created_at: datetime
     finished_at: datetime | None
+    tags: list[str]
+    note: str | None
 
 
 class ExperimentDetail(ExperimentSummary):
@@ -795,6 +805,30 @@ class ConditionStats(ResponseModel):
     noise_floor_share: float | None = None
     # What in these numbers is computed from fewer seeds than it needs, each naming why.
     warnings: list[str] = []
+
+
+class ConditionParams(ResponseModel):
+    """One row of the params table: a condition's resolved config beside its summary of the
+    metric, as GET /experiments/{id}/stats serves it."""
+
+    condition: dict[str, GridValue]
+    condition_key: str
+    # every config field with the value its runs train with (the trainer's defaults filled in)
+    config: dict[str, JsonValue]
+    n: int
+    mean: float | None
+    std: float | None
+
+
+class ParamsTable(ResponseModel):
+    """GET /experiments/{id}/params: every condition's config side by side."""
+
+    metric: str
+    # every config field, those that vary across the conditions first
+    fields: list[str]
+    # the fields whose value differs between two conditions
+    varying: list[str]
+    conditions: list[ConditionParams]
 
 
 class Comparison(ResponseModel):

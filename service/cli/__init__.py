@@ -1,7 +1,7 @@
 """The `seedgrid` command line: serve, dispatcher, `run` (all in one process), the client
-commands (submit, import, list, status, runs, run-log, watch, stats, protocol, compare, cancel,
-delete, export, trainers, add-seeds), `explain` (what a statistics field means), and
-`db upgrade` / `db current` (schema migrations).
+commands (submit, import, list, tag, note, params, status, runs, run-log, watch, stats,
+protocol, compare, cancel, delete, export, trainers, add-seeds), `explain` (what a statistics
+field means), and `db upgrade` / `db current` (schema migrations).
 
 Every table-printing command takes --json (the API's answer as it is) and --csv (the table's
 rows); the tables fold long condition keys at their commas, never cutting a key or a number,
@@ -9,11 +9,11 @@ so they stay whole at 80 columns. The client commands reach the service through
 service.client.Client, which asks again after the Retry-After of a 503 or 429, a bounded
 number of times.
 
-The parts: server (the commands that run the service), commands and inspect (the client
-commands), runlog (one run's error, traceback and attempts), follow (watch and the report after
-it), remote (the client and its errors as one-line exits), render (what is printed), common
-(options and errors every command shares). The commands are registered here, in the order
-`seedgrid --help` lists them."""
+The parts: server (the commands that run the service), commands, inspect and organise (the
+client commands), runlog (one run's error, traceback and attempts), follow (watch and the
+report after it), remote (the client and its errors as one-line exits), render (what is
+printed), common (options and errors every command shares). The commands are registered here,
+in the order `seedgrid --help` lists them."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import typer
 
-from service.cli import commands, inspect, runlog, server
+from service.cli import commands, inspect, organise, runlog, server
 from service.cli.remote import default_url
 from service.cli.render import (
     COMPACT_WIDTH,
@@ -82,6 +82,9 @@ for name, command in (
     ("stats", inspect.stats),
     ("explain", inspect.explain),
     ("list", commands.list_experiments),
+    ("tag", organise.tag),
+    ("note", organise.note),
+    ("params", organise.params),
     ("runs", commands.runs),
     ("run-log", runlog.run_log),
     ("watch", commands.watch_command),

@@ -5,6 +5,7 @@ service.cli.remote (a service.client.Client)."""
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -172,22 +173,47 @@ def list_experiments(
             "cancelled)"
         ),
     ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(help="only experiments with this tag (repeat: with every one of them)"),
+    ] = None,
+    trainer: Annotated[str | None, typer.Option(help="only experiments of this trainer")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="only experiments created on or after this date (YYYY-MM-DD, UTC)"),
+    ] = None,
+    search: Annotated[
+        str | None,
+        typer.Option(help="only experiments with this text in their name, note, tags or trainer"),
+    ] = None,
     limit: Annotated[
         int, typer.Option(min=1, max=EXPERIMENTS_PAGE, help="how many, newest first")
     ] = 50,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
-    """The experiments, newest first: status, progress, trainer, created and finished."""
+    """The experiments, newest first: status, progress, trainer, tags, created and finished."""
     mode = output_mode(as_json, as_csv)
-    params: dict[str, Any] = {"limit": limit}
-    params |= {k: v for k, v in (("name", name), ("status", status)) if v is not None}
+    if since is not None:
+        try:
+            datetime.fromisoformat(since)
+        except ValueError:
+            raise fail(f"--since {since!r} is not a date: give YYYY-MM-DD") from None
+    params: dict[str, Any] = {"limit": limit, "tag": tag or []}
+    filters = (
+        ("name", name),
+        ("status", status),
+        ("trainer", trainer),
+        ("created_after", since),
+        ("q", search),
+    )
+    params |= {k: v for k, v in filters if v is not None}
     with remote.connect(url, 60) as client:
         experiments = remote.ask(client, "GET", "/experiments", params=params)
     if mode == "json":
         print_json(experiments)
         return
-    columns = ("id", "name", "trainer", "status", "done", "created", "finished")
+    columns = ("id", "name", "trainer", "status", "done", "tags", "created", "finished")
     rows = [
         [
             str(e["id"]),
@@ -196,6 +222,7 @@ def list_experiments(
             e["status"],
             f"{sum(v for k, v in e['counts'].items() if k not in RunStatus.active())}"
             f"/{e['n_runs']}",
+            " ".join(e["tags"]) if mode == "table" else ",".join(e["tags"]),
             _when(e["created_at"]),
             _when(e["finished_at"]),
         ]
@@ -204,9 +231,12 @@ def list_experiments(
     if mode == "csv":
         print_csv(columns, rows)
     elif rows:
-        print_table(None, columns, rows, {"name", "trainer", "status", "created", "finished"})
+        print_table(
+            None, columns, rows, {"name", "trainer", "status", "tags", "created", "finished"}
+        )
     else:
-        render.console.print("no experiments" + (" match" if name or status else ""), markup=False)
+        filtered = any(v for _, v in filters) or tag
+        render.console.print("no experiments" + (" match" if filtered else ""), markup=False)
 
 
 def _when(timestamp: str | None) -> str:

@@ -6,10 +6,10 @@ invalid field of a 422), and how long the retries of a 503 or 429 waited."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
@@ -24,6 +24,8 @@ from service.client import (
     Unreachable,
     default_address,
 )
+
+T = TypeVar("T")
 
 # Where an address given to a command came from.
 URL_OPTION = "--url or SEEDGRID_URL"
@@ -52,6 +54,13 @@ def ask(client: Client, method: str, path: str, **kwargs: Any) -> Any:
     retries a 503 or 429 asks for."""
     with _stop_on_errors(client):
         return client.request(method, path, **kwargs)
+
+
+def call(client: Client, action: Callable[[], T]) -> T:
+    """What `action` (a call of a Client method) returns; an error answer stops the command
+    with one message, as ask()'s does."""
+    with _stop_on_errors(client):
+        return action()
 
 
 def pages(

@@ -7,6 +7,7 @@ import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import date, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from api_schemas import (
     ExperimentStatus,
     ExperimentSummary,
     Health,
+    ParamsTable,
     RunDetail,
     RunOut,
     RunStatus,
@@ -139,13 +141,88 @@ class Client:
     def experiment(self, experiment_id: int) -> ExperimentDetail:
         return ExperimentDetail.model_validate(self.request("GET", f"/experiments/{experiment_id}"))
 
-    def experiments(self, status: ExperimentStatus | str | None = None) -> list[ExperimentSummary]:
-        """Every experiment (newest first), optionally of one status."""
-        params = {} if status is None else {"status": str(status)}
+    def experiments(
+        self,
+        status: ExperimentStatus | str | None = None,
+        *,
+        tags: Collection[str] = (),
+        trainer: str | None = None,
+        created_after: datetime | date | str | None = None,
+        created_before: datetime | date | str | None = None,
+        search: str | None = None,
+    ) -> list[ExperimentSummary]:
+        """Every experiment (newest first) that passes every filter given: its status, all of
+        `tags`, its trainer, created at or after `created_after` and before `created_before`
+        (dates or times, UTC unless they say), `search` in its name, note, tags or trainer."""
+        params: dict[str, Any] = {"tag": list(tags)}
+        for name, value in (
+            ("status", status),
+            ("trainer", trainer),
+            ("created_after", created_after),
+            ("created_before", created_before),
+            ("q", search),
+        ):
+            if value is not None:
+                params[name] = value.isoformat() if isinstance(value, date) else str(value)
         return [
             ExperimentSummary.model_validate(e)
             for e in self.pages("/experiments", EXPERIMENTS_PAGE, params)
         ]
+
+    def label(
+        self,
+        experiment_id: int,
+        *,
+        tags: Collection[str] | None = None,
+        note: str | None = None,
+    ) -> ExperimentDetail:
+        """Replace the experiment's tags and/or note (PATCH); what is None stays as it is (an
+        empty note removes it)."""
+        body: dict[str, Any] = {}
+        if tags is not None:
+            body["tags"] = list(tags)
+        if note is not None:
+            body["note"] = note
+        return ExperimentDetail.model_validate(
+            self.request("PATCH", f"/experiments/{experiment_id}", json=body)
+        )
+
+    def tag(
+        self, experiment_id: int, add: Collection[str] = (), remove: Collection[str] = ()
+    ) -> ExperimentDetail:
+        """Add the tags `add` and remove the tags `remove`; the others stay."""
+        tags = self.experiment(experiment_id).tags
+        kept = [t for t in tags if t not in remove]
+        return self.label(experiment_id, tags=kept + [t for t in add if t not in kept])
+
+    def params(self, experiment_id: int, metric: str | None = None) -> pd.DataFrame:
+        """The params table: one row per condition, `condition_key`, its n, mean and std of
+        `metric` (default: the spec's), then every config field as `config.<name>` (those that
+        vary across the conditions first; their names are the frame's `attrs["varying"]`)."""
+        import pandas as pd
+
+        table = self.params_table(experiment_id, metric)
+        rows = [
+            {
+                "condition_key": c.condition_key,
+                "n": c.n,
+                "mean": c.mean,
+                "std": c.std,
+                **{f"config.{field}": c.config.get(field) for field in table.fields},
+            }
+            for c in table.conditions
+        ]
+        columns = ["condition_key", "n", "mean", "std", *(f"config.{f}" for f in table.fields)]
+        frame = pd.DataFrame(rows, columns=columns)
+        frame.attrs.update(metric=table.metric, varying=list(table.varying))
+        return frame
+
+    def params_table(self, experiment_id: int, metric: str | None = None) -> ParamsTable:
+        """GET /experiments/{id}/params as the API's model."""
+        params = {} if metric is None else {"metric": metric}
+        return ParamsTable.model_validate(
+            self.request("GET", f"/experiments/{experiment_id}/params", params=params)
+        )
 
     def wait(
         self,

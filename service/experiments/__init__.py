@@ -9,10 +9,13 @@ from service.experiments.commands import (
     cancel_experiment,
     create_experiment,
     delete_experiment,
+    label_experiment,
 )
 from service.experiments.importing import import_results
+from service.experiments.params import params_table
 from service.experiments.validation import validate_spec
 from service.experiments.views import (
+    ExperimentFilter,
     experiment_detail,
     experiment_summary,
     list_experiments,
@@ -26,6 +29,7 @@ from service.storage.lookup import get_experiment, get_run
 
 __all__ = [
     "Conflict",
+    "ExperimentFilter",
     "NotFound",
     "QueueFull",
     "SpecError",
@@ -39,8 +43,10 @@ __all__ = [
     "get_experiment",
     "get_run",
     "import_results",
+    "label_experiment",
     "list_experiments",
     "list_runs",
+    "params_table",
     "run_config",
     "run_detail",
     "run_out",

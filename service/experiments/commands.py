@@ -12,6 +12,7 @@ from api_schemas import (
     MAX_SEED,
     AdaptiveState,
     AddSeeds,
+    ExperimentLabels,
     ExperimentSpec,
     ExperimentStatus,
     SeedsAdded,
@@ -34,6 +35,9 @@ from service.specs import (
 )
 from service.storage.db import Experiment, Run
 from service.storage.lookup import get_experiment
+
+# The spec's fields stored in the experiment's own columns rather than in its stored spec.
+LABELS = {"tags", "note"}
 
 if TYPE_CHECKING:
     from service.scheduling.preflight import ClusterPreflight
@@ -59,7 +63,10 @@ def create_experiment(
     experiment = Experiment(
         name=spec.name,
         trainer=trainer.name,
-        spec=spec.model_dump(mode="json"),
+        # the tags and note live in their own columns, which PATCH changes: not twice
+        spec=spec.model_dump(mode="json", exclude=LABELS),
+        tags=spec.tags,
+        note=spec.note or None,
         metric=spec.metric or trainer.primary_metric,
         priority=spec.priority,
         n_conditions=len(conditions),
@@ -73,6 +80,22 @@ def create_experiment(
     session.flush()
     store.create_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
     recount_queue(session, store, queued, n_runs, settings)
+    session.commit()
+    session.refresh(experiment)
+    return experiment
+
+
+def label_experiment(
+    *, session: Session, experiment_id: int, labels: ExperimentLabels
+) -> Experiment:
+    """Replace the tags and the note of an experiment with those `labels` gives (a field left
+    out stays as it is; an empty note removes it)."""
+    experiment = get_experiment(session=session, experiment_id=experiment_id)
+    if "tags" in labels.model_fields_set:
+        experiment.tags = list(labels.tags or [])
+    if "note" in labels.model_fields_set:
+        experiment.note = labels.note or None
+    session.add(experiment)
     session.commit()
     session.refresh(experiment)
     return experiment

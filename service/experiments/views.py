@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
 import pydantic
-from sqlalchemy import bindparam, func, text
+from sqlalchemy import Text, bindparam, cast, func, or_, text
 from sqlmodel import Session, col, select
 
 from api_schemas import (
@@ -16,8 +20,10 @@ from api_schemas import (
     RunStatus,
     RunStop,
 )
+from api_schemas.labels import tag_problem
 from api_schemas.tracebacks import innermost_frame
 from service.analysis.conditions import metric_value
+from service.errors import SpecError
 from service.scheduling.run_store import experiment_counts
 from service.specs import (
     run_config,
@@ -37,6 +43,8 @@ def experiment_summary(experiment: Experiment) -> ExperimentSummary:
         n_runs=experiment.n_runs,
         created_at=experiment.created_at,
         finished_at=experiment.finished_at,
+        tags=list(experiment.tags or []),
+        note=experiment.note,
     )
 
 
@@ -47,7 +55,8 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
     summary = experiment_summary(experiment)
     return ExperimentDetail(
         **summary.model_dump(),
-        spec=experiment.stored_spec,
+        # the spec as submitted, with the tags and note as they are now (their own columns)
+        spec=experiment.stored_spec.model_copy(update={"tags": summary.tags, "note": summary.note}),
         n_conditions=experiment.n_conditions,
         adaptive=experiment.adaptive,
         message=stop_message(experiment),
@@ -135,29 +144,91 @@ def stop_message(experiment: Experiment) -> str | None:
     return experiment.stop_message
 
 
+@dataclass(frozen=True)
+class ExperimentFilter:
+    """Which experiments GET /experiments lists; every filter given must hold."""
+
+    status: ExperimentStatus | None = None
+    # the name contains it (case-insensitive)
+    name: str | None = None
+    # every one of these tags
+    tags: tuple[str, ...] = ()
+    trainer: str | None = None
+    # created at or after, and before (a naive datetime is UTC)
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    # in the name, note, tags or trainer (case-insensitive)
+    text: str | None = None
+
+
 def list_experiments(
     *,
     session: Session,
-    status: ExperimentStatus | None,
     limit: int,
     offset: int,
-    name: str | None = None,
+    only: ExperimentFilter = ExperimentFilter(),
 ) -> list[ExperimentSummary]:
-    """One page of experiments, newest first, optionally only those in `status` and those
-    whose name contains `name` (case-insensitive)."""
+    """One page of the experiments `only` keeps, newest first; a filter no experiment could
+    pass (a malformed tag, an empty time range) is a SpecError naming its query parameter."""
+    for problem in filter(None, map(tag_problem, only.tags)):
+        raise SpecError.query("tag", problem)
+    after = _utc("created_after", only.created_after)
+    before = _utc("created_before", only.created_before)
+    if after is not None and before is not None and before <= after:
+        raise SpecError.query(
+            "created_before",
+            f"created_before ({before.isoformat()}) is not after created_after "
+            f"({after.isoformat()}): no experiment could match",
+        )
     query = (
         select(Experiment)
         .where(col(Experiment.deleted) == False)  # noqa: E712
         .order_by(col(Experiment.id).desc())
     )
-    if status is not None:
-        query = query.where(Experiment.status == status)
-    if name:
-        # LIKE's own wildcards in the text are matched literally
-        pattern = name.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        query = query.where(func.lower(Experiment.name).like(f"%{pattern}%", escape="\\"))
+    if only.status is not None:
+        query = query.where(Experiment.status == only.status)
+    if only.name:
+        query = query.where(_contains(col(Experiment.name), only.name))
+    for tag in only.tags:
+        # tags hold no quote (api_schemas.labels): '"tag"' in the stored JSON list is that tag
+        query = query.where(_contains(cast(col(Experiment.tags), Text), f'"{tag}"', fold=False))
+    if only.trainer:
+        query = query.where(Experiment.trainer == only.trainer)
+    if after is not None:
+        query = query.where(col(Experiment.created_at) >= after)
+    if before is not None:
+        query = query.where(col(Experiment.created_at) < before)
+    if only.text:
+        query = query.where(
+            or_(
+                _contains(col(Experiment.name), only.text),
+                _contains(col(Experiment.note), only.text),
+                _contains(cast(col(Experiment.tags), Text), only.text),
+                _contains(col(Experiment.trainer), only.text),
+            )
+        )
     experiments = session.exec(query.offset(offset).limit(limit)).all()
     return [experiment_summary(experiment) for experiment in experiments]
+
+
+def _contains(column: Any, text: str, *, fold: bool = True) -> Any:
+    """`column` contains `text`, case-insensitive when `fold`; LIKE's own wildcards in the text
+    are matched literally."""
+    if fold:
+        column, text = func.lower(column), text.lower()
+    pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return column.like(f"%{pattern}%", escape="\\")
+
+
+def _utc(parameter: str, moment: datetime | None) -> datetime | None:
+    """`moment` in UTC (a naive one is read as UTC); a SpecError naming `parameter` when UTC
+    has no such time (year 1 or 9999 with an offset)."""
+    if moment is None or moment.tzinfo is None:
+        return None if moment is None else moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise SpecError.query(parameter, f"{moment.isoformat()} is out of range in UTC") from None
 
 
 def run_out(run: Run) -> RunOut:

@@ -121,6 +121,13 @@ class Experiment(SQLModel, table=True):
     # Why its first runs all failed and it stopped (service.scheduling.run_store's failure
     # stop), or null; migration 0009 added it, read before from its cancelled runs' errors.
     stop_message: str | None = None
+    # The researcher's tags (a JSON list of api_schemas.labels tags) and note: set from the
+    # spec at submission, changed by PATCH; migration 0011 added them.
+    tags: list[str] = Field(
+        default_factory=list,
+        sa_column=Column(JSON, nullable=False, server_default=text("'[]'")),
+    )
+    note: str | None = None
 
     @property
     def stored_spec(self) -> ExperimentSpec:

@@ -412,6 +412,37 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert dark.blocked == [] and dark.errors == []
     dark.context.close()
 
+    # Tags and the params table (docs/organising.md): beside the 16-condition experiment and an
+    # imported one (no runs to wait for), the tagged one is the only row left when the list is
+    # filtered by its tag,
+    # and its page shows its tag, its note and a Parameters section led by the grid's field.
+    seeds_csv = (ROOT / "examples" / "seeds.csv").read_text()
+    imported = service.client.post("/experiments/import", json={"name": "other", "csv": seeds_csv})
+    assert imported.status_code == 201, imported.text
+    labels = {"tags": ["browser-tag"], "note": "tagged by the browser test"}
+    assert service.client.patch(f"/experiments/{experiment_id}", json=labels).status_code == 200
+    page.goto(f"{origin}/ui#/")
+    page.fill("[data-role=name-filter]", "")
+    page.select_option("[data-role=status-filter]", "")
+    rows_are = "n => document.querySelectorAll('[data-role=experiment-row]').length === n"
+    page.wait_for_function(rows_are, arg=3)
+    page.select_option("[data-role=tag-filter]", "browser-tag")
+    page.wait_for_function(rows_are, arg=1)
+    assert row.locator("[data-role=tag]").all_inner_texts() == ["browser-tag"]
+    row.locator("a").click()
+    page.wait_for_selector("[data-role=params-section]")
+    labels_line = page.locator("[data-role=labels]")
+    assert labels_line.locator("[data-role=tag]").all_inner_texts() == ["browser-tag"]
+    assert labels_line.locator("[data-role=note]").inner_text() == labels["note"]
+    params = page.locator("[data-role=params]")
+    # (lr too: the trainer's default for it depends on stop_gradient)
+    assert params.locator("[data-role=varying-field]").all_inner_texts() == ["stop_gradient", "lr"]
+    assert params.locator("[data-role=params-row]").count() == 2
+    assert params.locator("th").all_inner_texts()[4] == "stop_gradient"
+    page.check("[data-role=params-all]")
+    assert {"n_samples", "steps", "r"} <= set(params.locator("th").all_inner_texts())
+    watched.shot("params")
+
     # /docs and /redoc with nothing but the service reachable: every operation is listed.
     schema = service.client.get("/openapi.json").json()
     operations = sum(len(methods) for methods in schema["paths"].values())

@@ -335,3 +335,70 @@ def test_delete_asks_naming_the_experiment_and_its_runs_and_yes_skips_it(service
     assert f"experiment {kept['id']} deleted" in confirmed.stdout and not exists(kept["id"])
     assert seedgrid(service, "delete", str(other["id"]), "--yes").returncode == 0
     assert not exists(other["id"])
+
+
+def test_tag_note_list_filters_and_params(service: Service) -> None:
+    """`seedgrid tag`, `note`, `list`'s filters (tags shown) and `params` (the fields that vary,
+    --all for every one, --csv at full precision) as a user types them."""
+    created = service.submit(
+        {"name": "r-sweep", "trainer": "collapse", "config": QUICK, "grid": {"r": [0.0, 0.5]}}
+    )
+    experiment_id = str(created["id"])
+    assert service.wait(created["id"], timeout_s=600)["status"] == "completed"
+
+    tagged = seedgrid(service, "tag", experiment_id, "sweep", "cpu")
+    assert tagged.returncode == 0, tagged.stderr
+    assert tagged.stdout.strip() == f"experiment {experiment_id} r-sweep: sweep, cpu"
+    removed = seedgrid(service, "tag", experiment_id, "--remove", "cpu")
+    assert removed.stdout.strip() == f"experiment {experiment_id} r-sweep: sweep"
+    bad = seedgrid(service, "tag", experiment_id, "no space")
+    assert bad.returncode == 2 and "tags.1" in bad.stderr and "not a tag" in bad.stderr
+    noted = seedgrid(service, "note", experiment_id, "r matters more than I thought")
+    assert noted.returncode == 0 and "note set" in noted.stdout
+    detail = service.client.get(f"/experiments/{experiment_id}").json()
+    assert (detail["tags"], detail["note"]) == (["sweep"], "r matters more than I thought")
+
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    listed = seedgrid(
+        service,
+        "list",
+        "--tag",
+        "sweep",
+        "--trainer",
+        "collapse",
+        "--status",
+        "completed",
+        "--since",
+        today,
+        "--search",
+        "MATTERS",
+    )
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.strip().startswith(experiment_id)]
+    assert "r-sweep" in row and "sweep" in row.split("r-sweep")[1]
+    assert "tags" in listed.stdout
+    none = seedgrid(service, "list", "--tag", "sweep", "--tag", "gpu")
+    assert none.returncode == 0 and none.stdout.strip() == "no experiments match"
+    not_a_date = seedgrid(service, "list", "--since", "last week")
+    assert not_a_date.returncode == 2 and "--since 'last week' is not a date" in not_a_date.stderr
+
+    varying = seedgrid(service, "params", experiment_id)
+    assert varying.returncode == 0, varying.stderr
+    header = varying.stdout.splitlines()[0].split()
+    assert header == ["condition", "n", "mean", "min_l2", "std", "r"]
+    # --all: a row per field (those that vary first, starred), a column per condition
+    every = seedgrid(service, "params", experiment_id, "--all")
+    assert every.returncode == 0, every.stderr
+    lines = [line.split() for line in every.stdout.splitlines()]
+    assert lines[0] == ["field", "#1", "#2"]
+    assert ["condition", "r=0.0", "r=0.5"] in lines
+    assert ["r", "*", "0.0", "0.5"] in lines and ["n_samples", "64", "64"] in lines
+    assert "*: differs between the conditions" in every.stdout
+    table = service.client.get(f"/experiments/{experiment_id}/params").json()
+    csv_rows = list(
+        csv.reader(seedgrid(service, "params", experiment_id, "--csv").stdout.splitlines())
+    )
+    assert csv_rows[0] == ["condition", "n", "mean min_l2", "std", "r"]
+    assert [(r[0], float(r[2]), r[4]) for r in csv_rows[1:]] == [
+        (c["condition_key"], c["mean"], str(c["config"]["r"])) for c in table["conditions"]
+    ]

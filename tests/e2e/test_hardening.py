@@ -104,6 +104,7 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
         ("POST", "/experiments/{experiment_id}/seeds"): {"seeds": 1},
         ("POST", "/experiments/import"): {"name": "imported", "csv": IMPORTED_CSV},
         ("POST", "/experiments/{experiment_id}/import"): {"csv": IMPORTED_CSV},
+        ("PATCH", "/experiments/{experiment_id}"): {"tags": ["walked"]},
     }
     queries = {
         ("GET", "/planning/seeds"): {"ratio": 4.0},

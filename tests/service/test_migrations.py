@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,16 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Integer, MetaData, create_engine, func, inspect, pool, text
 from sqlmodel import Session, SQLModel, select
 
-from api_schemas import ExperimentSpec
+from api_schemas import ExperimentLabels, ExperimentSpec
 from service.api.server import BackgroundServer
 from service.experiments import (
+    ExperimentFilter,
     cancel_experiment,
     create_experiment,
     delete_experiment,
     experiment_detail,
+    label_experiment,
+    list_experiments,
 )
 from service.scheduling.purge import purge_deleted
 from service.settings import Settings
@@ -692,8 +696,10 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     assert upgrade_database(database_url).before == "0007"
     after = _rows(database_url)
     # 0008's deleted, 0009's stop_message (no run of these was stopped), 0010's tracebacks
-    # (none failed)
-    assert after["experiment"] == [(*row, False, None) for row in before["experiment"]]
+    # (none failed), 0011's tags and note
+    assert [(*row[:-2], _json(row[-2]), row[-1]) for row in after["experiment"]] == [
+        (*row, False, None, [], None) for row in before["experiment"]
+    ]
     for table in ("run", "runattempt"):
         assert after[table] == [(*row, None) for row in before[table]]
     grown = {"experiment", "run", "runattempt"}
@@ -877,3 +883,74 @@ def test_0010_adds_empty_tracebacks_and_its_downgrade_keeps_the_errors(database_
     assert _rows(database_url)["run"] == before
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def test_0011_gives_existing_experiments_no_tags_and_they_can_be_tagged_and_found(
+    database_url: str,
+) -> None:
+    """0011 adds an experiment's tags (empty for those stored before) and note (null); the
+    service then lists the old experiments, tags one and finds it by its tag and its note;
+    going back to 0010 drops both and keeps every experiment."""
+    _migrate(database_url, "0010")
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        for name in ("old-a", "old-b"):
+            spec = json.dumps({"name": name, "trainer": "collapse", "config": {"steps": 50}})
+            connection.execute(
+                text(
+                    "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+                    "n_conditions, n_runs, cancel_requested, created_at, runs_completed) VALUES "
+                    "(:name, 'collapse', :spec, 'min_l2', 'completed', 0, 1, 1, false, "
+                    "'2026-01-01 00:00:00', 1)"
+                ),
+                {"name": name, "spec": spec},
+            )
+    engine.dispose()
+    before = _rows(database_url)["experiment"]
+    assert upgrade_database(database_url).before == "0010"
+    after = _rows(database_url)["experiment"]
+    # tags come back as the stored JSON text on SQLite, parsed on PostgreSQL
+    assert [(*row[:-2], _json(row[-2]), row[-1]) for row in after] == [
+        (*row, [], None) for row in before
+    ]
+
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        assert [s.tags for s in list_experiments(session=session, limit=10, offset=0)] == [[], []]
+        label_experiment(
+            session=session,
+            experiment_id=1,
+            labels=ExperimentLabels(tags=["baseline", "lr_0.1"], note="First Sweep"),
+        )
+        label_experiment(session=session, experiment_id=2, labels=ExperimentLabels(tags=["lrx0.1"]))
+        found = {
+            only: [s.name for s in list_experiments(session=session, limit=10, offset=0, only=only)]
+            for only in (
+                ExperimentFilter(tags=("baseline",)),
+                # LIKE's wildcard _ is matched literally: not lrx0.1
+                ExperimentFilter(tags=("lr_0.1", "baseline")),
+                ExperimentFilter(tags=("lrx0.1",)),
+                ExperimentFilter(text="first sweep"),
+                ExperimentFilter(text="LRX"),
+                ExperimentFilter(created_after=datetime(2025, 12, 31), tags=("baseline",)),
+                ExperimentFilter(created_before=datetime(2025, 12, 31)),
+            )
+        }
+        assert list(found.values()) == [
+            ["old-a"],
+            ["old-a"],
+            ["old-b"],
+            ["old-a"],
+            ["old-b"],
+            ["old-a"],
+            [],
+        ]
+    engine.dispose()
+    _migrate(database_url, "0010", down=True)
+    assert _rows(database_url)["experiment"] == before
+    upgrade_database(database_url)
+    assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value

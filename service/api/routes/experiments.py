@@ -1,8 +1,10 @@
-"""/experiments: submit, list, inspect, cancel, delete, runs, statistics and export."""
+"""/experiments: submit, list (filtered), inspect, label, cancel, delete, runs, statistics, the
+params table and export."""
 
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
@@ -15,16 +17,19 @@ from api_schemas import (
     AddSeeds,
     ExperimentCreated,
     ExperimentDetail,
+    ExperimentLabels,
     ExperimentSpec,
     ExperimentStatus,
     ExperimentSummary,
     ExportFormat,
     ExportWhat,
+    ParamsTable,
     RunOut,
     RunStatus,
     SeedsAdded,
     Stats,
 )
+from api_schemas.labels import MAX_TAGS
 from api_schemas.pages import EXPERIMENTS_PAGE, RUNS_PAGE
 from service import experiments as logic
 from service.analysis import export
@@ -93,12 +98,47 @@ def list_experiments(
             description="only experiments whose name contains this text (case-insensitive)",
         ),
     ] = None,
+    tag: Annotated[
+        list[str] | None,
+        Query(
+            max_length=MAX_TAGS,
+            description="only experiments with this tag; repeated, with every one of them",
+        ),
+    ] = None,
+    trainer: Annotated[
+        str | None,
+        Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT, description="of this trainer"),
+    ] = None,
+    created_after: Annotated[
+        datetime | None,
+        Query(description="created at or after this ISO date or time (UTC unless it says)"),
+    ] = None,
+    created_before: Annotated[
+        datetime | None,
+        Query(description="created before this ISO date or time (UTC unless it says)"),
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_KEY_LENGTH,
+            pattern=STORABLE_TEXT,
+            description="only experiments with this text in their name, note, tags or "
+            "trainer (case-insensitive)",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=EXPERIMENTS_PAGE)] = 50,
     offset: Offset = 0,
 ) -> list[ExperimentSummary]:
-    page = logic.list_experiments(
-        session=session, status=status, name=name, limit=limit, offset=offset
+    only = logic.ExperimentFilter(
+        status=status,
+        name=name,
+        tags=tuple(tag or ()),
+        trainer=trainer,
+        created_after=created_after,
+        created_before=created_before,
+        text=q,
     )
+    page = logic.list_experiments(session=session, only=only, limit=limit, offset=offset)
     link_next(request, response, offset=offset, limit=limit, returned=len(page))
     return page
 
@@ -114,6 +154,22 @@ def list_experiments(
     responses=errors({404: NO_EXPERIMENT}),
 )
 def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
+    return logic.experiment_detail(session=session, experiment_id=experiment_id)
+
+
+@router.patch(
+    "/{experiment_id}",
+    response_model=ExperimentDetail,
+    operation_id="label_experiment",
+    summary="Change an experiment's tags or note",
+    description="The fields given replace the stored ones; the others stay as they are. "
+    '`tags: []` removes every tag, `note: null` or `""` the note.',
+    responses=errors({404: NO_EXPERIMENT, 413: BODY_TOO_LARGE}),
+)
+def label_experiment(
+    experiment_id: ExperimentId, labels: ExperimentLabels, session: SessionDep
+) -> ExperimentDetail:
+    logic.label_experiment(session=session, experiment_id=experiment_id, labels=labels)
     return logic.experiment_detail(session=session, experiment_id=experiment_id)
 
 
@@ -259,6 +315,27 @@ def get_stats(
     )
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
     return Response(content=payload, media_type="application/json")
+
+
+@router.get(
+    "/{experiment_id}/params",
+    response_model=ParamsTable,
+    operation_id="get_params",
+    summary="Every condition's config side by side, with its summary",
+    description="Each condition of the grid with the config its runs train with (the "
+    "trainer's defaults filled in) and its n, mean and std of `metric` (default: the spec's) "
+    "over its completed runs, as /stats serves them; `fields` lists the config fields, "
+    "those that differ between conditions (`varying`) first.",
+    responses=errors({404: NO_EXPERIMENT, 503: HEAVY_READS}),
+)
+def get_params(
+    experiment_id: ExperimentId,
+    session: SessionDep,
+    heavy: HeavyReadsDep,
+    metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
+) -> ParamsTable:
+    experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
+    return logic.params_table(session=session, experiment=experiment, metric=metric, heavy=heavy)
 
 
 @router.get(

@@ -37,7 +37,8 @@ let refreshTimer = null;
 let authRequired = null;
 let trainersCache = null;
 const curveCache = new Map();  // "runId/name" -> points, kept only for runs that have ended
-const listState = { name: "", status: "" };
+const listState = { name: "", status: "", tag: "", trainer: "" };
+const knownTags = new Set();  // every tag the list has shown, offered by its tag filter
 const experimentState = { id: null, metric: null, curveMetric: null, seeds: false, log: false,
   hidden: new Set(), openWarnings: new Set() };
 const runState = { id: null, log: false };
@@ -543,48 +544,76 @@ function showError(error) {
 }
 
 // The list's controls are built once per visit; each refresh replaces only the rows, so typing
-// in the name filter is not interrupted. New experiments appear without a reload.
+// in the search box is not interrupted. New experiments appear without a reload. Every filter
+// is the API's (GET /experiments: q, tag, trainer, status); the search also narrows the rows
+// shown at once, as the API will.
 async function showList() {
   const gen = generation;
-  const nameFilter = el("input", { type: "search", placeholder: "filter by name",
+  const search = el("input", { type: "search", placeholder: "search name, note, tags, trainer",
     "data-role": "name-filter", value: listState.name });
   const statusFilter = el("select", { "data-role": "status-filter" },
     ["", ...STATUSES.experiment].map((s) =>
       el("option", { value: s, selected: s === listState.status, text: s || "any status" })));
+  const trainerNames = new Set((await trainers()).map((t) => t.name));
+  const tagFilter = el("select", { "data-role": "tag-filter" });
+  const trainerFilter = el("select", { "data-role": "trainer-filter" });
   const note = el("span", { class: "muted" });
   const body = el("tbody");
   let page = [];
+  let searchTimer = null;
+  const options = (select, values, current, any) => select.replaceChildren(
+    ...["", ...[...new Set([...values, current].filter(Boolean))].sort()].map((v) =>
+      el("option", { value: v, selected: v === current, text: v || any })));
   const render = () => {
     const needle = listState.name.toLowerCase();
-    const shown = page.filter((e) => e.name.toLowerCase().includes(needle));
+    const shown = page.filter((e) => [e.name, e.note || "", e.trainer, ...e.tags]
+      .some((text) => text.toLowerCase().includes(needle)));
     body.replaceChildren(...shown.map((e) => el("tr", { "data-role": "experiment-row",
       "data-experiment-id": e.id },
     el("td", { text: e.id }),
     el("td", {}, el("a", { href: `#/experiments/${e.id}`, text: e.name })),
     el("td", { text: e.trainer }), el("td", {}, statusBadge(e.status)),
     el("td", {}, progress(e.counts, e.n_runs)),
+    el("td", { "data-role": "tags" }, tagChips(e.tags, (tag) => {
+      listState.tag = tag; route();
+    })),
     el("td", { text: fmtTime(e.created_at) }), el("td", { text: fmtTime(e.finished_at) }))));
-    if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "muted",
+    if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 8, class: "muted",
       text: "no experiments" })));
     note.textContent = page.length === 1000 ? "the newest 1000 shown" : "";
   };
   const load = async () => {
-    const query = listState.status ? `status=${encodeURIComponent(listState.status)}&` : "";
-    const fetched = await api(`/experiments?${query}limit=1000`);
+    const query = new URLSearchParams({ limit: 1000 });
+    for (const [name, value] of [["status", listState.status], ["tag", listState.tag],
+      ["trainer", listState.trainer], ["q", listState.name]]) if (value) query.set(name, value);
+    const fetched = await api(`/experiments?${query}`);
     if (gen !== generation) return;
     page = fetched;
+    for (const e of page) {
+      e.tags.forEach((t) => knownTags.add(t));
+      trainerNames.add(e.trainer);
+    }
+    options(tagFilter, knownTags, listState.tag, "any tag");
+    options(trainerFilter, trainerNames, listState.trainer, "any trainer");
     render();
     scheduleRefresh(true, () => load().catch(showError));
   };
-  nameFilter.addEventListener("input", () => { listState.name = nameFilter.value; render(); });
+  search.addEventListener("input", () => {
+    listState.name = search.value;
+    render();
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => load().catch(showError), 300);
+  });
   statusFilter.addEventListener("change", () => { listState.status = statusFilter.value; route(); });
+  tagFilter.addEventListener("change", () => { listState.tag = tagFilter.value; route(); });
+  trainerFilter.addEventListener("change", () => { listState.trainer = trainerFilter.value; route(); });
   await load();
   if (gen !== generation) return;
   main.replaceChildren(el("h1", { text: "Experiments" }),
-    el("div", { class: "controls" }, nameFilter, statusFilter, note),
+    el("div", { class: "controls" }, search, tagFilter, trainerFilter, statusFilter, note),
     el("table", { "data-role": "experiments" },
-      el("thead", {}, el("tr", {}, ["id", "name", "trainer", "status", "progress", "created",
-        "finished"].map((h) => el("th", { text: h })))), body));
+      el("thead", {}, el("tr", {}, ["id", "name", "trainer", "status", "progress", "tags",
+        "created", "finished"].map((h) => el("th", { text: h })))), body));
 }
 
 async function runCurve(run, name) {
@@ -832,6 +861,7 @@ async function showExperiment(id) {
     try { stats = await api(`/experiments/${id}/stats?metric=${encodeURIComponent(metric)}`); }
     catch (error) { statsProblem = error.message; }
   }
+  const params = await paramsTable(id, metric);
   const conditionKeys = stats ? stats.conditions.map((c) => c.condition_key)
     : [...new Set(runs.map((r) => r.condition_key))];
   for (const key of new Set(runs.map((r) => r.condition_key))) {
@@ -878,6 +908,7 @@ async function showExperiment(id) {
   replaceView([
     el("p", {}, el("a", { href: "#/", text: "← experiments" })),
     el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
+    labelsLine(detail),
     problem,
     factsList([["status", statusBadge(detail.status)], ["trainer", detail.trainer],
       ["progress", progress(detail.counts, detail.n_runs)],
@@ -934,6 +965,7 @@ async function showExperiment(id) {
         toggle("show-seeds", "show single seeds", "seeds")),
       detail.spec.imported || !curveMetrics.length ? null : conditionLegend(conditions, rerender, "curves"),
       curves),
+    paramsSection(params),
     section("Warnings", "warnings-section", warningsList(runs, stats)),
     reports.length ? section("Reports", "reports-section", reports.map(([name, body]) =>
       el("details", { open: true, "data-role": "report", "data-report": name },
@@ -1010,6 +1042,61 @@ async function showRun(id) {
     section("Config (as run)", "config-section", el("pre", { text: JSON.stringify(run.config, null, 2) })),
   ]);
   scheduleRefresh(ACTIVE.has(run.status), rerender);
+}
+
+// ---------------------------------------------------------------- tags, notes, params table
+
+const paramsState = { all: false };  // the params table shows every config field, not only those that vary
+
+function tagChips(tags, onPick) {
+  return tags.map((tag) => el("button", { type: "button", class: "tag", "data-role": "tag",
+    title: `only experiments tagged ${tag}`, text: tag, onclick: () => onPick(tag) }));
+}
+
+// The experiment's tags (each one opens the list filtered by it) and its note.
+function labelsLine(detail) {
+  if (!detail.tags.length && !detail.note) return null;
+  return el("div", { class: "labels", "data-role": "labels" },
+    tagChips(detail.tags, (tag) => { Object.assign(listState, { tag, name: "", status: "",
+      trainer: "" }); location.hash = "#/"; }),
+    detail.note ? el("p", { class: "note", "data-role": "note", text: detail.note }) : null);
+}
+
+// GET /experiments/{id}/params, or the reason it could not be read.
+async function paramsTable(id, metric) {
+  try { return await api(`/experiments/${id}/params?metric=${encodeURIComponent(metric)}`); }
+  catch (error) { return { problem: error.message }; }
+}
+
+// Every condition's config side by side with its n, mean and std: the fields that vary across
+// the conditions first (marked), the others on demand.
+function paramsSection(params) {
+  const holder = el("div");
+  const draw = () => {
+    const varying = new Set(params.varying);
+    const fields = paramsState.all ? params.fields : params.varying;
+    holder.replaceChildren(el("div", { class: "table-scroll" }, el("table", { class: "numbers", "data-role": "params" },
+      el("thead", {}, el("tr", {}, ["condition", "n", `mean ${params.metric}`, "std"]
+        .map((h) => el("th", { text: h })), fields.map((f) => el("th", { text: f,
+        class: varying.has(f) ? "varying" : null, "data-role": varying.has(f) ? "varying-field"
+          : "field" })))),
+      el("tbody", {}, params.conditions.map((c) => el("tr", { "data-role": "params-row",
+        "data-condition": c.condition_key },
+      el("td", { text: conditionLabel(c.condition) }), el("td", { text: c.n }),
+      el("td", { text: fmt(c.mean) }), el("td", { text: fmt(c.std) }),
+      fields.map((f) => el("td", { class: varying.has(f) ? "varying" : null,
+        text: fmtValue(c.config[f]) }))))))));
+  };
+  draw();
+  const all = el("label", {}, el("input", { type: "checkbox", "data-role": "params-all",
+    checked: paramsState.all, onchange: (e) => { paramsState.all = e.target.checked; draw(); } }),
+  " show every config field");
+  return section("Parameters", "params-section", params.problem
+    ? el("p", { class: "muted", text: params.problem })
+    : [el("p", { class: "muted", text: params.varying.length
+      ? `Each condition's config as its runs train with it; ${params.varying.join(", ")} `
+        + "differ between conditions (shown first, highlighted)."
+      : "No config field differs between the conditions." }), all, holder]);
 }
 
 async function route() {
