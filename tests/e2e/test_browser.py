@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from playwright.sync_api import Browser, Page, sync_playwright
 from scipy import stats as scipy_stats
 
@@ -47,6 +48,12 @@ GRID_16 = {
     "grid": {"loss": ["mse", "cosine"], "r": [0.05, 0.1, 0.2, 0.3], "stop_gradient": [False, True]},
     "seeds": 2,
     "metric": "min_l2",
+}
+# The bundled example (examples/collapse_stopgrad.yaml, 8 conditions) made tiny: its grid's labels.
+BUNDLED = {
+    **yaml.safe_load((ROOT / "examples" / "collapse_stopgrad.yaml").read_text()),
+    "config": {"n_samples": 40, "steps": 20},
+    "seeds": 2,
 }
 NUMBER = r"[-+]?\d*\.?\d+(?:e[-+]?\d+)?"
 # (page scripts as functions: the page's Content-Security-Policy refuses eval of an expression)
@@ -207,6 +214,7 @@ def test_dashboard_and_offline_docs_in_chromium(
     stats = service.client.get(f"/experiments/{experiment_id}/stats").json()
     # (submitted now, it runs while the pages below are checked, not beside the first)
     wide_id = service.submit(GRID_16)["id"]
+    bundled_id = service.submit(BUNDLED)["id"]
 
     # The list: status and progress; filters by name on the page, by status through ?status=.
     page.goto(f"{origin}/ui#/")
@@ -372,6 +380,13 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert len(fills) == 16  # a colour per condition
     assert_tab_reaches_every_seed_point(page)
     watched.shot("experiment-16-conditions")
+    assert service.wait(bundled_id)["status"] == "completed"
+    page.goto(f"{origin}/ui#/experiments/{bundled_id}")
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-role=seed-point]').length === 16"
+    )
+    assert_labels_apart(page, 8)
+    assert_no_section_overflows(page)
 
     # Add-seeds gives every new run the same warning again: listed once, with its count.
     added = service.client.post(f"/experiments/{experiment_id}/seeds", json={"seeds": 1})
@@ -412,10 +427,10 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert dark.blocked == [] and dark.errors == []
     dark.context.close()
 
-    # Tags and the params table (docs/organising.md): beside the 16-condition experiment and an
-    # imported one (no runs to wait for), the tagged one is the only row left when the list is
-    # filtered by its tag,
-    # and its page shows its tag, its note and a Parameters section led by the grid's field.
+    # Tags and the params table (docs/organising.md): beside the 16-condition experiment, the
+    # bundled example and an imported one (no runs to wait for), the tagged one is the only row
+    # left when the list is filtered by its tag, and its page shows its tag, its note and a
+    # Parameters section led by the grid's field.
     seeds_csv = (ROOT / "examples" / "seeds.csv").read_text()
     imported = service.client.post("/experiments/import", json={"name": "other", "csv": seeds_csv})
     assert imported.status_code == 201, imported.text
@@ -425,7 +440,7 @@ def test_dashboard_and_offline_docs_in_chromium(
     page.fill("[data-role=name-filter]", "")
     page.select_option("[data-role=status-filter]", "")
     rows_are = "n => document.querySelectorAll('[data-role=experiment-row]').length === n"
-    page.wait_for_function(rows_are, arg=3)
+    page.wait_for_function(rows_are, arg=4)
     page.select_option("[data-role=tag-filter]", "browser-tag")
     page.wait_for_function(rows_are, arg=1)
     assert row.locator("[data-role=tag]").all_inner_texts() == ["browser-tag"]

@@ -17,7 +17,7 @@ from api_schemas import RunStatus
 from api_schemas import system_metrics as names
 from workers import system_metrics
 from workers.messages import MetricBatch, Result
-from workers.system_metrics import GpuProbe, NvmlError, SystemSampler
+from workers.system_metrics import MIN_READING_GAP_S, GpuProbe, NvmlError, SystemSampler
 from workers.task import execute_seeds
 
 FAST = {"n_samples": 16, "steps": 40, "log_every": 10}
@@ -84,6 +84,7 @@ def test_cpu_and_memory_follow_what_the_process_does() -> None:
     grown = sampler.read()[names.RSS_BYTES]
     assert grown - idle[names.RSS_BYTES] > 48 * 2**20
     del ballast
+    time.sleep(2 * MIN_READING_GAP_S)  # a reading closer to the last one is that one again
     with open("/proc/self/status") as status:  # the kernel's own figure, in kB
         vm_rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
     assert abs(sampler.read()[names.RSS_BYTES] - vm_rss * 1024) < 16 * 2**20
