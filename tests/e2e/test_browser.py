@@ -618,6 +618,21 @@ def test_an_imported_experiment_in_the_dashboard(browser: Browser, tmp_path: Pat
         page.select_option("[data-role=metric-select]", "test_loss")
         page.wait_for_selector("text=Distribution of test_loss per condition")
         watched.shot("imported-experiment")
+
+        # With no dispatcher, two submitted experiments wait: each page says where in the queue.
+        waiting = [
+            service.client.post("/experiments", json={**SPEC, "name": f"waiting-{i}"}).json()["id"]
+            for i in range(2)
+        ]
+        for place, waiting_id in enumerate(waiting, start=1):
+            detail = service.client.get(f"/experiments/{waiting_id}").json()
+            assert detail["queue_position"] == place, detail
+            page.goto(f"{origin}/ui#/experiments/{waiting_id}")
+            page.wait_for_selector(f"h1:has-text('waiting-{place - 1} #{waiting_id}')")
+            shown = page.locator("[data-role=queue-position]")
+            assert shown.inner_text() == (
+                "next to start" if place == 1 else f"{place - 1} queued experiments ahead of it"
+            )
         assert watched.blocked == []
         assert watched.errors == []
         watched.context.close()

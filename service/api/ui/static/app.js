@@ -911,6 +911,9 @@ async function showExperiment(id) {
     labelsLine(detail),
     problem,
     factsList([["status", statusBadge(detail.status)], ["trainer", detail.trainer],
+      ...(detail.queue_position ? [["queue", el("span", { "data-role": "queue-position",
+        text: detail.queue_position === 1 ? "next to start"
+          : `${detail.queue_position - 1} queued experiments ahead of it` })]] : []),
       ["progress", progress(detail.counts, detail.n_runs)],
       ["conditions × seeds", `${detail.n_conditions} conditions, ${detail.n_runs} runs`],
       ["created", fmtTime(detail.created_at)], ["finished", fmtTime(detail.finished_at)],
