@@ -441,6 +441,14 @@ def test_dashboard_and_offline_docs_in_chromium(
     page.select_option("[data-role=status-filter]", "")
     rows_are = "n => document.querySelectorAll('[data-role=experiment-row]').length === n"
     page.wait_for_function(rows_are, arg=4)
+    # The list sorts by a clicked header too: by id, then the other way round.
+    id_header = page.locator("[data-role=experiments] [data-role=sort-header]", has_text="id")
+    listed_ids = "[data-role=experiments] tbody td:nth-child(1)"
+    id_header.click()
+    ids = [int(t) for t in page.locator(listed_ids).all_inner_texts()]
+    assert ids == sorted(ids) and len(ids) == 4
+    id_header.click()
+    assert [int(t) for t in page.locator(listed_ids).all_inner_texts()] == sorted(ids)[::-1]
     page.select_option("[data-role=tag-filter]", "browser-tag")
     page.wait_for_function(rows_are, arg=1)
     assert row.locator("[data-role=tag]").all_inner_texts() == ["browser-tag"]

@@ -135,6 +135,13 @@ function conditionColor(index) {
 // as numbers ("—" last), text as text; the order survives the page's refreshes.
 function sortableTable(role, headers, rows, attrs = {}) {
   const body = el("tbody", {}, rows);
+  const cells = sortHeaders(role, headers, body);
+  applySort(role, body, cells);
+  return el("table", { ...attrs, "data-role": role }, el("thead", {}, el("tr", {}, cells)), body);
+}
+
+// Header cells whose buttons sort `body`'s rows by their column (again: the other way round).
+function sortHeaders(role, headers, body) {
   const cells = headers.map((h, column) => el("th", { "aria-sort": "none" },
     el("button", { type: "button", class: "sort", "data-role": "sort-header", text: h,
       onclick: () => {
@@ -143,8 +150,7 @@ function sortableTable(role, headers, rows, attrs = {}) {
           ? !state.descending : false });
         applySort(role, body, cells);
       } })));
-  applySort(role, body, cells);
-  return el("table", { ...attrs, "data-role": role }, el("thead", {}, el("tr", {}, cells)), body);
+  return cells;
 }
 
 function applySort(role, body, cells) {
@@ -564,6 +570,8 @@ async function showList() {
   const options = (select, values, current, any) => select.replaceChildren(
     ...["", ...[...new Set([...values, current].filter(Boolean))].sort()].map((v) =>
       el("option", { value: v, selected: v === current, text: v || any })));
+  const headers = sortHeaders("experiments", ["id", "name", "trainer", "status", "progress",
+    "tags", "created", "finished"], body);
   const render = () => {
     const needle = listState.name.toLowerCase();
     const shown = page.filter((e) => [e.name, e.note || "", e.trainer, ...e.tags]
@@ -581,6 +589,7 @@ async function showList() {
     if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 8, class: "muted",
       text: "no experiments" })));
     note.textContent = page.length === 1000 ? "the newest 1000 shown" : "";
+    applySort("experiments", body, headers);
   };
   const load = async () => {
     const query = new URLSearchParams({ limit: 1000 });
@@ -611,9 +620,7 @@ async function showList() {
   if (gen !== generation) return;
   main.replaceChildren(el("h1", { text: "Experiments" }),
     el("div", { class: "controls" }, search, tagFilter, trainerFilter, statusFilter, note),
-    el("table", { "data-role": "experiments" },
-      el("thead", {}, el("tr", {}, ["id", "name", "trainer", "status", "progress", "tags",
-        "created", "finished"].map((h) => el("th", { text: h })))), body));
+    el("table", { "data-role": "experiments" }, el("thead", {}, el("tr", {}, headers)), body));
 }
 
 async function runCurve(run, name) {
