@@ -315,15 +315,39 @@ def runs(
             markup=False,
             soft_wrap=True,
         )
-    for r in listed:
+    for message, runs_warned in grouped_warnings(listed).items():
+        render.console.print(
+            f"warning on {_runs_named(runs_warned)}: {message}",
+            style="yellow",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+# runs named in a grouped warning before the rest are counted
+RUNS_NAMED_PER_WARNING = 8
+
+
+def grouped_warnings(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each distinct warning message (in the order first met) with the runs that carry it: an
+    experiment's runs repeat one warning (every collapsed seed, every added seed) many times."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
         for warning in r["warnings"]:
-            render.console.print(
-                f"run {r['id']} ({r['condition_key']}, seed {r['seed']}) warning: "
-                f"{warning.get('message', warning)}",
-                style="yellow",
-                markup=False,
-                soft_wrap=True,
-            )
+            message = str(warning.get("message", warning))
+            if r not in grouped.setdefault(message, []):
+                grouped[message].append(r)
+    return grouped
+
+
+def _runs_named(runs: list[dict[str, Any]]) -> str:
+    """`1 run (3: lr=0.1, seed 0)` or `12 runs (3, 4, ... and 4 more)`."""
+    if len(runs) == 1:
+        (r,) = runs
+        return f"1 run ({r['id']}: {r['condition_key']}, seed {r['seed']})"
+    named = ", ".join(str(r["id"]) for r in runs[:RUNS_NAMED_PER_WARNING])
+    more = len(runs) - RUNS_NAMED_PER_WARNING
+    return f"{len(runs)} runs ({named}{f' and {more} more' if more > 0 else ''})"
 
 
 def _primary_metric(client: Client, detail: dict[str, Any]) -> str:

@@ -625,6 +625,23 @@ def test_runs_of_no_match_say_so_and_runs_that_ended_badly_show_their_last_logge
     assert re.search(r"\b4\s+lr=0.1\s+1\s+completed\s+0.25\s+1", shown)
     assert "(last): the loss last logged before the run failed" in shown
 
+    # One line per distinct warning, naming the runs that carry it (12 collapsed seeds: one line).
+    collapsed = {"message": "label embeddings collapsed"}
+    warned = [
+        {**done, "id": 10 + seed, "seed": seed, "warnings": [collapsed]} for seed in range(12)
+    ]
+    warned[0]["warnings"] = [collapsed, {"message": "min_l2 never rose"}]
+    mock_service(monkeypatch, {"/experiments/7": detail, "/experiments/7/runs": warned})
+    assert CliRunner().invoke(cli.app, ["runs", "7"]).exit_code == 0
+    warning_lines = [
+        line for line in render.console.export_text().splitlines() if line.startswith("warning")
+    ]
+    assert warning_lines == [
+        "warning on 12 runs (10, 11, 12, 13, 14, 15, 16, 17 and 4 more): label embeddings "
+        "collapsed",
+        "warning on 1 run (10: lr=0.1, seed 0): min_l2 never rose",
+    ]
+
     lines = run_log_lines(
         {
             **failed,
