@@ -235,8 +235,12 @@ def test_cli_sends_the_token_from_the_environment(guarded: Guarded) -> None:
     ok = status(TOKEN)
     assert ok.returncode == 0 and "cli-visible" in ok.stdout, ok.stderr
     refused = status(None)
-    assert refused.returncode == 2 and "401" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    # said as the setting to make, not as the HTTP answer (issue 26: errors speak CLI)
+    assert refused.returncode == 2, refused.stderr
+    assert "set SEEDGRID_API_TOKEN to the token it was started with" in refused.stderr
+    assert "Traceback" not in refused.stderr and "bearer" not in refused.stderr
+    wrong = status("not-the-token-of-this-service")
+    assert wrong.returncode == 2 and "refused the token in SEEDGRID_API_TOKEN" in wrong.stderr
 
 
 def test_request_bodies_over_the_limit_get_413_and_store_nothing(guarded: Guarded) -> None:
