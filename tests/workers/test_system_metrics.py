@@ -81,6 +81,7 @@ def test_cpu_and_memory_follow_what_the_process_does() -> None:
     assert not sampler.due()  # the next reading is an interval away
 
     ballast = b"\x01" * (64 * 2**20)
+    time.sleep(2 * MIN_READING_GAP_S)  # a reading closer to the last one is that one again
     grown = sampler.read()[names.RSS_BYTES]
     assert grown - idle[names.RSS_BYTES] > 48 * 2**20
     del ballast
