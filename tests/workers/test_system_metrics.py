@@ -6,6 +6,7 @@ NVML is missing or fails."""
 from __future__ import annotations
 
 import logging
+import mmap
 import resource
 import threading
 import time
@@ -80,11 +81,15 @@ def test_cpu_and_memory_follow_what_the_process_does() -> None:
     assert busy[names.CPU_PERCENT] > idle[names.CPU_PERCENT] + 10, (busy, idle)
     assert not sampler.due()  # the next reading is an interval away
 
-    ballast = b"\x01" * (64 * 2**20)
+    # Fresh pages from the kernel, each touched: a malloc of the same size may be carved from
+    # heap memory an earlier test freed, already resident, and then the RSS does not move.
+    ballast = mmap.mmap(-1, 64 * 2**20)
+    for page in range(0, len(ballast), mmap.PAGESIZE):
+        ballast[page] = 1
     time.sleep(2 * MIN_READING_GAP_S)  # a reading closer to the last one is that one again
     grown = sampler.read()[names.RSS_BYTES]
     assert grown - idle[names.RSS_BYTES] > 48 * 2**20
-    del ballast
+    ballast.close()
     time.sleep(2 * MIN_READING_GAP_S)  # a reading closer to the last one is that one again
     with open("/proc/self/status") as status:  # the kernel's own figure, in kB
         vm_rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
