@@ -197,15 +197,18 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     active.process.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     active.process.wait(10)
-    # running, or pending (handed to Ray, not started yet): the standby re-queues both
+    # running, or pending (handed to Ray, not started yet): the standby re-queues both, and
+    # charges only the started one's attempt (lost); the pending one's is interrupted. Nothing
+    # moves these rows between here and the takeover: their dispatcher is dead.
     left_running = {
-        run_id
-        for (run_id,) in api.sql(
-            "SELECT id FROM run WHERE experiment_id = :id AND status IN ('running', 'pending')",
+        run_id: status
+        for (run_id, status) in api.sql(
+            "SELECT id, status FROM run"
+            " WHERE experiment_id = :id AND status IN ('running', 'pending')",
             id=slow["id"],
         )
     }
-    assert left_running
+    assert "running" in left_running.values(), left_running  # the one waited for
     assert standby.wait_for_log(ACTIVE, timeout_s=15)[1] == standby_id
     takeover_s = time.monotonic() - killed_at
     assert takeover_s < 10, takeover_s
@@ -215,7 +218,8 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
         detail = api.client.get(f"/runs/{run['id']}").json()
         history = [(a["attempt"], a["outcome"]) for a in detail["attempt_history"]]
         if run["id"] in left_running:
-            assert run["attempts"] == 2 and history == [(1, "lost"), (2, "completed")], detail
+            first = "lost" if left_running[run["id"]] == "running" else "interrupted"
+            assert run["attempts"] == 2 and history == [(1, first), (2, "completed")], detail
             assert "dispatcher stopped" in detail["attempt_history"][0]["error"]
             assert detail["provenance"]["dispatcher"] == standby_id
         else:
@@ -451,10 +455,11 @@ def test_holder_whose_lock_connection_drops_stops_at_once_and_settles_on_return(
             "the holder to stand by and cancel its copies",
         )
         assert service.client.get("/healthz").json()["dispatcher"] == "standby"
-        left_running = {
-            run_id for (run_id,) in service.sql("SELECT id FROM run WHERE status = 'running'")
-        }
-        assert left_running
+        # a started run's attempt is charged (lost), a pending one's is not (interrupted)
+        left_running = dict(
+            service.sql("SELECT id, status FROM run WHERE status IN ('running', 'pending')")
+        )
+        assert "running" in left_running.values(), left_running
         tables = ("run", "runattempt", "metricpoint")
         snapshot = [service.sql(f"SELECT * FROM {table} ORDER BY id") for table in tables]
         time.sleep(1.0)  # nothing may be written while the rival holds the lock
@@ -464,7 +469,8 @@ def test_holder_whose_lock_connection_drops_stops_at_once_and_settles_on_return(
         assert dispatcher.state == "active"
         assert_each_run_completed_once(service, created["id"])
         for run_id, attempts in attempts_by_run(service, created["id"]).items():
-            retried = [(1, "lost"), (2, "completed")]
+            first = "lost" if left_running.get(run_id) == "running" else "interrupted"
+            retried = [(1, first), (2, "completed")]
             assert attempts == (retried if run_id in left_running else [(1, "completed")]), run_id
         service.client.close()
 

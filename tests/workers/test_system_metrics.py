@@ -22,6 +22,10 @@ from workers.system_metrics import MIN_READING_GAP_S, GpuProbe, NvmlError, Syste
 from workers.task import execute_seeds
 
 FAST = {"n_samples": 16, "steps": 40, "log_every": 10}
+# Seeds that each outlast MIN_READING_GAP_S many times over (tens of ms here): a seed's end
+# reading is then its own, with a CPU figure (40 warm steps take ~2 ms: the reading at their
+# end was the one at their start, which has none).
+TIMED = {"n_samples": 16, "steps": 2000, "log_every": 500}
 GIB = float(2**30)
 
 
@@ -99,7 +103,7 @@ def test_cpu_and_memory_follow_what_the_process_does() -> None:
 
 def test_every_seed_of_a_task_gets_the_process_series_at_its_steps() -> None:
     messages = list(
-        execute_seeds("collapse", FAST, [0, 1], batch_interval_s=0.01, system_metrics_interval_s=5)
+        execute_seeds("collapse", TIMED, [0, 1], batch_interval_s=0.01, system_metrics_interval_s=5)
     )
     results = [m for m in messages if isinstance(m, Result)]
     assert [r.status for r in results] == [RunStatus.completed] * 2
@@ -107,13 +111,13 @@ def test_every_seed_of_a_task_gets_the_process_series_at_its_steps() -> None:
         points = series(messages, index)
         # one at the seed's start, one at its end, each at the run's latest step then
         steps = [s for s, _ in points[names.RSS_BYTES]]
-        assert len(steps) == 2 and steps == sorted(steps) and steps[-1] == 40, points
+        assert len(steps) == 2 and steps == sorted(steps) and steps[-1] == 2000, points
         assert {s for s, _ in points["loss"]} >= set(steps)
         start, end = (v for _, v in points[names.ELAPSED_S])
         assert start == 0 and end > 0
         assert all(v > 50 * 2**20 for _, v in points[names.RSS_BYTES])
         assert all(v >= 0 for _, v in points[names.CPU_PERCENT])
-        assert points[names.CPU_PERCENT][-1][0] == 40
+        assert points[names.CPU_PERCENT][-1][0] == 2000
         assert not any(n.startswith("sys/gpu") for n in points)
         # what the run measured, never the hardware's
         assert not any(names.is_system_metric(n) for n in result.metrics)
