@@ -47,9 +47,11 @@ def log_to_stderr(level: str) -> None:
 
 def load_trainers(option: str | None) -> None:
     """The operator's trainer modules (SEEDGRID_TRAINER_MODULES, then `--trainers`) imported
-    and registered before anything else starts, or the command stops with one line naming
-    the module and why. `--trainers` joins the variable, so that the processes this command
-    starts (the API's workers, Ray's) load the same modules."""
+    and registered before Ray or the API starts, or the command stops with one line naming
+    the module and why. The commands check their settings and the database first: those
+    checks need no trainer, and importing the trainers (torch, scipy) takes seconds.
+    `--trainers` joins the variable, so that the processes this command starts (the API's
+    workers, Ray's) load the same modules."""
     from api_schemas import environment
 
     try:
@@ -275,12 +277,12 @@ def serve(
             "--workers: more than one worker process needs --no-dispatch (run the "
             "dispatcher as its own process: `seedgrid dispatcher`)"
         )
-    load_trainers(trainers)
     settings = load_settings(host=host, port=port)
     refuse_open_exposure(settings, insecure, host_option=host is not None)
     log_to_stderr(settings.log_level)
     with ray_ended_on_exit():
         upgrade_schema(settings)
+        load_trainers(trainers)
         if dispatch:
             from service.api.app import create_app
 
@@ -317,10 +319,10 @@ def dispatcher(trainers: TrainersOpt = None) -> None:
     from service.scheduling.dispatcher import Dispatcher
     from service.storage.db import make_engine
 
-    load_trainers(trainers)
     settings = load_settings()
     log_to_stderr(settings.log_level)
     upgrade_schema(settings)
+    load_trainers(trainers)
     # Connect now: a wrong address fails here, and a standby is ready to take over at once.
     connect_ray(settings)
     stopping = threading.Event()
@@ -348,15 +350,15 @@ def run(
     trainers: TrainersOpt = None,
 ) -> None:
     """Start the service in this process, run one spec to completion, print its statistics."""
-    load_trainers(trainers)
-    from service.api.server import BackgroundServer
-
     settings = load_settings()
     refuse_open_exposure(settings, insecure=False)
     spec = load_spec(spec_file)
     started = time.perf_counter()
     with ray_ended_on_exit():
         upgrade_schema(settings)
+        load_trainers(trainers)
+        from service.api.server import BackgroundServer
+
         connect_ray(settings)  # from the main thread, not the server's (see connect_ray)
         render.console.print(f"Ray {settings.ray_address or 'local (started here)'}", markup=False)
         with (
