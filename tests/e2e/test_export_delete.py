@@ -493,9 +493,9 @@ def test_a_large_delete_never_holds_up_other_writes_and_is_gone_from_every_read_
     were gone from the 204 on; once the purge is done no row of it remains.
 
     SQLite needs all 300,000: deleted in one transaction, half as many held the write lock only
-    0.55 s, under the 1 s bound (measured on a busy 2-core machine). PostgreSQL
-    locks rows, not the database: 100,000 points there keep its purge going (about 0.7 s) well
-    past the reads below (about 0.2 s)."""
+    0.55 s, under the 1 s bound (measured on a busy 2-core machine). PostgreSQL locks rows, not
+    the database: 100,000 points there keep its purge going (about 0.7 s) well past the reads
+    below (60,000-70,000 of them were left after the reads)."""
     service = store_service
     points_per_run = 30_000 if backend == "sqlite" else 10_000
     big, big_runs = store_ended_experiment(service, "big", runs=10, points_per_run=points_per_run)
