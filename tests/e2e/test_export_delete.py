@@ -485,14 +485,20 @@ print(json.dumps(waits))
 
 
 def test_a_large_delete_never_holds_up_other_writes_and_is_gone_from_every_read_at_once(
-    store_service: Service, tmp_path: Path
+    store_service: Service, tmp_path: Path, backend: str
 ) -> None:
     """Deleting an experiment of 300,000 points: another writer's transactions (an UPDATE of
     another experiment, from its own connection) never wait a second (the delete held SQLite's
-    write lock for all of it: 3 s here, 28 s for 3M points); every read answers as if it were
-    gone from the 204 on; once the purge is done no row of it remains."""
+    write lock for all of it: 1.8-3 s here, 28 s for 3M points); every read answers as if it
+    were gone from the 204 on; once the purge is done no row of it remains.
+
+    SQLite needs all 300,000: deleted in one transaction, half as many held the write lock only
+    0.55 s, under the 1 s bound (measured on a busy 2-core machine). PostgreSQL locks rows, not
+    the database: 100,000 points there keep its purge going (about 0.7 s) well past the reads
+    below (60,000-70,000 of them were left after the reads)."""
     service = store_service
-    big, big_runs = store_ended_experiment(service, "big", runs=10, points_per_run=30_000)
+    points_per_run = 30_000 if backend == "sqlite" else 10_000
+    big, big_runs = store_ended_experiment(service, "big", runs=10, points_per_run=points_per_run)
     other, _ = store_ended_experiment(service, "other", runs=2, points_per_run=3)
     # a stored /stats page and /compare page, removed with it
     assert service.client.get(f"/experiments/{big}/stats").status_code == 200
