@@ -375,6 +375,10 @@ def _columns(prep: Prepared) -> tuple[np.ndarray, np.ndarray, float, float, floa
     return leaves, arrives, total_a, total_b, float(prep.pair_a.sum()) / scale
 
 
+# Values per block of crossing_scales's _roots (64 k: half a MB a temporary).
+ROOTS_BLOCK = 2**16
+
+
 def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> np.ndarray:
     """s_j per row of `matrix` (rows) for each comparison of one layout (columns), unsorted
     (module docstring): T*_j(s) >= T(s) exactly when s >= s_j (0: always; inf: never)."""
@@ -383,8 +387,17 @@ def crossing_scales(preps: Sequence[Prepared], matrix: np.ndarray) -> np.ndarray
     total_a = np.array([c[2] for c in columns])
     total_b = np.array([c[3] for c in columns])
     paired_a = np.array([c[4] for c in columns])
-    # U: a's deviations left on a's side, its paired ones less those swapped away
-    return _roots(paired_a + products[:, 0::2], products[:, 1::2], total_a, total_b)
+    # a block of rows at a time, ROOTS_BLOCK values each: _roots's temporaries stay in cache
+    # (a 9,999 x 1,000 layout: 4x as fast as at once, the same values)
+    crossings = np.empty((len(matrix), len(columns)))
+    step = max(1, ROOTS_BLOCK // len(columns))
+    for start in range(0, len(matrix), step):
+        block = products[start : start + step]
+        # U: a's deviations left on a's side, its paired ones less those swapped away
+        crossings[start : start + step] = _roots(
+            paired_a + block[:, 0::2], block[:, 1::2], total_a, total_b
+        )
+    return crossings
 
 
 def _roots(u: np.ndarray, v: np.ndarray, total_a: np.ndarray, total_b: np.ndarray) -> np.ndarray:
