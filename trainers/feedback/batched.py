@@ -10,7 +10,9 @@ losses and protocol diagnostics are each seed's own: the credits of BP, FA and D
 per seed (each seed's feedback matrices, its own gradients), every loss is reduced over its
 seed's batch, and medians, cosines and the D1/D2 checks are computed per seed. The optimiser is
 torch.optim's Adam or SGD on the stacked parameters: both are elementwise and every seed in the
-stack takes the same steps at the same time, so each seed's update is its solo update.
+stack takes the same steps at the same time, so each seed's update is its solo update (Adam as
+torch's fused kernel on a CPU or CUDA device: one pass over each stacked parameter instead of
+six, 9% of a StudentNet task's time on this CPU; the same update in another rounding).
 
 A seed that stops leaves the stack: cancelled or stopped by its reporter at a step or during a
 test pass, diverged (its logged training loss turned non-finite) or stopped by a check
@@ -130,7 +132,7 @@ class SeedStack:
             sample_dims=len(seeds[0].task.input_shape),
         )
         self.matrices = stack_feedback([seed.matrices for seed in seeds])
-        self.optimizer = build_optimizer(self.net, config)
+        self.optimizer = build_optimizer(self.net, config, fused_adam=True)
         self.steps = 0
         self.started = time.perf_counter()
         # the current epoch's sums of every seed in the stack (K x 4, float64) and its images
@@ -348,7 +350,7 @@ def select_optimizer(
     """An optimiser of `new` (the networks of `old` at `index`) that carries on from
     `optimizer`'s state: each per-element state tensor (Adam's moments, SGD's momentum) at
     the same seeds, the shared step count as it is."""
-    moved = build_optimizer(new, config)
+    moved = build_optimizer(new, config, fused_adam=True)
     for name, param in old.params.items():
         state = optimizer.state.get(param)
         if state:
