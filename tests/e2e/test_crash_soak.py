@@ -208,9 +208,17 @@ def reach(
     """Wait for the moment of the serve's life that a kill aims at."""
     if phase == "starting":  # anywhere in start-up: imports, migrations, Ray, the take-over
         time.sleep(max(0.0, since + rng.uniform(0.0, 0.9 * startup_s) - time.monotonic()))
-    elif phase == "running":  # a worker is inside a run
+    elif phase == "running":  # a worker is inside a run, and the database says so
         session = process.process.pid
-        wait_until(lambda: bool(executing_runs(session)), "a run to execute", process)
+
+        def inside_a_run() -> bool:
+            # A task's process title comes first; its start is stored only once the fresh
+            # worker has imported and warmed up (seconds on a loaded machine), and a kill
+            # before then cuts short only pending runs (seen in CI: 2 kills aimed here did).
+            now = counts(process, experiment_id)
+            return now is not None and now["running"] > 0 and bool(executing_runs(session))
+
+        wait_until(inside_a_run, "a run to execute", process)
         time.sleep(rng.uniform(0.0, 0.6))
     else:  # "completing": right after a batch of completions was stored (1 to 3 more runs)
         target = completed_before + rng.randint(1, 3)
