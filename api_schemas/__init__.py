@@ -892,8 +892,10 @@ class Comparison(ResponseModel):
     marginal_var_a: float | None = None
     marginal_var_b: float | None = None
     marginal_var_ratio: float | None = None
-    # mean_a - mean_b over all runs of each level, and its test: "paired t" (on each seed's
-    # difference, averaged over the cells, when the comparison is paired) or "Welch t".
+    # mean_a - mean_b and its test: paired, the mean of each seed's difference (averaged over
+    # the cells; seeds run in one level only left out, the same seeds as mean_diff_ci95) with
+    # "paired t"; unpaired, over all runs of each level with "studentised permutation test
+    # (Welch's t)" (Welch's statistic, its null from re-assignments of runs within strata).
     mean_diff: float | None
     mean_test: str | None = None
     mean_p: float | None = None

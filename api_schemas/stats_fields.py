@@ -59,14 +59,16 @@ COMPARISON_FIELDS: dict[str, str] = {
     "marginal_var_a": "level a's variance over all its runs, cell means included (pooled only)",
     "marginal_var_b": "level b's variance over all its runs, cell means included (pooled only)",
     "marginal_var_ratio": "marginal_var_a / marginal_var_b (descriptive: interactions inflate it)",
-    "mean_diff": "mean of level a minus mean of level b",
-    "mean_test": "the test of mean_diff = 0: paired t (paired seeds) or Welch t",
+    "mean_diff": "mean of level a minus mean of level b (paired: over the seeds both ran)",
+    "mean_test": "the test of mean_diff = 0: paired t (paired seeds) or a studentised "
+    "permutation test of Welch's t (unpaired)",
     "mean_p": "the mean test's p-value, raw",
     "mean_p_holm_factor": "mean_p Holm-adjusted over the factor's comparisons",
     "mean_p_holm_all": "mean_p Holm-adjusted over every comparison of the experiment",
     "mean_diff_ci95": "the 95% interval of mean_diff",
     "mean_p_null_reason": "why mean_p is null (every paired difference is the same)",
-    "welch_p": "Welch's unpaired t-test p-value of the means, raw, whatever the pairing",
+    "welch_p": "Welch's unpaired t-test p-value of the means from Student's t, raw, whatever "
+    "the pairing (over-rejects with unequal seeds on skewed metrics; mean_p does not)",
     "welch_p_null_reason": "why welch_p is null (both levels have zero variance)",
     "detectable_ratio": "the smallest var_a / var_b above 1 these seeds detect with power 0.8 "
     "at alpha 0.05",

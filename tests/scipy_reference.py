@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 from scipy import stats
@@ -118,9 +119,51 @@ def reference_strata(
     if paired:
         differences = np.mean([a - b for a, b in zip(cells_a, cells_b, strict=True)], axis=0)
         out["mean_p"] = stats.ttest_1samp(differences, 0.0).pvalue
-    else:
-        out["mean_p"] = out["welch_p"]
+        out["mean_diff"] = differences.mean()
+    elif math.prod(math.comb(len(a) + len(b), len(a)) for a, b in strata) <= 5_000:
+        out["mean_p"] = reference_mean_p(strata)
     return out
+
+
+def _welch_statistic(x: np.ndarray, y: np.ndarray) -> float:
+    return float(stats.ttest_ind(x, y, equal_var=False).statistic)
+
+
+def reference_mean_p(strata: list[tuple[list[float], list[float]]]) -> float:
+    """The unpaired mean test by enumeration: Welch's t of all runs of each level, over every
+    re-assignment of each stratum's runs that keeps its counts; two-sided as scipy's
+    permutation_test (which computes it for one stratum)."""
+    if len(strata) == 1:
+        return float(
+            stats.permutation_test(
+                strata[0],
+                _welch_statistic,
+                permutation_type="independent",
+                n_resamples=np.inf,
+                vectorized=False,
+            ).pvalue
+        )
+    pools = [np.r_[a, b] for a, b in strata]
+    splits = [
+        list(itertools.combinations(range(len(pool)), len(a)))
+        for pool, (a, _) in zip(pools, strata, strict=True)
+    ]
+    values = []
+    for combo in itertools.product(*splits):
+        side_a, side_b = [], []
+        for pool, chosen in zip(pools, combo, strict=True):
+            mask = np.zeros(len(pool), dtype=bool)
+            mask[list(chosen)] = True
+            side_a.append(pool[mask])
+            side_b.append(pool[~mask])
+        values.append(_welch_statistic(np.concatenate(side_a), np.concatenate(side_b)))
+    observed = _welch_statistic(
+        np.concatenate([np.asarray(a) for a, _ in strata]),
+        np.concatenate([np.asarray(b) for _, b in strata]),
+    )
+    t = np.asarray(values)
+    gamma = 1e-9 * max(1.0, abs(observed))
+    return float(min(1.0, 2 * min(np.mean(t >= observed - gamma), np.mean(t <= observed + gamma))))
 
 
 def reference_condition(values: list[float]) -> dict[str, float]:

@@ -27,9 +27,11 @@ stratum's counts, so cell means never mix into the comparison:
   MIN_DISTINCT_ASSIGNMENTS sign flips (5 or fewer seeds) the unpaired test is used instead: it
   is conservative for positively correlated seeds, where 32 flips cannot reach 0.05 at all.
 
-Both are exact when the deviations are exchangeable. With at most N_RESAMPLES + 1 distinct
-re-assignments they are enumerated, else N_RESAMPLES random ones are drawn from
-RESAMPLING_SEED (the same stored results give the same p-value). The two-sided p is
+Both are exact when the deviations are exchangeable. With at most MAX_ENUMERATED (2^16) distinct
+re-assignments they are all enumerated (a borderline p then depends on no resampling seed: 16
+shared seeds give 65,536 sign flips, where 9,999 random ones answered 0.0542 for an exact
+0.0499), else N_RESAMPLES random ones are drawn from RESAMPLING_SEED (the same stored results
+give the same p-value). The two-sided p is
 min(1, 2 min(P(T* >= T), P(T* <= T))), the observed assignment counted once on each side
 (scipy.stats.permutation_test's rule).
 
@@ -57,6 +59,9 @@ from service.lru import LruCache
 
 N_RESAMPLES = 9999
 RESAMPLING_SEED = 0
+# Layouts with at most this many distinct re-assignments are enumerated, not drawn, when their
+# matrix fits MAX_MATRIX_BYTES (a layout of 16 pairs: 65,536 rows of 16, 8 MB).
+MAX_ENUMERATED = 2**16
 # Fewer distinct re-assignments than this and the two-sided p cannot fall below 2/40 = 0.05.
 MIN_DISTINCT_ASSIGNMENTS = 40
 # Shared seeds are paired whenever there are enough of them to sign-flip (6 or more), whatever
@@ -252,23 +257,35 @@ _matrices: LruCache[tuple[np.ndarray, bool]] = LruCache(
 )
 
 
-def assignments(layout: tuple[int, ...], resamples: int = N_RESAMPLES) -> tuple[np.ndarray, bool]:
+def enumerated(layout: tuple[int, ...], resamples: int, enumerate_up_to: int) -> bool:
+    """Whether a layout's re-assignments are all enumerated: no more of them than `resamples` + 1,
+    or than `enumerate_up_to` while their matrix fits MAX_MATRIX_BYTES."""
+    count = distinct_assignments(layout)
+    if count <= resamples + 1:
+        return True
+    return count <= enumerate_up_to and count * sum(layout) * 8 <= MAX_MATRIX_BYTES
+
+
+def assignments(
+    layout: tuple[int, ...], resamples: int = N_RESAMPLES, enumerate_up_to: int = 0
+) -> tuple[np.ndarray, bool]:
     """The re-assignments other than the observed one, as a 0/1 float64 matrix, one row each:
     a column per pair, 1 where its two values swap sides; then a column per position of each
     block (Prepared), 1 where that value lands on a's side. And whether they are all of them
-    (enumerated) rather than `resamples` random ones."""
-    key = (layout, resamples)
+    (enumerated: see enumerated()) rather than `resamples` random ones."""
+    key = (layout, resamples, enumerate_up_to)
     made = _matrices.get(key)
     if made is None:
-        made = _make_assignments(layout, resamples)
+        made = _make_assignments(layout, resamples, enumerated(layout, resamples, enumerate_up_to))
         _matrices.put(key, made)
     return made
 
 
-def _make_assignments(layout: tuple[int, ...], resamples: int) -> tuple[np.ndarray, bool]:
+def _make_assignments(
+    layout: tuple[int, ...], resamples: int, exact: bool
+) -> tuple[np.ndarray, bool]:
     pairs = layout[0]
     sizes = [(layout[i], layout[i + 1]) for i in range(1, len(layout), 2)]
-    exact = distinct_assignments(layout) <= resamples + 1
     rng = np.random.default_rng(RESAMPLING_SEED)
     if exact:
         parts = []
@@ -467,16 +484,20 @@ def randomisation_tests(
     resamples: int = N_RESAMPLES,
 ) -> list[TestResult]:
     """The primary test of var_a / var_b = `null` and its interval at `confidence`, for many
-    comparisons: one matrix product per layout they share."""
+    comparisons: one matrix product per layout they share. Every re-assignment of a layout
+    with at most MAX_ENUMERATED of them (enumerated()), else `resamples` drawn ones."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, prep in enumerate(preps):
         groups.setdefault(prep.layout, []).append(i)
     out: list[TestResult | None] = [None] * len(preps)
     for layout, members in groups.items():
-        if resamples * sum(layout) * 8 > MAX_MATRIX_BYTES:
+        if (
+            not enumerated(layout, resamples, MAX_ENUMERATED)
+            and resamples * sum(layout) * 8 > MAX_MATRIX_BYTES
+        ):
             crossings, exact = drawn_crossing_scales([preps[i] for i in members], resamples)
         else:
-            matrix, exact = assignments(layout, resamples)
+            matrix, exact = assignments(layout, resamples, MAX_ENUMERATED)
             crossings = crossing_scales([preps[i] for i in members], matrix)
         for i, result in zip(
             members, from_crossings(crossings, exact, null, confidence), strict=True

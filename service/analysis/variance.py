@@ -15,9 +15,11 @@ other factors. Every spread is measured inside cells, so a difference between th
   (normal theory: secondary);
 - brown_forsythe_p: the one-way ANOVA of the absolute deviations from each cell's median
   between the two levels (scipy.stats.levene(center="median") for one cell a side);
-- mean_diff over all runs of each level, with a paired t-test on each seed's difference
-  (averaged over the cells) when the comparison is paired, else Welch's (mean_test names it);
-  welch_p is Welch's either way;
+- mean_diff: paired, the mean of each seed's difference (averaged over the cells; seeds that
+  ran in one level only are left out) with the paired t-test and its interval; unpaired, the
+  difference of all runs' means with service.analysis.mean_test's studentised permutation test
+  and its inverted interval (mean_test names it); welch_p is Welch's t from Student's t either
+  way (secondary: it over-rejects with unequal seeds on skewed metrics);
 - marginal_var_*: the variance of all runs of a level (pooled comparisons only), descriptive.
 
 A comparison's result depends only on its strata, so results are cached by a digest of them
@@ -37,6 +39,7 @@ import numpy as np
 from scipy import special
 
 from service.analysis import resampling
+from service.analysis.mean_test import MEAN_TEST, mean_test
 from service.analysis.power import f_ratio_interval
 from service.analysis.primary_power import primary_detectable_ratio, primary_seeds_needed
 from service.analysis.resampling import Prepared, Stratum
@@ -187,10 +190,7 @@ def _fields(
         _paired_t(out, ordered, same_seeds=len(seed_sets) == 1)
     else:
         out.update(pairing="unpaired", pairing_note=note)
-        out["mean_test"] = "Welch t"
-        out["mean_p"] = out["welch_p"]
-        if out.get("welch_ci95") is not None:
-            out["mean_diff_ci95"] = out["welch_ci95"]
+        _permutation_mean_test(out, scope)
     out.pop("welch_ci95", None)
     # Planning answers for uncorrelated seeds (correlation only adds power to a paired test),
     # so that an experiment's comparisons share a few cached simulations.
@@ -200,6 +200,7 @@ def _fields(
     )
     out["seeds_for_target_ratio"] = primary_seeds_needed(target_ratio, paired=paired)
     out["warnings"] = comparison_warnings(out, scope, len(usable))
+    out.pop("mean_resamples", None)
     return out
 
 
@@ -226,6 +227,20 @@ def _welch(out: dict[str, Any], a: np.ndarray, b: np.ndarray) -> None:
     out["welch_ci95"] = [diff - half, diff + half]
 
 
+def _permutation_mean_test(out: dict[str, Any], scope: Scope) -> None:
+    """The unpaired mean test (service.analysis.mean_test): Welch's t with its null from
+    re-assignments of the runs within each stratum, and its inverted interval."""
+    out["mean_test"] = MEAN_TEST
+    result = mean_test([(s.a, s.b) for s in scope.strata])
+    if result is None:
+        if out.get("welch_p_null_reason"):
+            out["mean_p_null_reason"] = out["welch_p_null_reason"]
+        return
+    out["mean_p"] = finite(result.p)
+    out["mean_diff_ci95"] = _interval(result.interval)
+    out["mean_resamples"] = result.resamples  # for comparison_warnings, then dropped
+
+
 def _paired_t(
     out: dict[str, Any], ordered: Sequence[tuple[np.ndarray, np.ndarray]], same_seeds: bool
 ) -> None:
@@ -239,10 +254,12 @@ def _paired_t(
         differences = np.concatenate([a - b for a, b in ordered])
         out["mean_test"] = "paired t over (cell, seed) pairs"
     n = len(differences)
+    mean = float(differences.mean())
+    # the estimate its interval is centred on: the same seeds (runs without a partner left out)
+    out["mean_diff"] = finite(mean)
     if n < 2:
         return
     sd = float(differences.std(ddof=1))
-    mean = float(differences.mean())
     if sd == 0:
         out["mean_p_null_reason"] = (
             "every seed's difference is the same: the paired t is "
@@ -364,7 +381,14 @@ def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> li
                 "variances then mostly restate the means; ?scale=log compares relative "
                 "spreads (coefficients of variation)"
             )
-    if result.get("mean_diff_ci95") and min(n_a, n_b) < MIN_SEEDS_MEAN_INTERVAL:
+    mean_resamples = result.get("mean_resamples")
+    if mean_resamples is not None and mean_resamples < resampling.MIN_DISTINCT_ASSIGNMENTS:
+        out.append(
+            f"mean_p from {seeds}: they allow only {mean_resamples} distinct re-assignments, "
+            f"so it cannot fall below {2 / mean_resamples:.2g} and never reaches 0.05; "
+            "mean_diff_ci95 excludes nothing"
+        )
+    elif result.get("mean_diff_ci95") and min(n_a, n_b) < MIN_SEEDS_MEAN_INTERVAL:
         out.append(
             f"mean_diff_ci95 from {seeds}: about 1 degree of freedom below "
             f"{MIN_SEEDS_MEAN_INTERVAL} seeds per level, so very wide"

@@ -13,6 +13,7 @@ from scipy import stats as scipy_stats
 
 from service.analysis import resampling, variance
 from service.analysis.conditions import condition_stats
+from service.analysis.mean_test import MEAN_TEST
 from service.analysis.stats import ScaleError, compare, experiment_stats
 from tests.scipy_reference import (
     assert_matches,
@@ -31,6 +32,29 @@ def test_an_unpaired_comparison_matches_scipy() -> None:
     assert got["pairing"] == "unpaired" and got["primary_exact"] is True
     assert got["primary_test"] == resampling.UNPAIRED_TEST
     assert_matches(got, reference_comparison(a, b))
+
+
+def test_up_to_2_16_re_assignments_are_enumerated_so_no_resampling_seed_decides() -> None:
+    """16 shared seeds: all 65,536 sign flips, as scipy's exact permutation_test counts them
+    (9,999 drawn flips answered 0.0542 where the exact p was 0.0499); 17: drawn."""
+    rng = np.random.default_rng(16)
+    shared = rng.normal(size=17)
+    a = list(1.8 * shared + 0.5 * rng.normal(size=17))
+    b = list(shared + 0.5 * rng.normal(size=17))
+    seeds = list(range(16))
+    got = compare(a[:16], b[:16], seeds, seeds)
+    assert got["pairing"] == "paired" and got["primary_exact"] is True
+    assert got["primary_resamples"] == 2**16
+    want = reference_primary_p([(a[:16], b[:16])], paired=True)
+    assert got["primary_p"] == pytest.approx(want, rel=1e-12)
+    more = compare(a, b, list(range(17)), list(range(17)))
+    assert more["primary_exact"] is False and more["primary_resamples"] == 10_000
+    # unpaired 9 + 9 seeds, each odd cell's zero left out: all C(16, 8) = 12,870 splits
+    unpaired = compare(a[:9], b[:9])
+    assert unpaired["primary_exact"] is True and unpaired["primary_resamples"] == 12_870
+    assert unpaired["primary_p"] == pytest.approx(
+        reference_primary_p([(a[:9], b[:9])], paired=False), rel=1e-12
+    )
 
 
 def test_a_paired_comparison_matches_scipy_and_reports_the_seed_correlation() -> None:
@@ -138,9 +162,21 @@ def test_seeds_run_in_one_condition_only_are_shuffled_and_the_rest_stay_paired()
     assert got["primary_p"] == pytest.approx(want, rel=1e-12) and got["primary_exact"]
     assert got["mean_test"] == "paired t"
     assert got["mean_p"] == pytest.approx(scipy_stats.ttest_rel(a[:7], b).pvalue, rel=1e-9)
+    # mean_diff is the paired t's estimate (seed 7 of a has no partner): inside its interval
+    assert got["mean_diff"] == pytest.approx(float(np.mean(np.subtract(a[:7], b))), rel=1e-12)
+    low, high = got["mean_diff_ci95"]
+    assert low < got["mean_diff"] < high
     few = compare(a[:5], b[:5], list(range(5)), list(range(5)))  # 32 sign flips
     assert few["pairing"] == "unpaired" and "too few to reach 0.05" in few["pairing_note"]
-    assert few["mean_test"] == "Welch t" and few["mean_p"] == few["welch_p"]
+    assert few["mean_test"] == MEAN_TEST
+    welch_t = scipy_stats.permutation_test(
+        (a[:5], b[:5]),
+        lambda x, y: scipy_stats.ttest_ind(x, y, equal_var=False).statistic,
+        permutation_type="independent",
+        n_resamples=np.inf,
+        vectorized=False,
+    )
+    assert few["mean_p"] == pytest.approx(welch_t.pvalue, rel=1e-12)
     # 8 shared seeds that do not correlate are still paired: the seeds, not the data, decide
     loose = compare(
         list(rng.normal(size=8)), list(rng.normal(size=8)), list(range(8)), list(range(8))
@@ -178,7 +214,7 @@ def test_a_pooled_comparison_is_stratified_by_cell_and_matches_enumeration() -> 
     want = reference_strata([(cells[("a", r)], cells[("b", r)]) for r in (0, 1, 2)], paired=False)
     got = pooled.model_dump()
     primary = want.pop("primary_p")
-    want.pop("mean_p")
+    assert "mean_p" not in want  # 252^3 re-assignments: too many to enumerate here
     assert_matches(got, want)
     assert got["primary_p"] == pytest.approx(primary, abs=4 * math.sqrt(0.25 / 9999) + 1e-3)
     assert got["dof_a"] == got["dof_b"] == 12

@@ -101,7 +101,7 @@ def test_too_few_seeds_are_warned_about_by_name_and_enough_seeds_are_not() -> No
         "primary_p from 2 and 2 seeds: they allow only 6 distinct re-assignments" in text
         and two["primary_ci95"] == [0.0, None]
     )
-    assert "mean_diff_ci95 from 2 and 2 seeds" in text
+    assert "mean_p from 2 and 2 seeds: they allow only 6 distinct re-assignments" in text
     rng = np.random.default_rng(3)
     many = compare(list(rng.normal(size=12)), list(rng.normal(size=12)))
     # no seed-count warning; these seeds happen to make the F-test and the primary test disagree
