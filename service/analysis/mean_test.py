@@ -26,11 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special
 
 from service.analysis import resampling
 
-# Bisection steps for each end of the interval (relative precision about 1e-12 of its width).
-BISECTION_STEPS = 48
+# Each end of the interval to this fraction of Welch's half-width (a bisection of about 14
+# steps: the interval costs about 30 passes over the re-assignments; the drawn re-assignments'
+# own Monte Carlo error in the ends is far larger).
+BISECTION_TOLERANCE = 1e-4
 # Rows of drawn re-assignments made at once (a few MB for a large experiment's layout).
 ROWS_PER_BLOCK = 2048
 
@@ -62,7 +65,9 @@ def _products(strata: Sequence[tuple[np.ndarray, np.ndarray]]) -> _Products:
     x = np.concatenate([np.r_[a, b] for a, b in strata])
     is_b = np.concatenate([np.r_[np.zeros(len(a)), np.ones(len(b))] for a, b in strata])
     columns = np.stack([x, x * x, is_b, x * is_b], axis=1)
-    if resampling.enumerated(layout, resampling.N_RESAMPLES, resampling.MAX_ENUMERATED):
+    enumerate_all = resampling.enumerated(layout, resampling.N_RESAMPLES, resampling.MAX_ENUMERATED)
+    if enumerate_all or resampling.N_RESAMPLES * len(x) * 8 <= resampling.MAX_MATRIX_BYTES:
+        # kept in resampling's cache: an experiment's comparisons share a few layouts
         matrix, exact = resampling.assignments(
             layout, resampling.N_RESAMPLES, resampling.MAX_ENUMERATED
         )
@@ -140,11 +145,12 @@ def mean_test(
     ends: list[float] = []
     if 2.0 / total_rows > alpha:  # too few re-assignments to reject any shift
         ends = [-math.inf, math.inf]
+    # Welch's half-width from Student's t: where the ends usually are (a bracket, not an answer)
+    dof = max(1, min(n_a, n_b) - 1)
+    half_width = max(float(special.stdtrit(dof, 1 - alpha / 2)) * spread, 1e-300)
     for direction in (-1.0, 1.0) if with_interval and not ends else ():
-        inside, step = 0.0, max(spread, 1e-12 * max(1.0, abs(estimate)))
-        outside = step
-        # the rejected shifts beyond: double the step until one is rejected (bounded: past
-        # every re-assignment's range no shift is accepted, unless too few re-assignments)
+        inside, outside = 0.0, 1.5 * half_width
+        # widen until a shift is rejected (past every re-assignment's range none is accepted)
         for _ in range(64):
             if p_at(estimate + direction * outside) <= alpha:
                 break
@@ -152,7 +158,7 @@ def mean_test(
         else:
             ends.append(direction * math.inf)
             continue
-        for _ in range(BISECTION_STEPS):
+        while outside - inside > BISECTION_TOLERANCE * half_width:
             middle = 0.5 * (inside + outside)
             if p_at(estimate + direction * middle) <= alpha:
                 outside = middle

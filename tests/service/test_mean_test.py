@@ -63,10 +63,11 @@ def test_the_interval_holds_the_shifts_the_test_does_not_reject() -> None:
     low, high = result.interval
     assert low < a.mean() - b.mean() < high
     for end, step in ((low, -1), (high, 1)):
-        width = 1e-6 * (high - low)
-        # just outside an end the shifted data are rejected at 0.05, just inside they are not
-        outside = mean_test([(a, b + end + step * width)], with_interval=False)
-        inside = mean_test([(a, b + end - step * width)], with_interval=False)
+        # an end is a shift the test rejects at 0.05, found to BISECTION_TOLERANCE of Welch's
+        # half-width (about half the interval): a little inside it, the test does not reject
+        inside_by = 1e-3 * (high - low)
+        outside = mean_test([(a, b + end)], with_interval=False)
+        inside = mean_test([(a, b + end - step * inside_by)], with_interval=False)
         assert outside is not None and inside is not None
         assert outside.p <= 0.05 < inside.p, (end, outside.p, inside.p)
 
