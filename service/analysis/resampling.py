@@ -84,6 +84,14 @@ TIE_TOLERANCE = 1e-9
 
 PAIRED_TEST = "paired sign-flip test of squared deviations from the cell median"
 UNPAIRED_TEST = "stratified permutation test of squared deviations from the cell median"
+MODE_ALIGNED_TEST = "stratified permutation test of squared deviations from a mode-aligned centre"
+
+
+def unpaired_test_name(smaller_cell: int) -> str:
+    """The unpaired test's name for strata whose smaller cell holds `smaller_cell` seeds."""
+    if MODE_ALIGNED_MIN_SEEDS <= smaller_cell <= MODE_ALIGNED_MAX_SEEDS:
+        return MODE_ALIGNED_TEST
+    return UNPAIRED_TEST
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,13 @@ class Prepared:
     pairs: int  # seeds paired
     correlation: float | None  # Pearson correlation of the paired values, within cells
     note: str | None  # what of the seeds did not pair, and how it was handled
+    mode_aligned: bool = False  # some stratum's deviations are from a mode-aligned centre
 
     @property
     def name(self) -> str:
-        return PAIRED_TEST if self.paired else UNPAIRED_TEST
+        if self.paired:
+            return PAIRED_TEST
+        return MODE_ALIGNED_TEST if self.mode_aligned else UNPAIRED_TEST
 
 
 def median_deviations(x: np.ndarray) -> np.ndarray:
@@ -133,16 +144,33 @@ def mode_aligned_deviations(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, n
     the modes and makes every deviation of that cell large, which the shuffle reads as six
     independent large ones (p = 2/924 on a true null); the smallest pooled MAD lays mode on
     mode instead. Ties go to the shift nearest the difference of the medians."""
-    shifts = (a[:, None] - b[None, :]).ravel()
+    d_a, d_b = mode_aligned_rows(a[None, :], b[None, :])
+    return d_a[0], d_b[0]
+
+
+def mode_aligned_rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """mode_aligned_deviations of each row of `a` with the same row of `b` (datasets of one
+    layout at once: the planner's simulations)."""
+    rows = len(a)
+    shifts = (a[:, :, None] - b[:, None, :]).reshape(rows, -1)
+    width = shifts.shape[1]
     pooled = np.concatenate(
-        [np.broadcast_to(a, (len(shifts), len(a))), b[None, :] + shifts[:, None]], axis=1
+        [
+            np.broadcast_to(a[:, None, :], (rows, width, a.shape[1])),
+            b[:, None, :] + shifts[..., None],
+        ],
+        axis=2,
     )
-    centres = np.median(pooled, axis=1)
-    spread = np.median(np.abs(pooled - centres[:, None]), axis=1)
-    median_shift = float(np.median(a) - np.median(b))
-    best = np.lexsort((np.abs(shifts - median_shift), spread))[0]
-    centre, shift = float(centres[best]), float(shifts[best])
-    return (a - centre) ** 2, (b + shift - centre) ** 2
+    centres = np.median(pooled, axis=2)
+    spread = np.median(np.abs(pooled - centres[..., None]), axis=2)
+    median_shift = np.median(a, axis=1) - np.median(b, axis=1)
+    distance = np.abs(shifts - median_shift[:, None])
+    # the smallest spread, ties to the smallest distance: lexsort per row
+    order = np.lexsort((distance, spread), axis=1)
+    best = order[:, 0]
+    pick = np.arange(rows)
+    centre, shift = centres[pick, best], shifts[pick, best]
+    return (a - centre[:, None]) ** 2, (b + shift[:, None] - centre[:, None]) ** 2
 
 
 def drop_structural_zero(d: np.ndarray) -> np.ndarray:
@@ -241,11 +269,13 @@ def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepare
     pair_a: list[np.ndarray] = []
     pair_b: list[np.ndarray] = []
     blocks: list[tuple[np.ndarray, np.ndarray]] = []
+    mode_aligned = False
     for s in usable:
         d_a, d_b = median_deviations(s.a), median_deviations(s.b)
         if matched is None:  # unpaired: every value shuffled within the stratum
-            if MODE_ALIGNED_MIN_SEEDS <= min(len(s.a), len(s.b)) <= MODE_ALIGNED_MAX_SEEDS:
+            if unpaired_test_name(min(len(s.a), len(s.b))) == MODE_ALIGNED_TEST:
                 blocks.append(mode_aligned_deviations(s.a, s.b))
+                mode_aligned = True
             else:
                 blocks.append((drop_structural_zero(d_a), drop_structural_zero(d_b)))
             continue
@@ -275,6 +305,7 @@ def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepare
         pairs=len(da),
         correlation=correlation,
         note=note,
+        mode_aligned=mode_aligned,
     )
 
 
@@ -517,22 +548,23 @@ def randomisation_tests(
     null: float = 1.0,
     confidence: float = 0.95,
     resamples: int = N_RESAMPLES,
+    enumerate_up_to: int = MAX_ENUMERATED,
 ) -> list[TestResult]:
     """The primary test of var_a / var_b = `null` and its interval at `confidence`, for many
     comparisons: one matrix product per layout they share. Every re-assignment of a layout
-    with at most MAX_ENUMERATED of them (enumerated()), else `resamples` drawn ones."""
+    with at most `enumerate_up_to` of them (enumerated()), else `resamples` drawn ones."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, prep in enumerate(preps):
         groups.setdefault(prep.layout, []).append(i)
     out: list[TestResult | None] = [None] * len(preps)
     for layout, members in groups.items():
         if (
-            not enumerated(layout, resamples, MAX_ENUMERATED)
+            not enumerated(layout, resamples, enumerate_up_to)
             and resamples * sum(layout) * 8 > MAX_MATRIX_BYTES
         ):
             crossings, exact = drawn_crossing_scales([preps[i] for i in members], resamples)
         else:
-            matrix, exact = assignments(layout, resamples, MAX_ENUMERATED)
+            matrix, exact = assignments(layout, resamples, enumerate_up_to)
             crossings = crossing_scales([preps[i] for i in members], matrix)
         for i, result in zip(
             members, from_crossings(crossings, exact, null, confidence), strict=True

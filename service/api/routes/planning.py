@@ -20,8 +20,9 @@ router = APIRouter(prefix="/planning", tags=["planning"])
     operation_id="plan_seeds",
     summary="How many seeds a variance comparison needs",
     description="Before submission, for the primary test that /stats reports (a paired "
-    "sign-flip or stratified permutation test of deviations from the cell "
-    "median, two-sided at `alpha`), its power simulated on normal seeds: "
+    "sign-flip or stratified permutation test of squared deviations from the cell "
+    "median, or from a mode-aligned centre for 6-15 unpaired seeds, two-sided at `alpha`), "
+    "its power simulated on normal seeds: "
     "given a variance ratio, the seeds per level that detect it with "
     "`power`; given seeds per level, the smallest ratio they detect. Give "
     "exactly one of the two. The F-test's answer comes beside it.",

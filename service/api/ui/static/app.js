@@ -950,7 +950,8 @@ async function showExperiment(id) {
         + ". pooled: every run at each level, over all levels of the other factors; within: "
         + "the other factors held at the levels shown. The primary test is a randomisation test "
         + "of squared deviations from the cell medians (paired: signs flipped within each seed "
-        + "both levels ran; unpaired: permuted within cells); its 95% CI holds the ratios it "
+        + "both levels ran; unpaired: permuted within cells, from one mode-aligned centre at 6-15 "
+        + "seeds); its 95% CI holds the ratios it "
         + "does not reject (∞: unbounded). * / **: its Holm-adjusted p below 0.05 / 0.01 over "
         + "the factor's comparisons. Hover a cell for the F-test, Brown–Forsythe, the mean "
         + "test and pairing. Click a header to sort." }),
