@@ -52,10 +52,13 @@ from service.analysis.power import (
 )
 from service.analysis.resampling import (
     MIN_DISTINCT_ASSIGNMENTS,
+    MODE_ALIGNED_TEST,
     Stratum,
     _roots,
     assignments,
     from_crossings,
+    mode_aligned_rows,
+    unpaired_test_name,
 )
 
 SIMULATIONS = 1000
@@ -121,6 +124,25 @@ def _deviations(x: np.ndarray, drop_zero: bool) -> np.ndarray:
     return d[keep].reshape(len(d), -1)
 
 
+def _test_deviations(
+    a: np.ndarray, b: np.ndarray, paired_test: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each dataset's deviations as service.analysis.resampling.prepare takes them: paired, from
+    each side's median; unpaired, from one mode-aligned centre at MODE_ALIGNED_MIN_SEEDS to
+    MODE_ALIGNED_MAX_SEEDS seeds in the smaller cell, else from each side's median with the
+    structural zero left out."""
+    if paired_test:
+        return _deviations(a, False), _deviations(b, False)
+    if unpaired_test_name(min(a.shape[1], b.shape[1])) == MODE_ALIGNED_TEST:
+        d_a, d_b = [], []
+        for start in range(0, len(a), ROOTS_CHUNK):
+            made = mode_aligned_rows(a[start : start + ROOTS_CHUNK], b[start : start + ROOTS_CHUNK])
+            d_a.append(made[0])
+            d_b.append(made[1])
+        return np.concatenate(d_a), np.concatenate(d_b)
+    return _deviations(a, True), _deviations(b, True)
+
+
 @dataclass(frozen=True)
 class NullIntervals:
     """The primary test's intervals of var_a / var_b on simulated equal-variance data."""
@@ -159,7 +181,7 @@ def null_intervals(
     variances: the test's own steps, vectorised over the datasets (one matrix product)."""
     a, b = normal_seeds(n_a, n_b, paired=paired, correlation=correlation)
     paired_test = prepare_is_paired(n_a, n_b, paired, correlation)
-    d_a, d_b = _deviations(a, not paired_test), _deviations(b, not paired_test)
+    d_a, d_b = _test_deviations(a, b, paired_test)
     layout = (n_a,) if paired_test else (0, d_a.shape[1], d_b.shape[1])
     matrix, exact = assignments(layout, SIMULATION_RESAMPLES)
     scale = (d_a.sum(axis=1) + d_b.sum(axis=1)) / (d_a.shape[1] + d_b.shape[1])
