@@ -13,7 +13,9 @@ batches it logs, so that the caller (the dispatcher) sees curves while the run g
 (`SeedTask`: the trainer's side puts the seeds' starts and outcomes on a queue that the
 generator alone reads, and logs points into per-seed reporters behind locks). The worker
 never opens the database. Cancellation (`ray.cancel` on the generator) arrives as
-KeyboardInterrupt in the generator: the reporters then answer should_stop() = True, the trainer
+KeyboardInterrupt in the generator, or as its close when the interrupt lands in Ray's code
+between two messages; either way (and whenever the generator is left before its trainer ended)
+the reporters then answer should_stop() = True, the trainer
 returns at its next check (the loop contract of trainers.runtime: within about a second), and
 the interrupt propagates so that Ray reports the task cancelled: a cancel ends every seed, and
 a seed-batched task running its seeds one after another starts no further one. A trainer that
@@ -322,7 +324,8 @@ class SeedTask:
 
     def messages(self) -> Iterator[WorkerMessage]:
         """The task's messages: Started, MetricBatches and one Result per seed. Iterate it in
-        one thread; a KeyboardInterrupt in it (Ray's cancel) stops the trainer."""
+        one thread; leaving it before the trainer has ended (Ray's cancel as a
+        KeyboardInterrupt, or the generator closed) stops the trainer."""
         warm_up()  # before Started: a run counts as started when it can train at once
         if len(self.seeds) == 1:
             self._announced.add(0)
@@ -333,9 +336,14 @@ class SeedTask:
         try:
             while self._ended is None:
                 yield from self._flush(self._next_events())
-        except KeyboardInterrupt:
-            self._cancel()
-            raise
+        finally:
+            # Left before the trainer ended, whichever way: Ray's cancel (KeyboardInterrupt in
+            # this frame, or the generator closed when the interrupt lands in Ray's own code
+            # between two messages), a consumer that stops iterating, an error here. Only a
+            # KeyboardInterrupt was handled once: a closed generator left its trainer thread
+            # training in a worker Ray had marked idle (seen burning a core as ray::IDLE).
+            if self._ended is None:
+                self._cancel()
         self.thread.join()
         yield from self._unfinished(self._ended.error)
 
