@@ -151,14 +151,22 @@ def warm_up() -> None:
     later run of the process fails with an AttributeError (`torch._dynamo` has no `utils`). The
     import therefore runs in a thread of its own, which an interrupt cannot reach; an interrupt
     that arrives meanwhile is raised once the import has finished."""
-    worker = threading.Thread(
-        target=_use_deterministic_setting, name="seedgrid-warm-up", daemon=True
-    )
-    worker.start()
-    interrupted: KeyboardInterrupt | None = None
-    while worker.is_alive():
+    done = threading.Event()
+
+    def import_then_signal() -> None:
         try:
-            worker.join()
+            _use_deterministic_setting()
+        finally:
+            done.set()
+
+    # Waited for on an Event, not Thread.join: a join cut short by KeyboardInterrupt marks a
+    # running thread as stopped (CPython 3.11), which would end this wait with the import
+    # still under way.
+    threading.Thread(target=import_then_signal, name="seedgrid-warm-up", daemon=True).start()
+    interrupted: KeyboardInterrupt | None = None
+    while not done.is_set():
+        try:
+            done.wait()
         except KeyboardInterrupt as exc:
             interrupted = exc
     if interrupted is not None:

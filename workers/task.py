@@ -28,6 +28,7 @@ and every interval between; every seed of a task gets the process's values.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import queue
@@ -268,6 +269,11 @@ class SeedTask:
         self.thread = threading.Thread(
             target=self._train, daemon=True, name=f"trainer-{trainer_name}-{self.seeds[0]}"
         )
+        # Set as the trainer thread returns. Waits use it, never Thread.join: a join that a
+        # KeyboardInterrupt cuts short marks a thread that is still running as stopped
+        # (CPython 3.11's bpo-45274 handling), so that is_alive() answers False after a
+        # second cancel and the worker, never ended, trains on while Ray counts it idle.
+        self.trainer_done = threading.Event()
         # the consuming thread's own
         self._announced: set[int] = set()  # the seeds whose Started was sent
         self._sent: set[int] = set()  # the seeds whose Result was sent
@@ -291,6 +297,8 @@ class SeedTask:
             self.events.put(_TrainerEnded(exc))
         else:
             self.events.put(_TrainerEnded(None))
+        finally:
+            self.trainer_done.set()
 
     def _run_trainer(self) -> None:
         trainer = get_trainer(self.trainer_name)
@@ -415,10 +423,22 @@ class SeedTask:
                 yield self._result(error, index, time.perf_counter() - self.began_at)
 
     def _cancel(self) -> None:
+        """Stops the trainer: waits up to CANCEL_GRACE_S for its thread, then ends the worker.
+        A second cancel (another KeyboardInterrupt) while it waits does not cut the wait short:
+        it once left a trainer that had not yet reached its next check running on."""
         self.stop.set()
-        self.thread.join(CANCEL_GRACE_S)
-        if self.thread.is_alive() and in_ray_task():  # never a driver (a plain generator)
-            end_worker(self.trainer_name, self.seeds)
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while not self.trainer_done.is_set() and (left := deadline - time.monotonic()) > 0:
+            try:
+                self.trainer_done.wait(left)
+            except KeyboardInterrupt:  # the cancel under way already answers it
+                continue
+        if not self.trainer_done.is_set():
+            if in_ray_task():  # never a driver (a plain generator)
+                end_worker(self.trainer_name, self.seeds)
+            return
+        with contextlib.suppress(KeyboardInterrupt):  # the thread's last steps after the event
+            self.thread.join(CANCEL_GRACE_S)
 
     def _began(self, indices: tuple[int, ...] | None) -> Started:
         context = self.context

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.conftest import Service
+from tests.conftest import Service, _own_workers
+from tests.e2e.test_isolation import toy  # noqa: F401 - the fixture
 from tests.trainers.test_runtime_contract import CASES
 
 CANCEL_BOUND_S = 2.0
@@ -57,3 +58,83 @@ def test_a_cancel_ends_a_long_run_of_every_trainer_within_two_seconds(
     elapsed = time.monotonic() - cancelled_at
     assert ended["status"] == "cancelled", ended
     assert elapsed < CANCEL_BOUND_S, f"{trainer} ended {elapsed:.2f} s after the cancel"
+
+
+# A worker that keeps training after its cancel uses a whole core; one at rest, next to nothing.
+QUIET_WINDOW_S = 10.0
+QUIET_CPU_SHARE = 0.05
+WORKER_TITLE = b"ray::"
+
+
+# The toy's step that computes through its cancel for longer than Ray's retry of a cancel (a
+# second KeyboardInterrupt every 2 s while the task runs) and shorter than the worker's grace.
+SLOW_STOP_S = 6.0
+
+
+@pytest.mark.usefixtures("toy")
+def test_after_every_trainers_long_runs_are_cancelled_no_worker_keeps_training(
+    service: Service,
+) -> None:
+    """Every trainer's long run, alone and as a seed-batched task of 8 (or the trainer's most),
+    and a toy run whose step computes through its cancel for SLOW_STOP_S, cancelled through the
+    API while they train; then, over QUIET_WINDOW_S, no Ray worker process of the test cluster
+    uses more than QUIET_CPU_SHARE of a core (process CPU, whatever its title says). On
+    674b730's code the toy's worker went on computing after its task ended: Ray's retried
+    cancel cut the worker's wait for its trainer short (CPython 3.11 then reads the thread as
+    stopped) and the task ended while the trainer ran on."""
+    client = service.client
+    most = {t["name"]: t["max_seeds_per_task"] for t in client.get("/trainers").json()}
+    for trainer in sorted(CASES):
+        config = dict(CASES[trainer].long)
+        if "epochs" in config:
+            config["epochs"] = E2E_EPOCHS
+        k = min(8, most[trainer])
+        ids = [
+            service.submit(
+                {
+                    "name": f"quiet-{trainer}-{seeds}",
+                    "trainer": trainer,
+                    "config": config,
+                    "seeds": seeds,
+                    "resources": {"seeds_per_task": seeds},
+                }
+            )["id"]
+            for seeds in (1, k)
+        ]
+        for experiment_id in ids:  # both tasks train (a batched one: some seed has begun)
+            wait_until(lambda e=experiment_id: any(r["started_at"] for r in service.runs(e)), 180)
+        for experiment_id in ids:
+            assert client.post(f"/experiments/{experiment_id}/cancel").status_code == 202
+        for experiment_id in ids:
+            service.wait(experiment_id, timeout_s=60)
+            statuses = {r["status"] for r in service.runs(experiment_id)}
+            assert statuses == {"cancelled"}, (trainer, experiment_id, statuses)
+    slow = service.submit(
+        {
+            "name": "quiet-slow-stop",
+            "trainer": "toy",
+            "seeds": 1,
+            "config": {
+                "steps": 10**9,
+                "log_every": 10**6,
+                "stall_at_step": 1,
+                "stall_s": SLOW_STOP_S,
+                "stall_spins": True,
+            },
+        }
+    )["id"]
+    (slow_run,) = service.runs(slow)
+    # step 0's point stored: the toy is in its step 1 now, which ignores the cancel
+    wait_until(lambda: client.get(f"/runs/{slow_run['id']}/metrics?name=loss").json(), 180)
+    assert client.post(f"/experiments/{slow}/cancel").status_code == 202
+    service.wait(slow, timeout_s=60)
+    assert {r["status"] for r in service.runs(slow)} == {"cancelled"}
+    before = _own_workers(WORKER_TITLE)
+    time.sleep(QUIET_WINDOW_S)  # the measurement window: CPU seconds used across it
+    after = _own_workers(WORKER_TITLE)
+    busy = {
+        pid: round(after[pid] - before[pid], 2)
+        for pid in after.keys() & before.keys()
+        if after[pid] - before[pid] > QUIET_CPU_SHARE * QUIET_WINDOW_S
+    }
+    assert not busy, f"Ray workers using CPU after every cancel (pid: CPU s in window): {busy}"

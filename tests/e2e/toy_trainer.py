@@ -2,8 +2,9 @@
 random start. With lr > 1 each step multiplies w by |1 - 2 lr| > 1, so the loss overflows to
 inf: a run that diverges on demand; `fail_at_step` makes one that fails on demand (the trainer
 raises, as a bug would: nothing a pre-flight can see), `stall_at_step` one whose step ignores a
-cancel for `stall_s` seconds. Registered on the workers through
-SEEDGRID_TRAINER_MODULES (see tests/conftest.py) and in the test's own process by the test."""
+cancel for `stall_s` seconds (asleep, or computing with `stall_spins`). Registered on the
+workers through SEEDGRID_TRAINER_MODULES (see tests/conftest.py) and in the test's own process
+by the test."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class ToyConfig(TrainerConfig):
         ),
     )
     stall_s: float = Field(0.0, ge=0, le=600, description="How long the stall lasts")
+    stall_spins: bool = Field(
+        False, description="The stall computes (a busy loop, a core's worth) instead of sleeping"
+    )
 
 
 class ToyTrainer(TrainerBase):
@@ -54,7 +58,7 @@ class ToyTrainer(TrainerBase):
             if step == config.fail_at_step:
                 raise RuntimeError(f"toy asked to fail at step {step}")
             if step == config.stall_at_step:
-                time.sleep(config.stall_s)
+                _stall(config.stall_s, spin=config.stall_spins)
             w -= config.lr * 2 * w
             loss = float(w @ w)
             if step % config.log_every == 0 and run.log(step, {"loss": loss}):
@@ -62,6 +66,15 @@ class ToyTrainer(TrainerBase):
             if run.should_stop():
                 break
         return TrainOutput(metrics={"loss": loss})
+
+
+def _stall(seconds: float, *, spin: bool) -> None:
+    if not spin:
+        time.sleep(seconds)
+        return
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        pass
 
 
 TRAINERS = (ToyTrainer(),)

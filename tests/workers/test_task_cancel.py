@@ -8,12 +8,16 @@ trainer thread must have returned when the generator is gone."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.e2e.toy_trainer import ToyTrainer
 from tests.trainers.test_runtime_contract import CASES
+from trainers import REGISTRY
 from workers.messages import MetricBatch, WorkerMessage
 from workers.task import execute_seeds
 
@@ -23,13 +27,22 @@ SAMPLING_S = 0.05
 
 
 def trainer_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("trainer-") and t.is_alive()]
+    """The trainer threads whose OS thread still exists (/proc, not Thread.is_alive(): a join
+    that a KeyboardInterrupt cut short marks a running thread as stopped)."""
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("trainer-") and Path(f"/proc/self/task/{t.native_id}").exists()
+    ]
 
 
-def until_training(messages: Iterator[WorkerMessage]) -> None:
-    """Iterates until the first MetricBatch: the trainer thread is running by then."""
+def until_training(messages: Iterator[WorkerMessage], metric: str | None = None) -> None:
+    """Iterates until the first MetricBatch (the trainer thread is running by then), or the
+    first that holds a point of `metric`."""
     for message in messages:
-        if isinstance(message, MetricBatch):
+        if isinstance(message, MetricBatch) and (
+            metric is None or any(point[2] == metric for point in message.points)
+        ):
             return
     raise AssertionError("the run ended before the test could leave it: make it longer")
 
@@ -63,3 +76,27 @@ def test_an_interrupt_in_the_generator_stops_the_trainer_and_propagates() -> Non
     with pytest.raises(KeyboardInterrupt):
         messages.throw(KeyboardInterrupt)
     assert not trainer_threads()
+
+
+def test_a_second_interrupt_while_the_trainer_winds_down_does_not_leave_it_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The toy trainer sleeps through its cancel for 2 s (a step that does not check it); a
+    second interrupt, a real SIGINT, lands while the generator waits for it."""
+    toy = ToyTrainer()
+    monkeypatch.setitem(REGISTRY, toy.name, toy)
+    messages = execute_seeds(
+        "toy",
+        {"steps": 10**9, "log_every": 1, "stall_at_step": 1, "stall_s": 2.0},
+        [0],
+        batch_interval_s=0.05,
+        system_metrics_interval_s=SAMPLING_S,
+    )
+    until_training(messages, "loss")  # step 0's: the toy is in its stall at step 1 now
+    main = threading.get_ident()
+    second = threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT))
+    second.start()
+    with pytest.raises(KeyboardInterrupt):
+        messages.throw(KeyboardInterrupt)
+    second.join()
+    assert not trainer_threads(), "the trainer outlived a cancel interrupted twice"
