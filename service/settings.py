@@ -15,6 +15,9 @@ from sqlalchemy.exc import ArgumentError
 from api_schemas.data_roots import parse_data_roots
 
 MIN_TOKEN_LENGTH = 16
+# A secret of 16 characters drawn from few symbols is guessable (`aaaaaaaaaaaaaaaa` was once
+# accepted); `openssl rand -hex 32` gives 16 distinct ones, a passphrase of words many.
+MIN_DISTINCT_TOKEN_CHARACTERS = 8
 # Values shipped in examples and templates: a token anyone can read is no token.
 PLACEHOLDER_TOKENS = frozenset(
     {
@@ -144,6 +147,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"the token must be a secret of at least {MIN_TOKEN_LENGTH} characters, not a "
                 "placeholder (e.g. `openssl rand -hex 32`)"
+            )
+        if token and len(set(token)) < MIN_DISTINCT_TOKEN_CHARACTERS:
+            raise ValueError(
+                f"the token uses only {len(set(token))} distinct characters: a secret needs at "
+                f"least {MIN_DISTINCT_TOKEN_CHARACTERS} (e.g. `openssl rand -hex 32`)"
             )
         return value
 

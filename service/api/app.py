@@ -15,7 +15,13 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from service.api.routes import compare, experiments, imports, planning, runs, system
 from service.api.routes.reports import reports_router
 from service.api.routes.ui import public_paths, ui_router
-from service.api.security import RequestGuard, capped_errors, declare_bearer_auth, is_loopback
+from service.api.security import (
+    HeadAsGet,
+    RequestGuard,
+    capped_errors,
+    declare_bearer_auth,
+    is_loopback,
+)
 from service.errors import Conflict, NotFound, QueueFull, SpecError
 from service.limits import Busy, HeavyPaths, HeavyReads, busy_response
 from service.scheduling.dispatcher import Dispatcher
@@ -107,6 +113,8 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         max_body_bytes=settings.max_request_body_bytes,
         loopback_only=is_loopback(settings.host),
     )
+    # Outermost: a HEAD is checked and answered as the GET it stands for.
+    app.add_middleware(HeadAsGet)
     if token:
         declare_bearer_auth(app, public)
 

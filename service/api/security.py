@@ -212,6 +212,29 @@ class RequestGuard:
         return None
 
 
+class HeadAsGet:
+    """HEAD on every route that answers GET: the request goes on as a GET (the same checks, the
+    same status and headers, Content-Length included) and the body is not sent. FastAPI's routes
+    answer only the methods they declare, so HEAD was a 405 everywhere but two routes. Where
+    GET is not allowed either, the answer is GET's 405 with its Allow header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] != "http.response.body":
+                await send(message)
+            elif not message.get("more_body", False):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 def _with_headers(send: Send) -> Send:
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":

@@ -156,7 +156,24 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
         assert response.status_code == expected.get((method, template), 200), (
             f"{method} {url}: {response.status_code} {response.text[:300]}"
         )
+        if method == "GET":
+            assert_head_is_get(guarded, url, params, response)
     assert guarded.service.wait(slow["id"])["status"] == "cancelled"
+
+
+def assert_head_is_get(
+    guarded: Guarded, url: str, params: dict | None, got: httpx.Response
+) -> None:
+    """HEAD answers as GET did (status, type, length), without a body, and needs the token
+    too (on 674b730 every such HEAD but /healthz's and the schema's was a 405)."""
+    refused = guarded.anon.head(url, params=params)
+    assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+    head = guarded.service.client.head(url, params=params)
+    assert head.status_code == got.status_code, (url, head.status_code, got.status_code)
+    assert head.content == b""
+    assert head.headers.get("content-type") == got.headers.get("content-type"), url
+    if "content-length" in got.headers:
+        assert head.headers["content-length"] == got.headers["content-length"], url
 
 
 def test_malformed_authorization_and_unknown_paths_are_refused(guarded: Guarded) -> None:
@@ -176,6 +193,9 @@ def test_health_and_docs_are_open_and_the_schema_declares_the_token(guarded: Gua
     health = guarded.anon.get("/healthz")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert guarded.anon.get("/docs").status_code == 200
+    for page in ("/healthz", "/docs", "/ui", "/openapi.json"):  # open pages: HEAD open too
+        head = guarded.anon.head(page)
+        assert head.status_code == 200 and head.content == b"", page
     schema = guarded.anon.get("/openapi.json").json()
     assert schema["components"]["securitySchemes"]["bearerAuth"] == {
         "type": "http",
@@ -403,6 +423,13 @@ def test_ids_offsets_and_steps_past_the_database_range_get_422(guarded: Guarded)
 def test_placeholder_and_short_tokens_are_refused_at_start(token: str) -> None:
     with pytest.raises(ValueError, match="at least 16 characters, not a placeholder"):
         Settings(api_token=token)
+
+
+@pytest.mark.parametrize("token", ["aaaaaaaaaaaaaaaa", "abababababababababab", "1234567123456712"])
+def test_tokens_of_few_distinct_characters_are_refused_at_start(token: str) -> None:
+    with pytest.raises(ValueError, match="distinct characters: a secret needs at least 8"):
+        Settings(api_token=token)
+    Settings(api_token="f3a91c07d2b85e46")  # 16 distinct, as `openssl rand -hex 8` gives
 
 
 def seedgrid_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
