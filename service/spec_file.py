@@ -4,7 +4,8 @@ API will receive it, or the file is refused with one line naming it and, where i
 YAML says more than JSON, and the command line would send whatever it built: an alias bomb
 ("billion laughs": nine lines whose aliases repeat nodes, gigabytes once written out as JSON),
 a recursive alias (a list that holds itself), tags JSON has no type for (`!!binary` bytes,
-timestamps, `!!set`, `!!python/...`), NaN and infinity, keys that are not strings. Composing a
+timestamps, `!!set`, `!!python/...`), NaN and infinity, keys that are not strings, a key twice in
+one mapping (YAML keeps the last, silently), integers of hundreds of digits. Composing a
 YAML document builds its node graph with each aliased node once, so every check here runs on
 that graph, before anything is built, and counts an aliased node as often as it is repeated.
 """
@@ -24,12 +25,19 @@ SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 # quotes or a separator, two per list or mapping): 16 times the service's default request limit
 # (SEEDGRID_MAX_REQUEST_BODY_BYTES), so that no spec a service takes is refused here.
 MAX_SPEC_CHARS = 16 * 2**20
+# A spec file larger than this is refused by its size, before it is read (a 20 MB YAML file
+# took 20 s to be refused once parsed): as large as the most a spec may expand to.
+MAX_SPEC_FILE_BYTES = MAX_SPEC_CHARS
+# Integers longer than this are refused: no config field takes one (a float's largest is 309
+# digits), and Python refuses to convert one of more than 4,300 (a traceback, once).
+MAX_INT_DIGITS = 400
 
 YAML_TAG = "tag:yaml.org,2002:"
 # The YAML types JSON has; `<<` merge keys are allowed too (they copy mappings, as aliases do).
 JSON_SCALAR_TAGS = frozenset(YAML_TAG + t for t in ("null", "bool", "int", "float", "str"))
 STR_TAG, FLOAT_TAG, MERGE_TAG = YAML_TAG + "str", YAML_TAG + "float", YAML_TAG + "merge"
 SEQ_TAG, MAP_TAG, TIMESTAMP_TAG = YAML_TAG + "seq", YAML_TAG + "map", YAML_TAG + "timestamp"
+INT_TAG = YAML_TAG + "int"
 
 
 class SpecFileError(ValueError):
@@ -44,6 +52,12 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     if suffix not in SPEC_SUFFIXES:
         raise SpecFileError(f"expected a .json, .yaml or .yml spec file, got {path.name}")
     try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_FILE_BYTES:
+            raise SpecFileError(
+                f"spec file {path} is {size:,} bytes: a spec file may be at most "
+                f"{MAX_SPEC_FILE_BYTES:,}"
+            )
         text = path.read_text()
     except OSError as exc:
         raise SpecFileError(f"cannot read spec file {path}: {exc.strerror}") from None
@@ -64,10 +78,37 @@ def _json(text: str, path: Path) -> Any:
     def no_constant(name: str) -> Any:
         raise SpecFileError(f"spec file {path}: {name} is not a JSON number")
 
+    def integer(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+            raise SpecFileError(f"spec file {path}: {_too_long(digits)}")
+        return int(digits)
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        mapping: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in mapping:
+                raise SpecFileError(f"spec file {path}: {_twice(key)}")
+            mapping[key] = value
+        return mapping
+
     try:
-        return json.loads(text, parse_constant=no_constant)
+        return json.loads(
+            text, parse_constant=no_constant, parse_int=integer, object_pairs_hook=unique_keys
+        )
     except json.JSONDecodeError as exc:
         raise SpecFileError(f"spec file {path} is not valid JSON: {exc}") from None
+
+
+def _too_long(digits: str) -> str:
+    shown = f"{digits[:12]}..." if len(digits) > 15 else digits
+    return (
+        f"the integer {shown} has {len(digits.lstrip('-')):,} digits: at most "
+        f"{MAX_INT_DIGITS} are read"
+    )
+
+
+def _twice(key: str) -> str:
+    return f"the key {key!r} appears twice in one mapping (which one did you mean?)"
 
 
 def _yaml(text: str, path: Path) -> Any:
@@ -163,6 +204,8 @@ def _check_scalar(node: ScalarNode, loader: yaml.SafeLoader, path: Path) -> None
             f"{_where(path, node)}: the tag {_shown(node.tag)} has no JSON type "
             "(a spec holds mappings, lists, strings, numbers, true, false, null)"
         )
+    if node.tag == INT_TAG and len(node.value.lstrip("+-")) > MAX_INT_DIGITS:
+        raise SpecFileError(f"{_where(path, node)}: {_too_long(node.value)}")
     if node.tag == FLOAT_TAG and not math.isfinite(loader.construct_yaml_float(node)):
         raise SpecFileError(
             f"{_where(path, node)}: {node.value} is not a JSON number (JSON has no NaN or infinity)"
@@ -177,6 +220,7 @@ def _check_collection(node: Node, path: Path) -> None:
             "(a spec holds mappings, lists, strings, numbers, true, false, null)"
         )
     if isinstance(node, MappingNode):
+        seen: set[str] = set()
         for key, _ in node.value:
             if not isinstance(key, ScalarNode) or key.tag not in (STR_TAG, MERGE_TAG):
                 shown = key.value if isinstance(key, ScalarNode) else "a list or mapping"
@@ -184,3 +228,7 @@ def _check_collection(node: Node, path: Path) -> None:
                     f"{_where(path, key)}: the key {shown} is not a string (JSON "
                     "keys are strings): quote it"
                 )
+            if key.tag == STR_TAG:
+                if key.value in seen:  # YAML would keep the last one, silently
+                    raise SpecFileError(f"{_where(path, key)}: {_twice(key.value)}")
+                seen.add(key.value)

@@ -6,11 +6,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.routes import compare, experiments, imports, planning, runs, system
 from service.api.routes.reports import reports_router
@@ -42,6 +44,24 @@ log = logging.getLogger("seedgrid.api")
 API_LOCK_WAIT_S = 5.0
 # What a 503 for an unreachable or locked database asks the client to wait.
 DATABASE_RETRY_AFTER_S = 5
+
+
+# FastAPI's answer to a body that is JSON but that json.loads could not build.
+UNPARSED_BODY = "There was an error parsing the body"
+
+
+def unreadable_body(exc: Exception) -> dict[str, object]:
+    """The 422 error of a JSON body that could not be built: an integer of more digits than
+    Python converts (4,300), or nesting deeper than the parser recurses (it was an undocumented
+    400 naming neither)."""
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        why = "the body is nested too deeply (lists or objects within each other)"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        why = "the body holds an integer of more than 4,300 digits"
+    else:
+        why = f"the body could not be read as JSON ({type(cause).__name__})"
+    return {"type": "json_invalid", "loc": ["body"], "msg": why, "input": None}
 
 
 def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
@@ -125,6 +145,12 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         body = body_field.field_info.annotation if body_field is not None else None
         errors = with_key_hints(list(exc.errors()), body)
         return JSONResponse(status_code=422, content={"detail": capped_errors(errors)})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and exc.detail == UNPARSED_BODY:
+            return JSONResponse(status_code=422, content={"detail": [unreadable_body(exc)]})
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:

@@ -380,6 +380,22 @@ def test_hostile_specs_get_422_naming_the_field_and_store_nothing(guarded: Guard
     assert table_counts(guarded.service) == (0, 0)
 
 
+def test_bodies_json_cannot_build_get_a_422_saying_why(guarded: Guarded) -> None:
+    # on 674b730 both were an undocumented 400, "There was an error parsing the body"
+    client = guarded.service.client
+    headers = {"content-type": "application/json"}
+    for body, why in (
+        ('{"name": "x", "seeds": ' + "9" * 5000 + "}", "an integer of more than 4,300 digits"),
+        ('{"name": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ):
+        before = table_counts(guarded.service)
+        response = client.post("/experiments", content=body, headers=headers)
+        assert response.status_code == 422, response.text
+        (error,) = response.json()["detail"]
+        assert error["type"] == "json_invalid" and why in error["msg"], error
+        assert table_counts(guarded.service) == before
+
+
 def test_ids_offsets_and_steps_past_the_database_range_get_422(guarded: Guarded) -> None:
     client = guarded.service.client
     huge = 2**63  # past any offset

@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from service import cli
-from service.spec_file import MAX_SPEC_CHARS, SpecFileError, load_spec_file
+from service.spec_file import MAX_SPEC_CHARS, MAX_SPEC_FILE_BYTES, SpecFileError, load_spec_file
 
 ROOT = Path(__file__).resolve().parents[2]
 # Nothing listens there: a spec that got past the loader would fail differently.
@@ -100,6 +100,15 @@ REFUSED = {
     "deep.json": ('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}", "is nested too deeply"),
     "broken.json": ('{"name": ', "is not valid JSON: "),
     "list.yaml": ("- name: x\n", "must hold a mapping"),
+    # on 674b730 the next four were a traceback (Python converts at most 4,300 digits) or a
+    # silently kept last key
+    "bigint.yaml": ("name: x\nseeds: " + "9" * 5000 + "\n", "line 2: the integer 999999999999"),
+    "bigint.json": ('{"seeds": ' + "9" * 5000 + "}", "has 5,000 digits: at most 400 are read"),
+    "duplicate.yaml": (
+        "name: x\nconfig:\n  lr: 0.1\n  lr: 0.2\n",
+        "line 4: the key 'lr' appears twice in one mapping",
+    ),
+    "duplicate.json": ('{"name": "x", "name": "y"}', "the key 'name' appears twice"),
 }
 
 
@@ -143,3 +152,23 @@ def test_the_yaml_people_write_reads_as_json_does(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_bundled_example_reads_as_before(path: Path) -> None:
     assert load_spec_file(path) == yaml.safe_load(path.read_text())
+
+
+def test_a_file_over_the_size_limit_is_refused_by_its_size_before_it_is_read(
+    tmp_path: Path,
+) -> None:
+    # 20 MB of YAML was refused on 674b730 only once parsed (20 s), as if it expanded too much
+    big = tmp_path / "big.yaml"
+    with big.open("w") as out:
+        out.write("name: big\ntrainer: collapse\nnotes: |\n")
+        out.write(("  " + "x" * 1000 + "\n") * (MAX_SPEC_FILE_BYTES // 1000 + 10))
+    with pytest.raises(SpecFileError, match=r"bytes: a spec file may be at most 16,777,216"):
+        load_spec_file(big)
+    result = CliRunner().invoke(cli.app, ["submit", str(big), "--url", NOWHERE])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+
+
+def test_the_largest_numbers_a_config_may_hold_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "numbers.yaml"
+    path.write_text("name: x\nconfig:\n  steps: " + "9" * 400 + "\n  lr: 1.0e+308\n")
+    assert load_spec_file(path)["config"] == {"steps": int("9" * 400), "lr": 1e308}
