@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 MAX_TAGS = 20
 MAX_TAG_LENGTH = 40
@@ -55,7 +55,8 @@ Note = Annotated[str | None, Field(max_length=MAX_NOTE_LENGTH), AfterValidator(_
 
 class ExperimentLabels(BaseModel):
     """PATCH /experiments/{id}: the fields given replace the stored ones, the others stay;
-    `note: null` (or "") removes the note, `tags: []` every tag."""
+    `note: null` (or "") removes the note, `tags: []` every tag. `add_tags` and `remove_tags`
+    change the stored tags instead of replacing them (not with `tags`)."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -66,4 +67,21 @@ class ExperimentLabels(BaseModel):
     tags: Tags | None = Field(
         None, description=f"every tag of the experiment (at most {MAX_TAGS}; each {TAG_RULE})"
     )
+    add_tags: Tags | None = Field(
+        None,
+        description="tags to add to the stored ones (those it has already stay once); applied "
+        "to the tags as stored when the edit commits, so concurrent edits all take effect",
+    )
+    remove_tags: Tags | None = Field(
+        None, description="tags to remove from the stored ones (one it does not have is no error)"
+    )
     note: Note = Field(None, description=f"free text, at most {MAX_NOTE_LENGTH} characters")
+
+    @model_validator(mode="after")
+    def _replace_or_change(self) -> ExperimentLabels:
+        changes = {"add_tags", "remove_tags"} & self.model_fields_set
+        if "tags" in self.model_fields_set and changes:
+            raise ValueError(
+                f"give tags (every tag) or {' and '.join(sorted(changes))} (a change), not both"
+            )
+        return self

@@ -190,10 +190,12 @@ class Client:
     def tag(
         self, experiment_id: int, add: Collection[str] = (), remove: Collection[str] = ()
     ) -> ExperimentDetail:
-        """Add the tags `add` and remove the tags `remove`; the others stay."""
-        tags = self.experiment(experiment_id).tags
-        kept = [t for t in tags if t not in remove]
-        return self.label(experiment_id, tags=kept + [t for t in add if t not in kept])
+        """Add the tags `add` and remove the tags `remove`; the others stay. One request that
+        the service applies to the tags as stored: concurrent edits do not undo each other."""
+        body = {"add_tags": list(add), "remove_tags": list(remove)}
+        return ExperimentDetail.model_validate(
+            self.request("PATCH", f"/experiments/{experiment_id}", json=body)
+        )
 
     def params(self, experiment_id: int, metric: str | None = None) -> pd.DataFrame:
         """The params table: one row per condition, `condition_key`, its n, mean and std of

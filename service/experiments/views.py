@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
-from sqlalchemy import Text, bindparam, cast, func, or_, text
+from sqlalchemy import Text, bindparam, cast, func, text
 from sqlmodel import Session, col, select
 
 from api_schemas import (
@@ -199,13 +199,9 @@ def list_experiments(
     if before is not None:
         query = query.where(col(Experiment.created_at) < before)
     if only.text:
+        # in name, note, tag values or trainer, case-folded as the column is (storage.db)
         query = query.where(
-            or_(
-                _contains(col(Experiment.name), only.text),
-                _contains(col(Experiment.note), only.text),
-                _contains(cast(col(Experiment.tags), Text), only.text),
-                _contains(col(Experiment.trainer), only.text),
-            )
+            _contains(col(Experiment.search_text), only.text.casefold(), fold=False)
         )
     experiments = session.exec(query.offset(offset).limit(limit)).all()
     return [experiment_summary(experiment) for experiment in experiments]

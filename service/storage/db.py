@@ -128,6 +128,9 @@ class Experiment(SQLModel, table=True):
         sa_column=Column(JSON, nullable=False, server_default=text("'[]'")),
     )
     note: str | None = None
+    # What `GET /experiments?q=` searches: search_text(...) of the name, note, tags and
+    # trainer, kept by the events below on every write through the ORM; migration 0012.
+    search_text: str = Field(default="", sa_column_kwargs={"server_default": ""})
 
     @property
     def stored_spec(self) -> ExperimentSpec:
@@ -135,6 +138,21 @@ class Experiment(SQLModel, table=True):
         stored JSON): the one form every reader of a stored spec uses, fields typed and
         defaulted, never read by key."""
         return ExperimentSpec.stored(self.spec)
+
+
+def search_text(name: str, note: str | None, tags: list[str], trainer: str) -> str:
+    """An experiment's searchable text: its name, note, tag values and trainer, case-folded by
+    Python (the same on every database; SQLite's lower() folds only ASCII), one per line, so
+    that a search matches within one of them and never the tags' JSON punctuation."""
+    return "\n".join([name, note or "", *tags, trainer]).casefold()
+
+
+@event.listens_for(Experiment, "before_insert")
+@event.listens_for(Experiment, "before_update")
+def _keep_search_text(_mapper: Any, _connection: Any, experiment: Experiment) -> None:
+    experiment.search_text = search_text(
+        experiment.name, experiment.note, list(experiment.tags or []), experiment.trainer
+    )
 
 
 class Run(SQLModel, table=True):

@@ -191,3 +191,34 @@ def test_tags_notes_filters_and_params_table(service: Service) -> None:
             assert error.status_code == 422 and "tag" in str(error)
         else:
             raise AssertionError("a malformed tag was not refused")
+
+
+IMPORTED = "lr,seed,loss\n0.1,0,0.5\n0.1,1,0.6\n"
+
+
+def test_concurrent_tag_edits_all_take_effect(backend_service: Service) -> None:
+    """Twelve clients add a tag each at once, through the client's one-request edit: every tag
+    stays (on 674b730 each read the tags, added one and wrote them all: 6 concurrent
+    `seedgrid tag` left 5), on SQLite and PostgreSQL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    service = backend_service
+    created = service.client.post("/experiments/import", json={"name": "tagged", "csv": IMPORTED})
+    assert created.status_code == 201, created.text
+    experiment_id = created.json()["id"]
+    clients = [Client(service.server.url) for _ in range(12)]
+    try:
+        with ThreadPoolExecutor(len(clients)) as pool:
+            list(pool.map(lambda i: clients[i].tag(experiment_id, [f"t{i}"]), range(12)))
+        stored = service.client.get(f"/experiments/{experiment_id}").json()["tags"]
+        assert sorted(stored) == sorted(f"t{i}" for i in range(12))
+        after = clients[0].tag(experiment_id, ["t0", "new"], remove=["t1", "absent"])
+        assert after.tags == [*(t for t in stored if t != "t1"), "new"]  # order kept
+    finally:
+        for client in clients:
+            client.close()
+    path = f"/experiments/{experiment_id}"
+    assert refused(service, "PATCH", path, json={"tags": ["a"], "add_tags": ["b"]}) == [["body"]]
+    too_many = {"add_tags": [f"x{i}" for i in range(9)]}  # 12 + 9 > 20
+    assert refused(service, "PATCH", path, json=too_many) == [["body", "add_tags"]]
+    assert service.client.get(path).json()["tags"] == after.tags  # nothing half-written

@@ -696,9 +696,9 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     assert upgrade_database(database_url).before == "0007"
     after = _rows(database_url)
     # 0008's deleted, 0009's stop_message (no run of these was stopped), 0010's tracebacks
-    # (none failed), 0011's tags and note
-    assert [(*row[:-2], _json(row[-2]), row[-1]) for row in after["experiment"]] == [
-        (*row, False, None, [], None) for row in before["experiment"]
+    # (none failed), 0011's tags and note, 0012's search text (name, no note, trainer)
+    assert [(*row[:-3], _json(row[-3]), *row[-2:]) for row in after["experiment"]] == [
+        (*row, False, None, [], None, f"{row[1]}\n\n{row[2]}") for row in before["experiment"]
     ]
     for table in ("run", "runattempt"):
         assert after[table] == [(*row, None) for row in before[table]]
@@ -909,9 +909,10 @@ def test_0011_gives_existing_experiments_no_tags_and_they_can_be_tagged_and_foun
     before = _rows(database_url)["experiment"]
     assert upgrade_database(database_url).before == "0010"
     after = _rows(database_url)["experiment"]
-    # tags come back as the stored JSON text on SQLite, parsed on PostgreSQL
-    assert [(*row[:-2], _json(row[-2]), row[-1]) for row in after] == [
-        (*row, [], None) for row in before
+    # tags come back as the stored JSON text on SQLite, parsed on PostgreSQL; 0012's search
+    # text last
+    assert [(*row[:-3], _json(row[-3]), *row[-2:]) for row in after] == [
+        (*row, [], None, f"{row[1]}\n\ncollapse") for row in before
     ]
 
     engine = make_engine(database_url)
@@ -950,6 +951,43 @@ def test_0011_gives_existing_experiments_no_tags_and_they_can_be_tagged_and_foun
     assert _rows(database_url)["experiment"] == before
     upgrade_database(database_url)
     assert metadata_diffs(database_url, SQLModel.metadata) == []
+
+
+def test_0012_searches_tag_values_and_folds_unicode_case_on_both_databases(
+    database_url: str,
+) -> None:
+    """On 674b730 `?q=[` matched every experiment (the tags' JSON text) and, on SQLite, `äöü`
+    missed `ÄÖÜ-Ünïcode` (lower() folds only ASCII there). An experiment stored before 0012
+    gets its search text from the migration; one written after, from the model's events."""
+    _migrate(database_url, "0011")
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        spec = json.dumps({"name": "ÄÖÜ-Ünïcode", "trainer": "collapse", "config": {}})
+        connection.execute(
+            text(
+                "INSERT INTO experiment (name, trainer, spec, metric, status, priority, "
+                "n_conditions, n_runs, cancel_requested, created_at, runs_completed, tags, "
+                "note) VALUES ('ÄÖÜ-Ünïcode', 'collapse', :spec, 'min_l2', 'completed', 0, 1, "
+                "1, false, '2026-01-01 00:00:00', 1, :tags, 'Straße')"
+            ),
+            {"spec": spec, "tags": json.dumps(["Baseline"])},
+        )
+    engine.dispose()
+    upgrade_database(database_url)
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        label_experiment(session=session, experiment_id=1, labels=ExperimentLabels(note="ΣΊΣΥΦΟΣ"))
+
+        def names(text_: str) -> list[str]:
+            only = ExperimentFilter(text=text_)
+            return [
+                e.name for e in list_experiments(session=session, limit=10, offset=0, only=only)
+            ]
+
+        assert names("äöü") == names("ÄÖÜ-ÜNÏCODE") == names("baseline") == ["ÄÖÜ-Ünïcode"]
+        assert names("σίσυφος") == ["ÄÖÜ-Ünïcode"]  # the note written after 0012
+        assert names("[") == names('"') == names("straße") == []  # no JSON; the old note gone
+    engine.dispose()
 
 
 def _json(value: Any) -> Any:
