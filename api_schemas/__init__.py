@@ -226,6 +226,9 @@ class ExperimentStatus(StrEnum):
     # every run ended and none completed or was stopped by a check: nothing to compare (a
     # missing dataset, a device the cluster lacks); the runs' errors say why
     failed = "failed"
+    # cancel asked for while runs of it still train (the dispatcher is stopping them): still
+    # active; `cancelled` once none is pending or running (it said so while one still ran)
+    cancelling = "cancelling"
     cancelled = "cancelled"
 
     @classmethod
@@ -257,7 +260,9 @@ _RUN_MOVES: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType(
         **{status: frozenset() for status in _RUN_ENDED},
     }
 )
-_EXPERIMENT_ACTIVE = frozenset({ExperimentStatus.queued, ExperimentStatus.running})
+_EXPERIMENT_ACTIVE = frozenset(
+    {ExperimentStatus.queued, ExperimentStatus.running, ExperimentStatus.cancelling}
+)
 _EXPERIMENT_ENDED = frozenset(ExperimentStatus) - _EXPERIMENT_ACTIVE
 
 

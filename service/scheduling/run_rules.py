@@ -76,9 +76,10 @@ def experiment_status(
     the spec asked for), failed when none did and some failed or diverged (calling that partial
     would hide that there is nothing to compare), partial otherwise. An adaptive
     experiment whose next look is due (`deciding`, no run queued, pending or running) is still
-    running: its next round may follow. One with runs pending (handed to Ray) is running."""
+    running: its next round may follow. One with runs pending (handed to Ray) is running. A
+    cancelled one is cancelling while runs of it are still pending or running."""
     if cancel_requested:
-        return ExperimentStatus.cancelled
+        return ExperimentStatus.cancelling if counts.active else ExperimentStatus.cancelled
     if counts.active == 0 and deciding:
         return ExperimentStatus.running
     if counts.active == 0:

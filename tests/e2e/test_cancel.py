@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from tests.conftest import Service, _own_workers
@@ -138,3 +139,40 @@ def test_after_every_trainers_long_runs_are_cancelled_no_worker_keeps_training(
         if after[pid] - before[pid] > QUIET_CPU_SHARE * QUIET_WINDOW_S
     }
     assert not busy, f"Ray workers using CPU after every cancel (pid: CPU s in window): {busy}"
+
+
+def test_of_two_cancels_at_once_one_wins_and_the_experiment_is_cancelling_until_its_runs_end(
+    backend_service: Service,
+) -> None:
+    """Two clients cancel the same experiment at once, ten times: one 202 and one 409 each time
+    (on 674b730 both got 202 in 8 of 15 rounds on PostgreSQL), on SQLite and PostgreSQL; while
+    its run still trains it says `cancelling` (it said `cancelled`), then `cancelled`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    service = backend_service
+    long_run = {"trainer": "collapse", "config": {"steps": 50_000_000, "n_samples": 64}}
+    ids = [service.submit({"name": f"rival-{i}", "seeds": 1, **long_run})["id"] for i in range(10)]
+    wait_until(lambda: any(r["started_at"] for r in service.runs(ids[0])), 180)
+    clients = [httpx.Client(base_url=service.server.url, timeout=60) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for experiment_id in ids:
+                answers = sorted(
+                    pool.map(
+                        lambda c, e=experiment_id: c.post(f"/experiments/{e}/cancel").status_code,
+                        clients,
+                    )
+                )
+                assert answers == [202, 409], (experiment_id, answers)
+    finally:
+        for client in clients:
+            client.close()
+    while True:  # never `cancelled` while its run is pending or running
+        detail = service.client.get(f"/experiments/{ids[0]}").json()
+        active = detail["counts"]["pending"] + detail["counts"]["running"]
+        assert detail["status"] == ("cancelling" if active else "cancelled"), detail
+        if not active:
+            break
+        time.sleep(0.05)
+    for experiment_id in ids:
+        assert service.wait(experiment_id, timeout_s=120)["status"] == "cancelled"

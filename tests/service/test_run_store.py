@@ -160,12 +160,14 @@ def test_every_state_change_keeps_the_experiment_counts(session: Session) -> Non
     store.cancel_experiment(experiment)
     store.commit()
     experiment = assert_counts_kept(session, experiment_id)
-    assert experiment.status == ExperimentStatus.cancelled
+    # cancelling while run 6 is pending; cancelled once it ended
+    assert experiment.status == ExperimentStatus.cancelling
     assert experiment.runs_cancelled == 1 and experiment.runs_pending == 1  # run 6 is flagged
     assert store.cancel_requested([6]) == [6]
     store.end_cancelled(AttemptKey(run_id=6, experiment_id=experiment_id, attempt=1))
     store.commit()
     experiment = assert_counts_kept(session, experiment_id)
+    assert experiment.status == ExperimentStatus.cancelled
     assert experiment.finished_at is not None
     assert experiment_counts(experiment).model_dump() == {
         "queued": 0,
@@ -509,6 +511,22 @@ def test_experiment_status_counts_stopped_runs_as_ended_as_asked(
         experiment_status(cancel_requested=False, n_runs=4, counts=ExperimentCounts(**counts))
         == expected
     )
+
+
+@pytest.mark.parametrize(
+    ("counts", "expected"),
+    [
+        ({"cancelled": 2, "running": 1}, ExperimentStatus.cancelling),
+        ({"cancelled": 2, "pending": 1}, ExperimentStatus.cancelling),
+        ({"cancelled": 3, "completed": 1}, ExperimentStatus.cancelled),
+    ],
+)
+def test_a_cancelled_experiment_is_cancelling_while_a_run_still_trains(
+    counts: dict[str, int], expected: ExperimentStatus
+) -> None:
+    # on 674b730 it said cancelled while a run still ran
+    status = experiment_status(cancel_requested=True, n_runs=4, counts=ExperimentCounts(**counts))
+    assert status == expected and status.is_ended == (expected == ExperimentStatus.cancelled)
 
 
 @pytest.mark.parametrize(
