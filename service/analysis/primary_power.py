@@ -6,17 +6,32 @@ model too, so the two answers compare; the test's level holds without normality)
 - SIMULATIONS datasets of n_a and n_b standard normal values from PLANNING_SEED; with paired
   seeds, seed i draws both sides' i-th value, correlated `correlation`, and the strata carry the
   seeds, so service.analysis.resampling decides the pairing as it does for real runs (5 or fewer
-  shared
-  seeds get the unpaired test);
+  shared seeds get the unpaired test);
 - each dataset's interval of var_a / var_b at confidence 1 - alpha from the test's own crossing
-  scales (SIMULATION_RESAMPLES re-assignments, the service uses more: a planning answer needs
-  the rejection rate, not a stable p-value);
+  scales: every re-assignment where SIMULATION_RESAMPLES + 1 enumerate the layout, else
+  SIMULATION_RESAMPLES drawn afresh for each ROOTS_CHUNK datasets from a stream of
+  PLANNING_SEED, so that the rate averages over draws as the service's test does. One matrix
+  shared by all datasets put the plan at the mercy of one draw: 0.803 at ratio 4 on 13 pairs
+  correlated 0.8, where fresh draws give 0.767 and the service's test rejected 0.770 [0.757,
+  0.783] of 4,000 datasets of seed 2024. The service enumerates up to MAX_ENUMERATED (2^16)
+  re-assignments and draws N_RESAMPLES beyond; the planner does not enumerate above
+  SIMULATION_RESAMPLES + 1, as 4,000 datasets of 2^13 sign flips took 5.6 s and of 2^16 33 s,
+  while on the same datasets the draws' rate was within 0.004 of the enumeration's, below it
+  (13 pairs: 0.767 and 0.770; 16 pairs at 0.5: 0.687 and 0.691; 8 + 8 unpaired: 0.165 and
+  0.164): fewer re-assignments only make a plan cautious;
 - the test is equivariant: multiplying a's values by sqrt(r) multiplies every crossing scale by
   r, so the test of ratio 1 on data whose true ratio is r rejects exactly when 1 / r lies
   outside the interval of the ratio-1 data. One simulation answers every ratio:
   power(r) = P(low > 1 / r) + P(high < 1 / r).
-Each (n_a, n_b, pairing, correlation, alpha) is simulated once per process (0.1-0.3 s on a busy
-2-core machine).
+Each (n_a, n_b, pairing, correlation, alpha) is simulated once per process (0.2-1.2 s on a busy
+2-core machine, the slowest the mode-aligned deviations of 6-15 unpaired seeds).
+
+A plan reaches `power` only where the simulated rate reaches required_rate(power), power plus 2
+Monte-Carlo standard errors, sqrt(power (1 - power) / SIMULATIONS) (0.8126 for 0.8): the search
+keeps the first n whose estimate passes its target, so an estimate that errs upwards (by about
+0.006 on 4,000 datasets) is the one kept (the 13 pairs above). The same target holds for the
+detectable ratio and above MAX_SIMULATED_SEEDS, where the approximation answers, so that the
+answers join where one method takes over from the other.
 
 Above MAX_SIMULATED_SEEDS seeds on either side a normal approximation replaces the simulation.
 To first order the test is a self-normalised sum. Paired: sign flips of
@@ -39,6 +54,7 @@ terms dominate), which is why it takes over only above 40.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,17 +72,23 @@ from service.analysis.resampling import (
     Stratum,
     _roots,
     assignments,
+    distinct_assignments,
+    draw_assignments,
+    enumerated,
     from_crossings,
     mode_aligned_rows,
     unpaired_test_name,
 )
 
-SIMULATIONS = 1000
+SIMULATIONS = 4000
 SIMULATION_RESAMPLES = 999
-# Datasets whose crossing scales are found at once: the temporaries stay in cache (twice as
-# fast as all 1,000 at once).
+# Datasets whose crossing scales are found at once, with their own re-assignment draws: the
+# temporaries stay in cache (twice as fast as 1,000 datasets at once).
 ROOTS_CHUNK = 50
 PLANNING_SEED = 1
+# The re-assignment draws come from the stream (PLANNING_SEED, REASSIGNMENT_STREAM), apart
+# from the datasets' (PLANNING_SEED).
+REASSIGNMENT_STREAM = 1
 # More seeds than this on either side: the normal approximation (module docstring).
 MAX_SIMULATED_SEEDS = 40
 MAX_DETECTABLE_RATIO = 1e12
@@ -76,6 +98,12 @@ FEW_SEEDS = 8
 # Simulated, log(detectable ratio) falls about as 1 / sqrt(n - SHAPE_OFFSET) (4.3 at 6 seeds,
 # 2.5 at 10, 1.5 at 20, 0.97 at 40, unpaired at correlation 0): the seed search's jumps.
 SHAPE_OFFSET = 5
+
+
+def required_rate(power: float) -> float:
+    """The simulated rejection rate at which a plan reaches `power`: power plus 2 Monte-Carlo
+    standard errors of a rate of SIMULATIONS datasets (module docstring)."""
+    return min(1.0, power + 2 * math.sqrt(power * (1 - power) / SIMULATIONS))
 
 
 def check_pairing(paired: bool, correlation: float) -> None:
@@ -159,18 +187,40 @@ class NullIntervals:
         return (below + above) / len(self.lows)
 
     def detectable_ratio(self, power: float) -> float:
-        """The smallest ratio > 1 rejected at rate `power` (1.0 when the test rejects that
-        often at ratio 1; inf when no ratio up to MAX_DETECTABLE_RATIO is). The rate rises
-        only where 1 / ratio passes a low end, so the answer is one of the 1 / low."""
-        if self.power(1.0) >= power:
+        """The smallest ratio > 1 detected with `power`, that is rejected at rate
+        required_rate(power) (1.0 when the test rejects that often at ratio 1; inf when no
+        ratio up to MAX_DETECTABLE_RATIO is). The rate rises only where 1 / ratio passes a low
+        end, so the answer is one of the 1 / low."""
+        rate = required_rate(power)
+        if self.power(1.0) >= rate:
             return 1.0
         x = self.lows[::-1]  # descending: ratios 1 / x ascending
         at_or_above = len(x) - np.searchsorted(self.lows, x, side="left")
         above = np.searchsorted(self.highs, x, side="left")
         reached = (
-            ((at_or_above + above) / len(x) >= power) & (x < 1) & (x >= 1 / MAX_DETECTABLE_RATIO)
+            ((at_or_above + above) / len(x) >= rate) & (x < 1) & (x >= 1 / MAX_DETECTABLE_RATIO)
         )
         return float(1 / x[np.argmax(reached)]) if reached.any() else math.inf
+
+
+def chunk_assignments(
+    layout: tuple[int, ...], datasets: int, seed: int = PLANNING_SEED
+) -> Iterator[tuple[slice, np.ndarray]]:
+    """Each ROOTS_CHUNK of `datasets` simulated datasets (their rows) with the re-assignments
+    it is tested with, none the observed one: all of them where SIMULATION_RESAMPLES + 1
+    enumerate the layout, else SIMULATION_RESAMPLES drawn for that chunk from the stream
+    (seed, REASSIGNMENT_STREAM)."""
+    if enumerated(layout, SIMULATION_RESAMPLES, 0):
+        matrix = assignments(layout, SIMULATION_RESAMPLES)[0]
+        for start in range(0, datasets, ROOTS_CHUNK):
+            yield slice(start, start + ROOTS_CHUNK), matrix
+        return
+    rng = np.random.default_rng([seed, REASSIGNMENT_STREAM])
+    for start in range(0, datasets, ROOTS_CHUNK):
+        yield (
+            slice(start, start + ROOTS_CHUNK),
+            draw_assignments(layout, SIMULATION_RESAMPLES, rng),
+        )
 
 
 @lru_cache(maxsize=1024)
@@ -178,34 +228,39 @@ def null_intervals(
     n_a: int, n_b: int, paired: bool, correlation: float, alpha: float
 ) -> NullIntervals:
     """The primary test's (1 - alpha) intervals on SIMULATIONS normal datasets of equal
-    variances: the test's own steps, vectorised over the datasets (one matrix product)."""
+    variances: the test's own steps, vectorised over the datasets (a matrix product per
+    ROOTS_CHUNK, each with its own re-assignments: chunk_assignments)."""
     a, b = normal_seeds(n_a, n_b, paired=paired, correlation=correlation)
     paired_test = prepare_is_paired(n_a, n_b, paired, correlation)
     d_a, d_b = _test_deviations(a, b, paired_test)
     layout = (n_a,) if paired_test else (0, d_a.shape[1], d_b.shape[1])
-    matrix, exact = assignments(layout, SIMULATION_RESAMPLES)
+    exact = enumerated(layout, SIMULATION_RESAMPLES, 0)
+    resamples = distinct_assignments(layout) - 1 if exact else SIMULATION_RESAMPLES
     scale = (d_a.sum(axis=1) + d_b.sum(axis=1)) / (d_a.shape[1] + d_b.shape[1])
     d_a, d_b = d_a / scale[:, None], d_b / scale[:, None]
     total_a, total_b = d_a.sum(axis=1), d_b.sum(axis=1)
     # The interval's ends are order statistics of a dataset's crossing scales: their ranks, as
     # the test takes them, read off crossings 1, 2, ..., m.
     low_rank, high_rank = from_crossings(
-        np.arange(1.0, len(matrix) + 1)[:, None], exact, confidence=1 - alpha
+        np.arange(1.0, resamples + 1)[:, None], exact, confidence=1 - alpha
     )[0].interval
     if not math.isfinite(high_rank):  # too few re-assignments: no ratio is ever excluded
         return NullIntervals(
             paired_test=paired_test, lows=np.zeros(len(a)), highs=np.full(len(a), math.inf)
         )
-    if paired_test:  # as service.analysis.resampling: a column per pair, 1 where it swaps
-        u, v = total_a[:, None] - d_a @ matrix.T, d_b @ matrix.T
-    else:
-        kept = d_a.shape[1]
-        u, v = d_a @ matrix[:, :kept].T, d_b @ matrix[:, kept:].T
     ranks = [int(low_rank) - 1, int(high_rank) - 1]
     ends = np.empty((len(a), 2))
-    for start in range(0, len(a), ROOTS_CHUNK):
-        rows = slice(start, start + ROOTS_CHUNK)
-        crossings = _roots(u[rows], v[rows], total_a[rows, None], total_b[rows, None])
+    # einsum, not BLAS: a chunk's products are small, and OpenBLAS's threads made them 10x
+    # slower on a busy 2-core machine
+    for rows, matrix in chunk_assignments(layout, len(a)):
+        if paired_test:  # as service.analysis.resampling: a column per pair, 1 where it swaps
+            u = total_a[rows, None] - np.einsum("dn,rn->dr", d_a[rows], matrix)
+            v = np.einsum("dn,rn->dr", d_b[rows], matrix)
+        else:
+            kept = d_a.shape[1]
+            u = np.einsum("dn,rn->dr", d_a[rows], matrix[:, :kept])
+            v = np.einsum("dn,rn->dr", d_b[rows], matrix[:, kept:])
+        crossings = _roots(u, v, total_a[rows, None], total_b[rows, None])
         ends[rows] = np.partition(crossings, ranks, axis=1)[:, ranks]
     lows, highs = np.sort(ends[:, 0]), np.sort(ends[:, 1])
     lows.flags.writeable = highs.flags.writeable = False  # cached and shared
@@ -331,7 +386,8 @@ def primary_power(
     alpha: float = DEFAULT_ALPHA,
 ) -> float:
     """The primary test's power at var_a / var_b = `ratio` on normal seeds: simulated up to
-    MAX_SIMULATED_SEEDS seeds per side, approximated above (0 below 2 seeds: no test)."""
+    MAX_SIMULATED_SEEDS seeds per side, approximated above (0 below 2 seeds: no test). The
+    estimate itself: a plan reaches a power where this reaches required_rate of it."""
     check_pairing(paired, correlation)
     if n_a < 2 or n_b < 2:
         return 0.0
@@ -354,19 +410,21 @@ def primary_detectable_ratio(
 ) -> float:
     """The smallest var_a / var_b > 1 that the primary test detects with `power` on normal
     seeds, n_a and n_b per level (shared by the two levels when `paired`, their values
-    correlated `correlation`); math.inf when none up to MAX_DETECTABLE_RATIO is."""
+    correlated `correlation`), that is at which primary_power reaches required_rate(power);
+    math.inf when none up to MAX_DETECTABLE_RATIO is."""
     check_pairing(paired, correlation)
     if n_a < 2 or n_b < 2:
         return math.inf
     if max(n_a, n_b) <= MAX_SIMULATED_SEEDS:
         return null_intervals(n_a, n_b, paired, correlation, alpha).detectable_ratio(power)
+    rate = required_rate(power)
 
     def target(r: float) -> float:
         return (
             approximate_primary_power(
                 r, n_a, n_b, paired=paired, correlation=correlation, alpha=alpha
             )
-            - power
+            - rate
         )
 
     if target(1.0) >= 0:
@@ -405,8 +463,8 @@ def primary_seeds_needed(
     power: float = DEFAULT_POWER,
 ) -> int | None:
     """The smallest number of seeds per level (the same for both, shared when `paired`) at
-    which the primary test detects `ratio` (or its inverse) with `power` on normal seeds; None
-    above MAX_SEEDS_PER_LEVEL.
+    which the primary test detects `ratio` (or its inverse) with `power` on normal seeds, that
+    is at which primary_power reaches required_rate(power); None above MAX_SEEDS_PER_LEVEL.
 
     Where the approximation needs more than MAX_SIMULATED_SEEDS + 1 seeds it answers alone.
     Else the search jumps by the detectable ratio's shape in n (_seeds_for), anchored at the
@@ -418,11 +476,10 @@ def primary_seeds_needed(
     rho = max(ratio, 1 / ratio)
     if rho == 1.0:
         return None
+    rate = required_rate(power)
 
     def reaches(n: int) -> bool:
-        return (
-            primary_power(rho, n, n, paired=paired, correlation=correlation, alpha=alpha) >= power
-        )
+        return primary_power(rho, n, n, paired=paired, correlation=correlation, alpha=alpha) >= rate
 
     def detectable(n: int) -> float:
         return primary_detectable_ratio(

@@ -68,7 +68,7 @@ MIN_DISTINCT_ASSIGNMENTS = 40
 # their correlation: choosing the test from the data's correlation made the adaptive rule stop
 # falsely 7% of the time on failed-seed nulls, against 3.7% when pairing is decided by the seeds
 # alone. The price: 6-9 uncorrelated pairs detect less than the unpaired shuffle would (7 pairs:
-# a ratio of 242 against 30); /planning/seeds says so.
+# a ratio of 240 against 43); /planning/seeds says so.
 # Unpaired strata whose smaller cell holds MODE_ALIGNED_MIN_SEEDS to MODE_ALIGNED_MAX_SEEDS seeds
 # take their deviations from one mode-aligned centre (mode_aligned_deviations). Each cell's own
 # median lost the level there on collapse and skewed nulls (4,000 nulls each, at 0.05 / 0.01:
@@ -350,37 +350,46 @@ def assignments(
 def _make_assignments(
     layout: tuple[int, ...], resamples: int, exact: bool
 ) -> tuple[np.ndarray, bool]:
+    if not exact:
+        return draw_assignments(layout, resamples, np.random.default_rng(RESAMPLING_SEED)), exact
     pairs = layout[0]
     sizes = [(layout[i], layout[i + 1]) for i in range(1, len(layout), 2)]
-    rng = np.random.default_rng(RESAMPLING_SEED)
-    if exact:
-        parts = []
-        if pairs:
-            codes = np.arange(2**pairs, dtype=np.int64)
-            parts.append(((codes[:, None] >> np.arange(pairs)) & 1).astype(np.float64))
-        for n_a, n_b in sizes:
-            rows = np.zeros((math.comb(n_a + n_b, n_a), n_a + n_b))
-            for i, chosen in enumerate(itertools.combinations(range(n_a + n_b), n_a)):
-                rows[i, list(chosen)] = 1
-            parts.append(rows)
-        index = np.array(list(itertools.product(*(range(len(p)) for p in parts))))
-        choices = [p[index[:, k]] for k, p in enumerate(parts)]
-        observed = np.concatenate(
-            [np.zeros(pairs)] + [np.r_[np.ones(n_a), np.zeros(n_b)] for n_a, n_b in sizes]
-        )
-        keep = ~np.all(np.concatenate(choices, axis=1) == observed, axis=1)
-        choices = [c[keep] for c in choices]
-        flips = choices.pop(0) if pairs else np.zeros((int(keep.sum()), 0))
-    else:
-        flips, choices = _draw(pairs, sizes, resamples, rng)
-        # A draw of the observed assignment ties with it at every ratio, which no crossing
-        # ratio can say: like the enumeration, leave it out (draw again in its place).
-        while (observed := _is_observed(flips, choices, sizes)).any():
-            again, more = _draw(pairs, sizes, int(observed.sum()), rng)
-            flips[observed] = again
-            for choice, redrawn in zip(choices, more, strict=True):
-                choice[observed] = redrawn
+    parts = []
+    if pairs:
+        codes = np.arange(2**pairs, dtype=np.int64)
+        parts.append(((codes[:, None] >> np.arange(pairs)) & 1).astype(np.float64))
+    for n_a, n_b in sizes:
+        rows = np.zeros((math.comb(n_a + n_b, n_a), n_a + n_b))
+        for i, chosen in enumerate(itertools.combinations(range(n_a + n_b), n_a)):
+            rows[i, list(chosen)] = 1
+        parts.append(rows)
+    index = np.array(list(itertools.product(*(range(len(p)) for p in parts))))
+    choices = [p[index[:, k]] for k, p in enumerate(parts)]
+    observed = np.concatenate(
+        [np.zeros(pairs)] + [np.r_[np.ones(n_a), np.zeros(n_b)] for n_a, n_b in sizes]
+    )
+    keep = ~np.all(np.concatenate(choices, axis=1) == observed, axis=1)
+    choices = [c[keep] for c in choices]
+    flips = choices.pop(0) if pairs else np.zeros((int(keep.sum()), 0))
     return np.concatenate([flips, *choices], axis=1), exact
+
+
+def draw_assignments(
+    layout: tuple[int, ...], rows: int, rng: np.random.Generator, *, flip_bytes: bool = False
+) -> np.ndarray:
+    """`rows` random re-assignments of `layout` from `rng`, laid out as assignments() lays
+    them out, none of them the observed one (_draw's `flip_bytes`: large layouts)."""
+    pairs = layout[0]
+    sizes = [(layout[i], layout[i + 1]) for i in range(1, len(layout), 2)]
+    flips, choices = _draw(pairs, sizes, rows, rng, flip_bytes=flip_bytes)
+    # A draw of the observed assignment ties with it at every ratio, which no crossing ratio
+    # can say: like the enumeration, leave it out (draw again in its place).
+    while (observed := _is_observed(flips, choices, sizes)).any():
+        again, more = _draw(pairs, sizes, int(observed.sum()), rng, flip_bytes=flip_bytes)
+        flips[observed] = again
+        for choice, redrawn in zip(choices, more, strict=True):
+            choice[observed] = redrawn
+    return np.concatenate([flips, *choices], axis=1)
 
 
 def drawn_crossing_scales(preps: Sequence[Prepared], resamples: int) -> tuple[np.ndarray, bool]:
@@ -390,20 +399,13 @@ def drawn_crossing_scales(preps: Sequence[Prepared], resamples: int) -> tuple[np
     large has more distinct re-assignments than any count of resamples). The observed
     assignment is redrawn where drawn, as in _make_assignments."""
     layout = preps[0].layout
-    pairs = layout[0]
-    sizes = [(layout[i], layout[i + 1]) for i in range(1, len(layout), 2)]
     rng = np.random.default_rng(RESAMPLING_SEED)
     rows_per_block = max(1, BLOCK_BYTES // (8 * sum(layout)))
     blocks = []
     for start in range(0, resamples, rows_per_block):
         rows = min(rows_per_block, resamples - start)
-        flips, choices = _draw(pairs, sizes, rows, rng, flip_bytes=True)
-        while (observed := _is_observed(flips, choices, sizes)).any():
-            again, more = _draw(pairs, sizes, int(observed.sum()), rng, flip_bytes=True)
-            flips[observed] = again
-            for choice, redrawn in zip(choices, more, strict=True):
-                choice[observed] = redrawn
-        blocks.append(crossing_scales(preps, np.concatenate([flips, *choices], axis=1)))
+        matrix = draw_assignments(layout, rows, rng, flip_bytes=True)
+        blocks.append(crossing_scales(preps, matrix))
     return np.concatenate(blocks, axis=0), False
 
 

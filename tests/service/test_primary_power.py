@@ -1,7 +1,7 @@
 """The planner's power of the primary test (service.analysis.primary_power) against the test
 itself: the equivariance shortcut against running service.analysis.resampling on explicitly
-scaled data, the planned seeds against an independent simulation, the normal approximation
-against the simulation where one takes over from the other."""
+scaled data, the planned seeds against the service's test on datasets the planner never saw,
+the normal approximation against the simulation where one takes over from the other."""
 
 from __future__ import annotations
 
@@ -17,35 +17,84 @@ from service.analysis.power import seeds_needed
 from service.analysis.primary_power import (
     MAX_SIMULATED_SEEDS,
     PLANNING_SEED,
+    SIMULATION_RESAMPLES,
+    SIMULATIONS,
     approximate_primary_power,
+    chunk_assignments,
     normal_seeds,
     primary_detectable_ratio,
     primary_power,
     primary_seeds_needed,
+    required_rate,
     seed_stratum,
 )
-from service.analysis.resampling import prepare, randomisation_tests
+from service.analysis.resampling import (
+    Prepared,
+    crossing_scales,
+    enumerated,
+    from_crossings,
+    prepare,
+    randomisation_tests,
+)
 
 ALPHA = 0.05
+# The plans are checked on datasets of another seed than the planner's.
+CHECK_SEED = 2024
+# Datasets per check of a plan: the rejection rate's standard error is about 0.009 at 0.8.
+CHECK_DATASETS = 2000
 
 
-def rejection_rate(
-    ratio: float, n: int, *, paired: bool, correlation: float, seed: int, resamples: int = 999
-) -> float:
-    """How often the primary test, run as /stats runs it, rejects var_a / var_b = 1 on 1,000
-    sets of n normal seeds per level whose true ratio is `ratio`."""
-    a, b = normal_seeds(n, n, paired=paired, correlation=correlation, seed=seed)
+def prepared(
+    ratio: float, n: int, *, paired: bool, correlation: float, seed: int, simulations: int
+) -> list[Prepared]:
+    """`simulations` sets of n normal seeds per level whose true ratio is `ratio`, prepared
+    for the primary test as /stats prepares them."""
+    a, b = normal_seeds(
+        n, n, paired=paired, correlation=correlation, simulations=simulations, seed=seed
+    )
     preps = [
         prepare([seed_stratum(math.sqrt(ratio) * x, y, paired=paired)])
         for x, y in zip(a, b, strict=True)
     ]
     assert all(p is not None for p in preps)
-    # the planner's re-assignments: `resamples` drawn unless fewer enumerate them (the service
-    # enumerates up to 2^16)
-    tests = randomisation_tests(
-        [p for p in preps if p is not None], resamples=resamples, enumerate_up_to=0
+    return [p for p in preps if p is not None]
+
+
+def rejection_rate(ratio: float, n: int, *, paired: bool, correlation: float) -> float:
+    """How often the primary test, stepped as /stats steps it with the planner's
+    re-assignments (chunk_assignments), rejects var_a / var_b = 1 on the planner's datasets
+    with side a scaled to the true ratio `ratio`."""
+    preps = prepared(
+        ratio,
+        n,
+        paired=paired,
+        correlation=correlation,
+        seed=PLANNING_SEED,
+        simulations=SIMULATIONS,
     )
-    return float(np.mean([t.p <= ALPHA for t in tests]))
+    layout = preps[0].layout
+    assert all(p.layout == layout for p in preps)
+    exact = enumerated(layout, SIMULATION_RESAMPLES, 0)
+    rejected = 0
+    for rows, matrix in chunk_assignments(layout, len(preps)):
+        tests = from_crossings(crossing_scales(preps[rows], matrix), exact)
+        rejected += sum(t.p <= ALPHA for t in tests)
+    return rejected / len(preps)
+
+
+def realised_power(ratio: float, n: int, *, paired: bool, correlation: float) -> float:
+    """How often the primary test, run as /stats runs it (every re-assignment up to 2^16, else
+    9,999 drawn), rejects var_a / var_b = 1 on CHECK_DATASETS sets of n normal seeds per level
+    from CHECK_SEED whose true ratio is `ratio`."""
+    preps = prepared(
+        ratio,
+        n,
+        paired=paired,
+        correlation=correlation,
+        seed=CHECK_SEED,
+        simulations=CHECK_DATASETS,
+    )
+    return float(np.mean([t.p <= ALPHA for t in randomisation_tests(preps)]))
 
 
 @pytest.mark.parametrize(("n", "paired", "correlation"), [(10, True, 0.5), (5, False, 0.0)])
@@ -55,21 +104,23 @@ def test_the_power_read_off_null_intervals_is_the_tests_rejection_rate(
     # The same datasets the planner simulates, side a scaled by sqrt(ratio) and tested.
     for ratio in (2.0, 20.0):
         assert primary_power(ratio, n, n, paired=paired, correlation=correlation) == (
-            rejection_rate(ratio, n, paired=paired, correlation=correlation, seed=PLANNING_SEED)
+            rejection_rate(ratio, n, paired=paired, correlation=correlation)
         )
 
 
-@pytest.mark.parametrize(("ratio", "paired", "correlation"), [(5.9, True, 0.9), (8.0, False, 0.0)])
-def test_the_planned_seeds_reach_the_power_in_an_independent_simulation(
-    ratio: float, paired: bool, correlation: float
+@pytest.mark.parametrize(
+    ("paired", "correlation"),
+    [(True, 0.0), (True, 0.5), (True, 0.8), (True, 0.95), (False, 0.0)],
+)
+def test_the_planned_seeds_reach_the_power_when_the_service_tests_them(
+    paired: bool, correlation: float
 ) -> None:
-    n = primary_seeds_needed(ratio, paired=paired, correlation=correlation)
+    # At ratio 4 the planner answers 24, 20, 14 and 10 pairs and 23 independent seeds, where the
+    # service's test rejected 0.826, 0.826, 0.829, 0.886 and 0.832 of these datasets. Before
+    # the margin and the fresh draws it planned 13 pairs at correlation 0.8: 0.768 here.
+    n = primary_seeds_needed(4.0, paired=paired, correlation=correlation)
     assert n is not None
-    # 1,000 datasets: the rejection rate's standard error is about 0.013.
-    planned = rejection_rate(ratio, n, paired=paired, correlation=correlation, seed=2024)
-    fewer = rejection_rate(ratio, n - 1, paired=paired, correlation=correlation, seed=2024)
-    assert planned >= 0.8 - 0.03
-    assert fewer < planned and fewer < 0.8 + 0.03
+    assert realised_power(4.0, n, paired=paired, correlation=correlation) >= 0.78
 
 
 def test_the_planned_seeds_are_the_smallest_that_reach_the_power() -> None:
@@ -80,7 +131,7 @@ def test_the_planned_seeds_are_the_smallest_that_reach_the_power() -> None:
             n: primary_power(ratio, n, n, paired=True, correlation=correlation)
             for n in range(2, 16)
         }
-        first = min(n for n, power in powers.items() if power >= 0.8)
+        first = min(n for n, power in powers.items() if power >= required_rate(0.8))
         assert primary_seeds_needed(ratio, paired=True, correlation=correlation) == first
     assert primary_power(45.0, 5, 5, paired=True, correlation=0.9) < 0.8  # 5: unpaired test
 
@@ -154,7 +205,5 @@ def test_four_unpaired_seeds_a_side_are_planned_as_the_test_runs_them() -> None:
     # a 4-seed cell leaves one of its two equal middle deviations out: 3 + 3 values, 20 splits,
     # which cannot reach 0.05, in the planner as in the test
     assert (
-        primary_power(50.0, 4, 4)
-        == rejection_rate(50.0, 4, paired=False, correlation=0.0, seed=PLANNING_SEED)
-        == 0.0
+        primary_power(50.0, 4, 4) == rejection_rate(50.0, 4, paired=False, correlation=0.0) == 0.0
     )
