@@ -315,7 +315,8 @@ def approximate_primary_power(
     Shared seeds of unequal counts get the unpaired test, and the approximation then ignores
     their correlation (which only makes that test conservative)."""
     check_pairing(paired, correlation)
-    r, z = ratio, float(special.ndtri(1 - alpha / 2))
+    # from the lower tail: 1 - alpha / 2 rounds to 1 (z infinite, the power NaN) below 1e-16
+    r, z = ratio, -float(special.ndtri(alpha / 2))
     power = 0.0
     if prepare_is_paired(n_a, n_b, paired, correlation):
         # Sign flips of delta_i = d_a,i - d_b,i: reject when +-sum(delta) > q sqrt(sum(delta^2))
@@ -443,7 +444,9 @@ def _seeds_for(log_ratio: float, anchors: list[tuple[int, float]]) -> int:
     two anchors (SHAPE_OFFSET from one)."""
     n_last, log_last = anchors[-1]
     offset: float = SHAPE_OFFSET
-    if len(anchors) > 1:
+    if log_last <= 0:  # ratio 1 detected already (power at most alpha): no shape to follow
+        return n_last
+    if len(anchors) > 1 and anchors[-2][1] > 0:
         n_before, log_before = anchors[-2]
         squared = (log_last / log_before) ** 2
         if squared != 1:
@@ -473,7 +476,9 @@ def primary_seeds_needed(
     with n except at a handful of seeds (the pairing rule's step at 6, an odd side's
     structural zero), so below FEW_SEEDS every smaller n is tried too."""
     check_pairing(paired, correlation)
-    rho = max(ratio, 1 / ratio)
+    # a ratio beyond MAX_DETECTABLE_RATIO needs no more seeds than that one (power rises with
+    # the ratio); 1e-100 overflowed the approximation's moments
+    rho = min(max(ratio, 1 / ratio), MAX_DETECTABLE_RATIO)
     if rho == 1.0:
         return None
     rate = required_rate(power)

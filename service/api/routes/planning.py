@@ -31,9 +31,12 @@ def plan_seeds(
     ratio: Annotated[
         float | None,
         Query(
-            gt=0,
+            ge=1e-12,
             le=1e12,
-            description=("the variance ratio var_a / var_b to detect: answers the seeds per level"),
+            description=(
+                "the variance ratio var_a / var_b to detect, 1e-12 to 1e12 (a ratio and its "
+                "inverse need the same seeds): answers the seeds per level"
+            ),
         ),
     ] = None,
     seeds: Annotated[
