@@ -430,35 +430,3 @@ def test_queue_runs_higher_priority_first(start_service) -> None:
     (high_run,) = service.runs(high["id"])
     # at most the low run already claimed when `high` arrived runs before it
     assert high_run["started_at"] < low_starts[1]
-
-
-def test_planning_answers_every_parameter_combination_without_a_500(service: Service) -> None:
-    """/planning/seeds over its whole domain and past its edges: every combination is a 200
-    whose body is strict JSON (no NaN), or a 422 naming a parameter. On 674b730 23 of 720
-    combinations were a 500 (an OverflowError at ratio=1e-100 unpaired, NaN at alpha=1e-20,
-    a ZeroDivisionError at power just above alpha)."""
-    import itertools
-
-    def strict(text: str) -> Any:
-        def refuse(name: str) -> Any:
-            raise AssertionError(f"{name} in the answer")
-
-        return json.loads(text, parse_constant=refuse)
-
-    ratios = [5e-324, 1e-100, 1e-12, 0.5, 1.0, 1 + 1e-15, 4.0, 1e12, 1e13]
-    seeds = [1, 2, 3, 6, 40, 41, 100, 100_000, 100_001]
-    answered: dict[int, int] = {}
-    for (paired, correlation), alpha, power in itertools.product(
-        [(False, 0.0), (True, 0.0), (True, 0.99), (False, 0.5)],
-        [1e-300, 0.05, 0.9999999],
-        [1e-300, 0.06, 0.9999999999],
-    ):
-        for given in [{"ratio": r} for r in ratios] + [{"seeds": n} for n in seeds]:
-            params = {"alpha": alpha, "power": power, "paired": paired, "correlation": correlation}
-            response = service.client.get("/planning/seeds", params={**params, **given})
-            answered[response.status_code] = answered.get(response.status_code, 0) + 1
-            body = strict(response.text)
-            assert response.status_code in (200, 422), (params, given, response.text[:300])
-            if response.status_code == 422:
-                assert body["detail"][0]["loc"][0] == "query", body
-    assert answered[200] > 100 and answered[422] > 100, answered
