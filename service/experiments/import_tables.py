@@ -33,9 +33,11 @@ SEED_COLUMNS = ("seed", "config.seed", "params.seed")
 FACTOR_PREFIXES: dict[str, ImportSource] = {"config.": "wandb", "params.": "mlflow"}
 METRIC_PREFIXES: dict[str, ImportSource] = {"summary.": "wandb", "metrics.": "mlflow"}
 
-NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-INTEGER = re.compile(r"[+-]?\d+")
-SEED = re.compile(r"\d+(\.0*)?")
+# ASCII digits only: \d took full-width ones (`１２` read as 12), and Python's int() and float()
+# read every script's digits
+NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+INTEGER = re.compile(r"[+-]?[0-9]+")
+SEED = re.compile(r"[0-9]+(\.0*)?")
 
 
 @dataclass
@@ -88,9 +90,9 @@ class Problems:
 def read_import(request: ExperimentImport) -> ImportTable:
     """The rows of `request` (JSON runs or CSV text), checked cell by cell."""
     if request.runs is not None:
-        return _read_runs(request)
+        return typed_levels(_read_runs(request))
     assert request.csv is not None
-    return _read_csv(request, request.csv)
+    return typed_levels(_read_csv(request, request.csv))
 
 
 def _read_runs(request: ExperimentImport) -> ImportTable:
@@ -334,6 +336,8 @@ def _read_row(
                 f"{where}, column {column!r}: a level of {len(text)} characters, over "
                 f"{MAX_LEVEL_LENGTH}",
             )
+        elif underflows(text):
+            problems.add([*loc, column], f"{where}, column {column!r}: {_underflow(text)}")
         else:
             factors[name] = parse_level(text)
     metrics = {}
@@ -342,7 +346,9 @@ def _read_row(
         if not text:
             continue  # not recorded for this run
         value = float(text) if NUMBER.fullmatch(text) else math.nan
-        if not math.isfinite(value):
+        if underflows(text):
+            problems.add([*loc, column], f"{where}, column {column!r}: {_underflow(text)}")
+        elif not math.isfinite(value):
             problems.add(
                 [*loc, column], f"{where}, column {column!r}: {text!r} is not a finite number"
             )
@@ -350,6 +356,37 @@ def _read_row(
     if len(problems.errors) + problems.unlisted > before:
         return None
     return ImportedRow(loc, where, factors, seed, metrics)
+
+
+def underflows(text: str) -> bool:
+    """A number written with a non-zero digit that a double rounds to 0 (1e-400): read as 0 it
+    would be another value than the one written."""
+    text = text.strip()
+    if not NUMBER.fullmatch(text) or float(text) != 0:
+        return False
+    mantissa = re.split("[eE]", text)[0]
+    return any(c in "123456789" for c in mantissa)
+
+
+def _underflow(text: str) -> str:
+    return (
+        f"{text.strip()!r} is too small for a double (below 5e-324, it would read as 0): "
+        "write 0 or a value a double holds"
+    )
+
+
+def typed_levels(table: ImportTable) -> ImportTable:
+    """Each factor's numbers typed once: where a factor has a non-integer level, its integer
+    levels become floats, so `1` and `1.0` are one level (they were two conditions)."""
+    for factor in table.factors:
+        values = [row.factors.get(factor) for row in table.rows]
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        if any(isinstance(v, float) for v in numbers):
+            for row in table.rows:
+                value = row.factors.get(factor)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    row.factors[factor] = float(value)
+    return table
 
 
 def parse_level(text: str) -> Any:

@@ -37,6 +37,10 @@ def refusal(text: str, **options: Any) -> dict[str, Any]:
         ("inf", "inf"),
         ("1_000", "1_000"),
         ("adam", "adam"),
+        # full-width and other scripts' digits are text (on 674b730 "１２" read as 12)
+        ("１２", "１２"),
+        ("٣", "٣"),
+        ("1.５", "1.５"),
     ],
 )
 def test_a_cell_becomes_a_number_a_boolean_null_or_text(cell: str, level: Any) -> None:
@@ -94,3 +98,33 @@ def test_seeds_must_be_whole_numbers_in_range() -> None:
     for cell in ("-1", "x", "2147483648", "1" * 30, ""):
         problem = refusal(f"seed,acc\n{cell},1\n")
         assert problem["loc"] == ["body", "csv", "row 1", "seed"], cell
+
+
+def test_a_factors_integer_and_decimal_levels_are_one_type() -> None:
+    # on 674b730 `1` and `1.0` were two conditions
+    read = table("lr,seed,acc\n1,0,0.5\n1.0,1,0.6\n0.5,0,0.7\n2,0,0.4\n")
+    assert [r.factors["lr"] for r in read.rows] == [1.0, 1.0, 0.5, 2.0]
+    assert all(type(r.factors["lr"]) is float for r in read.rows)
+    integers = table("width,seed,acc\n1,0,0.5\n2,0,0.6\n")  # all integers stay integers
+    assert [type(r.factors["width"]) for r in integers.rows] == [int, int]
+    runs = read_import(
+        ExperimentImport(
+            name="t",
+            runs=[
+                {"condition": {"lr": 1}, "seed": 0, "metrics": {"acc": 0.5}},
+                {"condition": {"lr": 1.0}, "seed": 1, "metrics": {"acc": 0.6}},
+                {"condition": {"lr": 0.5}, "seed": 0, "metrics": {"acc": 0.7}},
+            ],
+        )
+    )
+    assert [r.factors["lr"] for r in runs.rows] == [1.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("column", ["lr", "acc"])
+def test_a_number_that_underflows_to_zero_is_refused_naming_its_cell(column: str) -> None:
+    # on 674b730 1e-400 was stored as 0
+    cells = {"lr": "0.1", "acc": "0.5", column: "1e-400"}
+    error = refusal(f"lr,seed,acc\n{cells['lr']},0,{cells['acc']}\n")
+    assert error["loc"] == ["body", "csv", "row 1", column], error
+    assert "'1e-400' is too small for a double" in error["msg"]
+    assert table("lr,seed,acc\n0e-400,0,0.0e5\n").rows[0].metrics == {"acc": 0.0}  # zeros stay
