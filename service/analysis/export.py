@@ -255,18 +255,57 @@ def _as_text(values: list[Any]) -> Any:
     return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
 
 
-def _arrow_column(values: list[Any], as_text: bool = False) -> Any:
+def _arrow_column(values: list[Any], as_text: bool = False, kind: Any = None) -> Any:
     """One Parquet column: its values as they are when Arrow finds one type for them (numbers,
     text, booleans), else (or `as_text`) each as JSON text (a grid factor mixing 1 and "a",
-    an integer beyond 64 bits)."""
+    an integer beyond 64 bits). `kind`: the Arrow type the whole column takes, where its pages
+    alone would infer different ones (column_kinds)."""
     import pyarrow as pa
 
     if as_text:
         return _as_text(values)
     try:
-        return pa.array(values)
+        return pa.array(values, type=kind)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         return _as_text(values)
+
+
+INT64_RANGE = range(-(2**63), 2**63)
+
+
+def column_kinds(table: RunsTable) -> list[Any]:
+    """Each column's type from all of its values, read once before the file is written (a
+    factor that held integers in its first page of runs and decimals later was refused as
+    changing type): float64 for integers and decimals mixed, None (each page's own inference,
+    which then agrees) for one kind, "text" for kinds Arrow cannot hold in one column (numbers
+    and text, booleans and numbers, an integer beyond 64 bits)."""
+    import pyarrow as pa
+
+    seen: list[set[str]] = [set() for _ in table.columns]
+    for page in table.pages():
+        for row in page:
+            for kinds, value in zip(seen, row, strict=True):
+                if value is None:
+                    continue
+                if isinstance(value, bool):
+                    kinds.add("bool")
+                elif isinstance(value, int):
+                    kinds.add("int" if value in INT64_RANGE else "big")
+                elif isinstance(value, float):
+                    kinds.add("float")
+                elif isinstance(value, str):
+                    kinds.add("str")
+                else:
+                    kinds.add("json")
+    planned: list[Any] = []
+    for kinds in seen:
+        if kinds == {"int", "float"}:
+            planned.append(pa.float64())
+        elif len(kinds) > 1 or kinds & {"big", "json"}:
+            planned.append("text")
+        else:
+            planned.append(None)
+    return planned
 
 
 def parquet_file(table: RunsTable | CurvesTable) -> str:
@@ -280,12 +319,19 @@ def parquet_file(table: RunsTable | CurvesTable) -> str:
     os.close(handle)
     writer: Any = None
     try:
+        # runs: a factor's type from all its runs (a second, cheap read of the runs); curves
+        # have one type per column
+        kinds = column_kinds(table) if isinstance(table, RunsTable) else [None] * len(table.columns)
         for page in table.pages():
             columns = list(zip(*page, strict=True))
             batch = pa.table(
                 {
-                    name: _arrow_column(list(values), name in table.text_columns)
-                    for name, values in zip(table.columns, columns, strict=True)
+                    name: _arrow_column(
+                        list(values),
+                        as_text=name in table.text_columns or kind == "text",
+                        kind=None if kind == "text" else kind,
+                    )
+                    for name, values, kind in zip(table.columns, columns, kinds, strict=True)
                 }
             )
             if writer is None:

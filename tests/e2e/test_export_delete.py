@@ -464,6 +464,36 @@ def test_every_stored_value_exports_and_no_text_cell_is_a_formula(
         assert cell == f"'{start}1+1", (start, cell)
 
 
+def test_a_factor_typed_differently_in_later_runs_exports_to_parquet_as_one_type(
+    store_service: Service,
+) -> None:
+    """Factors whose first 1,000 runs (the first page) hold integers and whose later ones hold
+    decimals or text: the Parquet file types each column from all of its runs, float64 and
+    text (on 674b730 the export was refused as a column changing type)."""
+    service = store_service
+    experiment_id, run_ids = store_ended_experiment(
+        service,
+        "retyped",
+        runs=1200,
+        points_per_run=0,
+        grid={"lr": [1, 0.5], "tag": [7, "x"]},
+        condition={"lr": 1, "tag": 7},
+    )
+    service.sql(
+        "UPDATE run SET condition = :condition WHERE id >= :first",
+        condition=json.dumps({"lr": 0.5, "tag": "x"}),
+        first=run_ids[1000],
+    )
+    parquet = service.client.get(
+        f"/experiments/{experiment_id}/export", params={"format": "parquet"}
+    )
+    assert parquet.status_code == 200, parquet.text
+    table = pq.read_table(io.BytesIO(parquet.content))
+    assert str(table.schema.field("lr").type) == "double"
+    assert table.column("lr").to_pylist() == [1.0] * 1000 + [0.5] * 200
+    assert table.column("tag").to_pylist() == ["7"] * 1000 + ['"x"'] * 200  # as JSON text
+
+
 # argv: database URL, the experiment to update, the file whose appearance stops it; prints
 # the seconds each of its transactions took, as JSON.
 WRITE_ELSEWHERE = """
