@@ -78,6 +78,19 @@ def _own_workers(title: bytes) -> dict[int, float]:
     return found
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """The CPU seconds (user + system, every thread) process `pid` has used so far; None once it
+    has ended. Unlike wall time, it does not grow while the process waits for a core, so that a
+    bound on it holds on a machine busy with other work."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if stat[0] == "Z":
+        return None
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def assert_no_runaway_runs() -> None:
     """No Ray worker of this session still runs a seedgrid task once the services that started
     it have stopped: a run that outlives its cancel would take a CPU from every test after it

@@ -229,7 +229,7 @@ def test_cancelling_a_running_experiment_leaves_nothing_queued_or_running(servic
     runs = service.runs(created["id"])
     assert sorted(r["status"] for r in runs) == ["pending"] * 4 + ["running"] * 2
     assert all((r["started_at"] is not None) == (r["status"] == "running") for r in runs)
-    time.sleep(1.0)
+    time.sleep(1.0)  # an observation window: the counts stay (2, 4) across it
     counts = service.client.get(f"/experiments/{created['id']}").json()["counts"]
     assert (counts["running"], counts["pending"]) == (2, 4), counts
     response = service.client.post(f"/experiments/{created['id']}/cancel")

@@ -5,6 +5,7 @@ confirmation."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -13,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -80,28 +82,44 @@ def test_ctrl_c_leaves_the_experiment_running_and_says_how_to_re_attach(service:
         }
     )
     experiment_id = created["id"]
-    # The command as `python -m service.cli` runs it, saying when its imports are done: a
-    # Ctrl-C before then is Python's own (a traceback), not the command's, and on a busy CI
-    # machine the imports can outlast the experiment's start.
-    started = (
-        "import runpy, sys; import service.cli; print('imported', file=sys.stderr, "
-        "flush=True); runpy.run_module('service.cli', run_name='__main__')"
-    )
-    watcher = subprocess.Popen(
-        [sys.executable, "-c", started, "watch", str(experiment_id), "--url", service.server.url],
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert watcher.stderr is not None and watcher.stderr.readline().strip() == "imported"
     deadline = time.monotonic() + 60
     while service.client.get(f"/experiments/{experiment_id}").json()["status"] != "running":
         assert time.monotonic() < deadline, "the experiment never started"
         time.sleep(0.1)
-    time.sleep(1.0)  # the watcher has polled at least once
-    watcher.send_signal(signal.SIGINT)
-    _, stderr = watcher.communicate(timeout=30)
+    # The watcher writes to a terminal, as a user's does, so that it draws its progress at
+    # once; Ctrl-C comes once that names the experiment: the watcher is then in its watch loop.
+    # Sent a fixed second after the experiment started, it once found the watcher elsewhere
+    # on a loaded machine (it did not exit in 30 s).
+    controller, terminal = pty.openpty()
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "watch", str(experiment_id)]
+        + ["--url", service.server.url],
+        cwd=ROOT,
+        text=True,
+        stdout=terminal,
+        stderr=subprocess.PIPE,
+    )
+    os.close(terminal)
+    drawn, watching = bytearray(), threading.Event()
+
+    def read_terminal() -> None:  # until the watcher closes it (EIO), so that it never blocks
+        with contextlib.suppress(OSError):
+            while chunk := os.read(controller, 4096):
+                drawn.extend(chunk)
+                if b"long" in drawn:
+                    watching.set()
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    try:
+        assert watching.wait(120), bytes(drawn)
+        watcher.send_signal(signal.SIGINT)
+        _, stderr = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()  # nothing once it has exited
+        watcher.wait(10)
+        reader.join(10)
+        os.close(controller)
     assert watcher.returncode == 130, stderr
     assert f"experiment {experiment_id} continues" in stderr
     assert f"`seedgrid watch {experiment_id}` re-attaches" in stderr

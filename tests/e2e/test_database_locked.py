@@ -98,6 +98,9 @@ def test_a_cancel_while_the_database_is_locked_is_a_503_and_never_lost(
 
         canceller = threading.Thread(target=cancel_with_retries)
         canceller.start()
+        # The hold itself (the lock must outlast the dispatcher's busy timeout), not a wait for
+        # a state: the retrying client can only have ended by giving up or by a write that
+        # got through the lock.
         time.sleep(max(0.0, LOCK_S[backend] - (time.monotonic() - locked_at)))
         assert canceller.is_alive(), retried  # it kept being refused while the lock held
     canceller.join(120)

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from service.api.server import BackgroundServer
+from service.scheduling.purge import PURGE_BATCH
 from service.settings import Settings
 from tests.conftest import ROOT, Service
 
@@ -494,23 +495,28 @@ def test_a_factor_typed_differently_in_later_runs_exports_to_parquet_as_one_type
     assert table.column("tag").to_pylist() == ["7"] * 1000 + ['"x"'] * 200  # as JSON text
 
 
-# argv: database URL, the experiment to update, the file whose appearance stops it; prints
-# the seconds each of its transactions took, as JSON.
+# argv: database URL, the experiment to update, the file whose appearance stops it. Updates the
+# experiment again and again; prints, as JSON, how many metric points left the database while
+# each of its transactions waited for the lock: the work of the transactions it waited through.
+# On PostgreSQL, which locks rows, any wait of a second for a lock fails it.
 WRITE_ELSEWHERE = """
 import json, os, sys, time
 from sqlalchemy import create_engine, pool, text
 url, experiment, stop_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 engine = create_engine(url, poolclass=pool.NullPool,
-                       connect_args={"timeout": 60} if url.startswith("sqlite") else {})
-waits = []
+                       connect_args={"timeout": 60} if url.startswith("sqlite")
+                       else {"options": "-c lock_timeout=1000"})
+points = text("SELECT count(*) FROM metricpoint")
+purged = []
 while not os.path.exists(stop_file):
-    started = time.monotonic()
+    with engine.connect() as connection:
+        before = connection.execute(points).scalar_one()
     with engine.begin() as connection:
         connection.execute(text("UPDATE experiment SET priority = priority + 1 WHERE id = :id"),
                            {"id": experiment})
-    waits.append(time.monotonic() - started)
+        purged.append(before - connection.execute(points).scalar_one())
     time.sleep(0.02)
-print(json.dumps(waits))
+print(json.dumps(purged))
 """
 
 
@@ -518,14 +524,21 @@ def test_a_large_delete_never_holds_up_other_writes_and_is_gone_from_every_read_
     store_service: Service, tmp_path: Path, backend: str
 ) -> None:
     """Deleting an experiment of 300,000 points: another writer's transactions (an UPDATE of
-    another experiment, from its own connection) never wait a second (the delete held SQLite's
-    write lock for all of it: 1.8-3 s here, 28 s for 3M points); every read answers as if it
-    were gone from the 204 on; once the purge is done no row of it remains.
+    another experiment, from its own connection) never wait through more than two of the
+    purger's transactions (the delete held SQLite's write lock for all of it: 1.8-3 s here,
+    28 s for 3M points); every read answers as if it were gone from the 204 on; once the purge
+    is done no row of it remains.
 
-    SQLite needs all 300,000: deleted in one transaction, half as many held the write lock only
-    0.55 s, under the 1 s bound (measured on a busy 2-core machine). PostgreSQL locks rows, not
-    the database: 100,000 points there keep its purge going (about 0.7 s) well past the reads
-    below (60,000-70,000 of them were left after the reads)."""
+    Counted in the points purged while the writer waited, not in the seconds it waited: those
+    grow with how busy the machine is (a batch of the purger's held the lock 0.4-0.9 s here
+    under other load, 30 ms when quiet), the work of a batch does not. One batch is the one
+    holding the lock when the writer comes; the second, one more where its busy handler's
+    poll comes late.
+
+    On SQLite 300,000 points keep the purge (60 batches and their pauses, about 15 s) going
+    through hundreds of the writer's transactions. PostgreSQL locks rows, not the database:
+    100,000 points there keep its purge going (about 0.7 s) well past the reads below
+    (60,000-70,000 of them were left after the reads)."""
     service = store_service
     points_per_run = 30_000 if backend == "sqlite" else 10_000
     big, big_runs = store_ended_experiment(service, "big", runs=10, points_per_run=points_per_run)
@@ -589,9 +602,10 @@ def test_a_large_delete_never_holds_up_other_writes_and_is_gone_from_every_read_
         stop_file.touch()
         output, _ = writer.communicate(timeout=60)
     assert writer.returncode == 0
-    waits = json.loads(output)
-    assert len(waits) >= 20
-    assert max(waits) < 1.0, sorted(waits)[-5:]
+    waited_through = json.loads(output)  # points purged while each transaction waited
+    assert len(waited_through) >= 20
+    if backend == "sqlite":  # PostgreSQL's purge locks no row the writer needs: it never waits
+        assert max(waited_through) <= 2 * PURGE_BATCH, sorted(waited_through)[-5:]
     assert rows_of(service, other)["metricpoint"] == 6
 
 

@@ -222,24 +222,24 @@ def test_past_the_heavy_read_limit_a_cold_page_is_refused_at_once_and_stored_one
             api.client.get(f"/experiments/{experiment_id}/export"),
             api.client.get("/compare", params={"a": experiment_id, "b": other_id}),
         ]
-        started = time.monotonic()
         stored = api.client.get(url, params=stored_page)
         health = api.client.get("/healthz")
-        served_s = time.monotonic() - started
         still_holding = heavy.in_use == 1
     finally:
         lock.execute("ROLLBACK")
         lock.close()
         holder.join(60)
-    assert still_holding  # everything above was asked while the cold page computed
+    # Everything above was answered while the cold page held the only slot, which it holds
+    # until the lock goes (a cold page whose 5 s lock wait ran out would not be a 200): a
+    # refusal or a read that waited for the slot would have come after it. Wall-clock bounds
+    # (1 s, 2 s) stood for this before: a loaded machine can take that long without any wait.
+    assert still_holding
+    assert cold["status"] == 200, cold
     for response in refused:
         assert response.status_code == 503, (response.request.url, response.text)
         assert response.headers["retry-after"] == "5"
         assert "SEEDGRID_MAX_HEAVY_READS" in response.json()["detail"]
-        assert response.elapsed.total_seconds() < 1.0
     assert stored.status_code == 200 and health.status_code == 200
-    assert served_s < 2.0, served_s
-    assert cold["status"] == 200, cold
     assert heavy.in_use == 0
     # The slots are free again: the refused reads now go through.
     export = api.client.get(f"/experiments/{experiment_id}/export")

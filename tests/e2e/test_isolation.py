@@ -218,25 +218,39 @@ def test_a_worker_killed_twice_during_seed_0_leaves_the_other_seeds_uncharged(
         assert final["started_at"] is not None
 
 
+# Each seed's first step sleeps this long, ignoring a cancel.
+SEQUENTIAL_STALL_S = 6.0
+
+
 def test_a_cancelled_sequential_task_starts_no_further_seed(
     service: Service, toy: ToyTrainer
 ) -> None:
-    """Each seed stalls 3 s at its first step: a task that started its remaining three seeds
-    after the cancel would take 9 s more to end; it ends at once."""
+    """Each seed stalls SEQUENTIAL_STALL_S at its first step: a task that started a further
+    seed after the cancel would end no sooner than that stall after it; it ends at once. (The
+    seeds it did not start say nothing here: a task's messages after its cancel are not read.)
+    The bound is that stall, the same wall-clock sleep the task would add."""
     created = service.submit(
         toy_task(
             "cancel-sequential",
             10**9,
-            config={"steps": 10**9, "log_every": 10**6, "stall_at_step": 0, "stall_s": 3.0},
+            config={
+                "steps": 10**9,
+                "log_every": 10**6,
+                "stall_at_step": 0,
+                "stall_s": SEQUENTIAL_STALL_S,
+            },
         )
     )
     runs = sorted(service.runs(created["id"]), key=lambda r: r["seed"])
-    wait_for(lambda: running_attempt(service, runs[0]["id"], 1), timeout_s=60)
-    time.sleep(3.5)  # past seed 0's stall: it checks for a cancel at every step now
+    # seed 0's step 0 stored: past its stall, it checks for a cancel at every step now
+    wait_for(
+        lambda: service.client.get(f"/runs/{runs[0]['id']}/metrics?name=loss").json(),
+        timeout_s=60,
+    )
     cancelled_at = time.monotonic()
     assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 202
     detail = service.wait(created["id"], timeout_s=30)
-    assert time.monotonic() - cancelled_at < 5
+    assert time.monotonic() - cancelled_at < SEQUENTIAL_STALL_S
     assert detail["status"] == "cancelled" and detail["counts"]["cancelled"] == 4
     for run in runs[1:]:
         final = run_detail(service, run["id"])
@@ -257,12 +271,13 @@ def test_a_trainer_that_ignores_its_cancel_ends_its_worker(
             "name": "stall",
             "trainer": "toy",
             "seeds": 1,
-            "config": {"steps": 10**9, "log_every": 10**6, "stall_at_step": 100, "stall_s": 300.0},
+            "config": {"steps": 10**9, "log_every": 10**6, "stall_at_step": 1, "stall_s": 300.0},
         }
     )
     (run,) = service.runs(created["id"])
     pid = wait_for(lambda: running_attempt(service, run["id"], 1), timeout_s=60)
-    time.sleep(0.5)  # into the stall
+    # step 0's point stored: the toy is in its step 1 now, the stall
+    wait_for(lambda: service.client.get(f"/runs/{run['id']}/metrics?name=loss").json())
     cancelled_at = time.monotonic()
     assert service.client.post(f"/experiments/{created['id']}/cancel").status_code == 202
     detail = service.wait(created["id"], timeout_s=CANCEL_GRACE_S + 20)

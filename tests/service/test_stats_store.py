@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -49,13 +48,26 @@ def test_two_viewers_of_a_page_not_stored_yet_compute_it_once(
     upgrade_database(url)
     experiment_id = store_cff_experiment(url, ACCURACIES, n_test=1000)
     computed = []
-    real = stats_store.experiment_stats
+    real, real_stored = stats_store.experiment_stats, stats_store._stored
+    # The threads that found the page not stored; the computation ends only once both viewers
+    # have (a sleep long enough for the second to come was not, on a loaded machine).
+    missed: set[int] = set()
+    both_missed = threading.Event()
 
-    def slow(**kwargs: Any) -> Any:  # a computation long enough for the second viewer to come
+    def stored(*args: Any, **kwargs: Any) -> str | None:
+        page = real_stored(*args, **kwargs)
+        if page is None:
+            missed.add(threading.get_ident())
+            if len(missed) == 2:
+                both_missed.set()
+        return page
+
+    def slow(**kwargs: Any) -> Any:
         computed.append(1)
-        time.sleep(0.5)
+        assert both_missed.wait(60), "the second viewer never looked for the page"
         return real(**kwargs)
 
+    monkeypatch.setattr(stats_store, "_stored", stored)
     monkeypatch.setattr(stats_store, "experiment_stats", slow)
     pages: list[dict[str, Any]] = []
     viewers = [

@@ -5,14 +5,17 @@ while the others go on."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 from api_schemas import Resources
 from tests.trainers.solo_equivalence import assert_same_as_solo, run_both
-from tests.trainers.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
+from tests.trainers.test_runtime_contract import (
+    CANCEL_BOUND_S,
+    RUN_BEFORE_CANCEL_S,
+    CancelAfter,
+    cpu_now,
+)
 from trainers import get_trainer
 from trainers.base import MemoryReporter
 from trainers.losses.collapse_pair import mse_gradients, pair_loss
@@ -149,7 +152,7 @@ def test_a_cancel_ends_every_seed_of_a_long_batched_task_within_the_bound() -> N
     config = TRAINER.Config(steps=50_000_000, n_samples=64)
     reporters = [CancelAfter(RUN_BEFORE_CANCEL_S) for _ in SEEDS]
     results = TRAINER.run_seeds(config, SEEDS, reporters, threads=1)
-    ended = time.perf_counter()
+    ended = cpu_now()
     requested = [reporter.requested for reporter in reporters]
     assert None not in requested, "the task ended before the cancel: make it longer"
     assert all(not result.finished for result in results if not isinstance(result, Exception))

@@ -5,14 +5,17 @@ max_steps, or are cancelled while the others go on."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 from api_schemas import Resources
 from tests.trainers.solo_equivalence import assert_same_as_solo, run_both
-from tests.trainers.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
+from tests.trainers.test_runtime_contract import (
+    CANCEL_BOUND_S,
+    RUN_BEFORE_CANCEL_S,
+    CancelAfter,
+    cpu_now,
+)
 from trainers import get_trainer
 from trainers.base import MemoryReporter
 from trainers.losses.latent_class import attract_pairs_terms, pick_positives, same_class_pairs
@@ -190,7 +193,7 @@ def test_source_seeds_reach_each_seed_of_a_batched_latent_class_task() -> None:
 def test_a_cancel_ends_every_seed_of_a_long_batched_task_within_the_bound(long: dict) -> None:
     reporters = [CancelAfter(RUN_BEFORE_CANCEL_S) for _ in SEEDS]
     results = TRAINER.run_seeds(TRAINER.Config(**long), SEEDS, reporters, threads=1)
-    ended = time.perf_counter()
+    ended = cpu_now()
     requested = [reporter.requested for reporter in reporters]
     assert None not in requested, "the task ended before the cancel: make it longer"
     assert all(not result.finished for result in results if not isinstance(result, Exception))

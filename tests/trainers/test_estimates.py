@@ -456,12 +456,14 @@ def test_cff_at_512_pixels_on_cifar10_is_over_the_limit() -> None:
 
 
 def test_every_trainer_estimates_its_defaults_cheaply() -> None:
-    """The service estimates every condition of a grid (up to 10,000) per request."""
+    """The service estimates every condition of a grid (up to 10,000) per request: a thousand
+    estimates take under a second of this thread's CPU time (not wall time, which a machine busy
+    with other work stretches while the thread waits for a core)."""
     import time
 
     for trainer in REGISTRY.values():
         config = trainer.Config()
-        started = time.perf_counter()
+        started = time.thread_time()
         for _ in range(1_000):
             trainer.estimate(config)
-        assert time.perf_counter() - started < 1.0, trainer.name
+        assert time.thread_time() - started < 1.0, trainer.name

@@ -4,7 +4,6 @@ numerics and thresholds, the frozen-block baseline, determinism and config error
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 
 import pydantic
@@ -12,7 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.trainers.test_runtime_contract import CANCEL_BOUND_S, RUN_BEFORE_CANCEL_S, CancelAfter
+from tests.trainers.test_runtime_contract import (
+    CANCEL_BOUND_S,
+    RUN_BEFORE_CANCEL_S,
+    CancelAfter,
+    cpu_now,
+)
 from trainers import MemoryReporter, NullReporter, get_trainer
 from trainers.feedback import FeedbackConfig, build_model, decode_feedback, fit, step_losses
 from trainers.feedback import protocol as checks
@@ -432,7 +436,7 @@ def test_a_cancel_ends_every_architecture_within_the_bound(
     """ViT-Mini, the slowest, is tests/trainers/test_runtime_contract.py's case."""
     reporter = CancelAfter(RUN_BEFORE_CANCEL_S)
     result = get_trainer("feedback").run(FeedbackConfig(**config), 0, reporter, threads=1)
-    ended = time.perf_counter()
+    ended = cpu_now()
     assert reporter.requested is not None, "the run ended before the cancel: make it longer"
     assert not result.finished
     assert ended - reporter.requested < CANCEL_BOUND_S

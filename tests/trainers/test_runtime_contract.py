@@ -1,5 +1,6 @@
 """The loop contract every registered trainer honours (trainers.runtime): a cancel ends a long run
-within about a second, and how often a run evaluates or logs never changes what it trains.
+within about a second of its work, and how often a run evaluates or logs never changes what it
+trains.
 
 Each trainer has one entry in CASES: a config that runs far longer than the test waits, and two
 configs of a short run that differ only in their evaluation or logging intervals."""
@@ -18,11 +19,19 @@ import pytest
 from trainers import REGISTRY, get_trainer
 from trainers.base import MemoryReporter, RunResult
 
-# A cancelled run must return within this long of the request (the contract says about one
-# second; the margin absorbs a busy 2-core CI machine).
+# A cancelled run must return within this many CPU seconds of the request (the contract says
+# about one second). CPU time, not wall time: on a machine busy with other work the run waits for
+# a core, which its work does not grow with (a wall-clock bound was reached in e2e on a loaded CI
+# machine: 4.0 s after the cancel).
 CANCEL_BOUND_S = 2.0
-# How long a long run trains before the test cancels it.
+# How many CPU seconds a long run trains before the test cancels it.
 RUN_BEFORE_CANCEL_S = 0.7
+
+
+def cpu_now() -> float:
+    """This process's CPU seconds, every thread's: the clock of the cancel bounds. A run's
+    threads count in full, so that a run computing on past its cancel in any thread shows."""
+    return time.process_time()
 
 
 # A tiny `ssl` run on digits: three epochs of about a second each on one CPU thread.
@@ -153,7 +162,10 @@ BATCH_TOLERANCE: dict[str, float] = {
 
 
 class CancelAfter(MemoryReporter):
-    """Answers should_stop() from `delay_s` after the run's first point or check."""
+    """Cancels the run `delay_s` CPU seconds (cpu_now) after its first point or check:
+    should_stop() answers True from then on. `requested` is that moment, not the check that
+    first sees it, so that the time to the run's return counts its interval between checks as
+    well as its way out, as a cancel from outside does."""
 
     def __init__(self, delay_s: float) -> None:
         super().__init__()
@@ -163,12 +175,12 @@ class CancelAfter(MemoryReporter):
         self._lock = threading.Lock()
 
     def _clock(self) -> bool:
-        now = time.perf_counter()
+        now = cpu_now()
         with self._lock:
             if self.started is None:
                 self.started = now
             if self.requested is None and now - self.started >= self.delay_s:
-                self.requested = now
+                self.requested = self.started + self.delay_s
             return self.requested is not None
 
     def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None:
@@ -188,11 +200,11 @@ def test_a_cancel_ends_a_long_run_within_the_bound(name: str) -> None:
     trainer = get_trainer(name)
     reporter = CancelAfter(RUN_BEFORE_CANCEL_S)
     result = trainer.run(trainer.Config(**CASES[name].long), 0, reporter, threads=1)
-    ended = time.perf_counter()
+    ended = cpu_now()
     assert reporter.requested is not None, "the run ended before the cancel: make it longer"
     assert not result.finished
     assert ended - reporter.requested < CANCEL_BOUND_S, (
-        f"{name} returned {ended - reporter.requested:.2f} s after the cancel"
+        f"{name} returned {ended - reporter.requested:.2f} CPU s after the cancel"
     )
 
 
@@ -357,9 +369,9 @@ def test_a_cancel_ends_a_long_seed_batched_task_within_the_bound(name: str) -> N
     outcomes = trainer.run_seeds(
         trainer.Config(**CASES[name].long), [0, 1], [stop, stop], threads=1
     )
-    ended = time.perf_counter()
+    ended = cpu_now()
     assert stop.requested is not None, "the task ended before the cancel: make it longer"
     assert ended - stop.requested < CANCEL_BOUND_S, (
-        f"{name} returned {ended - stop.requested:.2f} s after the cancel"
+        f"{name} returned {ended - stop.requested:.2f} CPU s after the cancel"
     )
     assert all(isinstance(o, RunResult) and not o.finished for o in outcomes[:1]), outcomes

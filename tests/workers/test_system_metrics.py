@@ -74,17 +74,30 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def bracketed_read(sampler: SystemSampler) -> tuple[dict[str, float], tuple[float, ...]]:
+    """A reading, with the wall and CPU clocks (getrusage) just before and just after it: the
+    sampler takes its own in between."""
+    before = (time.perf_counter(), cpu_seconds())
+    values = sampler.read()
+    return values, (*before, time.perf_counter(), cpu_seconds())
+
+
 def test_cpu_and_memory_follow_what_the_process_does() -> None:
     sampler = SystemSampler(interval_s=5.0)
-    sampler.read()
-    began, began_cpu = time.perf_counter(), cpu_seconds()
+    _, first = bracketed_read(sampler)
+    began = time.perf_counter()
     while time.perf_counter() < began + 0.3:  # one core busy (as much as the machine gives)
         pass
-    busy = sampler.read()
-    reference = 100 * (cpu_seconds() - began_cpu) / (time.perf_counter() - began)
-    time.sleep(0.3)
+    busy, last = bracketed_read(sampler)
+    # The reference over the sampler's own window, which lies between the two readings'
+    # brackets: the least CPU over the most wall time, the most over the least. A window taken
+    # apart from the readings differed from theirs by whatever the machine took in the gaps
+    # (more than 10 points of 0.3 s on a loaded machine).
+    low = 100 * (last[1] - first[3]) / (last[2] - first[0])
+    high = 100 * (last[3] - first[1]) / (last[0] - first[2])
+    time.sleep(0.3)  # the idle window: next to no CPU used across it
     idle = sampler.read()
-    assert abs(busy[names.CPU_PERCENT] - reference) < 10, (busy, reference)
+    assert low - 10 < busy[names.CPU_PERCENT] < high + 10, (busy, low, high)
     assert busy[names.CPU_PERCENT] > idle[names.CPU_PERCENT] + 10, (busy, idle)
     assert not sampler.due()  # the next reading is an interval away
 
