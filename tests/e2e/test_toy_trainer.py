@@ -57,6 +57,7 @@ def test_a_toy_trainer_registered_at_runtime_is_served_end_to_end(
         "fail_at_step",
         "stall_at_step",
         "stall_s",
+        "stall_spins",
     }
 
     spec = {

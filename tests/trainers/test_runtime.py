@@ -126,6 +126,7 @@ def test_provenance_identifies_the_code_and_the_platform() -> None:
         "fail_at_step": None,
         "stall_at_step": None,
         "stall_s": 0.0,
+        "stall_spins": False,
     }
     again = trainer.run(trainer.Config(steps=10), 1, NullReporter(), threads=1)
     assert again.provenance["parameters_sha256"] == provenance["parameters_sha256"]
