@@ -60,10 +60,12 @@ IDLE_CPU_SHARE = 0.5
 
 
 def _own_workers(title: bytes) -> dict[int, float]:
-    """The Ray workers of this test session's local Ray (its raylet shares pytest's process
-    session) whose title starts with `title`: pid -> CPU seconds used so far."""
-    session, ticks = os.getsid(0), os.sysconf("SC_CLK_TCK")
-    found = {}
+    """The Ray workers of this test session's local Ray whose title starts with `title`: pid ->
+    CPU seconds used so far. Its workers are the children of its raylet, which ray.init started
+    as a child of this process (a process session is not enough: two test runs started from
+    one shell share it, and each saw the other's busy workers as its own)."""
+    me, ticks = os.getpid(), os.sysconf("SC_CLK_TCK")
+    processes = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -73,9 +75,17 @@ def _own_workers(title: bytes) -> dict[int, float]:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
         # fields after the command: state, ppid, pgrp, session, ..., utime (12), stime (13)
-        if cmdline.startswith(title) and stat[0] != "Z" and int(stat[3]) == session:
-            found[int(entry.name)] = (int(stat[11]) + int(stat[12])) / ticks
-    return found
+        processes[int(entry.name)] = (cmdline, stat)
+    raylets = {
+        pid
+        for pid, (cmdline, stat) in processes.items()
+        if int(stat[1]) == me and b"raylet" in cmdline.split(b"\0", 1)[0]
+    }
+    return {
+        pid: (int(stat[11]) + int(stat[12])) / ticks
+        for pid, (cmdline, stat) in processes.items()
+        if cmdline.startswith(title) and stat[0] != "Z" and int(stat[1]) in raylets
+    }
 
 
 def process_cpu_s(pid: int) -> float | None:

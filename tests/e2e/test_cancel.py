@@ -147,6 +147,7 @@ def test_after_every_trainers_long_runs_are_cancelled_no_worker_keeps_training(
     service.wait(slow, timeout_s=60)
     assert {r["status"] for r in service.runs(slow)} == {"cancelled"}
     before = _own_workers(WORKER_TITLE)
+    assert before, "no Ray worker of the test cluster found: the check would see nothing"
     time.sleep(QUIET_WINDOW_S)  # the measurement window: CPU seconds used across it
     after = _own_workers(WORKER_TITLE)
     busy = {
