@@ -9,7 +9,7 @@ import difflib
 import itertools
 import json
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,12 +59,63 @@ class ImportedMetrics:
         return {}
 
 
-def metric_catalogue(trainer: str, spec: ExperimentSpec) -> MetricCatalogue:
+@dataclass(frozen=True)
+class StoredCatalogue:
+    """The metric catalogue of an experiment whose trainer's code this process has not loaded
+    (a service started without the `--trainers` file that ran it): as its submission recorded
+    it (Experiment.catalogue, `catalogue_record`), or, for an experiment stored before that
+    record, the metrics its completed runs recorded (no diagnostics or bounds known). A run's
+    test-set sizes come from its provenance, where the dispatcher that stored it recorded them
+    (service.scheduling.harvesting), not from this."""
+
+    name: str
+    metrics: tuple[str, ...]
+    diagnostics: tuple[str, ...] = ()
+    metric_bounds: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    def test_set_sizes(self, diagnostics: dict[str, Any]) -> dict[str, int]:
+        return {}
+
+    @classmethod
+    def from_record(cls, name: str, record: Mapping[str, Any]) -> StoredCatalogue:
+        bounds = record.get("metric_bounds") or {}
+        return cls(
+            name=name,
+            metrics=tuple(str(m) for m in record.get("metrics") or ()),
+            diagnostics=tuple(str(d) for d in record.get("diagnostics") or ()),
+            metric_bounds={str(m): (float(lo), float(hi)) for m, (lo, hi) in bounds.items()},
+        )
+
+
+def catalogue_record(trainer: Trainer) -> dict[str, Any]:
+    """What an experiment stores of its trainer's catalogue at submission (its `catalogue`
+    column): read back by StoredCatalogue.from_record when the code is not loaded."""
+    return {
+        "metrics": list(trainer.metrics),
+        "diagnostics": list(trainer.diagnostics),
+        "metric_bounds": {m: [lo, hi] for m, (lo, hi) in trainer.metric_bounds.items()},
+    }
+
+
+def metric_catalogue(
+    trainer: str,
+    spec: ExperimentSpec,
+    stored: Mapping[str, Any] | None = None,
+    recorded: Callable[[], Sequence[str]] | None = None,
+) -> MetricCatalogue:
     """The catalogue an experiment of `trainer` with `spec` is read with: its imported metrics
-    (trainer `imported`), else the registered trainer's."""
+    (trainer `imported`), else the registered trainer's, else, when that trainer's code is not
+    loaded here, the catalogue it `stored` at submission, else the metrics its completed runs
+    `recorded` (a call: read only then). Stored results stay readable whatever code is
+    loaded."""
     if trainer == IMPORTED_TRAINER and spec.imported is not None:
         return ImportedMetrics(metrics=tuple(spec.imported.metrics))
-    return REGISTRY[trainer]
+    registered = REGISTRY.get(trainer)
+    if registered is not None:
+        return registered
+    if stored:
+        return StoredCatalogue.from_record(trainer, stored)
+    return StoredCatalogue(name=trainer, metrics=tuple(recorded() if recorded else ()))
 
 
 def unknown_metric(trainer: MetricCatalogue, metric: str) -> str | None:

@@ -37,12 +37,13 @@ from api_schemas import (
     SideBySide,
 )
 from api_schemas.pages import COMPARE_PAGE
+from service.analysis.catalogue import experiment_catalogue
 from service.analysis.conditions import condition_stats, metric_value
 from service.analysis.stats import compare
 from service.analysis.stats_store import page_lock
 from service.errors import SpecError
 from service.limits import HeavyReads
-from service.specs import metric_catalogue, run_config, unknown_metric
+from service.specs import run_config, unknown_metric
 from service.storage.db import CompareCache, Experiment, Run, utcnow
 from service.storage.lookup import get_experiment
 
@@ -136,7 +137,7 @@ def _checked(
         )
     metric = metric or a.metric
     for side in (a, b):
-        problem = unknown_metric(metric_catalogue(side.trainer, side.stored_spec), metric)
+        problem = unknown_metric(experiment_catalogue(session, side), metric)
         if problem:
             raise SpecError.query("metric", problem)
     return a, b, metric
@@ -181,7 +182,7 @@ def _comparison(
 ) -> tuple[ExperimentComparison, int, int]:
     """The page, and how many completed runs of a and of b it was computed from."""
     assert a.id is not None and b.id is not None
-    bounds = metric_catalogue(a.trainer, a.stored_spec).metric_bounds.get(metric)
+    bounds = experiment_catalogue(session, a).metric_bounds.get(metric)
     factors = (set(a.stored_spec.grid) | set(b.stored_spec.grid)) - {SOURCE_FACTOR}
     values_a, n_a = _values(session, a, metric, factors)
     values_b, n_b = _values(session, b, metric, factors)

@@ -27,6 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
 from api_schemas import SOURCE_FACTOR, RunStatus, RunValue, Stats
+from service.analysis.catalogue import experiment_catalogue, test_set_sizes
 from service.analysis.conditions import metric_value
 from service.analysis.multiplicity import FamilyPValues
 from service.analysis.sources import source_decomposition
@@ -39,7 +40,7 @@ from service.analysis.stats import (
 )
 from service.errors import SpecError
 from service.limits import HeavyReads
-from service.specs import metric_catalogue, stats_grid, unknown_metric
+from service.specs import stats_grid, unknown_metric
 from service.storage.db import Experiment, Run, StatsCache, utcnow
 
 log = logging.getLogger("seedgrid.stats")
@@ -107,7 +108,7 @@ def stats_json(
     assert experiment.id is not None
     metric = metric or experiment.metric
     spec = experiment.stored_spec
-    problem = unknown_metric(metric_catalogue(experiment.trainer, spec), metric)
+    problem = unknown_metric(experiment_catalogue(session, experiment), metric)
     if problem:
         raise SpecError.query("metric", problem)
     grid = stats_grid(spec)
@@ -202,7 +203,7 @@ def _compute(
     target_ratio: float,
 ) -> str:
     assert experiment.id is not None
-    trainer = metric_catalogue(experiment.trainer, experiment.stored_spec)
+    trainer = experiment_catalogue(session, experiment)
 
     # Completed runs only: a stopped run's (stop_on_checks) final metric comes from the epoch
     # it stopped at, not comparable with a run trained to the end.
@@ -223,7 +224,9 @@ def _compute(
         (row, value) for row in rows if (value := metric_value(row.metrics, metric)) is not None
     ]
     values = [(row.condition, row.condition_key, value) for row, value in kept]
-    sizes = [trainer.test_set_sizes(row.diagnostics or {}).get(metric) for row, _ in kept]
+    sizes = [
+        test_set_sizes(trainer, row.diagnostics, row.provenance).get(metric) for row, _ in kept
+    ]
     seeds = [row.seed for row, _ in kept]
     try:
         family_p = _family_p_values(

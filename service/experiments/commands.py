@@ -29,6 +29,7 @@ from service.scheduling.admission import count_queue, recount_queue
 from service.scheduling.run_store import RunStore, experiment_counts
 from service.settings import Settings
 from service.specs import (
+    catalogue_record,
     grid_conditions,
     run_defaults,
     seed_runs,
@@ -36,6 +37,7 @@ from service.specs import (
 )
 from service.storage.db import Experiment, Run
 from service.storage.lookup import get_experiment
+from trainers import REGISTRY
 
 # The spec's fields stored in the experiment's own columns rather than in its stored spec.
 LABELS = {"tags", "note"}
@@ -69,6 +71,8 @@ def create_experiment(
         tags=spec.tags,
         note=spec.note or None,
         metric=spec.metric or trainer.primary_metric,
+        # read when the trainer's code is not loaded: stored results stay readable
+        catalogue=catalogue_record(trainer),
         priority=spec.priority,
         n_conditions=len(conditions),
         n_runs=n_runs,
@@ -145,6 +149,13 @@ def add_seeds(
             "(experiment.adaptive), and seeds added by hand, even after it stopped, "
             "would be a look the rule did not count, so its false-stop rate would "
             "no longer be its alpha; submit a new experiment for more seeds"
+        )
+    if experiment.trainer != IMPORTED_TRAINER and experiment.trainer not in REGISTRY:
+        raise Conflict(
+            f"experiment {experiment_id} ran trainer {experiment.trainer!r}, whose code this "
+            "service has not loaded, so no run of it can be queued here; its stored results "
+            f"stay readable. To add seeds, start the service with the trainer's file: "
+            f"`seedgrid serve --trainers FILE`"
         )
     if experiment.trainer == IMPORTED_TRAINER:
         raise Conflict(

@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlmodel import Session
+from sqlmodel import Session, col, func, select
 
-from api_schemas import ConditionParams, ParamsTable, Stats
+from api_schemas import ConditionParams, ParamsTable, RunStatus, Stats
 from service.analysis.stats import MAX_COMPARISONS_PER_PAGE, ComparisonPlan
 from service.analysis.stats_store import stats_json
 from service.limits import HeavyReads
 from service.specs import condition_key, grid_conditions, run_config, stats_grid
-from service.storage.db import Experiment
+from service.storage.db import Experiment, Run
+from trainers import REGISTRY
 
 
 def params_table(
@@ -44,7 +45,10 @@ def params_table(
     )
     summaries = {c.condition_key: c for c in stats.conditions}
     conditions = grid_conditions(stats_grid(spec))
-    configs = [run_config(spec, condition) for condition in conditions]
+    ran = {} if spec.trainer in REGISTRY else _recorded_configs(session, experiment)
+    configs = [
+        run_config(spec, condition, ran.get(condition_key(condition))) for condition in conditions
+    ]
     fields = list(dict.fromkeys(field for config in configs for field in config))
     varying = [f for f in fields if len({_comparable(c.get(f)) for c in configs}) > 1]
     rows = []
@@ -67,6 +71,21 @@ def params_table(
         varying=varying,
         conditions=rows,
     )
+
+
+def _recorded_configs(session: Session, experiment: Experiment) -> dict[str, Any]:
+    """{condition key: the config a completed run of it recorded training with (its
+    provenance)}: what the params table shows when the trainer's code, which fills in a
+    spec's defaults, is not loaded here. One run per condition, the first completed."""
+    first = (
+        select(func.min(col(Run.id)))
+        .where(col(Run.experiment_id) == experiment.id, col(Run.status) == RunStatus.completed)
+        .group_by(col(Run.condition_key))
+    )
+    rows = session.exec(
+        select(Run.condition_key, Run.provenance).where(col(Run.id).in_(first))
+    ).all()
+    return {key: (provenance or {}).get("config") for key, provenance in rows}
 
 
 def _comparable(value: Any) -> str:

@@ -34,6 +34,12 @@ from service.specs import (
 )
 from trainers import REGISTRY, Trainer
 
+# Where a trainer of a researcher's own code comes from: what to do when this service lacks it.
+NOT_LOADED_HINT = (
+    " (a trainer of your own code is loaded from its file: start the service with "
+    "`seedgrid serve --trainers FILE`, or run it with `seedgrid run SPEC --trainers FILE`)"
+)
+
 
 def _config_errors(trainer: Trainer, config: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     """The errors of the spec's config, an unknown field's message made to guide, and how
@@ -124,7 +130,8 @@ def validate_spec(
             [
                 body_error(
                     ["trainer"],
-                    f"unknown trainer {spec.trainer!r}; available: {', '.join(sorted(REGISTRY))}",
+                    f"unknown trainer {spec.trainer!r}; available: "
+                    f"{', '.join(sorted(REGISTRY))}{NOT_LOADED_HINT}",
                 )
             ]
         )

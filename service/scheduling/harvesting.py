@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import ray
 from ray.exceptions import RayError, TaskCancelledError
@@ -18,6 +19,7 @@ from service.scheduling.flights import Harvest, InFlight, TaskFlight, tasks_of
 from service.scheduling.ray_helpers import error_line
 from service.scheduling.run_store import FinishedAttempt, RunStore, StartedAttempt
 from service.storage.db import database_trouble
+from trainers import REGISTRY
 from workers.messages import MetricBatch, Result, Started
 
 log = logging.getLogger("seedgrid.dispatcher")
@@ -184,6 +186,10 @@ class Harvesting(DispatcherBase):
                             "hostname": flight.started.hostname if flight.started else None,
                             "attempt": flight.attempt,
                             "dispatcher": self.identity,
+                            # read by /stats where the trainer's code is not loaded
+                            "test_set_sizes": recorded_test_set_sizes(
+                                flight.task.trainer, result.diagnostics
+                            ),
                         },
                         error=result.error,
                         traceback=result.traceback,
@@ -261,3 +267,23 @@ class Harvesting(DispatcherBase):
                 store.commit()
         except Exception:  # the next dispatcher to take the lock re-queues it as an orphan
             log.exception("run %s: could not store its failure either", flight.run_id)
+
+
+def recorded_test_set_sizes(trainer: str, diagnostics: dict[str, Any]) -> dict[str, int]:
+    """A completed run's {metric: test examples it averages}, from its trainer's code while it
+    is loaded, stored with the run so that /stats reports the noise floor without that code
+    (service.analysis.catalogue.test_set_sizes). A trainer's own code that raises here costs
+    only this record, never the run's result."""
+    registered = REGISTRY.get(trainer)
+    if registered is None:
+        return {}
+    try:
+        sizes = registered.test_set_sizes(diagnostics or {})
+    except Exception:
+        log.exception("trainer %r: test_set_sizes raised; its sizes are not recorded", trainer)
+        return {}
+    return {
+        str(m): n
+        for m, n in (sizes or {}).items()
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1
+    }

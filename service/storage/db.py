@@ -131,6 +131,10 @@ class Experiment(SQLModel, table=True):
     # What `GET /experiments?q=` searches: search_text(...) of the name, note, tags and
     # trainer, kept by the events below on every write through the ORM; migration 0012.
     search_text: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    # Its trainer's metrics, diagnostics and metric bounds as submission found them
+    # (service.specs.StoredCatalogue), read when that trainer's code is not loaded; null for
+    # imported results and for experiments stored before migration 0013.
+    catalogue: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
     @property
     def stored_spec(self) -> ExperimentSpec:

@@ -7,14 +7,19 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
+import httpx
 import pytest
 
+from service.api.routes.ui import DASHBOARD_URL
 from service.api.server import free_port
 from tests.conftest import ROOT
+from tests.seedgrid_process import SeedgridProcess
 
 EXAMPLE = ROOT / "examples" / "own_code" / "mlp_digits.py"
 
@@ -66,3 +71,95 @@ def test_the_guide_command_runs_the_function_trainers_grid(tmp_path: Path) -> No
     for level in ("0.5", "2.0"):
         row = next(line for line in rows if f"init_scale={level}" in line)
         assert re.search(r"\b6\b", row), row
+
+
+@pytest.mark.timeout(400)
+def test_experiments_of_own_code_stay_readable_by_a_service_without_that_code(
+    tmp_path: Path,
+) -> None:
+    """The guide's command runs the example trainer's grid twice into one database; then a
+    service started without `--trainers` (the user guide's `serve --no-dispatch`, for imports)
+    reads both: statistics, params, export, compare, runs, as the dashboard reads them (a 500,
+    KeyError on the trainer's name, on 674b730). An experiment stored before its catalogue
+    was recorded reads too, from its runs' metrics. Submitting or adding seeds, which need the
+    code, is a clear 422/409 naming the trainer and `--trainers`."""
+    (commands,) = blocks(section("Your own training code"), "bash")
+    (command,) = commands.strip().splitlines()
+    program, *args = shlex.split(command)
+    database = tmp_path / "seedgrid.db"
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"
+    }
+    env.update(
+        SEEDGRID_DATABASE_URL=f"sqlite:///{database}",
+        SEEDGRID_RAY_NUM_CPUS="2",
+        SEEDGRID_PORT=str(free_port()),
+        COLUMNS="160",
+    )
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=360,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the first experiment as one stored before migration 0013 recorded catalogues
+    with closing(sqlite3.connect(database)) as db, db:
+        db.execute("UPDATE experiment SET catalogue = NULL WHERE id = 1")
+
+    env["SEEDGRID_PORT"] = str(free_port())
+    api = SeedgridProcess("api", ["serve", "--no-dispatch"], env, tmp_path)
+    try:
+        api.wait_healthy(90)
+        with httpx.Client(base_url=api.url, timeout=60) as client:
+            experiments = client.get("/experiments").json()
+            assert sorted(e["id"] for e in experiments) == [1, 2], experiments
+            assert {e["trainer"] for e in experiments} == {"mlp_digits"}
+            for experiment_id in (1, 2):
+                stats = client.get(f"/experiments/{experiment_id}/stats")
+                assert stats.status_code == 200, stats.text
+                assert stats.json()["metric"] == "accuracy"
+                assert sorted(c["n"] for c in stats.json()["conditions"]) == [6, 6]
+                assert stats.json()["comparisons"], stats.json()
+                loss = client.get(f"/experiments/{experiment_id}/stats", params={"metric": "loss"})
+                assert loss.status_code == 200, loss.text
+                unknown = client.get(f"/experiments/{experiment_id}/stats", params={"metric": "x"})
+                assert unknown.status_code == 422 and "accuracy" in unknown.text, unknown.text
+                params = client.get(f"/experiments/{experiment_id}/params")
+                assert params.status_code == 200, params.text
+                table = params.json()
+                assert table["varying"] == ["init_scale"], table
+                # the config each condition's runs recorded: the trainer's defaults included
+                assert all(
+                    {"hidden": 32, "lr": 0.2}.items() <= row["config"].items()
+                    for row in table["conditions"]
+                ), table["conditions"]
+                exported = client.get(f"/experiments/{experiment_id}/export")
+                assert exported.status_code == 200, exported.text
+                assert exported.text.count("\n") >= 12, exported.text[:500]
+                runs = client.get(f"/experiments/{experiment_id}/runs").json()
+                assert len(runs) == 12 and all(r["status"] == "completed" for r in runs)
+                shown = client.get(f"/runs/{runs[0]['id']}")
+                assert shown.status_code == 200, shown.text
+                assert client.get(f"/experiments/{experiment_id}").status_code == 200
+            compared = client.get("/compare", params={"a": 1, "b": 2})
+            assert compared.status_code == 200, compared.text
+            assert compared.json()["metric"] == "accuracy"
+            assert client.get(DASHBOARD_URL).status_code == 200  # the dashboard's page
+
+            added = client.post("/experiments/2/seeds", json={"seeds": 1})
+            assert added.status_code == 409, added.text
+            assert "'mlp_digits'" in added.text and "--trainers" in added.text, added.text
+            submitted = client.post(
+                "/experiments", json={"name": "again", "trainer": "mlp_digits", "seeds": 2}
+            )
+            assert submitted.status_code == 422, submitted.text
+            (error,) = submitted.json()["detail"]
+            assert error["loc"] == ["body", "trainer"], error
+            assert "'mlp_digits'" in error["msg"] and "--trainers FILE" in error["msg"], error
+    finally:
+        api.terminate()
+        api.stop()

@@ -220,7 +220,8 @@ def cancel_experiment(experiment_id: ExperimentId, session: SessionDep) -> Exper
     responses=errors(
         {
             404: NO_EXPERIMENT,
-            409: "The experiment was cancelled, or is adaptive (its rule decides its seeds)",
+            409: "The experiment was cancelled, is adaptive (its rule decides its seeds), or "
+            "ran a trainer whose code this service has not loaded",
             413: BODY_TOO_LARGE,
             429: QUEUE_FULL,
         }
