@@ -696,9 +696,11 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     assert upgrade_database(database_url).before == "0007"
     after = _rows(database_url)
     # 0008's deleted, 0009's stop_message (no run of these was stopped), 0010's tracebacks
-    # (none failed), 0011's tags and note, 0012's search text (name, no note, trainer)
-    assert [(*row[:-3], _json(row[-3]), *row[-2:]) for row in after["experiment"]] == [
-        (*row, False, None, [], None, f"{row[1]}\n\n{row[2]}") for row in before["experiment"]
+    # (none failed), 0011's tags and note, 0012's search text (name, no note, trainer), 0013's
+    # catalogue (none recorded before it)
+    assert [(*row[:-4], _json(row[-4]), *row[-3:]) for row in after["experiment"]] == [
+        (*row, False, None, [], None, f"{row[1]}\n\n{row[2]}", None)
+        for row in before["experiment"]
     ]
     for table in ("run", "runattempt"):
         assert after[table] == [(*row, None) for row in before[table]]
@@ -910,9 +912,9 @@ def test_0011_gives_existing_experiments_no_tags_and_they_can_be_tagged_and_foun
     assert upgrade_database(database_url).before == "0010"
     after = _rows(database_url)["experiment"]
     # tags come back as the stored JSON text on SQLite, parsed on PostgreSQL; 0012's search
-    # text last
-    assert [(*row[:-3], _json(row[-3]), *row[-2:]) for row in after] == [
-        (*row, [], None, f"{row[1]}\n\ncollapse") for row in before
+    # text and 0013's catalogue (none recorded) last
+    assert [(*row[:-4], _json(row[-4]), *row[-3:]) for row in after] == [
+        (*row, [], None, f"{row[1]}\n\ncollapse", None) for row in before
     ]
 
     engine = make_engine(database_url)
