@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -16,7 +17,7 @@ from api_schemas.system_metrics import is_system_metric
 from api_schemas.tracebacks import innermost_frame
 from service.scheduling.dispatcher_base import DispatcherBase
 from service.scheduling.flights import Harvest, InFlight, TaskFlight, tasks_of
-from service.scheduling.ray_helpers import error_line
+from service.scheduling.ray_helpers import error_line, operator_paths
 from service.scheduling.run_store import FinishedAttempt, RunStore, StartedAttempt
 from service.storage.db import database_trouble
 from trainers import REGISTRY
@@ -126,7 +127,10 @@ class Harvesting(DispatcherBase):
             elif isinstance(message, Result):
                 ended = task.runs.pop(message.index, None)
                 if ended is not None:
-                    harvest.results.append((ended, message.storable()))
+                    result = message.storable()
+                    if result.traceback:  # the operator's file, not Ray's copy of it
+                        result = replace(result, traceback=operator_paths(result.traceback))
+                    harvest.results.append((ended, result))
                     del self.in_flight[ended.run_id]
                     began = ended.started_at if ended.started_at is not None else task.claimed_at
                     self.metrics.run_duration.labels(task.trainer).observe(time.monotonic() - began)

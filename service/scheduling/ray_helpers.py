@@ -3,6 +3,7 @@ a run's resources fit any of its nodes; one line of an exception for a run's err
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from typing import Any
@@ -43,6 +44,31 @@ def worker_runtime_env() -> dict[str, Any]:
         "py_modules": shipped,
         "env_vars": {TRAINER_MODULES: ",".join(m.name for m in modules)},
     }
+
+
+# A traceback frame in Ray's copy of a shipped module on a node (py_modules: unpacked under
+# .../runtime_resources/py_modules_files/_ray_pkg_<hash>/, the file or the package folder
+# inside it under its own name).
+_RAY_COPY = re.compile(
+    r'(?<=File ")(?P<copy>[^"\n]*[/\\]_ray_pkg_[0-9a-fA-F]+[/\\])(?P<rest>[^"\n]+)(?=")'
+)
+
+
+def operator_paths(traceback: str) -> str:
+    """A worker's traceback with every frame in Ray's temporary copy of a shipped trainer
+    module named by the path the operator gave (`--trainers FILE` or
+    SEEDGRID_TRAINER_MODULES, as this process loaded it): the file they edit, not a copy on
+    a node that Ray removes. A frame of a module this process did not ship stays as it is."""
+    shipped = {m.path.name: m.path for m in LOADED_MODULES if m.path is not None}
+    if not shipped:
+        return traceback
+
+    def named(match: re.Match[str]) -> str:
+        rest = match["rest"]
+        origin = shipped.get(re.split(r"[/\\]", rest, maxsplit=1)[0])
+        return str(origin.parent / rest) if origin is not None else match[0]
+
+    return _RAY_COPY.sub(named, traceback)
 
 
 def ensure_ray(settings: Settings) -> None:

@@ -125,7 +125,7 @@ def test_a_function_trainer_from_a_file_runs_on_both_nodes_with_its_hash_in_prov
 
 
 def test_a_failure_inside_a_helper_names_the_helpers_file_and_line(
-    service: ServiceProcess,
+    service: ServiceProcess, user_file: Path
 ) -> None:
     failing = service.submit(
         {"name": "own-code-fails", "trainer": "linear_fit", "config": {"fail": True}, "seeds": 2}
@@ -140,9 +140,10 @@ def test_a_failure_inside_a_helper_names_the_helpers_file_and_line(
     for run in service.runs(failing["id"]):
         shown = service.run(run["id"])
         assert shown["error"] == "ValueError: shapes (4,) and (5,) not aligned"
-        # the file as the worker ran it (Ray's copy of it on that node), this line, this helper
-        file, where = shown["failed_at"].split(":", 1)
-        assert Path(file).name == FILE_NAME and where == f"{raised}, in check_inputs"
-        assert f'{FILE_NAME}", line {raised}, in check_inputs\n' in shown["traceback"]
+        # the file the operator gave `--trainers` (the worker ran Ray's copy of it, in a
+        # temporary _ray_pkg_ folder on its node), this line, this helper
+        assert shown["failed_at"] == f"{user_file}:{raised}, in check_inputs", shown["failed_at"]
+        assert f'File "{user_file}", line {raised}, in check_inputs\n' in shown["traceback"]
         called = USER_CODE.splitlines().index("    check_inputs(config)") + 1
-        assert f'{FILE_NAME}", line {called}, in linear_fit\n' in shown["traceback"]
+        assert f'File "{user_file}", line {called}, in linear_fit\n' in shown["traceback"]
+        assert "_ray_pkg_" not in shown["traceback"], shown["traceback"]
