@@ -3,7 +3,9 @@ a run's resources fit any of its nodes; one line of an exception for a run's err
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import signal
 import threading
 from typing import Any
@@ -71,6 +73,31 @@ def operator_paths(traceback: str) -> str:
     return _RAY_COPY.sub(named, traceback)
 
 
+def own_ray_token() -> None:
+    """Ray's token authentication for the local Ray this process is about to start (no
+    RAY_ADDRESS: ray.init starts one): RAY_AUTH_MODE=token, and, unless the operator gave a
+    token (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH), a random one of this process alone, in its
+    environment only, which the Ray processes it starts inherit: never written to disk (Ray
+    would write ~/.ray/auth_token, the same for every local Ray of the user). Ray's servers
+    listen on every interface whatever the node address (Ray 2.60: ray.init maps a loopback
+    node address to the machine's own), so this token is what keeps others out: anyone who
+    reaches a Ray port and lacks it is refused (docs/deploy.md). An operator's explicit
+    RAY_AUTH_MODE is kept, `disabled` included."""
+    if os.environ.get("RAY_ADDRESS"):
+        return  # ray.init joins that cluster: its token is the operator's
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"
+    if os.environ["RAY_AUTH_MODE"].lower() != "token":
+        return
+    if not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_urlsafe(32)
+    # Ray caches its config (the authentication mode among it) in this process at first use:
+    # read the environment again, as Ray's own default-token switch does.
+    from ray._raylet import Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+
+
 def ensure_ray(settings: Settings) -> None:
     """Join the configured cluster, or start a local Ray, once per process, with the
     operator's trainer modules in its runtime environment (worker_runtime_env)."""
@@ -85,6 +112,7 @@ def ensure_ray(settings: Settings) -> None:
         if settings.ray_address:
             ray.init(address=settings.ray_address, log_to_driver=False, runtime_env=runtime_env)
         else:
+            own_ray_token()
             ray.init(
                 num_cpus=settings.ray_num_cpus,
                 include_dashboard=False,
