@@ -284,6 +284,10 @@ class ExportWhat(StrEnum):
 # Ray counts resources in units of 1/10,000 and refuses a non-zero quantity below one unit
 # (ray._common.ray_option_utils): refused at submission, not after the runs were claimed.
 RAY_RESOURCE_UNIT = 0.0001
+# The fewest CPUs one task may ask for: Ray places up to 1 / num_cpus tasks on one CPU, each
+# with a torch thread of its own, so a node is oversubscribed at most this factor's inverse
+# (4 tasks per CPU). 0.0001 was accepted: 8 such runs made another experiment's run 23x slower.
+MIN_NUM_CPUS = 0.25
 
 
 class Resources(BaseModel):
@@ -292,14 +296,17 @@ class Resources(BaseModel):
     # strict: "1" or true is not a number of CPUs (no silent coercion of a spec's values)
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    # Above 0: a task asking for no CPU is not counted against Ray's CPU limit at all.
+    # At least MIN_NUM_CPUS (checked below, not for stored specs): a task asking for no CPU
+    # is not counted against Ray's CPU limit at all, one asking for a sliver shares a CPU
+    # with thousands.
     num_cpus: float = Field(
         1.0,
         gt=0,
         le=1024,
         description=(
             "CPUs of one task (a run, or the seeds of a seed-batched task); the trainer's torch "
-            "thread count"
+            f"thread count. At least {MIN_NUM_CPUS:g}: at most {1 / MIN_NUM_CPUS:g} tasks share "
+            "one CPU"
         ),
     )
     num_gpus: float = Field(
@@ -327,10 +334,18 @@ class Resources(BaseModel):
     @field_validator("num_cpus", "num_gpus")
     @classmethod
     def _ray_quantity(cls, value: float, info: ValidationInfo) -> float:
-        if 0 < value < RAY_RESOURCE_UNIT and not is_stored(info):
+        if is_stored(info):
+            return value  # as an older version accepted it
+        if 0 < value < RAY_RESOURCE_UNIT:
             raise ValueError(
                 f"{value:g} is below Ray's smallest resource unit, "
                 f"{RAY_RESOURCE_UNIT:g}: Ray would refuse the task"
+            )
+        if info.field_name == "num_cpus" and value < MIN_NUM_CPUS:
+            raise ValueError(
+                f"{value:g} CPUs is below the floor of {MIN_NUM_CPUS:g}: Ray would place "
+                f"{1 / value:,.0f} such tasks on one CPU, slowing every run there; at most "
+                f"{1 / MIN_NUM_CPUS:g} tasks share a CPU"
             )
         return value
 

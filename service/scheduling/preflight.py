@@ -3,7 +3,8 @@ would fail every run before it trains (a dataset's files missing, `device: cuda`
 no GPU) become one 422 naming the config field.
 
 What is knowable from the cluster's resources is answered here: `cuda` on a cluster with no GPU
-at all. The rest is the trainer's own `preflight` (trainers.runtime.TrainerBase: the data
+at all, and a CPU task whose memory estimate (the trainer's, from the config) is more than the
+largest alive node gives its tasks. The rest is the trainer's own `preflight` (trainers.runtime.TrainerBase: the data
 layer's file checks, the device check), run where the runs will go: one Ray task
 (workers.preflight) that asks for no CPU, so that it never waits behind busy workers, placed on
 a node that has the CPUs and GPUs the runs ask for. The grid's conditions are checked once per
@@ -36,7 +37,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from api_schemas import ExperimentSpec
 from service.scheduling.ray_helpers import ensure_ray
 from service.settings import Settings
-from service.specs import Refusals, merged_config
+from service.specs import Refusals, merged_config, seeds_per_task
 from trainers import Trainer
 from workers.preflight import preflight_task
 
@@ -52,6 +53,7 @@ class Node:
     hostname: str
     cpus: float
     gpus: float
+    memory: float = 0.0  # bytes Ray gives its tasks there (its `memory` resource)
 
     def __str__(self) -> str:
         return f"Ray node {self.address} ({self.hostname})"
@@ -65,6 +67,7 @@ def alive_nodes() -> list[Node]:
             hostname=n.get("NodeManagerHostname", "?"),
             cpus=float(n["Resources"].get("CPU", 0)),
             gpus=float(n["Resources"].get("GPU", 0)),
+            memory=float(n["Resources"].get("memory", 0)),
         )
         for n in ray.nodes()
         if n.get("Alive")
@@ -122,6 +125,42 @@ def no_gpu_errors(
                     "GPU nodes",
                     condition,
                 )
+    return refusals.errors()
+
+
+def memory_errors(
+    trainer: Trainer, spec: ExperimentSpec, conditions: list[dict[str, Any]], nodes: list[Node]
+) -> list[dict[str, Any]]:
+    """Conditions whose task needs more memory (the trainer's estimate from the config, times
+    the seeds of a seed-batched task) than the largest alive node gives its tasks (Ray's
+    `memory` resource): no node could hold such a task, which would die of memory, or swap,
+    on any. Only for tasks that ask for no GPU: a GPU task's memory is mostly the device's,
+    which Ray does not report (SEEDGRID_MAX_RUN_MEMORY_GB bounds those)."""
+    largest = max(nodes, key=lambda n: n.memory, default=None)
+    if spec.resources.num_gpus > 0 or largest is None or largest.memory <= 0:
+        return []
+    per_task = seeds_per_task(trainer, spec)
+    refusals = Refusals(spec)
+    for condition in conditions:
+        estimate = trainer.estimate(
+            trainer.Config.model_validate(merged_config(spec.config, condition))
+        )
+        need = estimate.memory_bytes * per_task
+        if need <= largest.memory:
+            continue
+        what = (
+            "one run needs"
+            if per_task == 1
+            else f"one task of {per_task} seeds (resources.seeds_per_task) needs"
+        )
+        refusals.add(
+            "node memory",
+            refusals.named(estimate.memory_fields),
+            f"{what} about {need / 1e9:,.1f} GB (estimated from "
+            f"{', '.join(estimate.memory_fields)}), more than the largest node of the Ray "
+            f"cluster gives its tasks: {largest.memory / 1e9:,.1f} GB on {largest}",
+            condition,
+        )
     return refusals.errors()
 
 
@@ -187,23 +226,28 @@ class ClusterPreflight:
         if self.settings.preflight_timeout_s == 0:
             return []
         checks = distinct_checks(trainer, spec, conditions)
-        if not checks:
-            return []
         if self._joined is not None:
             self._joined.wait(self.settings.preflight_timeout_s)
         if not ray.is_initialized():
             self._skipped("this process is not connected to Ray", once=True)
             return []
         try:
-            return self._on_cluster(trainer, spec, checks)
+            nodes = alive_nodes()
+            # An autoscaling cluster may still add a larger node (FAIL_INFEASIBLE_RUNS=false).
+            if self.settings.fail_infeasible_runs and (
+                errors := memory_errors(trainer, spec, conditions, nodes)
+            ):
+                return errors
+            if not checks:
+                return []
+            return self._on_cluster(trainer, spec, checks, nodes)
         except Exception as exc:  # noqa: BLE001 - the task failed, or Ray is in trouble
             self._skipped(f"{type(exc).__name__}: {_last_line(exc)}")
             return []
 
     def _on_cluster(
-        self, trainer: Trainer, spec: ExperimentSpec, checks: list[Check]
+        self, trainer: Trainer, spec: ExperimentSpec, checks: list[Check], nodes: list[Node]
     ) -> list[dict[str, Any]]:
-        nodes = alive_nodes()
         wants_gpu = any(c.inputs.get("device") == "cuda" for c in checks)
         # An autoscaling cluster may still add a GPU node (SEEDGRID_FAIL_INFEASIBLE_RUNS=false).
         if wants_gpu and self.settings.fail_infeasible_runs and not any(n.gpus for n in nodes):

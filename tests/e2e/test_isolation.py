@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import ray
 
 from service.scheduling.lease import make_dispatch_lock
 from service.storage.db import upgrade_database
@@ -62,6 +63,9 @@ def counts(service: Service) -> tuple[int, int]:
             ["body", "adaptive", "alpha"],
         ),
         ({"resources": {"num_cpus": 0.00001}}, ["body", "resources", "num_cpus"]),
+        # Ray's unit, but 10,000 such tasks would share one CPU (the floor is 0.25)
+        ({"resources": {"num_cpus": 0.0001}}, ["body", "resources", "num_cpus"]),
+        ({"resources": {"num_cpus": 0.2}}, ["body", "resources", "num_cpus"]),
         ({"resources": {"num_gpus": 0.00005}}, ["body", "resources", "num_gpus"]),
         # no value is coerced: these were 1 seed, 2 seeds and 1 CPU
         ({"seeds": True}, ["body", "seeds", "int"]),
@@ -78,6 +82,37 @@ def test_what_ray_or_the_spec_would_refuse_is_a_422_naming_the_field(
     assert response.status_code == 422, response.text
     assert loc in [error["loc"] for error in response.json()["detail"]], response.text
     assert counts(backend_service) == before
+
+
+def test_a_run_that_needs_more_memory_than_the_largest_node_gives_is_a_422_naming_the_field(
+    start_service: Callable[..., Service],
+) -> None:
+    """A spec under SEEDGRID_MAX_RUN_MEMORY_GB whose runs' estimate is still more than any
+    alive Ray node gives its tasks (53 GB was accepted on a 16.8 GB node) is refused at
+    submission, naming the field that drives the estimate; one that fits is accepted. The
+    sizes are chosen from this machine's node: the test holds on any."""
+    largest = max(n["Resources"].get("memory", 0) for n in ray.nodes() if n["Alive"])
+    trainer = REGISTRY["collapse"]
+    dim = 64
+    while trainer.estimate(trainer.Config(n_samples=10**6, dim=dim)).memory_bytes <= 1.5 * largest:
+        dim *= 2
+    need = trainer.estimate(trainer.Config(n_samples=10**6, dim=dim)).memory_bytes
+    service = start_service(max_run_memory_gb=2 * need / 1e9)
+    before = counts(service)
+    spec = collapse("too big", grid={"dim": [8, dim]}, resources={"seeds_per_task": 1})
+    spec["config"] = {**FAST, "n_samples": 10**6}
+    response = service.client.post("/experiments", json=spec)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "grid", "dim"], error
+    assert f"about {need / 1e9:,.1f} GB" in error["msg"], error
+    assert f"{largest / 1e9:,.1f} GB on Ray node" in error["msg"], error
+    assert error["msg"].endswith(f"(conditions: dim={dim})"), error
+    assert counts(service) == before
+    spec["config"] = FAST  # what fits: accepted, and run
+    created = service.client.post("/experiments", json=spec)
+    assert created.status_code == 201, created.text
+    assert service.wait(created.json()["id"])["status"] == "completed"
 
 
 def test_add_seeds_refuses_a_number_in_a_string(backend_service: Service) -> None:

@@ -14,6 +14,7 @@ from service.scheduling.preflight import (
     ClusterPreflight,
     Node,
     distinct_checks,
+    memory_errors,
     no_gpu_errors,
     pick_node,
     report_errors,
@@ -117,3 +118,54 @@ def test_a_missing_dataset_names_the_operators_root_not_its_path(
         "(missing cifar-10-batches-py/data_batch_1, "
     )
     assert all(str(tmp_path) not in m and "checked on Ray node 10.0.0.1" in m for m in messages)
+
+
+def test_a_cpu_task_larger_than_the_largest_nodes_memory_is_refused_naming_its_field() -> None:
+    """The trainer's own estimate (called here as the reference) against the largest alive
+    node's memory for tasks: only the conditions over it are named, under the grid axis that
+    drives the estimate; a seed-batched task counts its seeds; a GPU task is not compared
+    (its memory is the device's, which Ray does not report)."""
+    spec = ExperimentSpec.model_validate(
+        {
+            "name": "m",
+            "trainer": "collapse",
+            "seeds": 2,
+            "config": {"n_samples": 10**6},
+            "grid": {"dim": [64, 512]},
+            "resources": {"seeds_per_task": 1},  # collapse batches 8 by default
+        }
+    )
+    trainer, conditions = validate_spec(
+        spec, settings=Settings(database_url="sqlite://", max_run_memory_gb=1000)
+    )
+    need = {
+        c["dim"]: trainer.estimate(trainer.Config(n_samples=10**6, dim=c["dim"])).memory_bytes
+        for c in conditions
+    }
+    assert need[64] < 16.8e9 < need[512]  # 5.8 GB and 45.2 GB
+    nodes = [
+        Node("a", "10.0.0.1", "small", cpus=8, gpus=0, memory=8e9),
+        Node("b", "10.0.0.2", "large", cpus=2, gpus=0, memory=16.8e9),
+    ]
+    (error,) = memory_errors(trainer, spec, conditions, nodes)
+    assert error["loc"] == ["body", "grid", "dim"], error
+    assert error["msg"] == (
+        f"one run needs about {need[512] / 1e9:,.1f} GB (estimated from n_samples, n_classes, "
+        "dim, loss), more than the largest node of the Ray cluster gives its tasks: 16.8 GB on "
+        "Ray node 10.0.0.2 (large) (conditions: dim=512)"
+    )
+    roomy = [Node("c", "10.0.0.3", "roomy", cpus=2, gpus=0, memory=64e9)]
+    assert memory_errors(trainer, spec, conditions, roomy) == []
+    assert memory_errors(trainer, spec, conditions, []) == []  # nothing known: not refused
+
+    batched = spec.model_copy(
+        update={"resources": spec.resources.model_copy(update={"seeds_per_task": 3})}
+    )
+    (error,) = memory_errors(trainer, batched, conditions, roomy)
+    assert error["msg"].startswith(
+        f"one task of 3 seeds (resources.seeds_per_task) needs about {3 * need[512] / 1e9:,.1f} GB"
+    ), error
+    on_gpu = spec.model_copy(
+        update={"resources": spec.resources.model_copy(update={"num_gpus": 1.0})}
+    )
+    assert memory_errors(trainer, on_gpu, conditions, nodes) == []
