@@ -4,8 +4,9 @@ no GPU) become one 422 naming the config field.
 
 What is knowable from the cluster's resources is answered here: `cuda` on a cluster with no GPU
 at all, and a CPU task whose memory estimate (the trainer's, from the config) is more than the
-largest alive node gives its tasks. The rest is the trainer's own `preflight` (trainers.runtime.TrainerBase: the data
-layer's file checks, the device check), run where the runs will go: one Ray task
+largest alive node gives its tasks. The rest is the trainer's own `preflight`
+(trainers.runtime.TrainerBase: the data layer's file checks, the device check), run where the
+runs will go: one Ray task
 (workers.preflight) that asks for no CPU, so that it never waits behind busy workers, placed on
 a node that has the CPUs and GPUs the runs ask for. The grid's conditions are checked once per
 distinct `preflight_inputs` (a grid over learning rates is one check), and a spec whose configs

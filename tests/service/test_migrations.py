@@ -699,8 +699,7 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     # (none failed), 0011's tags and note, 0012's search text (name, no note, trainer), 0013's
     # catalogue (none recorded before it)
     assert [(*row[:-4], _json(row[-4]), *row[-3:]) for row in after["experiment"]] == [
-        (*row, False, None, [], None, f"{row[1]}\n\n{row[2]}", None)
-        for row in before["experiment"]
+        (*row, False, None, [], None, f"{row[1]}\n\n{row[2]}", None) for row in before["experiment"]
     ]
     for table in ("run", "runattempt"):
         assert after[table] == [(*row, None) for row in before[table]]
