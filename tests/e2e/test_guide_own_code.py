@@ -40,21 +40,26 @@ def test_the_guide_shows_the_example_trainer_whole() -> None:
     assert code == EXAMPLE.read_text(encoding="utf-8")
 
 
-@pytest.mark.timeout(400)
-def test_the_guide_command_runs_the_function_trainers_grid(tmp_path: Path) -> None:
-    (commands,) = blocks(section("Your own training code"), "bash")
-    (command,) = commands.strip().splitlines()
-    program, *args = shlex.split(command)
-    assert program == "seedgrid", command
+def guide_env(database: Path) -> dict[str, str]:
+    """The environment the guide's command runs in here: this test's database and port."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"
     }
     env.update(
-        SEEDGRID_DATABASE_URL=f"sqlite:///{tmp_path / 'seedgrid.db'}",
+        SEEDGRID_DATABASE_URL=f"sqlite:///{database}",
         SEEDGRID_RAY_NUM_CPUS="2",
         SEEDGRID_PORT=str(free_port()),
         COLUMNS="160",
     )
+    return env
+
+
+def run_guide_command(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The guide's one command (`seedgrid run ... --trainers FILE`), run to its end."""
+    (commands,) = blocks(section("Your own training code"), "bash")
+    (command,) = commands.strip().splitlines()
+    program, *args = shlex.split(command)
+    assert program == "seedgrid", command
     done = subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
         cwd=ROOT,
@@ -64,6 +69,12 @@ def test_the_guide_command_runs_the_function_trainers_grid(tmp_path: Path) -> No
         timeout=360,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.timeout(400)
+def test_the_guide_command_runs_the_function_trainers_grid(tmp_path: Path) -> None:
+    done = run_guide_command(guide_env(tmp_path / "seedgrid.db"))
     assert "2 conditions x seeds = 12 runs" in done.stdout, done.stdout
     rows = [line for line in done.stdout.splitlines() if re.search(r"init_scale=(0\.5|2\.0)", line)]
     assert len(rows) >= 2, done.stdout
@@ -83,29 +94,10 @@ def test_experiments_of_own_code_stay_readable_by_a_service_without_that_code(
     KeyError on the trainer's name, on 674b730). An experiment stored before its catalogue
     was recorded reads too, from its runs' metrics. Submitting or adding seeds, which need the
     code, is a clear 422/409 naming the trainer and `--trainers`."""
-    (commands,) = blocks(section("Your own training code"), "bash")
-    (command,) = commands.strip().splitlines()
-    program, *args = shlex.split(command)
     database = tmp_path / "seedgrid.db"
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("SEEDGRID_") and k != "RAY_ADDRESS"
-    }
-    env.update(
-        SEEDGRID_DATABASE_URL=f"sqlite:///{database}",
-        SEEDGRID_RAY_NUM_CPUS="2",
-        SEEDGRID_PORT=str(free_port()),
-        COLUMNS="160",
-    )
+    env = guide_env(database)
     for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, "-m", "service.cli", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=360,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        run_guide_command(env)
     # the first experiment as one stored before migration 0013 recorded catalogues
     with closing(sqlite3.connect(database)) as db, db:
         db.execute("UPDATE experiment SET catalogue = NULL WHERE id = 1")
