@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from trainers import get_trainer
+from workers.interrupts import accept_cancels
 from workers.messages import PreflightReport
 
 
@@ -31,4 +32,5 @@ def check_configs(trainer_name: str, configs: Sequence[dict[str, Any]]) -> Prefl
 
 @ray.remote(num_cpus=0, max_retries=0)
 def preflight_task(trainer_name: str, configs: Sequence[dict[str, Any]]) -> PreflightReport:
+    accept_cancels()
     return check_configs(trainer_name, configs)

@@ -49,6 +49,7 @@ from api_schemas.tracebacks import format_traceback
 from trainers import get_trainer
 from trainers.base import RunResult
 from trainers.runtime import warm_up
+from workers.interrupts import accept_cancels
 from workers.messages import MetricBatch, Point, Result, Started, WorkerMessage
 from workers.system_metrics import SystemSampler
 
@@ -471,8 +472,7 @@ def end_worker(trainer_name: str, seeds: Sequence[int]) -> None:
     os._exit(1)
 
 
-@ray.remote(max_retries=0)
-def run_task(
+def task_messages(
     trainer_name: str,
     config: dict[str, Any],
     seeds: Sequence[int],
@@ -481,8 +481,10 @@ def run_task(
     stop_on_checks: Sequence[str] = (),
     system_metrics_interval_s: float | None = None,
 ) -> Iterator[WorkerMessage]:
-    """Ray streaming generator running one condition's seeds (one, or a seed-batched task of
-    several); the dispatcher does retries."""
+    """The body of `run_task`, the Ray streaming generator running one condition's seeds (one,
+    or a seed-batched task of several); the dispatcher does retries. Ray's cancel lands in it
+    whatever SIGINT disposition the worker inherited (workers.interrupts)."""
+    accept_cancels()
     yield from execute_seeds(
         trainer_name,
         config,
@@ -492,3 +494,6 @@ def run_task(
         stop_on_checks,
         system_metrics_interval_s,
     )
+
+
+run_task = ray.remote(max_retries=0)(task_messages)

@@ -98,6 +98,10 @@ def test_ctrl_c_leaves_the_experiment_running_and_says_how_to_re_attach(service:
         text=True,
         stdout=terminal,
         stderr=subprocess.PIPE,
+        # SIGINT at its default, as under a user's terminal: a test run started in the
+        # background by a non-interactive shell passes SIGINT ignored to its children, and the
+        # watcher (rightly) honours that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     os.close(terminal)
     drawn, watching = bytearray(), threading.Event()
