@@ -157,11 +157,15 @@ def test_a_changed_line_changes_the_source_hash(tmp_path: Path) -> None:
 # A fresh interpreter: the warm-up's import has not happened yet. Ray's cancel is
 # KeyboardInterrupt in the main thread; interrupt_main delivers the same. It is delivered from
 # inside the import, at the warm-up thread's Nth import statement (an audit hook), not after a
-# delay: on a loaded machine a 0.02 s timer fired after the whole import had finished.
+# delay: on a loaded machine a 0.02 s timer fired after the whole import had finished. The
+# process takes Python's SIGINT handler first, as a worker's task does (workers.interrupts): a
+# test run started in the background passes SIGINT ignored, and interrupt_main does nothing then.
 INTERRUPTED_WARM_UP = """
 import _thread, sys, threading
 import torch
 from trainers.runtime import warm_up
+from workers.interrupts import accept_cancels
+accept_cancels()
 at, seen = int(sys.argv[1]), 0
 def interrupt_inside_the_import(event, args):
     global seen
