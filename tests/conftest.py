@@ -25,6 +25,13 @@ from tests.fake_datasets import write_cifar
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY_TRAINER_MODULE = "tests.e2e.toy_trainer"
+# Ray runs its workers at niceness 15 (RAY_worker_niceness), so that a node's own processes stay
+# responsive; beside other CPU-bound work (a busy CI machine: two `yes` at niceness 0 on 2
+# cores) such a worker gets about 3% of a core, and a grid of 40 s takes half an hour. The
+# Rays of a test session (this process's, each `seedgrid serve` and `ray start` it starts:
+# they inherit this environment) run their workers at the niceness of everything else, unless
+# the environment says otherwise.
+os.environ.setdefault("RAY_worker_niceness", "0")
 # An admin connection to the local PostgreSQL (trust auth), used to create per-test databases.
 PG_ADMIN_DSN = os.environ.get("SEEDGRID_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
