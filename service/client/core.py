@@ -50,6 +50,7 @@ from service.client.http import (
     Unreachable,
     default_address,
     error_detail,
+    resend_on_new_connection,
     retry_after_s,
 )
 from service.client.imports import results_body
@@ -476,11 +477,14 @@ class Client:
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """The API's JSON answer as served (None for an empty one), after the retries a 503 or
         429 asks for; ApiError for an error answer, Unreachable when none comes."""
-        retry, waited_s = 0, 0.0
+        retry, waited_s, resent = 0, 0.0, False
         while True:
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.HTTPError as exc:
+                if not resent and resend_on_new_connection(method, exc):
+                    resent = True
+                    continue
                 raise Unreachable(self.url, exc) from exc
             if response.status_code < 400:
                 return response.json() if response.content else None
@@ -492,15 +496,19 @@ class Client:
     def stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
         """A response whose body is read as it comes, after request()'s retries; an error
         answer raises ApiError, a connection lost before or while reading Unreachable."""
-        retry, waited_s = 0, 0.0
+        retry, waited_s, resent, answered = 0, 0.0, False, False
         while True:
             try:
                 with self._http.stream(method, path, **kwargs) as response:
+                    answered = True
                     if response.status_code < 400:
                         yield response
                         return
                     response.read()
             except httpx.HTTPError as exc:
+                if not answered and not resent and resend_on_new_connection(method, exc):
+                    resent = True
+                    continue
                 raise Unreachable(self.url, exc) from exc
             wait = self._retry_wait(method, path, response, retry, waited_s)
             time.sleep(wait)

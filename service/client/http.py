@@ -70,6 +70,21 @@ class Unreachable(ConnectionError):
         super().__init__(f"cannot reach the seedgrid API at {url}: {error}")
 
 
+# A request that only reads, sent on a kept-alive connection the server has just closed (its
+# idle timeout, uvicorn's 5 s, passed while the request was on its way: a watch polling every
+# few seconds on a busy machine), fails with the connection reset or closed before any answer.
+# It is sent once more, on a new connection. A request that writes is not: the server may have
+# acted on it before the connection dropped.
+RESENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+DROPPED_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+def resend_on_new_connection(method: str, error: httpx.HTTPError) -> bool:
+    """Whether a request that failed with `error` is sent again: a read-only one whose
+    connection was dropped before an answer came."""
+    return method.upper() in RESENT_METHODS and isinstance(error, DROPPED_CONNECTION_ERRORS)
+
+
 # Called before each retry with the answer retried (its `retries`: the retries made before
 # this one) and the seconds that will be waited.
 RetryHook = Callable[[ApiError, float], None]
