@@ -28,6 +28,13 @@ from service.cli.follow import exit_on_trouble, report, watch
 if TYPE_CHECKING:  # the client commands need no settings: SQLAlchemy's import is 0.2 s
     from service.settings import Settings
 
+# How long `serve --workers N`'s supervisor (uvicorn) waits for a worker process to answer its
+# health check before it kills it as hung and starts another. uvicorn's default, 5 s, is less
+# than a worker's start-up (a new interpreter importing the app) takes on a busy machine: on 2
+# cores beside other CPU-bound work the supervisor killed each worker it started, and the API
+# never answered.
+WORKER_HEALTHCHECK_TIMEOUT_S = 60
+
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
@@ -301,6 +308,7 @@ def serve(
                 "service.api.app:create_api_app",
                 factory=True,
                 workers=workers,
+                timeout_worker_healthcheck=WORKER_HEALTHCHECK_TIMEOUT_S,
                 host=settings.host,
                 port=settings.port,
                 log_level=settings.log_level,
