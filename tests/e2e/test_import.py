@@ -403,7 +403,12 @@ def seedgrid(service: Service, *args: str, cwd: Path = ROOT) -> subprocess.Compl
         text=True,
         timeout=120,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "SEEDGRID_URL": service.server.url},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "SEEDGRID_URL": service.server.url,
+            "COLUMNS": "160",  # the tables at one width, whatever the terminal (xdist sets 80)
+        },
     )
 
 
