@@ -44,6 +44,7 @@ fi
 .venv/bin/mypy
 # The tests run on SEEDGRID_TEST_WORKERS processes (pytest-xdist; 0: in this one), each with
 # its own local Ray, a test file's tests on one of them. Most tests wait (on Ray, on a
-# subprocess, on HTTP) more than they compute. Measured on 2 cores: quiet, one process 1,390 s
-# and 2 processes 990 s; beside 2 other CPU-bound processes, one 2,657 s and 3 processes 1,656 s.
-exec .venv/bin/python -m pytest -q -n "${SEEDGRID_TEST_WORKERS:-3}" --dist loadfile "$@"
+# subprocess, on HTTP) more than they compute. Measured on a quiet 2-core machine: one process
+# 1,390 s, 2 processes 990 s, 3 processes 1,217 s (and tests that start interpreters waited
+# longest there); beside 2 other CPU-bound processes, one took 2,657 s and 3 took 1,656 s.
+exec .venv/bin/python -m pytest -q -n "${SEEDGRID_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -128,7 +128,7 @@ def assert_each_run_completed_once(api: Service, experiment_id: int) -> None:
 # the split deployment, real processes
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after_kill_9(
     launch: Callable[..., SeedgridProcess], pg_databases: PostgresDatabases
 ) -> None:
@@ -143,7 +143,10 @@ def test_api_workers_and_two_dispatchers_one_acts_and_the_other_takes_over_after
     )
     first = launch("dispatcher-1", url, "dispatcher")
     second = launch("dispatcher-2", url, "dispatcher")
-    health = api_process.wait_healthy()
+    # each of the 2 API workers is a new interpreter importing the app (torch with the trainers'
+    # configs: about 4 s of CPU each, 10 s to healthy on a quiet 2-core machine): a wait for the
+    # event, with room for a machine busy with other tests
+    health = api_process.wait_healthy(timeout_s=150)
     assert health["dispatcher"] == "absent" and health["database"] == "ok"
     api_process.wait_for_log(re.compile(r"(Application startup complete[\s\S]*){2}"))
     workers = set(re.findall(r"Started server process \[(\d+)\]", api_process.log()))
