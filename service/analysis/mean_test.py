@@ -13,7 +13,8 @@ means are equal and the spreads differ (Janssen 1997; Chung and Romano 2013).
 The interval holds the shifts d that the test does not reject: under H(d) a's runs and b's runs
 plus d are exchangeable, and every statistic of a re-assignment is a closed form in d of four
 matrix products (sums and sums of squares of each side), so p(d) costs one pass over the
-re-assignments. Its ends are found by bisection from the estimate outwards.
+re-assignments. Its ends are found from the estimate outwards by a safeguarded secant search on
+the rank of the observed t among the re-assignments' (`_end`).
 
 Re-assignments: all of them when there are at most resampling.MAX_ENUMERATED, else
 resampling.N_RESAMPLES drawn from resampling.RESAMPLING_SEED, a block of rows at a time.
@@ -21,8 +22,9 @@ resampling.N_RESAMPLES drawn from resampling.RESAMPLING_SEED, a block of rows at
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,9 +32,10 @@ from scipy import special
 
 from service.analysis import resampling
 
-# Each end of the interval to this fraction of Welch's half-width (a bisection of about 14
-# steps: the interval costs about 30 passes over the re-assignments; the drawn re-assignments'
-# own Monte Carlo error in the ends is far larger).
+# Each end of the interval to this fraction of Welch's half-width (the drawn re-assignments' own
+# Monte Carlo error in the ends is far larger). Bisection took about 15 passes over the
+# re-assignments an end; the secant search of `_end` about 6 (mean_test 2.5-4x faster, the ends
+# the same to this tolerance: 300 random layouts, up to 2 tolerances apart).
 BISECTION_TOLERANCE = 1e-4
 # Rows of drawn re-assignments made at once (a few MB for a large experiment's layout).
 ROWS_PER_BLOCK = 2048
@@ -124,14 +127,17 @@ def mean_test(
     sum_b, sum2_b = float(b_all.sum()), float((b_all * b_all).sum())
     sum_a, sum2_a = float(a_all.sum()), float((a_all * a_all).sum())
 
-    def p_at(shift: float) -> float:
-        # H(shift): a's runs and b's runs + shift exchangeable
+    def statistics_at(shift: float) -> tuple[np.ndarray, float]:
+        # H(shift): a's runs and b's runs + shift exchangeable; Welch's t of every
+        # re-assignment, and the observed one
         total = sum_a + sum_b + n_b * shift
         total2 = sum2_a + sum2_b + 2 * shift * sum_b + n_b * shift * shift
         observed = float(_welch_t(sum_a, sum2_a, total, total2, n_a, n_b))
         on_a = made.sum_x + shift * made.count_b
         on_a2 = made.sum_x2 + 2 * shift * made.sum_xb + shift * shift * made.count_b
-        t = _welch_t(on_a, on_a2, total, total2, n_a, n_b)
+        return _welch_t(on_a, on_a2, total, total2, n_a, n_b), observed
+
+    def p_of(t: np.ndarray, observed: float) -> float:
         if not math.isfinite(observed):
             return 1.0
         tolerance = 1e-9 * max(1.0, abs(observed))
@@ -148,22 +154,74 @@ def mean_test(
     # Welch's half-width from Student's t: where the ends usually are (a bracket, not an answer)
     dof = max(1, min(n_a, n_b) - 1)
     half_width = max(float(special.stdtrit(dof, 1 - alpha / 2)) * spread, 1e-300)
+    # The rejection rule as an order statistic: beyond the upper end the observed t is low, and
+    # p <= alpha holds when fewer than rank + 1 re-assignments reach it; `margin` is how far the
+    # (rank + 1)-th lowest lies above it (the lower end: the same, t negated), a continuous
+    # function of the shift whose root is the end.
+    rank = max(0, math.floor(alpha * total_rows / 2 - 1 + 1e-9))
+
+    def probe(direction: float, offset: float) -> tuple[bool, float]:
+        t, observed = statistics_at(estimate + direction * offset)
+        rejected = p_of(t, observed) <= alpha
+        values = direction * t
+        values = values[np.isfinite(values)]
+        if not math.isfinite(observed) or rank >= len(values):
+            return rejected, math.nan
+        margin = float(np.partition(values, rank)[rank]) - direction * observed
+        return rejected, margin
+
     for direction in (-1.0, 1.0) if with_interval and not ends else ():
-        inside, outside = 0.0, 1.5 * half_width
-        # widen until a shift is rejected (past every re-assignment's range none is accepted)
-        for _ in range(64):
-            if p_at(estimate + direction * outside) <= alpha:
-                break
-            inside, outside = outside, 2 * outside
-        else:
-            ends.append(direction * math.inf)
-            continue
-        while outside - inside > BISECTION_TOLERANCE * half_width:
-            middle = 0.5 * (inside + outside)
-            if p_at(estimate + direction * middle) <= alpha:
-                outside = middle
-            else:
-                inside = middle
-        ends.append(estimate + direction * outside)
+        end = _end(functools.partial(probe, direction), half_width)
+        ends.append(estimate + direction * end)
     interval = (ends[0], ends[1]) if with_interval else (math.nan, math.nan)
-    return MeanTest(p=p_at(0.0), interval=interval, resamples=total_rows, exact=made.exact)
+    return MeanTest(
+        p=p_of(*statistics_at(0.0)), interval=interval, resamples=total_rows, exact=made.exact
+    )
+
+
+def _end(probe: Callable[[float], tuple[bool, float]], half_width: float) -> float:
+    """The offset from the estimate, to BISECTION_TOLERANCE of `half_width`, where the test
+    starts to reject: an offset it rejects with one it does not within the tolerance below it
+    (inf when none is rejected). `probe(offset)` answers (rejected, margin), margin the
+    continuous function that changes sign near the end.
+
+    The bracket [inside, outside] always holds an accepted and a rejected offset. Each probe
+    goes where the secant through the last two probes crosses zero, at least one tolerance from
+    the last probe (so that two probes near the end close the bracket), or to the bracket's
+    middle when the secant leaves it or four probes have not halved it: about 7 probes where
+    bisection takes 15, and never much more than bisection."""
+    tolerance = BISECTION_TOLERANCE * half_width
+    inside, outside = 0.0, 1.5 * half_width
+    history: list[tuple[float, float]] = []
+    # widen until an offset is rejected (past every re-assignment's range none is accepted)
+    for _ in range(64):
+        rejected, margin = probe(outside)
+        history.append((outside, margin))
+        if rejected:
+            break
+        inside, outside = outside, 2 * outside
+    else:
+        return math.inf
+    if len(history) == 1:
+        history.insert(0, (inside, probe(inside)[1]))
+    width, since_halved = outside - inside, 0
+    while outside - inside > tolerance:
+        (x0, m0), (x1, m1) = history[-2], history[-1]
+        middle = 0.5 * (inside + outside)
+        guess = middle
+        if since_halved < 4 and math.isfinite(m0) and math.isfinite(m1) and m0 != m1:
+            guess = x1 - m1 * (x1 - x0) / (m1 - m0)
+            if abs(guess - x1) < tolerance:  # one tolerance across, towards the open side
+                guess = x1 - tolerance if x1 == outside else x1 + tolerance
+            if not inside < guess < outside:
+                guess = middle
+        rejected, margin = probe(guess)
+        history.append((guess, margin))
+        if rejected:
+            outside = guess
+        else:
+            inside = guess
+        since_halved += 1
+        if outside - inside <= 0.5 * width:
+            width, since_halved = outside - inside, 0
+    return outside

@@ -5,11 +5,13 @@ interval when seeds pair."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
 
-from service.analysis.mean_test import mean_test
+from service.analysis.mean_test import BISECTION_TOLERANCE, _end, mean_test
 from service.analysis.stats import compare
 from tests.scipy_reference import reference_mean_p
 
@@ -70,6 +72,37 @@ def test_the_interval_holds_the_shifts_the_test_does_not_reject() -> None:
         inside = mean_test([(a, b + end - step * inside_by)], with_interval=False)
         assert outside is not None and inside is not None
         assert outside.p <= 0.05 < inside.p, (end, outside.p, inside.p)
+
+
+@pytest.mark.parametrize("shape", ["smooth", "kinked", "no margin"])
+def test_the_end_search_brackets_the_end_within_its_tolerance(shape: str) -> None:
+    """_end against a known end: a curved margin (the usual case: a few probes), one with
+    plateaus and a jump (the secant misled), and none at all (bisection alone)."""
+    half_width, root = 2.0, 1.234567
+    tolerance = BISECTION_TOLERANCE * half_width
+    probes: list[float] = []
+
+    def probe(offset: float) -> tuple[bool, float]:
+        probes.append(offset)
+        if shape == "smooth":
+            margin = (offset - root) * (1 + 0.4 * offset)
+        elif shape == "kinked":
+            margin = np.floor((offset - root) * 40) / 40 + (5.0 if offset > 2 * root else 0.0)
+        else:
+            margin = math.nan
+        return offset >= root, margin
+
+    end = _end(probe, half_width)
+    assert root <= end <= root + tolerance
+    assert any(root - tolerance <= x < root for x in probes)  # the accepted side of the bracket
+    if shape == "smooth":
+        assert len(probes) <= 8, probes
+    else:  # never far beyond bisection's count: log2(1.5 * half_width / tolerance) + 2
+        assert len(probes) <= 4 * (math.log2(1.5 / BISECTION_TOLERANCE) + 2), len(probes)
+
+
+def test_an_end_that_nothing_rejects_is_infinite() -> None:
+    assert _end(lambda offset: (False, -1.0), 1.0) == math.inf
 
 
 def test_a_paired_mean_diff_is_the_estimate_its_interval_is_centred_on() -> None:
