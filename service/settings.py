@@ -85,7 +85,8 @@ class Settings(BaseSettings):
     # How often a worker samples its process's CPU, memory and GPU into its runs' points
     # (sys/... series, docs/system-metrics.md); 0 turns the sampling off.
     system_metrics_interval_s: float = Field(5.0, ge=0, le=3600)
-    # How often the dispatcher looks for queued runs and cancellations when idle.
+    # How often the dispatcher looks for queued runs and cancellations while runs are in
+    # flight; idle, it doubles its wait up to service.scheduling.dispatcher.IDLE_POLL_MAX_S.
     dispatch_poll_interval_s: float = Field(0.05, gt=0, le=10)
     # Fail a run at once when no alive node of the cluster has the CPUs and GPUs it asks for
     # (Ray would keep it pending for ever). Turn off on an autoscaling cluster, where such a

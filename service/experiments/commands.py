@@ -25,6 +25,7 @@ from service.errors import (
     body_error,
 )
 from service.experiments.validation import validate_spec
+from service.scheduling import wakeups
 from service.scheduling.admission import count_queue, recount_queue
 from service.scheduling.run_store import RunStore, experiment_counts
 from service.settings import Settings
@@ -86,6 +87,7 @@ def create_experiment(
     store.create_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
     recount_queue(session, store, queued, n_runs, settings)
     session.commit()
+    wakeups.work_changed()
     session.refresh(experiment)
     return experiment
 
@@ -209,6 +211,7 @@ def add_seeds(
     store.add_runs(experiment, seed_runs(conditions, seeds), run_defaults(spec))
     recount_queue(session, store, queued, adding, settings)
     store.commit()
+    wakeups.work_changed()
     session.refresh(experiment)
     return SeedsAdded(
         experiment_id=experiment_id, seeds=seeds, runs_added=adding, n_runs=experiment.n_runs
@@ -240,6 +243,7 @@ def cancel_experiment(*, session: Session, experiment_id: int) -> Experiment:
         raise Conflict(f"experiment {experiment_id} has already ended ({experiment.status})")
     store.cancel_experiment(experiment)
     store.commit()
+    wakeups.work_changed()
     session.refresh(experiment)
     return experiment
 

@@ -27,6 +27,8 @@ class DispatcherBase:
     in_flight: dict[int, InFlight]
     max_in_flight: int
     _stop: threading.Event
+    _wake: threading.Event  # set by stop() and by service.scheduling.wakeups
+    idle_waits_woken: int
     _last_cancel_check: float
     _nodes: list[tuple[float, float]]
     _nodes_checked_at: float

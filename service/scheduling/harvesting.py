@@ -52,7 +52,9 @@ class Harvesting(DispatcherBase):
         harvest = Harvest()
         if not self.in_flight:
             if timeout_s:
-                self._stop.wait(timeout_s)
+                if self._wake.wait(timeout_s):
+                    self.idle_waits_woken += 1
+                self._wake.clear()
             return harvest
         tasks = tasks_of(self.in_flight.values())
         by_generator = {id(task.generator): task for task in tasks}
