@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
-from scipy import stats as scipy_stats
 from torch import nn
 
 from trainers.base import ResourceEstimate, TrainerConfig
@@ -298,6 +297,9 @@ def latent_class_output(
     finite = [
         (n, w) for n, w in zip(class_norms, config.class_weights, strict=True) if math.isfinite(n)
     ]
+    # scipy.stats on first use: importing it costs a Ray worker about 1 s of CPU at start
+    from scipy import stats as scipy_stats
+
     rho = scipy_stats.spearmanr([w for _, w in finite], [n for n, _ in finite]).statistic
     by_frequency = [n for _, n in sorted(zip(counts, class_norms, strict=True))]
     ordered = all(a < b for a, b in zip(by_frequency, by_frequency[1:], strict=False))

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy import stats as scipy_stats
 
 from trainers.data import ImageSplits, Split
 from trainers.ssl.config import SSLConfig
@@ -184,6 +183,9 @@ def final_evaluation(
         metrics["norm_heldout_ratio"] = metrics["norm_heldout_mean"] / metrics["norm_test_mean"]
     by_norm = knn_accuracy_by_norm(train_z.double().cpu().numpy(), train_y.cpu().numpy())
     if len(by_norm) >= 3:
+        # scipy.stats on first use: importing it costs a Ray worker about 1 s of CPU at start
+        from scipy import stats as scipy_stats
+
         rho = scipy_stats.spearmanr(
             [b["bin_low"] for b in by_norm], [b["accuracy"] for b in by_norm]
         ).statistic
