@@ -46,5 +46,7 @@ fi
 # its own local Ray, a test file's tests on one of them. Most tests wait (on Ray, on a
 # subprocess, on HTTP) more than they compute. Measured on a quiet 2-core machine: one process
 # 1,390 s, 2 processes 990 s, 3 processes 1,217 s (and tests that start interpreters waited
-# longest there); beside 2 other CPU-bound processes, one took 2,657 s and 3 took 1,656 s.
+# longest there); beside 2 other CPU-bound processes, one took 2,657 s and 3 took 1,656 s; 2
+# took 1,814 s on a fresh clone of a436ae8, and 1,723 s of cb3ff4b (an idle dispatcher backs
+# off, a faster mean-test interval).
 exec .venv/bin/python -m pytest -q -n "${SEEDGRID_TEST_WORKERS:-2}" --dist loadfile "$@"
