@@ -34,7 +34,7 @@ from service.analysis import resampling
 
 # Each end of the interval to this fraction of Welch's half-width (the drawn re-assignments' own
 # Monte Carlo error in the ends is far larger). Bisection took about 15 passes over the
-# re-assignments an end; the secant search of `_end` about 6 (mean_test 2.5-4x faster, the ends
+# re-assignments an end; the secant search of `_end` about 7 (mean_test 2.5-4x faster, the ends
 # the same to this tolerance: 300 random layouts, up to 2 tolerances apart).
 BISECTION_TOLERANCE = 1e-4
 # Rows of drawn re-assignments made at once (a few MB for a large experiment's layout).
@@ -189,7 +189,7 @@ def _end(probe: Callable[[float], tuple[bool, float]], half_width: float) -> flo
     goes where the secant through the last two probes crosses zero, at least one tolerance from
     the last probe (so that two probes near the end close the bracket), or to the bracket's
     middle when the secant leaves it or four probes have not halved it: about 7 probes where
-    bisection takes 15, and never much more than bisection."""
+    bisection takes 15, and at worst four probes per halving."""
     tolerance = BISECTION_TOLERANCE * half_width
     inside, outside = 0.0, 1.5 * half_width
     history: list[tuple[float, float]] = []
