@@ -77,9 +77,9 @@ class Scope:
         parts = [getattr(s, which) for s in self.strata]
         return np.concatenate(parts) if parts else np.empty(0)
 
-    def digest(self, target_ratio: float) -> bytes:
+    def digest(self, target_ratio: float, mean_test: bool = True) -> bytes:
         h = hashlib.blake2b(digest_size=20)
-        h.update(repr((self.pooled, target_ratio, len(self.strata))).encode())
+        h.update(repr((self.pooled, target_ratio, mean_test, len(self.strata))).encode())
         for s in self.strata:
             for values, seeds in ((s.a, s.a_seeds), (s.b, s.b_seeds)):
                 h.update(np.asarray(values, dtype=np.float64).tobytes())
@@ -99,10 +99,14 @@ def _interval(values: Sequence[float | None]) -> list[float | None]:
     return [finite(v) for v in values]
 
 
-def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[str, Any]]:
+def analyse(
+    scopes: Sequence[Scope], *, target_ratio: float = 2.0, mean_test: bool = True
+) -> list[dict[str, Any]]:
     """The fields of api_schemas.Comparison (but factor, levels and Holm) for each scope; the
-    primary tests of all scopes not cached run as one batch."""
-    keys = [scope.digest(target_ratio) for scope in scopes]
+    primary tests of all scopes not cached run as one batch. mean_test=False leaves out the
+    unpaired permutation mean test (mean_p, mean_diff_ci95 and mean_test stay unset), most of
+    an unpaired comparison's cost: a simulation of the variance tests has no use for it."""
+    keys = [scope.digest(target_ratio, mean_test) for scope in scopes]
     out: list[dict[str, Any] | None] = []
     for key in keys:
         cached = _results.get(key)
@@ -117,7 +121,9 @@ def analyse(scopes: Sequence[Scope], *, target_ratio: float = 2.0) -> list[dict[
         zip(tested, resampling.randomisation_tests([ready[i] for i in tested]), strict=True)
     )
     for i in todo:
-        out[i] = _fields(scopes[i], usable[i], pairings[i], preps[i], results.get(i), target_ratio)
+        out[i] = _fields(
+            scopes[i], usable[i], pairings[i], preps[i], results.get(i), target_ratio, mean_test
+        )
     for i in todo:
         _results.put(keys[i], dict(out[i]))  # type: ignore[arg-type]
     return [r for r in out if r is not None]
@@ -130,6 +136,7 @@ def _fields(
     prep: Prepared | None,
     result: resampling.TestResult | None,
     target_ratio: float,
+    mean_test: bool = True,
 ) -> dict[str, Any]:
     a_all, b_all = scope.side("a"), scope.side("b")
     out: dict[str, Any] = {
@@ -190,7 +197,8 @@ def _fields(
         _paired_t(out, ordered, same_seeds=len(seed_sets) == 1)
     else:
         out.update(pairing="unpaired", pairing_note=note)
-        _permutation_mean_test(out, scope)
+        if mean_test:
+            _permutation_mean_test(out, scope)
     out.pop("welch_ci95", None)
     # Planning answers for uncorrelated seeds (correlation only adds power to a paired test),
     # so that an experiment's comparisons share a few cached simulations.

@@ -34,6 +34,33 @@ def test_an_unpaired_comparison_matches_scipy() -> None:
     assert_matches(got, reference_comparison(a, b))
 
 
+def test_without_the_mean_test_the_variance_fields_are_the_same_and_the_mean_test_is_unset() -> (
+    None
+):
+    """analyse(mean_test=False), what the size simulations of the variance tests call: every
+    field but the permutation mean test's (and its warning) is what /stats answers, and the
+    two are cached apart."""
+    rng = np.random.default_rng(7)
+    scopes = [
+        variance.Scope((resampling.Stratum(rng.lognormal(size=n), rng.normal(size=n)),), False)
+        for n in (3, 6, 10)
+    ]
+    variance._results.clear()
+    full = variance.analyse(scopes)
+    lean = variance.analyse(scopes, mean_test=False)
+    mean_fields = {"mean_test", "mean_p", "mean_diff_ci95", "mean_p_null_reason"}
+    for with_mean, without in zip(full, lean, strict=True):
+        assert with_mean["mean_test"] == MEAN_TEST and with_mean["mean_diff_ci95"] is not None
+        assert mean_fields.isdisjoint(without)
+        assert {k: v for k, v in with_mean.items() if k not in mean_fields | {"warnings"}} == {
+            k: v for k, v in without.items() if k != "warnings"
+        }
+        assert [w for w in with_mean["warnings"] if not w.startswith("mean_")] == without[
+            "warnings"
+        ]
+    assert variance.analyse(scopes) == full  # the cached full answers, not the lean ones
+
+
 def test_up_to_2_16_re_assignments_are_enumerated_so_no_resampling_seed_decides() -> None:
     """16 shared seeds: all 65,536 sign flips, as scipy's exact permutation_test counts them
     (9,999 drawn flips answered 0.0542 where the exact p was 0.0499); 17: drawn."""
