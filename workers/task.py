@@ -19,7 +19,8 @@ the reporters then answer should_stop() = True, the trainer
 returns at its next check (the loop contract of trainers.runtime: within about a second), and
 the interrupt propagates so that Ray reports the task cancelled: a cancel ends every seed, and
 a seed-batched task running its seeds one after another starts no further one. A trainer that
-has not returned CANCEL_GRACE_S after the cancel ends its worker process with it.
+has not returned CANCEL_GRACE_S after the cancel (in its own time: workers.grace) ends its
+worker process with it.
 
 With a sampling interval, the same consuming thread records the process's system metrics
 (workers.system_metrics) into the points of the seeds training: at each seed's start and end
@@ -49,6 +50,7 @@ from api_schemas.tracebacks import format_traceback
 from trainers import get_trainer
 from trainers.base import RunResult
 from trainers.runtime import warm_up
+from workers.grace import GraceClock
 from workers.interrupts import accept_cancels
 from workers.messages import MetricBatch, Point, Result, Started, WorkerMessage
 from workers.system_metrics import SystemSampler
@@ -57,6 +59,8 @@ from workers.system_metrics import SystemSampler
 # itself (a Python thread cannot be stopped), so that no trainer outlives its cancel in a
 # worker Ray would hand new tasks to.
 CANCEL_GRACE_S = 10.0
+# How often the wait re-reads the grace's clock.
+GRACE_POLL_S = 0.25
 
 
 class StreamingReporter:
@@ -424,14 +428,16 @@ class SeedTask:
                 yield self._result(error, index, time.perf_counter() - self.began_at)
 
     def _cancel(self) -> None:
-        """Stops the trainer: waits up to CANCEL_GRACE_S for its thread, then ends the worker.
+        """Stops the trainer: waits up to CANCEL_GRACE_S of the trainer's own time for its
+        thread (workers.grace: time its threads waited for a CPU does not count), then ends
+        the worker.
         A second cancel (another KeyboardInterrupt) while it waits does not cut the wait short:
         it once left a trainer that had not yet reached its next check running on."""
         self.stop.set()
-        deadline = time.monotonic() + CANCEL_GRACE_S
-        while not self.trainer_done.is_set() and (left := deadline - time.monotonic()) > 0:
+        clock = GraceClock(CANCEL_GRACE_S)  # the trainer's own time: not its waits for a CPU
+        while not self.trainer_done.is_set() and (left := clock.left()) > 0:
             try:
-                self.trainer_done.wait(left)
+                self.trainer_done.wait(min(left, GRACE_POLL_S))
             except KeyboardInterrupt:  # the cancel under way already answers it
                 continue
         if not self.trainer_done.is_set():
