@@ -297,6 +297,9 @@ def test_serve_killed_again_and_again_runs_every_run_exactly_once(
         spawned = time.monotonic()
         process.wait_for_log(ACTIVE, timeout_s=90)
         startup_s = time.monotonic() - spawned
+        # the dispatcher can be active before the API listens (a CI run beside two CPU-bound
+        # processes posted in between and was refused)
+        process.wait_healthy(timeout_s=90)
         response = httpx.post(
             f"{process.url}/experiments",
             timeout=30,
