@@ -77,7 +77,7 @@ class Scope:
         parts = [getattr(s, which) for s in self.strata]
         return np.concatenate(parts) if parts else np.empty(0)
 
-    def digest(self, target_ratio: float, mean_test: bool = True) -> bytes:
+    def digest(self, target_ratio: float, mean_test: bool) -> bytes:
         h = hashlib.blake2b(digest_size=20)
         h.update(repr((self.pooled, target_ratio, mean_test, len(self.strata))).encode())
         for s in self.strata:
@@ -136,7 +136,7 @@ def _fields(
     prep: Prepared | None,
     result: resampling.TestResult | None,
     target_ratio: float,
-    mean_test: bool = True,
+    mean_test: bool,
 ) -> dict[str, Any]:
     a_all, b_all = scope.side("a"), scope.side("b")
     out: dict[str, Any] = {
