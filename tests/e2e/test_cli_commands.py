@@ -397,7 +397,11 @@ def test_tag_note_list_filters_and_params(service: Service) -> None:
         "MATTERS",
     )
     assert listed.returncode == 0, listed.stderr
-    (row,) = [line for line in listed.stdout.splitlines() if line.strip().startswith(experiment_id)]
+    # the id as the row's first cell (a created time folded onto its own line may start with
+    # the same digit: 12:48 under experiment 1)
+    (row,) = [
+        line for line in listed.stdout.splitlines() if re.match(rf"{experiment_id}\b", line.strip())
+    ]
     assert "r-sweep" in row and "sweep" in row.split("r-sweep")[1]
     assert "tags" in listed.stdout
     none = seedgrid(service, "list", "--tag", "sweep", "--tag", "gpu")
