@@ -4,8 +4,10 @@ real SQLite file, and (`start_backend_service`) the same on SQLite and on the lo
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -219,12 +221,23 @@ class Service:
 
 
 class PostgresDatabases:
-    """Fresh databases on the local PostgreSQL, one per name, all dropped by `drop_all`."""
+    """Fresh databases on the local PostgreSQL, one per name, all dropped by `drop_all`.
 
-    def __init__(self) -> None:
+    While it lives it holds the PostgreSQL server's test lock shared (a file lock, over every
+    test process of this machine: xdist's workers and a second test run), and `exclusive=True`
+    holds it alone: test_pg_restart restarts the server, which must not cut another test's
+    connections (with two xdist workers a test of the other worker's lost its dispatcher's
+    lock connection to 'the database system is shutting down')."""
+
+    def __init__(self, *, exclusive: bool = False) -> None:
         info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_DSN)
-        self.server = f"{info.get('user', 'postgres')}@{info['host']}:{info.get('port', 5432)}"
+        host, port = info["host"], info.get("port", 5432)
+        self.server = f"{info.get('user', 'postgres')}@{host}:{port}"
         self.created: dict[str, str] = {}
+        lock = Path(tempfile.gettempdir()) / f"seedgrid-tests-postgresql-{host}-{port}.lock"
+        self._server_lock = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        # blocks while another test holds it the other way (a restart lasts a few seconds)
+        fcntl.flock(self._server_lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
 
     def _admin(self) -> psycopg.Connection:
         try:
@@ -246,10 +259,13 @@ class PostgresDatabases:
         return f"postgresql+psycopg://{self.server}/{self.created[name]}"
 
     def drop_all(self) -> None:
-        if self.created:
-            with self._admin() as admin:
-                for database in self.created.values():
-                    admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        try:
+            if self.created:
+                with self._admin() as admin:
+                    for database in self.created.values():
+                        admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        finally:
+            os.close(self._server_lock)  # and with it the server's test lock
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,10 +53,23 @@ def _poll(client: httpx.Client, path: str) -> Any:
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(300)
+@pytest.fixture
+def pg_databases_alone() -> Iterator[PostgresDatabases]:
+    """The test's databases, with the server's test lock held alone: every other test that
+    uses the local PostgreSQL (another xdist worker's, another test run's) waits for the restart
+    to be over, and this test for them to end (tests/conftest.py's PostgresDatabases)."""
+    databases = PostgresDatabases(exclusive=True)
+    yield databases
+    databases.drop_all()
+
+
+# the wait for the server's test lock included: a module of the other worker can hold it shared
+# for a few minutes (test_schemathesis)
+@pytest.mark.timeout(600)
 def test_postgresql_restart_mid_experiment_loses_and_duplicates_nothing(
-    ray_cluster: None, pg_databases: PostgresDatabases
+    ray_cluster: None, pg_databases_alone: PostgresDatabases
 ) -> None:
+    pg_databases = pg_databases_alone
     url = pg_databases.url()
     settings = Settings(database_url=url, metrics_batch_interval_s=0.2)
     service = Service(BackgroundServer(settings).start(), None, url)

@@ -59,9 +59,22 @@ schema = schemathesis.openapi.from_dict(
 def live(
     request: pytest.FixtureRequest, ray_cluster: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Service]:
-    databases = PostgresDatabases()
+    # (the server's test lock held shared only by the PostgreSQL module, and given up however
+    # its setup ends: tests/conftest.py's PostgresDatabases)
+    databases = PostgresDatabases() if request.param == "postgresql" else None
+    try:
+        yield from _live_service(databases, tmp_path_factory)
+    finally:
+        if databases is not None:
+            databases.drop_all()
+
+
+def _live_service(
+    databases: PostgresDatabases | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """The service of `live` (on SQLite without `databases`), until the module ends."""
     db_path: Path | None = None
-    if request.param == "sqlite":
+    if databases is None:
         db_path = tmp_path_factory.mktemp("schemathesis") / "seedgrid.db"
         url = f"sqlite:///{db_path}"
     else:
@@ -89,7 +102,6 @@ def live(
     yield service
     service.client.close()
     service.server.stop()
-    databases.drop_all()
 
 
 def test_the_live_schema_is_the_one_tested(live: Service) -> None:
