@@ -87,6 +87,7 @@ __all__ = [
     "RunStatus",
     "RunValue",
     "SeedsAdded",
+    "ServingDispatcher",
     "SideBySide",
     "SOURCE_FACTOR",
     "SOURCE_LEVELS",
@@ -710,6 +711,9 @@ class ExperimentDetail(ExperimentSummary):
     # the queued experiments in the dispatcher's claim order (priority, then oldest run); null
     # when the experiment is not queued.
     queue_position: int | None = None
+    # Set while its queued runs wait because no dispatcher has loaded its trainer: says so and
+    # what to start (a dispatcher with --trainers FILE).
+    waiting_for: str | None = None
     # The metric names that have points (curves), read from one started run per condition
     # (a completed one where there is one), sorted; empty before any run logged a point.
     curve_metrics: list[str] = []
@@ -1102,10 +1106,18 @@ class RayState(StrEnum):
 
 
 class DispatcherState(StrEnum):
-    active = "active"  # holds the dispatch lock and dispatches
-    standby = "standby"  # waits for the lock another dispatcher holds
+    active = "active"  # holds the dispatch locks of some of its trainers and dispatches
+    standby = "standby"  # holds none: waits for the locks other dispatchers hold
     stopped = "stopped"
     absent = "absent"  # an API started with --no-dispatch
+
+
+class ServingDispatcher(ResponseModel):
+    """A dispatcher, in this process or another, and the trainers whose runs it dispatches."""
+
+    # host:pid:nonce, as its log and its runs' provenance name it
+    identity: str
+    trainers: list[str]
 
 
 class Health(ResponseModel):
@@ -1123,6 +1135,14 @@ class Health(ResponseModel):
     # degraded: no run is claimed or collected until a pass succeeds).
     dispatcher_step_errors: int = 0
     dispatcher_error: str | None = None
+    # Every dispatcher of this database, in any process, with the trainers it dispatches (a
+    # trainer's runs have at most one; those of the trainers this process has loaded or that
+    # have runs queued or in flight are listed).
+    dispatchers: list[ServingDispatcher] = []
+    # Queued runs per trainer that no dispatcher has loaded: they wait for one started with
+    # the trainer's code (--trainers FILE). Both lists are empty when the runs table cannot be
+    # read (the dispatcher's error then says why).
+    queued_without_dispatcher: dict[str, int] = {}
 
 
 class ErrorDetail(ResponseModel):

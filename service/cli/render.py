@@ -525,7 +525,11 @@ def print_source_decomposition(stats: dict[str, Any]) -> None:
 
 
 def queue_line(detail: dict[str, Any]) -> str | None:
-    """Where a queued experiment waits (GET /experiments/{id}'s queue_position), or None."""
+    """Why an experiment's queued runs wait for a dispatcher that has loaded its trainer (GET
+    /experiments/{id}'s waiting_for), or where a queued experiment waits (queue_position), or
+    None."""
+    if detail.get("waiting_for"):
+        return str(detail["waiting_for"])
     position = detail.get("queue_position")
     if position is None:
         return None

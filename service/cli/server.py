@@ -318,9 +318,11 @@ def serve(
 def dispatcher(trainers: TrainersOpt = None) -> None:
     """Run the dispatcher alone: the database queue -> Ray, results -> the database.
 
-    Exactly one dispatcher acts per database: this one waits as a standby while another holds
-    the dispatch lock (a `seedgrid dispatcher` or an embedded `seedgrid serve`), and takes over
-    when it is gone. SIGTERM or SIGINT stops it cleanly: runs in flight go back to the queue.
+    Exactly one dispatcher acts per trainer on a database: this one dispatches the runs of the
+    trainers it has loaded whose locks are free, waits as a standby for those another process
+    holds (a `seedgrid dispatcher`, an embedded `seedgrid serve`, a `seedgrid run`), and takes
+    each over when its holder is gone. SIGTERM or SIGINT stops it cleanly: runs in flight go
+    back to the queue.
     """
     import threading
 

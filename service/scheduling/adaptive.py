@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -253,13 +253,16 @@ def next_step(
     return None, None
 
 
-def decide_due(session: Session, *, settings: Settings) -> int:
-    """Take the look of every adaptive experiment whose round has ended: stop it, or queue its
-    next round (when the queue has room for it). Returns the number of looks taken. A look
-    that raises stops its own experiment's rule with the error (`stop_on_error`); trouble of
-    the database itself propagates (the dispatcher retries the pass)."""
+def decide_due(
+    session: Session, *, settings: Settings, trainers: Collection[str] | None = None
+) -> int:
+    """Take the look of every adaptive experiment whose round has ended (of `trainers` only,
+    when given: a dispatcher decides for the trainers whose runs it dispatches): stop it, or
+    queue its next round (when the queue has room for it). Returns the number of looks taken.
+    A look that raises stops its own experiment's rule with the error (`stop_on_error`);
+    trouble of the database itself propagates (the dispatcher retries the pass)."""
     taken = 0
-    for experiment_id in RunStore(session).due_decisions():
+    for experiment_id in RunStore(session).due_decisions(trainers):
         try:
             taken += _decide(session, experiment_id, settings)
         except Exception as exc:

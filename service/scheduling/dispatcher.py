@@ -1,14 +1,17 @@
 """The dispatcher: the database queue -> Ray tasks, and their results -> the database.
 
-One dispatcher acts per database; it is the Ray driver. It acts only while it holds the dispatch
-lock (service.scheduling.lease); a dispatcher that cannot take it stands by and polls, and takes
-over when
-the holder is gone. Taking over, it re-queues the runs a previous holder left in Ray. Then
-each loop it
-1. claims queued runs in priority order (higher first, then oldest) up to `max_in_flight` tasks,
-   marks them pending, counts the attempt and submits one `workers.run_task` per task with the
-   run's resources: a task runs one seed, or up to the experiment's seeds_per_task seeds of one
-   condition claimed together (a seed-batched task; each seed stays its own run);
+The runs of one trainer are dispatched by one dispatcher at a time; it is their Ray driver. A
+dispatcher acts for the trainers it has loaded whose dispatch locks it holds
+(service.scheduling.lease): a `seedgrid run --trainers FILE` beside a running service
+dispatches its own trainer's runs, the service the rest, and neither claims a run it could not
+run. A dispatcher that holds none of its trainers' locks stands by and polls; an active one
+polls for the locks it lacks too, and takes over a trainer when its holder is gone. Taking over
+a trainer, it re-queues the runs of that trainer a previous holder left in Ray. Then each loop it
+1. claims queued runs of its trainers in priority order (higher first, then oldest) up to
+   `max_in_flight` tasks, marks them pending, counts the attempt and submits one
+   `workers.run_task` per task with the run's resources: a task runs one seed, or up to the
+   experiment's seeds_per_task seeds of one condition claimed together (a seed-batched task;
+   each seed stays its own run);
 2. forwards cancellations requested through the API to Ray;
 3. reads whatever the in-flight tasks streamed (start, metric batches, final result) and
    persists it in one transaction; when the database refuses that, run by run, so that a run
@@ -27,6 +30,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 import ray
 from sqlalchemy.engine import Engine
@@ -44,10 +48,12 @@ from service.scheduling.ray_helpers import ensure_ray, error_line
 from service.scheduling.run_store import AttemptKey, RunStore
 from service.settings import Settings
 from service.storage.db import masked_url
+from trainers import REGISTRY
 
 log = logging.getLogger("seedgrid.dispatcher")
 
-# How often a standby tries the lock: the bound on a takeover's delay once the holder is gone.
+# How often a standby tries the locks, and an active dispatcher the locks of its trainers that
+# another process holds: the bound on a takeover's delay once the holder is gone.
 STANDBY_POLL_S = 0.5
 # How often the active dispatcher confirms it still holds the lock when it has nothing to write.
 LOCK_CHECK_INTERVAL_S = 1.0
@@ -72,12 +78,18 @@ class Dispatcher(Launching, Harvesting):
         *,
         lock: DispatchLock | None = None,
         metrics: DispatcherMetrics | None = None,
+        trainers: Callable[[], Iterable[str]] | None = None,
     ) -> None:
+        """`trainers`: the names of the trainers this dispatcher runs, asked again as it polls
+        (code loaded later joins); every trainer this process has loaded by default."""
         self.settings = settings
         self.engine = engine
         self.metrics = metrics or DispatcherMetrics()
+        self._trainers = trainers or (lambda: list(REGISTRY))
         self.identity = lock.identity if lock is not None else dispatcher_identity()
-        self.lock = lock or make_dispatch_lock(settings.database_url, self.identity)
+        self.lock = lock or make_dispatch_lock(
+            settings.database_url, self.identity, self._trainers()
+        )
         self.in_flight: dict[int, InFlight] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -91,6 +103,7 @@ class Dispatcher(Launching, Harvesting):
         self._nodes: list[tuple[float, float]] = []
         self._nodes_checked_at = -math.inf
         self._last_lock_check = 0.0
+        self._last_lock_poll = 0.0
         self._last_look_check = -math.inf
         # A harvest read from Ray whose transaction failed: written before anything else.
         self._unsaved: Harvest | None = None
@@ -115,12 +128,12 @@ class Dispatcher(Launching, Harvesting):
     # -- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Take the lock now if it is free (then Ray is up and orphans re-queued on return);
-        otherwise stand by in the background."""
+        """Take the free locks of its trainers now (then Ray is up and their orphans re-queued
+        on return); with none, stand by in the background."""
         self._stop.clear()
         self.state = DispatcherState.standby
         acquired = self._try_acquire()
-        if acquired is False or (acquired and not self._activate()):
+        if acquired is not None and not (acquired and self._activate()):
             self._announce_standby()
         self._thread = threading.Thread(target=self._run, name="seedgrid-dispatcher", daemon=True)
         self._thread.start()
@@ -155,10 +168,17 @@ class Dispatcher(Launching, Harvesting):
 
     # -- the lock ------------------------------------------------------------------------------
 
-    def _try_acquire(self) -> bool | None:
-        """Whether this process holds the lock now; None when the database did not answer."""
+    @property
+    def trainers(self) -> list[str]:
+        """The trainers whose runs this dispatcher dispatches (whose locks it holds)."""
+        return sorted(self.lock.trainers)
+
+    def _try_acquire(self) -> set[str] | None:
+        """The trainers whose locks this process took now (its trainers are asked again); None
+        when the database did not answer."""
         try:
-            acquired = self.lock.try_acquire()
+            self.lock.want(self._trainers())
+            acquired = self.lock.acquire_free()
         except (DBAPIError, OSError) as exc:
             if not self._database_unreachable:
                 log.warning(
@@ -172,7 +192,8 @@ class Dispatcher(Launching, Harvesting):
         return acquired
 
     def _activate(self) -> bool:
-        """Just took the lock: connect to Ray and settle what earlier holders left running."""
+        """Just took locks after holding none: connect to Ray and settle what earlier holders
+        of its trainers left running."""
         try:
             ensure_ray(self.settings)
         except BaseException:
@@ -183,25 +204,79 @@ class Dispatcher(Launching, Harvesting):
             cpus = int(ray.cluster_resources().get("CPU", 2))
             self.max_in_flight = max(32, 4 * cpus)
         try:
-            self.requeue_orphans()
+            self._take_over(self.lock.trainers)
         except (LockLost, DBAPIError) as exc:
-            log.warning("took the dispatch lock but could not take over (%s); standing by", exc)
+            log.warning("took dispatch locks but could not take over (%s); standing by", exc)
             self.lock.drop()
             return False
         self.state = DispatcherState.active
         self._standby_announced = False
-        self._last_lock_check = time.monotonic()
+        self._last_lock_check = self._last_lock_poll = time.monotonic()
+        waiting = self.lock.wanted - self.lock.trainers
         log.info(
-            "dispatcher %s is active on %s", self.identity, masked_url(self.settings.database_url)
+            "dispatcher %s is active on %s for %s%s",
+            self.identity,
+            masked_url(self.settings.database_url),
+            ", ".join(self.trainers),
+            f"; {', '.join(sorted(waiting))} held by {self.lock.holder() or 'another dispatcher'}"
+            if waiting
+            else "",
         )
         return True
+
+    def _take_over(self, trainers: set[str]) -> None:
+        """Took these trainers' locks: the copies of their runs that this process still had in
+        Ray from before it lost its locks, where another holder has re-queued them, are
+        dropped; their runs left by earlier holders are re-queued."""
+        others = [f for f in self.in_flight.values() if f.task.trainer not in self.lock.trainers]
+        if others:
+            log.warning(
+                "cancelling %d runs this dispatcher had in Ray: another dispatcher holds their "
+                "trainers' locks",
+                len(others),
+            )
+            for task in tasks_of(others):
+                ray.cancel(task.generator)
+            for flight in others:
+                self.in_flight.pop(flight.run_id, None)
+        if self._unsaved is not None:  # what Ray returned of them is not ours to write either
+            self._unsaved = self._unsaved.only(
+                {
+                    run_id
+                    for run_id, flight in self._unsaved.flights.items()
+                    if flight.task.trainer in self.lock.trainers
+                }
+            )
+        self.requeue_orphans(trainers)
+
+    def _poll_locks(self) -> None:
+        """An active dispatcher takes the locks of its trainers that were held elsewhere (or
+        loaded since) once they are free, and re-queues what their holder left."""
+        now = time.monotonic()
+        if now - self._last_lock_poll < STANDBY_POLL_S:
+            return
+        self._last_lock_poll = now
+        self.lock.want(self._trainers())
+        if self.lock.wanted <= self.lock.trainers:
+            return
+        taken = self.lock.acquire_free()
+        if taken:
+            self.requeue_orphans(taken)
+            log.info(
+                "dispatcher %s took over %s; it dispatches %s",
+                self.identity,
+                ", ".join(sorted(taken)),
+                ", ".join(self.trainers),
+            )
 
     def _announce_standby(self) -> None:
         if not self._standby_announced:
             log.info(
-                "dispatcher %s is standby: %s holds the dispatch lock on %s; polling every %s s",
+                "dispatcher %s is standby: %s holds the dispatch lock of %s on %s; polling "
+                "every %s s",
                 self.identity,
                 self.lock.holder() or "another dispatcher",
+                ", ".join(sorted(self.lock.wanted)) or "no trainer",
                 masked_url(self.settings.database_url),
                 STANDBY_POLL_S,
             )
@@ -212,7 +287,7 @@ class Dispatcher(Launching, Harvesting):
             acquired = self._try_acquire()
             if acquired and self._activate():
                 return
-            if acquired is False:
+            if acquired is not None and not acquired:
                 # Another dispatcher holds the lock, so it has re-queued what this one had left
                 # in Ray; those copies could never be saved.
                 self._cancel_in_ray("another dispatcher holds the lock")
@@ -234,20 +309,21 @@ class Dispatcher(Launching, Harvesting):
 
     # -- taking over and stopping --------------------------------------------------------------
 
-    def requeue_orphans(self) -> int:
-        """Runs pending or running that this process is not running go back to the queue.
+    def requeue_orphans(self, trainers: set[str]) -> int:
+        """Runs of these trainers (whose locks this process holds) pending or running that
+        this process is not running go back to the queue.
 
-        Only a holder of the lock claims runs, and its claims commit only while it holds it,
-        so every such run was left by an earlier holder: a process that died, or this one
-        before it lost the lock (its runs still in flight at the same attempt are kept). The
-        lost attempt counts against the run's max_retries, as a lost worker's does.
+        Only a holder of a trainer's lock claims its runs, and its claims commit only while it
+        holds it, so every such run was left by an earlier holder: a process that died, or this
+        one before it lost the lock (its runs still in flight at the same attempt are kept).
+        The lost attempt counts against the run's max_retries, as a lost worker's does.
         """
         ours = {flight.run_id: flight for flight in self.in_flight.values()}
         if self._unsaved is not None:
             ours.update(self._unsaved.flights)
         with self._session() as session:
             store = RunStore(session)
-            orphans = store.requeue_orphans({i: f.attempt for i, f in ours.items()})
+            orphans = store.requeue_orphans({i: f.attempt for i, f in ours.items()}, trainers)
             store.commit()
         kept = set(ours) - set(orphans)
         dropped = [
@@ -316,6 +392,7 @@ class Dispatcher(Launching, Harvesting):
         while not self._stop.is_set():
             try:
                 self.step()
+                self._poll_locks()
                 now = time.monotonic()
                 if now - self._last_lock_check >= LOCK_CHECK_INTERVAL_S:
                     self._last_lock_check = now
@@ -378,4 +455,4 @@ class Dispatcher(Launching, Harvesting):
             return
         self._last_look_check = now
         with self._session() as session:
-            decide_due(session, settings=self.settings)
+            decide_due(session, settings=self.settings, trainers=self.lock.trainers)

@@ -51,7 +51,9 @@ class Launching(DispatcherBase):
             # max_in_flight counts tasks: room for `free` tasks as large as those of the
             # experiments next in the queue, so that a seed-batched experiment's first claim
             # (after a restart too) makes whole tasks of its seeds_per_task.
-            upcoming = self._run_templates(store, set(store.next_queued_experiments(free)))
+            upcoming = self._run_templates(
+                store, set(store.next_queued_experiments(free, self.lock.trainers))
+            )
             factor = max([task_size(t) for t in upcoming.values()], default=1)
 
             def whole_tasks(rows: list[Any]) -> list[Any]:
@@ -69,6 +71,7 @@ class Launching(DispatcherBase):
                 free * factor,
                 take=whole_tasks,
                 unschedulable=lambda cpus, gpus: infeasible(cpus, gpus, nodes),
+                trainers=self.lock.trainers,
             )
             templates = self._run_templates(store, {run.experiment_id for run in claimed})
             store.commit()

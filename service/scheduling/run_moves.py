@@ -5,15 +5,15 @@ experiment's counts (`_moved`); `RunStore.commit` applies them."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, or_, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from api_schemas import RunStatus
-from service.scheduling.run_reads import ATTEMPT, METRIC, RUN, RunReads, changed
+from service.scheduling.run_reads import ATTEMPT, METRIC, RUN, RunReads, changed, of_trainers
 from service.scheduling.run_records import (
     AttemptKey,
     ClaimedRun,
@@ -106,13 +106,15 @@ class RunMoves(RunReads):
         *,
         unschedulable: Callable[[float, float], str | None] | None = None,
         take: Callable[[list[QueuedRun]], list[QueuedRun]] | None = None,
+        trainers: Collection[str] | None = None,
     ) -> list[ClaimedRun]:
         """Up to `limit` queued runs in claim order (priority first, then oldest) become
         pending (handed to Ray; `start` makes them running), each with a new attempt.
         `unschedulable(num_cpus, num_gpus)` says why no node can ever hold a run (it then fails
         now) or None. `take(rows)`, when given, keeps the rows (in claim order, each with the
         run's id, experiment_id, condition, num_cpus and num_gpus) that are claimed: the
-        dispatcher keeps as many whole tasks as it has room for."""
+        dispatcher keeps as many whole tasks as it has room for. `trainers`, when given: only
+        runs of these trainers (a dispatcher's, service.scheduling.lease)."""
         candidates = [
             QueuedRun(*row)
             for row in self.session.execute(
@@ -125,7 +127,7 @@ class RunMoves(RunReads):
                     RUN.c.num_cpus,
                     RUN.c.num_gpus,
                 )
-                .where(RUN.c.status == RunStatus.queued)
+                .where(RUN.c.status == RunStatus.queued, *of_trainers(RUN.c.trainer, trainers))
                 .order_by(RUN.c.priority.desc(), RUN.c.id)
                 .limit(limit)
             ).all()
@@ -417,13 +419,16 @@ class RunMoves(RunReads):
             self.session.execute(delete(RunMetric).where(col(RunMetric.run_id) == attempt.run_id))
             self._end_attempt(attempt, AttemptOutcome.interrupted, reason)
 
-    def requeue_orphans(self, kept: dict[int, int]) -> list[int]:
+    def requeue_orphans(
+        self, kept: dict[int, int], trainers: Collection[str] | None = None
+    ) -> list[int]:
         """Runs pending or running that no live attempt of this dispatcher holds (`kept`: run id
         -> attempt it holds) were left by an earlier dispatcher: each is lost (retry or fail by
         `retry_decision`). An attempt no worker reported starting (it waited in Ray's queue
         when its dispatcher died) is recorded interrupted, not charged: a service that crashes
-        a few times in a row must not fail runs that never ran. Returns the orphans' ids."""
-        held = col(Run.status).in_(HELD)
+        a few times in a row must not fail runs that never ran. `trainers`, when given: only
+        runs of these trainers (those whose locks the caller holds). Returns the orphans' ids."""
+        held = and_(col(Run.status).in_(HELD), *of_trainers(col(Run.trainer), trainers))
         self.lock_experiments(
             self.session.exec(select(col(Run.experiment_id)).where(held).distinct()).all()
         )

@@ -4,7 +4,7 @@ and counts, and the tables and helpers its statements share. Nothing here moves 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from sqlalchemy import case, func, update
@@ -32,6 +32,11 @@ def changed(result: Result[Any]) -> int:
 def ids(rows: Iterable[int | None]) -> list[int]:
     """The ids read from a primary key column (typed nullable: never null once stored)."""
     return [i for i in rows if i is not None]
+
+
+def of_trainers(column: Any, trainers: Collection[str] | None) -> list[Any]:
+    """The WHERE clause that keeps rows of these trainers (none: every trainer's)."""
+    return [] if trainers is None else [column.in_(sorted(trainers))]
 
 
 def count_column(status: RunStatus) -> Any:
@@ -102,9 +107,10 @@ class RunReads:
             **{s.value: row[len(columns) + i] for i, s in enumerate(RunStatus)}
         )
 
-    def due_decisions(self) -> list[int]:
+    def due_decisions(self, trainers: Collection[str] | None = None) -> list[int]:
         """Adaptive experiments whose next look is due: deciding, with no run queued, pending
-        or running (their cancel included: the look then records the stop)."""
+        or running (their cancel included: the look then records the stop); `trainers`, when
+        given: only experiments of these trainers."""
         return ids(
             self.session.exec(
                 select(col(Experiment.id))
@@ -113,16 +119,20 @@ class RunReads:
                     count_column(RunStatus.queued) == 0,
                     count_column(RunStatus.pending) == 0,
                     count_column(RunStatus.running) == 0,
+                    *of_trainers(col(Experiment.trainer), trainers),
                 )
                 .order_by(col(Experiment.id))
             ).all()
         )
 
-    def next_queued_experiments(self, limit: int) -> list[int]:
-        """The experiments of the next `limit` queued runs in claim order."""
+    def next_queued_experiments(
+        self, limit: int, trainers: Collection[str] | None = None
+    ) -> list[int]:
+        """The experiments of the next `limit` queued runs in claim order (of `trainers` only,
+        when given)."""
         runs = (
             select(col(Run.experiment_id))
-            .where(col(Run.status) == RunStatus.queued)
+            .where(col(Run.status) == RunStatus.queued, *of_trainers(col(Run.trainer), trainers))
             .order_by(col(Run.priority).desc(), col(Run.id))
             .limit(limit)
             .subquery()

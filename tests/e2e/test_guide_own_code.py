@@ -155,3 +155,38 @@ def test_experiments_of_own_code_stay_readable_by_a_service_without_that_code(
     finally:
         api.terminate()
         api.stop()
+
+
+@pytest.mark.timeout(400)
+def test_the_guide_command_runs_beside_the_quick_starts_running_service(tmp_path: Path) -> None:
+    """The README's step 2 leaves `seedgrid serve` running (the built-ins only); the guide's
+    command then runs on the same database. Its grid completes: the service's dispatcher, which
+    has not loaded `mlp_digits`, claims none of its runs, the dispatcher inside `seedgrid run`
+    runs them all, and the service shows the experiment. On 674b730 the service's dispatcher
+    held the database's one lock, claimed every run and failed it (UnknownTrainerError)."""
+    env = guide_env(tmp_path / "seedgrid.db")
+    serve = SeedgridProcess("serve", ["serve"], env, tmp_path)
+    try:
+        health = serve.wait_healthy(90)
+        assert health["dispatcher"] == "active", health
+        (service_dispatcher,) = health["dispatchers"]
+        assert "collapse" in service_dispatcher["trainers"], health
+        assert "mlp_digits" not in service_dispatcher["trainers"], health
+
+        done = run_guide_command({**env, "SEEDGRID_PORT": str(free_port())})
+        assert "2 conditions x seeds = 12 runs" in done.stdout, done.stdout
+        with httpx.Client(base_url=serve.url, timeout=60) as client:
+            (experiment,) = client.get("/experiments").json()
+            assert experiment["trainer"] == "mlp_digits" and experiment["status"] == "completed"
+            runs = client.get(f"/experiments/{experiment['id']}/runs").json()
+            assert len(runs) == 12 and all(r["status"] == "completed" for r in runs), runs
+            dispatchers = {
+                client.get(f"/runs/{run['id']}").json()["provenance"]["dispatcher"] for run in runs
+            }
+            assert len(dispatchers) == 1 and service_dispatcher["identity"] not in dispatchers
+            after = client.get("/healthz").json()
+            assert after["dispatchers"] == [service_dispatcher], after
+            assert after["queued_without_dispatcher"] == {}, after
+    finally:
+        serve.terminate()
+        serve.stop()

@@ -141,7 +141,7 @@ def test_a_task_ray_refuses_fails_its_own_runs_and_strands_no_other(
     else:
         url = request.getfixturevalue("pg_databases").url("seedgrid.db")
     upgrade_database(url)
-    holder = make_dispatch_lock(url, "test-holder")
+    holder = make_dispatch_lock(url, "test-holder", REGISTRY)
     assert holder.try_acquire()
     try:
         service = start_backend_service()

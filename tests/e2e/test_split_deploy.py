@@ -338,7 +338,8 @@ def test_postgres_lock_is_exclusive_and_dies_with_its_connection(
     pg_databases: PostgresDatabases,
 ) -> None:
     url = pg_databases.url()
-    first, second = PostgresLock(url, "host-a:1:aaaaaa"), PostgresLock(url, "host-b:2:bbbbbb")
+    first = PostgresLock(url, "host-a:1:aaaaaa", ["collapse"])
+    second = PostgresLock(url, "host-b:2:bbbbbb", ["collapse"])
     try:
         assert first.try_acquire() and not second.try_acquire()
         first.check()
@@ -362,7 +363,7 @@ HOLD_FILE_LOCK = """
 import sys, time
 from pathlib import Path
 from service.scheduling.lease import FileLock
-assert FileLock(Path(sys.argv[1]), "child:1:cccccc").try_acquire()
+assert FileLock(Path(sys.argv[1]), "child:1:cccccc", ["collapse"]).try_acquire()
 print("held", flush=True)
 time.sleep(60)
 """
@@ -378,7 +379,8 @@ def test_sqlite_file_lock_is_exclusive_and_dies_with_its_process(tmp_path: Path)
     )
     try:
         assert child.stdout is not None and child.stdout.readline() == "held\n"
-        ours, again = FileLock(database, "here:1:dddddd"), FileLock(database, "here:1:eeeeee")
+        ours = FileLock(database, "here:1:dddddd", ["collapse"])
+        again = FileLock(database, "here:1:eeeeee", ["collapse"])
         assert not ours.try_acquire() and ours.holder() == "child:1:cccccc"
         child.kill()  # kill -9: the kernel releases the flock
         child.wait(10)

@@ -38,6 +38,7 @@ from service.analysis.stats_store import stats_json
 from service.api.deps import ExperimentId, HeavyReadsDep, PreflightDep, SessionDep, SettingsDep
 from service.api.routes.errors import BODY_TOO_LARGE, HEAVY_READS, NO_EXPERIMENT, QUEUE_FULL, errors
 from service.api.routes.paging import Offset, link_next
+from service.scheduling.serving import waiting_note
 
 # Runs per page of GET /experiments/{id}/runs.
 MAX_RUNS_PAGE = RUNS_PAGE
@@ -153,8 +154,16 @@ def list_experiments(
     "experiment, its looks.",
     responses=errors({404: NO_EXPERIMENT}),
 )
-def get_experiment(experiment_id: ExperimentId, session: SessionDep) -> ExperimentDetail:
-    return logic.experiment_detail(session=session, experiment_id=experiment_id)
+def get_experiment(
+    experiment_id: ExperimentId, request: Request, session: SessionDep, settings: SettingsDep
+) -> ExperimentDetail:
+    detail = logic.experiment_detail(session=session, experiment_id=experiment_id)
+    if not detail.counts.queued:
+        return detail
+    note = waiting_note(
+        settings.database_url, session, request.app.state.dispatcher, detail.trainer
+    )
+    return detail.model_copy(update={"waiting_for": note})
 
 
 @router.patch(

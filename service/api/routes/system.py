@@ -12,11 +12,13 @@ from api_schemas import (
     Health,
     HealthStatus,
     RayState,
+    ServingDispatcher,
     TrainerInfo,
 )
 from service.analysis.reports import report_names
 from service.api.deps import SessionDep
 from service.scheduling.metrics import CONTENT_TYPE, exposition
+from service.scheduling.serving import dispatch_overview
 from trainers import REGISTRY
 from trainers.runtime import seedgrid_version
 
@@ -62,7 +64,9 @@ def list_trainers() -> list[TrainerInfo]:
     "`degraded` when the database does not answer or this process's "
     "dispatcher stopped or its latest pass failed (`dispatcher_error`); "
     "`cluster_resources` are Ray's CPU, GPU and memory totals when this "
-    "process is connected to Ray.",
+    "process is connected to Ray; `dispatchers` lists the dispatchers of the database "
+    "(in any process) with the trainers each dispatches, and "
+    "`queued_without_dispatcher` the queued runs per trainer that none of them has loaded.",
 )
 def get_health(request: Request, session: SessionDep) -> Health:
     database_error: str | None = None
@@ -70,6 +74,16 @@ def get_health(request: Request, session: SessionDep) -> Health:
         session.exec(text("SELECT 1"))  # type: ignore[call-overload]
     except Exception as exc:  # reported, not raised: this endpoint describes failures
         database_error = type(exc).__name__
+    dispatcher = request.app.state.dispatcher
+    dispatchers: list[ServingDispatcher] = []
+    unserved: dict[str, int] = {}
+    if database_error is None:
+        try:
+            dispatchers, unserved = dispatch_overview(
+                request.app.state.settings.database_url, session, dispatcher
+            )
+        except Exception:  # the lists stay empty: /healthz answers whatever the tables hold
+            session.rollback()
     resources: dict[str, float] = {}
     if ray.is_initialized():
         ray_state = RayState.ok
@@ -80,7 +94,6 @@ def get_health(request: Request, session: SessionDep) -> Health:
         }
     else:
         ray_state = RayState.not_connected
-    dispatcher = request.app.state.dispatcher
     if dispatcher is not None and not dispatcher.alive:
         ray_state = RayState.dispatcher_stopped
     failing = dispatcher is not None and dispatcher.failing
@@ -95,6 +108,8 @@ def get_health(request: Request, session: SessionDep) -> Health:
         dispatcher=(DispatcherState.absent if dispatcher is None else dispatcher.state),
         dispatcher_step_errors=0 if dispatcher is None else dispatcher.step_errors,
         dispatcher_error=dispatcher.last_step_error if failing else None,
+        dispatchers=dispatchers,
+        queued_without_dispatcher=unserved,
     )
 
 

@@ -921,6 +921,8 @@ async function showExperiment(id) {
       ...(detail.queue_position ? [["queue", el("span", { "data-role": "queue-position",
         text: detail.queue_position === 1 ? "next to start"
           : `${detail.queue_position - 1} queued experiments ahead of it` })]] : []),
+      ...(detail.waiting_for ? [["waiting", el("span", { class: "error",
+        "data-role": "waiting-for", text: detail.waiting_for })]] : []),
       ["progress", progress(detail.counts, detail.n_runs)],
       ["conditions × seeds", `${detail.n_conditions} conditions, ${detail.n_runs} runs`],
       ["created", fmtTime(detail.created_at)], ["finished", fmtTime(detail.finished_at)],
