@@ -133,6 +133,8 @@ def stats_json(
         raise SpecError.query(
             "offset", f"offset {offset:,} is past the last of the {total:,} comparisons"
         )
+    if offset == 0 and limit is not None and limit >= total:
+        limit = None  # every comparison: the page asked for without a limit, stored once
     scale = scale or spec.analysis.scale
     page = f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}|{scale}"
     # An adaptive experiment that has not stopped: its page is stored apart, so that once it

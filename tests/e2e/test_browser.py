@@ -641,6 +641,33 @@ def test_an_imported_experiment_in_the_dashboard(browser: Browser, tmp_path: Pat
             assert shown.inner_text() == (
                 "next to start" if place == 1 else f"{place - 1} queued experiments ahead of it"
             )
+            # and why it waits: no dispatcher has loaded its trainer (none runs at all here)
+            why = page.locator("[data-role=waiting-for]").inner_text()
+            assert why == detail["waiting_for"] and "no dispatcher runs trainer 'collapse'" in why
+
+        # A grid of 2,080 comparisons (one factor of 65 levels) is paged through, 2,000 at a
+        # time: the page asked for them whole and showed the 422 (issue 38).
+        rows = ["level,seed,accuracy"] + [
+            f"l{level:02d},{seed},{0.5 + 0.01 * level + 0.003 * seed * (1 + level % 3)}"
+            for level in range(65)
+            for seed in range(3)
+        ]
+        wide = service.client.post(
+            "/experiments/import", json={"name": "wide", "csv": "\n".join(rows) + "\n"}
+        )
+        assert wide.status_code == 201, wide.text
+        page.goto(f"{origin}/ui#/experiments/{wide.json()['id']}")
+        page.wait_for_selector("[data-role=comparisons-pager]", timeout=120_000)
+        shown = page.locator("[data-role=comparisons-shown]")
+        assert shown.inner_text() == "comparisons 1–2000 of 2080"
+        assert page.locator("[data-role=comparison-row]").count() == 2000
+        assert page.locator("[data-role=comparisons-previous]").count() == 0
+        page.click("[data-role=comparisons-next]")
+        page.wait_for_selector("text=comparisons 2001–2080 of 2080", timeout=120_000)
+        assert page.locator("[data-role=comparison-row]").count() == 80
+        assert page.locator("[data-role=comparisons-next]").count() == 0
+        page.click("[data-role=comparisons-previous]")
+        page.wait_for_selector("text=comparisons 1–2000 of 2080", timeout=120_000)
         assert watched.blocked == []
         assert watched.errors == []
         watched.context.close()

@@ -283,3 +283,25 @@ def test_values_from_tasks_of_different_sizes_are_pooled_with_a_warning_saying_s
     assert note.startswith("pools runs from tasks of 1, 8 seeds")
     (comparison,) = page["comparisons"]
     assert any(w.startswith("pools runs from tasks of 1, 8 seeds") for w in comparison["warnings"])
+
+
+def test_a_page_as_large_as_the_whole_list_is_the_page_stored_without_a_limit(
+    tmp_path: Path,
+) -> None:
+    """The dashboard asks every page with limit=COMPARISONS_PAGE: where that holds every
+    comparison it is the page asked for without a limit, computed and stored once (it was a
+    second copy of the whole list)."""
+    url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    upgrade_database(url)
+    experiment_id = store_cff_experiment(url, ACCURACIES, n_test=1000)
+    whole = served(url, experiment_id)
+    assert whole["next_offset"] is None and whole["comparisons"]
+    assert served(url, experiment_id, limit=2000) == whole
+    assert served(url, experiment_id, limit=len(whole["comparisons"])) == whole
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            pages = session.exec(select(StatsCache.page)).all()
+    finally:
+        engine.dispose()
+    assert len(pages) == 1, pages

@@ -12,6 +12,9 @@ const MAX_CURVE_RUNS = 200;
 const RUNS_PAGE = 1000;
 const MAX_RUN_PAGES = 10;
 const POINTS_PAGE = 10000;
+// Comparisons per /stats page (api_schemas.pages.COMPARISONS_PAGE, the server's bound): a grid
+// with more is paged through, never asked for whole (a 422).
+const COMPARISONS_PAGE = 2000;
 const MAX_RUN_POINT_PAGES = 5;
 // The statuses of the service's enums (api_schemas' RunStatus and ExperimentStatus), which the
 // route serving this page writes into its <meta name="seedgrid-statuses">: every experiment
@@ -40,7 +43,7 @@ const curveCache = new Map();  // "runId/name" -> points, kept only for runs tha
 const listState = { name: "", status: "", tag: "", trainer: "" };
 const knownTags = new Set();  // every tag the list has shown, offered by its tag filter
 const experimentState = { id: null, metric: null, curveMetric: null, seeds: false, log: false,
-  hidden: new Set(), openWarnings: new Set() };
+  hidden: new Set(), openWarnings: new Set(), comparisonsOffset: 0 };
 const runState = { id: null, log: false };
 const sortState = new Map();  // table role -> { column, descending }, kept across refreshes
 
@@ -668,6 +671,21 @@ function holmMark(p) {
   return p === null || p === undefined ? "" : p < 0.01 ? "**" : p < 0.05 ? "*" : "";
 }
 
+// Which page of the comparisons the table shows, with buttons to the pages on either side; null
+// when they fit one page.
+function comparisonsPager(stats, rerender) {
+  if (stats.offset === 0 && stats.next_offset === null) return null;
+  const go = (offset) => () => { experimentState.comparisonsOffset = offset; rerender(); };
+  const previous = Math.max(0, stats.offset - COMPARISONS_PAGE);
+  return el("p", { class: "controls", "data-role": "comparisons-pager" },
+    el("span", { "data-role": "comparisons-shown", text: `comparisons ${stats.offset + 1}`
+      + `–${stats.offset + stats.comparisons.length} of ${stats.total_comparisons}` }), " ",
+    stats.offset > 0 ? el("button", { type: "button", "data-role": "comparisons-previous",
+      onclick: go(previous), text: `← previous ${COMPARISONS_PAGE}` }) : null, " ",
+    stats.next_offset !== null ? el("button", { type: "button", "data-role": "comparisons-next",
+      onclick: go(stats.next_offset), text: `next ${COMPARISONS_PAGE} →` }) : null);
+}
+
 // One row per comparison: the primary test in the cells, the secondary tests in tooltips.
 function comparisonsTable(stats) {
   const rows = stats.comparisons.map((c) => {
@@ -841,7 +859,7 @@ async function showExperiment(id) {
   const gen = generation;
   if (experimentState.id !== id) Object.assign(experimentState,
     { id, metric: null, curveMetric: null, seeds: false, log: false, hidden: new Set(),
-      openWarnings: new Set() });
+      openWarnings: new Set(), comparisonsOffset: 0 });
   const rerender = () => showExperiment(id).catch(showError);
   const detail = await api(`/experiments/${id}`);
   const trainer = (await trainers()).find((t) => t.name === detail.trainer);
@@ -865,7 +883,9 @@ async function showExperiment(id) {
   let stats = null;
   let statsProblem = null;
   if (finished) {
-    try { stats = await api(`/experiments/${id}/stats?metric=${encodeURIComponent(metric)}`); }
+    // one page of the comparisons (the whole list when it fits one: the same stored page)
+    const page = `limit=${COMPARISONS_PAGE}&offset=${experimentState.comparisonsOffset}`;
+    try { stats = await api(`/experiments/${id}/stats?metric=${encodeURIComponent(metric)}&${page}`); }
     catch (error) { statsProblem = error.message; }
   }
   const params = await paramsTable(id, metric);
@@ -928,7 +948,8 @@ async function showExperiment(id) {
       ["created", fmtTime(detail.created_at)], ["finished", fmtTime(detail.finished_at)],
       ["counts", Object.entries(detail.counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`).join(", ")]]),
     el("div", { class: "controls" }, el("label", {}, "metric ", select("metric-select", metric,
-      metrics, (v) => { experimentState.metric = v; })), toggle("log-scale", "log scale", "log"),
+      metrics, (v) => { experimentState.metric = v; experimentState.comparisonsOffset = 0; })),
+    toggle("log-scale", "log scale", "log"),
     ACTIVE.has(detail.status) ? el("span", { class: "muted", text: "refreshing while it runs" }) : null),
     section(`Distribution of ${metric} per condition`, "distribution-section",
       conditionLegend(conditions, rerender, "distribution"),
@@ -960,8 +981,7 @@ async function showExperiment(id) {
       stats && stats.comparisons.length ? comparisonsTable(stats)
         : el("p", { class: "muted", text: "no comparisons (a grid factor with two levels and "
           + "completed runs is needed)" }),
-      stats && stats.next_offset !== null ? el("p", { class: "muted", text: `the first `
-        + `${stats.comparisons.length} of ${stats.total_comparisons} comparisons` }) : null,
+      stats ? comparisonsPager(stats, rerender) : null,
       stats && stats.omnibus.length ? el("div", { class: "table-scroll" }, omnibusTable(stats)) : null,
       stats && stats.source_decomposition ? el("div", { class: "table-scroll" },
         el("table", { "data-role": "source-decomposition" },
