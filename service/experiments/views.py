@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
-from sqlalchemy import Text, bindparam, cast, func, text
+from sqlalchemy import Text, bindparam, case, cast, func, text
 from sqlmodel import Session, col, select
 
 from api_schemas import (
@@ -109,26 +109,22 @@ CURVE_NAMES_SQL = text(
 
 def curve_metrics(*, session: Session, experiment_id: int) -> list[str]:
     """The names of the metrics an experiment's runs logged as points, from one started run
-    per condition (its conditions may log different names: a deeper model, more layers), a
-    completed run where the condition has one, since it logged everything it ever will."""
-    started = session.exec(
-        select(Run.id, Run.condition_key, Run.status)
+    per condition (its conditions may log different names: a deeper model, more layers), the
+    first completed run where the condition has one, since it logged everything it ever will,
+    else its first started run. The runs are picked by one aggregate in the database (loading
+    every started run's row took 19 ms of a 20 ms GET /experiments/{id} at 10,000 runs)."""
+    first_runs = session.execute(
+        select(
+            func.min(case((col(Run.status) == RunStatus.completed, col(Run.id)))),
+            func.min(col(Run.id)),
+        )
         .where(col(Run.experiment_id) == experiment_id, col(Run.started_at).is_not(None))
-        .order_by(col(Run.id))
+        .group_by(col(Run.condition_key))
     ).all()
-    chosen: dict[str, int] = {}
-    completed: set[str] = set()
-    for run_id, condition_key, status in started:
-        assert run_id is not None  # a stored row's key
-        if condition_key not in completed and (
-            condition_key not in chosen or status == RunStatus.completed
-        ):
-            chosen[condition_key] = run_id
-        if status == RunStatus.completed:
-            completed.add(condition_key)
+    chosen = [completed if completed is not None else started for completed, started in first_runs]
     if not chosen:
         return []
-    rows = session.execute(CURVE_NAMES_SQL, {"run_ids": list(chosen.values())}).all()
+    rows = session.execute(CURVE_NAMES_SQL, {"run_ids": chosen}).all()
     # sorted here: the database's collation may order "_" and digits otherwise
     return sorted(name for (name,) in rows)
 
