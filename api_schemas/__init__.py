@@ -82,6 +82,7 @@ __all__ = [
     "RayState",
     "RANDOM_SOURCES",
     "Resources",
+    "RunCurves",
     "RunDetail",
     "RunOut",
     "RunStatus",
@@ -793,6 +794,17 @@ class MetricPoint(ResponseModel):
     epoch: int | None
     name: str
     value: float | None
+
+
+class RunCurves(ResponseModel):
+    """One metric's curve of each of several runs of an experiment, in one answer."""
+
+    name: str
+    # run id (as text, a JSON key) -> its points as [step, value] in step order (then in the
+    # order they were stored), at most CURVE_POINTS of them; value null: not finite
+    curves: dict[str, list[tuple[int, float | None]]]
+    # the runs whose curve was cut at CURVE_POINTS points
+    truncated: list[int] = []
 
 
 class RunValue(ResponseModel):

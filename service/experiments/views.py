@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,7 @@ from api_schemas import (
     RunStop,
 )
 from api_schemas.labels import tag_problem
+from api_schemas.pages import CURVE_POINTS
 from api_schemas.tracebacks import innermost_frame
 from service.analysis.conditions import metric_value
 from service.errors import SpecError
@@ -28,7 +30,7 @@ from service.scheduling.run_store import experiment_counts
 from service.specs import (
     run_config,
 )
-from service.storage.db import Experiment, Run, RunAttempt
+from service.storage.db import Experiment, Run, RunAttempt, RunMetric
 from service.storage.lookup import get_experiment, get_run
 
 
@@ -127,6 +129,37 @@ def curve_metrics(*, session: Session, experiment_id: int) -> list[str]:
     rows = session.execute(CURVE_NAMES_SQL, {"run_ids": chosen}).all()
     # sorted here: the database's collation may order "_" and digits otherwise
     return sorted(name for (name,) in rows)
+
+
+def run_curves(*, session: Session, experiment_id: int, name: str, run_ids: list[int]) -> str:
+    """The JSON text of api_schemas.RunCurves: metric `name`'s points of each of these runs
+    of the experiment (each run once, in the order given), each cut at CURVE_POINTS. A run of
+    another experiment is a 422 naming it."""
+    wanted = list(dict.fromkeys(run_ids))
+    found = set(
+        session.exec(
+            select(col(Run.id)).where(
+                col(Run.experiment_id) == experiment_id, col(Run.id).in_(wanted)
+            )
+        ).all()
+    )
+    foreign = [run_id for run_id in wanted if run_id not in found]
+    if foreign:
+        raise SpecError.query("run", f"run {foreign[0]} is not a run of experiment {experiment_id}")
+    curves: dict[str, list[tuple[int, float | None]]] = {}
+    truncated = []
+    for run_id in wanted:  # one index range each (ix_metric_run_name_step)
+        rows = session.execute(
+            select(col(RunMetric.step), col(RunMetric.value))
+            .where(col(RunMetric.run_id) == run_id, col(RunMetric.name) == name)
+            .order_by(col(RunMetric.step), col(RunMetric.id))
+            .limit(CURVE_POINTS + 1)
+        ).all()
+        if len(rows) > CURVE_POINTS:
+            truncated.append(run_id)
+        curves[str(run_id)] = [(step, value) for step, value in rows[:CURVE_POINTS]]
+    # Plain rows to JSON, as GET /runs/{id}/metrics does: a model object per point costs more.
+    return json.dumps({"name": name, "curves": curves, "truncated": truncated}, allow_nan=False)
 
 
 def stop_message(experiment: Experiment) -> str | None:

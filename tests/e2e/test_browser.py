@@ -104,9 +104,11 @@ class Watched:
         )
         self.errors: list[str] = []
         self.blocked: list[str] = []
+        self.requests: list[str] = []  # the service's URLs the page asked for, in order
 
         def only_the_service(route, request) -> None:  # type: ignore[no-untyped-def]
             if request.url.startswith(origin + "/"):
+                self.requests.append(request.url)
                 route.continue_()
             else:
                 self.blocked.append(request.url)
@@ -277,6 +279,11 @@ def test_dashboard_and_offline_docs_in_chromium(
     page.wait_for_function(
         f"() => document.querySelectorAll('[data-role=seed-curve]').length === {len(runs)}"
     )
+    # The curves came a batch of runs to a request (GET /experiments/{id}/curves), never one
+    # request per run (/runs/{id}/metrics): watching a running experiment cost ~200 requests a
+    # refresh (issue 38).
+    assert [u for u in watched.requests if "/curves?" in u]
+    assert not [u for u in watched.requests if re.search(r"/runs/\d+/metrics", u)]
 
     # The comparison row: the within-cell variance ratio (one factor: the sample variances'
     # ratio) against numpy, the primary test's interval, raw p and Holm p as /stats serves them,

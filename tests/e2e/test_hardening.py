@@ -109,6 +109,7 @@ def test_every_endpoint_refuses_without_the_token_and_works_with_it(guarded: Gua
     queries = {
         ("GET", "/planning/seeds"): {"ratio": 4.0},
         ("GET", "/compare"): {"a": done["id"], "b": slow["id"]},
+        ("GET", "/experiments/{experiment_id}/curves"): {"name": "loss", "run": run["id"]},
     }
     expected = {
         ("POST", "/experiments"): 201,

@@ -4,6 +4,8 @@ declares in its OpenAPI schema."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -12,6 +14,7 @@ from service import cli
 from service.api.app import create_app
 from service.client import ApiError, Client, default_url
 from service.settings import Settings
+from tests.conftest import ROOT
 
 OPENAPI = create_app(Settings(database_url="sqlite://"), dispatch=False).openapi()
 
@@ -57,6 +60,23 @@ def limit_maximum(path: str) -> int:
 )
 def test_the_page_sizes_clients_ask_for_are_the_servers_bounds(path: str, page: int) -> None:
     assert limit_maximum(path) == page
+
+
+@pytest.mark.parametrize(
+    ("constant", "page"),
+    [
+        ("RUNS_PAGE", pages.RUNS_PAGE),
+        ("POINTS_PAGE", pages.POINTS_PAGE),
+        ("COMPARISONS_PAGE", pages.COMPARISONS_PAGE),
+        ("CURVE_RUNS", pages.CURVE_RUNS),
+    ],
+)
+def test_the_dashboards_page_sizes_are_the_servers_bounds(constant: str, page: int) -> None:
+    script = (ROOT / "service" / "api" / "ui" / "static" / "app.js").read_text(encoding="utf-8")
+    (value,) = re.findall(rf"^const {constant} = (\d+);$", script, flags=re.M)
+    assert int(value) == page
+    points = re.findall(r"^const MAX_RUN_POINT_PAGES = (\d+);$", script, flags=re.M)
+    assert int(points[0]) * pages.POINTS_PAGE == pages.CURVE_POINTS
 
 
 def test_the_retry_policy_waits_the_retry_after_and_stops_past_its_time() -> None:

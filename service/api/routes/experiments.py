@@ -24,18 +24,26 @@ from api_schemas import (
     ExportFormat,
     ExportWhat,
     ParamsTable,
+    RunCurves,
     RunOut,
     RunStatus,
     SeedsAdded,
     Stats,
 )
 from api_schemas.labels import MAX_TAGS
-from api_schemas.pages import EXPERIMENTS_PAGE, RUNS_PAGE
+from api_schemas.pages import CURVE_POINTS, CURVE_RUNS, EXPERIMENTS_PAGE, RUNS_PAGE
 from service import experiments as logic
 from service.analysis import export
 from service.analysis.stats import MAX_COMPARISONS_PER_PAGE
 from service.analysis.stats_store import stats_json
-from service.api.deps import ExperimentId, HeavyReadsDep, PreflightDep, SessionDep, SettingsDep
+from service.api.deps import (
+    MAX_INT_COLUMN,
+    ExperimentId,
+    HeavyReadsDep,
+    PreflightDep,
+    SessionDep,
+    SettingsDep,
+)
 from service.api.routes.errors import BODY_TOO_LARGE, HEAVY_READS, NO_EXPERIMENT, QUEUE_FULL, errors
 from service.api.routes.paging import Offset, link_next
 from service.scheduling.serving import waiting_note
@@ -324,6 +332,34 @@ def get_stats(
         heavy=heavy,
     )
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
+    return Response(content=payload, media_type="application/json")
+
+
+@router.get(
+    "/{experiment_id}/curves",
+    response_model=RunCurves,
+    operation_id="get_curves",
+    summary="One metric's curves of several runs in one answer",
+    description=f"The points of metric `name` of each run given (`run`, repeated: at most "
+    f"{CURVE_RUNS} runs of this experiment), each in step order and cut at {CURVE_POINTS:,} "
+    "points (`truncated` lists the runs cut): the dashboard's curves of a running experiment "
+    "in one request per refresh rather than one per run.",
+    responses=errors({404: NO_EXPERIMENT}),
+)
+def get_curves(
+    experiment_id: ExperimentId,
+    session: SessionDep,
+    name: Annotated[str, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)],
+    run: Annotated[list[int], Query(description="a run of the experiment")],
+) -> Response:
+    logic.get_experiment(session=session, experiment_id=experiment_id)
+    if not 1 <= len(set(run)) <= CURVE_RUNS:
+        raise logic.SpecError.query(
+            "run", f"give 1 to {CURVE_RUNS} runs (run=ID, repeated); {len(set(run))} given"
+        )
+    if not all(1 <= run_id <= MAX_INT_COLUMN for run_id in run):
+        raise logic.SpecError.query("run", f"a run id is 1 to {MAX_INT_COLUMN}")
+    payload = logic.run_curves(session=session, experiment_id=experiment_id, name=name, run_ids=run)
     return Response(content=payload, media_type="application/json")
 
 

@@ -6,16 +6,19 @@
 const TOKEN_KEY = "seedgrid.token";
 const SVG_NS = "http://www.w3.org/2000/svg";
 const REFRESH_MS = 3000;
-// Bounds on what a page fetches: a curve costs one request per run.
+// Bounds on what a page fetches (the curves of at most this many runs, CURVE_RUNS to a request).
 const MAX_CURVE_RUNS_PER_CONDITION = 20;
 const MAX_CURVE_RUNS = 200;
 const RUNS_PAGE = 1000;
 const MAX_RUN_PAGES = 10;
 const POINTS_PAGE = 10000;
+const MAX_RUN_POINT_PAGES = 5;
 // Comparisons per /stats page (api_schemas.pages.COMPARISONS_PAGE, the server's bound): a grid
 // with more is paged through, never asked for whole (a 422).
 const COMPARISONS_PAGE = 2000;
-const MAX_RUN_POINT_PAGES = 5;
+// Runs per GET /experiments/{id}/curves (api_schemas.pages.CURVE_RUNS; each curve is cut at
+// CURVE_POINTS = POINTS_PAGE x MAX_RUN_POINT_PAGES points, the bound of a run page's curves).
+const CURVE_RUNS = 20;
 // The statuses of the service's enums (api_schemas' RunStatus and ExperimentStatus), which the
 // route serving this page writes into its <meta name="seedgrid-statuses">: every experiment
 // status, and those of a run and of an experiment not ended yet (`pending`: handed to Ray, no
@@ -626,14 +629,25 @@ async function showList() {
     el("table", { "data-role": "experiments" }, el("thead", {}, el("tr", {}, headers)), body));
 }
 
-async function runCurve(run, name) {
-  const key = `${run.id}/${name}`;
-  if (curveCache.has(key)) return curveCache.get(key);
-  const { items } = await apiPages(`/runs/${run.id}/metrics?name=${encodeURIComponent(name)}`,
-    POINTS_PAGE, MAX_RUN_POINT_PAGES);
-  const points = items.map((p) => [p.step, p.value === null ? NaN : p.value]);
-  if (!ACTIVE.has(run.status)) curveCache.set(key, points);
-  return points;
+// The curves of metric `name` of these runs of one experiment ([step, value] points each, in
+// the runs' order): an ended run's from the cache, the others asked CURVE_RUNS runs to a request
+// (GET /experiments/{id}/curves), not a request per run: a refresh of a running experiment's
+// page costs a few requests, not hundreds.
+async function runCurves(experimentId, runs, name) {
+  const missing = runs.filter((r) => !curveCache.has(`${r.id}/${name}`));
+  const batches = [];
+  for (let i = 0; i < missing.length; i += CURVE_RUNS) batches.push(missing.slice(i, i + CURVE_RUNS));
+  const fetched = new Map();
+  await Promise.all(batches.map(async (batch) => {
+    const answer = await api(`/experiments/${experimentId}/curves?name=${encodeURIComponent(name)}&`
+      + batch.map((r) => `run=${r.id}`).join("&"));
+    for (const r of batch) {
+      const points = (answer.curves[String(r.id)] || []).map(([s, v]) => [s, v === null ? NaN : v]);
+      if (!ACTIVE.has(r.status)) curveCache.set(`${r.id}/${name}`, points);
+      fetched.set(r.id, points);
+    }
+  }));
+  return runs.map((r) => fetched.get(r.id) || curveCache.get(`${r.id}/${name}`));
 }
 
 async function curvesSection(runs, conditions, gen) {
@@ -646,7 +660,7 @@ async function curvesSection(runs, conditions, gen) {
       .slice(0, MAX_CURVE_RUNS_PER_CONDITION));
   }
   const limited = chosen.slice(0, MAX_CURVE_RUNS);
-  const curves = await Promise.all(limited.map((r) => runCurve(r, metric)));
+  const curves = await runCurves(experimentState.id, limited, metric);
   if (gen !== generation) return null;
   const series = conditions.map(({ key, color }) => {
     const own = curves.filter((_, j) => limited[j].condition_key === key && curves[j].length);
