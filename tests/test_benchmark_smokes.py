@@ -167,3 +167,25 @@ def test_load_smoke_answers_every_endpoint_without_errors_from_its_own_ray() -> 
     }, out
     assert all(requests > 0 for requests in rows.values())
     assert re.search(rf"requests/s {NUMBER}; errors 0\n", out), out
+
+
+def test_watch_smoke_times_unwatched_and_both_watchers_in_turn() -> None:
+    done = subprocess.run(
+        [sys.executable, "benchmarks/watch.py", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Started a local Ray instance" in done.stderr, done.stderr[-3000:]
+    out = done.stdout
+    arms = dict(
+        re.findall(rf"round 1 +(unwatched|batched|per-run): +{NUMBER} s, (\d+) requests", out)
+    )
+    assert list(arms) == ["unwatched", "batched", "per-run"], out
+    # the unwatched arm's only client polls the end; each watcher refreshed at least once
+    assert int(arms["unwatched"]) == 0 and int(arms["batched"]) > 0 and int(arms["per-run"]) > 0
+    for arm in ("batched", "per-run"):
+        ((ratio,),) = figures(rf"watched \({arm} curves\) / unwatched: ({NUMBER});", out)
+        assert positive(ratio), out
