@@ -134,18 +134,23 @@ def test_stats_smoke_times_cold_warm_and_the_earlier_path_on_the_same_comparison
     assert re.search(rf"cold/earlier {NUMBER}; warm/cold {NUMBER}; one-more-run/cold", out)
 
 
-def test_load_smoke_answers_every_endpoint_without_errors_from_its_own_ray() -> None:
+def smoke_of_its_own_ray(script: str, timeout_s: float) -> str:
+    """A benchmark's --smoke run as a subprocess that starts a seedgrid serve; its output."""
     done = subprocess.run(
-        [sys.executable, "benchmarks/load.py", "--smoke"],
+        [sys.executable, f"benchmarks/{script}", "--smoke"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=timeout_s,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # RAY_ADDRESS=local: never a cluster that something else on this machine started
     assert "Started a local Ray instance" in done.stderr, done.stderr[-3000:]
-    out = done.stdout
+    return done.stdout
+
+
+def test_load_smoke_answers_every_endpoint_without_errors_from_its_own_ray() -> None:
+    out = smoke_of_its_own_ray("load.py", 150)
     (warm_up_s,) = figures(rf"warm-up: one experiment submitted and ended in ({NUMBER}) s", out)
     assert positive(warm_up_s[0]), out
     ((submitted, ended),) = figures(
@@ -170,16 +175,7 @@ def test_load_smoke_answers_every_endpoint_without_errors_from_its_own_ray() -> 
 
 
 def test_watch_smoke_times_unwatched_and_both_watchers_in_turn() -> None:
-    done = subprocess.run(
-        [sys.executable, "benchmarks/watch.py", "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "Started a local Ray instance" in done.stderr, done.stderr[-3000:]
-    out = done.stdout
+    out = smoke_of_its_own_ray("watch.py", 300)
     arms = dict(
         re.findall(rf"round 1 +(unwatched|batched|per-run): +{NUMBER} s, (\d+) requests", out)
     )
