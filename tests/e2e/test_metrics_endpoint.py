@@ -18,6 +18,11 @@ from service.settings import Settings
 from tests.conftest import Service
 
 FAST = {"n_samples": 64, "steps": 50}
+# Runs that outlast the sampler's MIN_READING_GAP_S (10 ms) many times over, so that each seed's
+# end reading is its own and has a CPU figure (workers.system_metrics: a reading within 10 ms of
+# the previous one is that one, and the first, at a seed's start, has none). 50 steps took less
+# than 10 ms on a fast machine, and a run of a fresh-clone CI had no sys/cpu_percent point.
+TIMED = {"n_samples": 64, "steps": 2000, "log_every": 500}
 SYSTEM_GAUGES = ("seedgrid_run_cpu_percent", "seedgrid_run_rss_bytes")
 
 
@@ -57,7 +62,7 @@ def test_metrics_count_what_the_database_holds(service: Service) -> None:
         {
             "name": "metrics",
             "trainer": "collapse",
-            "config": FAST,
+            "config": TIMED,
             "grid": {"stop_gradient": [False, True]},
             "seeds": 2,
         }
