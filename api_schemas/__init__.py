@@ -1149,7 +1149,8 @@ class Health(ResponseModel):
     dispatcher_error: str | None = None
     # Every dispatcher of this database, in any process, with the trainers it dispatches (a
     # trainer's runs have at most one; those of the trainers this process has loaded or that
-    # have runs queued or in flight are listed).
+    # have runs queued or in flight are listed). Where the service has a token, this and the
+    # next are shown only to a request that sends it (/healthz itself is open to probes).
     dispatchers: list[ServingDispatcher] = []
     # Queued runs per trainer that no dispatcher has loaded: they wait for one started with
     # the trainer's code (--trainers FILE). Both lists are empty when the runs table cannot be

@@ -206,10 +206,18 @@ class RequestGuard:
             return _unauthorized(
                 "the Authorization header must be 'Bearer <token>'", "invalid_request"
             )
-        # Header values arrive as latin-1; compare the raw bytes in constant time.
-        if not hmac.compare_digest(credentials.strip().encode("latin-1"), self.token):
+        if not carries_token(headers, self.token):
             return _unauthorized("invalid bearer token", "invalid_token")
         return None
+
+
+def carries_token(headers: Headers, token: bytes) -> bool:
+    """Whether the request's Authorization header is `Bearer <token>`."""
+    scheme, _, credentials = (headers.get("authorization") or "").partition(" ")
+    # Header values arrive as latin-1; compare the raw bytes in constant time.
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        credentials.strip().encode("latin-1"), token
+    )
 
 
 class HeadAsGet:

@@ -205,6 +205,11 @@ def test_malformed_authorization_and_unknown_paths_are_refused(guarded: Guarded)
 def test_health_and_docs_are_open_and_the_schema_declares_the_token(guarded: Guarded) -> None:
     health = guarded.anon.get("/healthz")
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    # which hosts, processes and trainers dispatch is the token's to see, not a probe's
+    assert health.json()["dispatchers"] == [] and health.json()["queued_without_dispatcher"] == {}
+    assert guarded.wrong.get("/healthz").json()["dispatchers"] == []
+    (own,) = guarded.service.client.get("/healthz").json()["dispatchers"]
+    assert "collapse" in own["trainers"], own
     assert guarded.anon.get("/docs").status_code == 200
     for page in ("/healthz", "/docs", "/ui", "/openapi.json"):  # open pages: HEAD open too
         head = guarded.anon.head(page)

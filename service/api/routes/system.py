@@ -17,6 +17,7 @@ from api_schemas import (
 )
 from service.analysis.reports import report_names
 from service.api.deps import SessionDep
+from service.api.security import carries_token
 from service.scheduling.metrics import CONTENT_TYPE, exposition
 from service.scheduling.serving import dispatch_overview
 from trainers import REGISTRY
@@ -66,7 +67,8 @@ def list_trainers() -> list[TrainerInfo]:
     "`cluster_resources` are Ray's CPU, GPU and memory totals when this "
     "process is connected to Ray; `dispatchers` lists the dispatchers of the database "
     "(in any process) with the trainers each dispatches, and "
-    "`queued_without_dispatcher` the queued runs per trainer that none of them has loaded.",
+    "`queued_without_dispatcher` the queued runs per trainer that none of them has loaded: "
+    "both only to a request with the token where the service has one (else empty).",
 )
 def get_health(request: Request, session: SessionDep) -> Health:
     database_error: str | None = None
@@ -77,7 +79,10 @@ def get_health(request: Request, session: SessionDep) -> Health:
     dispatcher = request.app.state.dispatcher
     dispatchers: list[ServingDispatcher] = []
     unserved: dict[str, int] = {}
-    if database_error is None:
+    token = request.app.state.settings.api_token.get_secret_value().encode()
+    # hosts, processes and trainer names are the token's to see: /healthz is open to probes
+    trusted = not token or carries_token(request.headers, token)
+    if database_error is None and trusted:
         try:
             dispatchers, unserved = dispatch_overview(
                 request.app.state.settings.database_url, session, dispatcher
