@@ -38,6 +38,26 @@ def _mode_aligned(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return (a - centre) ** 2, (b + shift - centre) ** 2
 
 
+def paired_cell_deviations(x: np.ndarray, smaller: int) -> np.ndarray:
+    """A paired cell's squared deviations: up to 15 seeds in the stratum's smaller cell, from
+    3/4 of the way from the cell's median to the midpoint of its shortest half (the narrowest
+    run of n // 2 + 1 sorted values; equally narrow runs' midpoints averaged); else from the
+    median. Written out, one window at a time."""
+    if smaller > 15:
+        return _deviations(x, False)
+    values = sorted(float(v) for v in x)
+    h = len(values) // 2 + 1
+    windows = [
+        (values[i + h - 1] - values[i], (values[i] + values[i + h - 1]) / 2)
+        for i in range(len(values) - h + 1)
+    ]
+    narrowest = min(width for width, _ in windows)
+    spread = max(abs(values[0]), abs(values[-1]), 1e-300)
+    mids = [mid for width, mid in windows if width <= narrowest + 1e-9 * spread]
+    centre = 0.75 * (sum(mids) / len(mids)) + 0.25 * float(np.median(values))
+    return (np.asarray(x, dtype=float) - centre) ** 2
+
+
 def _unpaired_deviations(a: list[float], b: list[float]) -> tuple[np.ndarray, np.ndarray]:
     """The unpaired test's deviations of one stratum: mode-aligned from 6 to 15 seeds in the
     smaller cell, else each cell's own median with its structural zero or tie left out."""
@@ -55,8 +75,15 @@ def reference_primary_p(
     two-sided p as scipy's permutation_test computes it. One stratum goes through scipy's own
     permutation_test (exact); several through itertools."""
     if paired:
-        d_a = np.concatenate([_deviations(np.asarray(a), False) for a, _ in strata]) / null
-        d_b = np.concatenate([_deviations(np.asarray(b), False) for _, b in strata])
+        d_a = (
+            np.concatenate(
+                [paired_cell_deviations(np.asarray(a), min(len(a), len(b))) for a, b in strata]
+            )
+            / null
+        )
+        d_b = np.concatenate(
+            [paired_cell_deviations(np.asarray(b), min(len(a), len(b))) for a, b in strata]
+        )
         result = stats.permutation_test(
             (d_a, d_b),
             lambda x, y: np.log(np.mean(x) / np.mean(y)),

@@ -22,13 +22,13 @@ from service.analysis.primary_power import (
     primary_detectable_ratio,
     primary_seeds_needed,
 )
-from service.analysis.resampling import PAIRED_TEST, unpaired_test_name
+from service.analysis.resampling import paired_test_name, unpaired_test_name
 
 
 def _method(seeds: int, *, paired: bool, correlation: float) -> str:
     """The test that runs on `seeds` seeds per level, and how its power was found."""
     paired_test = prepare_is_paired(seeds, seeds, paired, correlation)
-    test = PAIRED_TEST if paired_test else unpaired_test_name(seeds)
+    test = paired_test_name(seeds) if paired_test else unpaired_test_name(seeds)
     if paired and not paired_test:
         test += " (too few shared seeds to sign-flip)"
     model = (

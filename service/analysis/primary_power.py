@@ -77,6 +77,7 @@ from service.analysis.resampling import (
     enumerated,
     from_crossings,
     mode_aligned_rows,
+    paired_deviations,
     unpaired_test_name,
 )
 
@@ -156,11 +157,12 @@ def _test_deviations(
     a: np.ndarray, b: np.ndarray, paired_test: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each dataset's deviations as service.analysis.resampling.prepare takes them: paired, from
-    each side's median; unpaired, from one mode-aligned centre at MODE_ALIGNED_MIN_SEEDS to
-    MODE_ALIGNED_MAX_SEEDS seeds in the smaller cell, else from each side's median with the
-    structural zero left out."""
+    each side's own centre (resampling.paired_deviations); unpaired, from one mode-aligned
+    centre at MODE_ALIGNED_MIN_SEEDS to MODE_ALIGNED_MAX_SEEDS seeds in the smaller cell, else
+    from each side's median with the structural zero left out."""
     if paired_test:
-        return _deviations(a, False), _deviations(b, False)
+        smaller = min(a.shape[1], b.shape[1])
+        return paired_deviations(a, smaller), paired_deviations(b, smaller)
     if unpaired_test_name(min(a.shape[1], b.shape[1])) == MODE_ALIGNED_TEST:
         d_a, d_b = [], []
         for start in range(0, len(a), ROOTS_CHUNK):

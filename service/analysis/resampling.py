@@ -23,9 +23,12 @@ stratum's counts, so cell means never mix into the comparison:
 - paired (both cells of every stratum hold the same seeds, which draw the same random
   streams): each seed's two deviations are swapped or not (sign flips of the per-seed
   difference, the randomisation form of the Pitman-Morgan test). Values that move together are
-  never separated, so the test keeps the power common random numbers buy. With fewer than
-  MIN_DISTINCT_ASSIGNMENTS sign flips (5 or fewer seeds) the unpaired test is used instead: it
-  is conservative for positively correlated seeds, where 32 flips cannot reach 0.05 at all.
+  never separated, so the test keeps the power common random numbers buy. A paired cell of up
+  to PAIRED_MIXED_MAX_SEEDS seeds is centred between its median and the midpoint of its
+  shortest half (paired_centres), not on its median, which lost the level on skewed seeds.
+  With fewer than MIN_DISTINCT_ASSIGNMENTS sign flips (5 or fewer seeds) the unpaired test is
+  used instead: it is conservative for positively correlated seeds, where 32 flips cannot
+  reach 0.05 at all.
 
 Both are exact when the deviations are exchangeable. With at most MAX_ENUMERATED (2^16) distinct
 re-assignments they are all enumerated (a borderline p then depends on no resampling seed: 16
@@ -68,7 +71,7 @@ MIN_DISTINCT_ASSIGNMENTS = 40
 # their correlation: choosing the test from the data's correlation made the adaptive rule stop
 # falsely 7% of the time on failed-seed nulls, against 3.7% when pairing is decided by the seeds
 # alone. The price: 6-9 uncorrelated pairs detect less than the unpaired shuffle would (7 pairs:
-# a ratio of 240 against 43); /planning/seeds says so.
+# a ratio of 85 against 43); /planning/seeds says so.
 # Unpaired strata whose smaller cell holds MODE_ALIGNED_MIN_SEEDS to MODE_ALIGNED_MAX_SEEDS seeds
 # take their deviations from one mode-aligned centre (mode_aligned_deviations). Each cell's own
 # median lost the level there on collapse and skewed nulls (4,000 nulls each, at 0.05 / 0.01:
@@ -79,12 +82,32 @@ MIN_DISTINCT_ASSIGNMENTS = 40
 # power (0.004 at 0.05 on normal seeds).
 MODE_ALIGNED_MIN_SEEDS = 6
 MODE_ALIGNED_MAX_SEEDS = 15
+# Paired cells of up to PAIRED_MIXED_MAX_SEEDS seeds take their deviations from a centre between
+# the cell's median and the midpoint of its shortest half, SHORTEST_HALF_WEIGHT of the way to the
+# latter (paired_centres). Each cell's own median lost the level on skewed shared seeds
+# (lognormal sigma 1, copula correlation 0.5, 4,000 nulls: 0.064-0.067 at 0.05 from 6 to 10
+# pairs, 0.017-0.021 at 0.01), and the mode-aligned pooled centre of the unpaired test, valid
+# there, kept almost no power (ratio 4, correlation 0.8, 6 pairs: 0.03 against 0.22). Weights
+# measured on lognormal 8 / 10 pairs at 0.05 and 0.01: 0.5: 0.057 / 0.017, 0.050 / 0.018; 0.75:
+# 0.053 / 0.014, 0.044 / 0.015; 1 (the midpoint alone): 0.050 / 0.013, 0.038 / 0.015, with less
+# power. From 16 pairs the median holds (docs/statistics.md).
+PAIRED_MIXED_MAX_SEEDS = 15
+SHORTEST_HALF_WEIGHT = 0.75
 # s_j within this relative distance of the hypothesised scale ratio count as ties (rounding).
 TIE_TOLERANCE = 1e-9
 
 PAIRED_TEST = "paired sign-flip test of squared deviations from the cell median"
+PAIRED_MIXED_TEST = (
+    "paired sign-flip test of squared deviations from a centre between the cell median and the "
+    "midpoint of its shortest half"
+)
 UNPAIRED_TEST = "stratified permutation test of squared deviations from the cell median"
 MODE_ALIGNED_TEST = "stratified permutation test of squared deviations from a mode-aligned centre"
+
+
+def paired_test_name(smaller_cell: int) -> str:
+    """The paired test's name for strata whose smaller cell holds `smaller_cell` seeds."""
+    return PAIRED_MIXED_TEST if smaller_cell <= PAIRED_MIXED_MAX_SEEDS else PAIRED_TEST
 
 
 def unpaired_test_name(smaller_cell: int) -> str:
@@ -122,16 +145,55 @@ class Prepared:
     correlation: float | None  # Pearson correlation of the paired values, within cells
     note: str | None  # what of the seeds did not pair, and how it was handled
     mode_aligned: bool = False  # some stratum's deviations are from a mode-aligned centre
+    mixed_centre: bool = False  # some paired stratum's deviations are from paired_centres
 
     @property
     def name(self) -> str:
         if self.paired:
-            return PAIRED_TEST
+            return PAIRED_MIXED_TEST if self.mixed_centre else PAIRED_TEST
         return MODE_ALIGNED_TEST if self.mode_aligned else UNPAIRED_TEST
 
 
 def median_deviations(x: np.ndarray) -> np.ndarray:
     return (x - np.median(x)) ** 2
+
+
+def paired_centres(x: np.ndarray) -> np.ndarray:
+    """Each row's centre between its median and the midpoint of its shortest half (the shortest
+    window of n // 2 + 1 sorted values; tied windows averaged, so the centre does not depend on
+    the order of the values), SHORTEST_HALF_WEIGHT of the way to the midpoint. The paired
+    test's cells of up to PAIRED_MIXED_MAX_SEEDS seeds take deviations from it.
+
+    Why: the sign flips are exact when each seed's two deviations are exchangeable, and a centre
+    estimated from each cell breaks that by the centre's own error, which moves all of one
+    cell's deviations together; on skewed seeds the median's error does so most (its error
+    falls on the long side, where the values are few and far). The shortest half sits in the
+    dense part of a skewed or collapsed cell; alone it is noisy (a 6-pair test kept 0.17 of
+    the median's 0.24 power at ratio 4), and the two errors partly cancel: between them, every
+    null family measured holds its level (docs/statistics.md) at a few points of power.
+    Location and scale equivariant in each cell, so the planner's one simulation per layout
+    describes every ratio."""
+    x = np.asarray(x, dtype=np.float64)
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[1]
+    ordered = np.sort(rows, axis=1)
+    h = n // 2 + 1
+    widths = ordered[:, h - 1 :] - ordered[:, : n - h + 1]
+    mids = (ordered[:, h - 1 :] + ordered[:, : n - h + 1]) / 2
+    scale = np.maximum(np.abs(ordered[:, -1:]), np.abs(ordered[:, :1]))
+    tied = widths <= widths.min(axis=1, keepdims=True) + TIE_TOLERANCE * np.maximum(scale, 1e-300)
+    shortest = (mids * tied).sum(axis=1) / tied.sum(axis=1)
+    w = SHORTEST_HALF_WEIGHT
+    centres = w * shortest + (1 - w) * np.median(rows, axis=1)
+    return centres.reshape(x.shape[:-1])
+
+
+def paired_deviations(x: np.ndarray, smaller_cell: int) -> np.ndarray:
+    """A paired cell's squared deviations: from paired_centres up to PAIRED_MIXED_MAX_SEEDS seeds
+    in the stratum's smaller cell, else from the median (rows: each row one cell)."""
+    if paired_test_name(smaller_cell) == PAIRED_MIXED_TEST:
+        return (x - paired_centres(x)[..., None]) ** 2
+    return (x - np.median(x, axis=-1, keepdims=True)) ** 2
 
 
 def mode_aligned_deviations(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -269,16 +331,19 @@ def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepare
     pair_a: list[np.ndarray] = []
     pair_b: list[np.ndarray] = []
     blocks: list[tuple[np.ndarray, np.ndarray]] = []
-    mode_aligned = False
+    mode_aligned = mixed_centre = False
     for s in usable:
-        d_a, d_b = median_deviations(s.a), median_deviations(s.b)
         if matched is None:  # unpaired: every value shuffled within the stratum
             if unpaired_test_name(min(len(s.a), len(s.b))) == MODE_ALIGNED_TEST:
                 blocks.append(mode_aligned_deviations(s.a, s.b))
                 mode_aligned = True
             else:
+                d_a, d_b = median_deviations(s.a), median_deviations(s.b)
                 blocks.append((drop_structural_zero(d_a), drop_structural_zero(d_b)))
             continue
+        smaller = min(len(s.a), len(s.b))
+        d_a, d_b = paired_deviations(s.a, smaller), paired_deviations(s.b, smaller)
+        mixed_centre |= paired_test_name(smaller) == PAIRED_MIXED_TEST
         pa, pb, ua, ub = _split(s)
         pair_a.append(d_a[pa])
         pair_b.append(d_b[pb])
@@ -306,6 +371,7 @@ def prepare(strata: Sequence[Stratum], paired: Pairing | None = None) -> Prepare
         correlation=correlation,
         note=note,
         mode_aligned=mode_aligned,
+        mixed_centre=mixed_centre,
     )
 
 

@@ -19,8 +19,9 @@ import pytest
 from scipy import stats
 
 from api_schemas import AdaptiveSpec, AdaptiveState
-from service.analysis.resampling import PAIRED_TEST, UNPAIRED_TEST, Stratum
+from service.analysis.resampling import PAIRED_MIXED_TEST, UNPAIRED_TEST, Stratum
 from service.scheduling.adaptive import PAIRED_T, WELCH_T, comparison_strata, next_step, take_look
+from tests.scipy_reference import paired_cell_deviations
 from tests.service.collapse_nulls import FAMILIES
 
 ALPHA = 0.05
@@ -232,9 +233,11 @@ def test_paired_seeds_detect_a_mean_difference_sooner_than_welch() -> None:
 
 def sign_flip_p(a: np.ndarray, b: np.ndarray, null: float) -> float:
     """Reference: the two-sided p of var_a / var_b = null by every sign flip, written out.
-    Under the null a's squared deviations from its median, over `null`, are exchangeable with
-    b's seed by seed; the statistic is the log ratio of the two sides' means."""
-    d_a, d_b = (a - np.median(a)) ** 2 / null, (b - np.median(b)) ** 2
+    Under the null a's squared deviations from its centre (scipy_reference's paired centre),
+    over `null`, are exchangeable with b's seed by seed; the statistic is the log ratio of the
+    two sides' means."""
+    d_a = paired_cell_deviations(a, len(a)) / null
+    d_b = paired_cell_deviations(b, len(b))
     observed = math.log(d_a.mean() / d_b.mean())
     flipped = []
     for swap in itertools.product([False, True], repeat=len(a)):
@@ -252,7 +255,7 @@ def test_a_variance_look_is_the_inverted_sign_flip_test_at_the_split_level() -> 
     seeds = tuple(range(10))
     look = take_look(spec, 4, [Stratum(a, b, seeds, seeds)])
     assert (look.n_a, look.n_b, look.seeds_per_condition) == (10, 10, 10)
-    assert look.test == PAIRED_TEST and look.note is None
+    assert look.test == PAIRED_MIXED_TEST and look.note is None
     assert look.confidence == pytest.approx(0.99)
     assert look.estimate == pytest.approx(np.var(a, ddof=1) / np.var(b, ddof=1), rel=1e-12)
     assert look.interval is not None
@@ -268,7 +271,7 @@ def test_a_variance_look_is_the_inverted_sign_flip_test_at_the_split_level() -> 
     reason, significant = next_step(spec, AdaptiveState.start(spec), look, cancelled=False)
     assert significant is True and reason is not None
     assert reason.startswith("significant at look 4 of 5 (10 seeds per condition)")
-    assert f"({PAIRED_TEST}) at 99.00% excludes 1" in reason
+    assert f"({PAIRED_MIXED_TEST}) at 99.00% excludes 1" in reason
 
 
 def test_a_look_with_too_few_reassignments_cannot_stop_and_says_why() -> None:
@@ -297,7 +300,7 @@ def test_a_failed_run_leaves_the_other_seeds_paired_and_says_so() -> None:
     a, b = rng.normal(size=8), rng.normal(size=7)
     look = take_look(rule(), 3, [Stratum(a, b, tuple(range(8)), (0, 1, 2, 3, 4, 5, 7))])
     # seed 6 of b failed: the other 7 seeds are sign-flipped, a's seed 6 stays on its side
-    assert look.test == PAIRED_TEST and (look.n_a, look.n_b) == (8, 7)
+    assert look.test == PAIRED_MIXED_TEST and (look.n_a, look.n_b) == (8, 7)
     assert look.note is not None and "1 value(s) of seeds that ran in only one" in look.note
 
 

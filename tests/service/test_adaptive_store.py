@@ -11,7 +11,7 @@ import pytest
 from sqlmodel import Session
 
 from api_schemas import AddSeeds, ExperimentSpec, RunStatus
-from service.analysis.resampling import PAIRED_TEST, UNPAIRED_TEST
+from service.analysis.resampling import PAIRED_MIXED_TEST, UNPAIRED_TEST
 from service.analysis.stats_store import INTERIM_NOTE, stats_json
 from service.experiments import Conflict, add_seeds, create_experiment
 from service.scheduling.adaptive import decide_due
@@ -107,7 +107,7 @@ def test_an_adaptive_experiment_pairs_its_seeds_marks_interim_stats_and_refuses_
         False,
     )
     assert "20 re-assignments are too few" in first["note"]
-    assert second["test"] == PAIRED_TEST and second["note"] is None
+    assert second["test"] == PAIRED_MIXED_TEST and second["note"] is None
     assert second["interval"] == pytest.approx([0.01, 0.01], rel=1e-9)
     assert second["estimate"] == pytest.approx(0.01, rel=1e-12)
     assert experiment.adaptive["significant"] is True and not experiment.deciding

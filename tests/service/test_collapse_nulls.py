@@ -9,8 +9,10 @@ Before the unpaired test took its deviations from one mode-aligned centre
 fail: with 3 of 6 seeds collapsed the median falls between the modes and every deviation of
 that cell is large, which the shuffle read as six independent large deviations (2,000 nulls:
 bimodal 6 seeds 0.074 at 0.05 and 0.049 at 0.01, beta(50,1) 6 seeds 0.073, Holm's family-wise
-error 0.27). The paired test keeps the per-cell median, and is still oversized on lognormal
-seeds: that row is a strict xfail with its measured sizes."""
+error 0.27). The paired test's per-cell median made the lognormal rows fail (sigma 1, copula
+correlation 0.5, 4,000 nulls: 0.064-0.067 at 0.05 from 6 to 10 pairs, 0.017-0.021 at 0.01 from
+8): its cells up to 15 pairs now take deviations from a centre between the median and
+the midpoint of the shortest half (service.analysis.resampling.paired_centres)."""
 
 from __future__ import annotations
 
@@ -28,14 +30,6 @@ REPS = 2000  # Monte Carlo error of a size near 0.05: 0.005
 SEED = 35
 ALPHA_LIMITS = {0.05: 0.06, 0.01: 0.015}
 
-PAIRED_SKEW = pytest.mark.xfail(
-    strict=True,
-    reason="issue 35, open: the paired sign-flip test still centres each cell on its own median, "
-    "and on lognormal sigma 1 seeds (copula correlation 0.5) it rejects 0.064-0.067 at 0.05 "
-    "from 6 to 10 seeds and 0.017-0.021 at 0.01 from 8 (4,000 nulls each; beta(50,1) at 6 "
-    "seeds 0.058, where an exact test of 64 flips cannot exceed 0.031)",
-)
-
 ROWS = [
     Row("bimodal 20% d8", 6, paired=False),
     Row("bimodal 20% d8", 8, paired=False),
@@ -44,7 +38,8 @@ ROWS = [
     Row("bimodal 20% d8", 8, paired=False, missing=True),
     Row("bimodal 20% d8", 8, paired=True, missing=True),
     Row("beta(50,1)", 6, paired=False),
-    pytest.param(Row("lognormal1", 6, paired=True), marks=PAIRED_SKEW),
+    Row("lognormal1", 6, paired=True),
+    Row("beta(50,1)", 8, paired=True),
     Row("lognormal1", 8, paired=False),
     Row("t3", 6, paired=False),
 ]
