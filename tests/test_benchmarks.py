@@ -231,6 +231,19 @@ def test_read_paths_runs_in_its_smoke_mode(capsys: pytest.CaptureFixture[str]) -
     assert "/protocol: 100 runs" in out
 
 
+def test_experiment_detail_compares_kept_and_legacy_curve_names_in_its_smoke_mode(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """benchmarks/experiment_detail.py end to end at 40 and 400 runs over HTTP: both arms name
+    the same curves (it exits otherwise), and it prints each arm's ratio and the goal."""
+    medians = load_script("experiment_detail").main(["--smoke"])
+    out = capsys.readouterr().out
+    assert set(medians) == {(n, arm) for n in (40, 400) for arm in ("kept", "legacy")}
+    assert "curve_metrics ['grad_norm', 'loss', 'min_l2']" in out
+    assert "kept: 400 runs / 40 runs = " in out and "(goal for kept <= 1.5:" in out
+    assert "kept / legacy at 400 runs: " in out
+
+
 @pytest.fixture(scope="module")
 def launches() -> ModuleType:
     return load_script("launches")

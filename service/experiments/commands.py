@@ -74,6 +74,7 @@ def create_experiment(
         metric=spec.metric or trainer.primary_metric,
         # read when the trainer's code is not loaded: stored results stay readable
         catalogue=catalogue_record(trainer),
+        curve_names=[],  # none logged yet: kept as its points are stored
         priority=spec.priority,
         n_conditions=len(conditions),
         n_runs=n_runs,

@@ -93,6 +93,7 @@ def import_results(
             spec=spec.model_dump(mode="json"),
             metric=table.metric,
             n_conditions=n_conditions,
+            curve_names=[],  # imported results carry no curves
             n_runs=0,
         )
         session.add(experiment)

@@ -63,7 +63,11 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         adaptive=experiment.adaptive,
         message=stop_message(experiment),
         queue_position=queue_position(session=session, experiment=experiment),
-        curve_metrics=curve_metrics(session=session, experiment_id=experiment_id),
+        curve_metrics=(
+            list(experiment.curve_names)
+            if experiment.curve_names is not None
+            else curve_metrics(session=session, experiment_id=experiment_id)
+        ),
     )
 
 
@@ -110,7 +114,8 @@ CURVE_NAMES_SQL = text(
 
 
 def curve_metrics(*, session: Session, experiment_id: int) -> list[str]:
-    """The names of the metrics an experiment's runs logged as points, from one started run
+    """The names of the metrics an experiment's runs logged as points, for an experiment stored
+    before migration 0014 (newer ones keep them in Experiment.curve_names), from one started run
     per condition (its conditions may log different names: a deeper model, more layers), the
     first completed run where the condition has one, since it logged everything it ever will,
     else its first started run. The runs are picked by one aggregate in the database (loading

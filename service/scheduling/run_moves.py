@@ -29,7 +29,7 @@ from service.scheduling.run_rules import (
     check_move,
     retry_decision,
 )
-from service.storage.db import AttemptOutcome, Run, RunAttempt, RunMetric, utcnow
+from service.storage.db import AttemptOutcome, Experiment, Run, RunAttempt, RunMetric, utcnow
 
 _THIS_ATTEMPT = (RUN.c.id == bindparam("b_run"), RUN.c.attempts == bindparam("b_attempt"))
 _START_RUN = (
@@ -252,9 +252,40 @@ class RunMoves(RunReads):
         self.session.execute(_START_ATTEMPT, rows)
 
     def record_points(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Metric points ({run_id, step, epoch, name, value}) streamed by running attempts."""
-        if rows:
-            self.session.execute(insert(METRIC), rows)
+        """Metric points ({run_id, step, epoch, name, value}) streamed by running attempts; a
+        name new to its experiment joins the experiment's curve_names (GET /experiments/{id}
+        reads them there, one row whatever its number of runs)."""
+        if not rows:
+            return
+        self.session.execute(insert(METRIC), rows)
+        names_of_run: defaultdict[int, set[str]] = defaultdict(set)
+        for row in rows:
+            names_of_run[int(row["run_id"])].add(str(row["name"]))
+        experiment_of = dict(
+            self.session.execute(
+                sa_select(RUN.c.id, RUN.c.experiment_id).where(RUN.c.id.in_(list(names_of_run)))
+            ).all()
+        )
+        names: defaultdict[int, set[str]] = defaultdict(set)
+        for run_id, logged in names_of_run.items():
+            if run_id in experiment_of:
+                names[experiment_of[run_id]] |= logged
+        known = self.session.execute(
+            sa_select(col(Experiment.id), col(Experiment.curve_names)).where(
+                col(Experiment.id).in_(list(names))
+            )
+        ).all()
+        for experiment_id, stored in known:
+            if stored is None:  # stored before migration 0014: read from its points
+                continue
+            grown = set(stored) | names[experiment_id]
+            if len(grown) > len(stored):
+                self.session.execute(
+                    update(Experiment)
+                    .where(col(Experiment.id) == experiment_id)
+                    .values(curve_names=sorted(grown))
+                    .execution_options(synchronize_session=False)
+                )
 
     def finish(self, finished: Sequence[FinishedAttempt]) -> None:
         """These attempts returned results: each run ends completed, stopped, failed or

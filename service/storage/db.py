@@ -135,6 +135,10 @@ class Experiment(SQLModel, table=True):
     # (service.specs.StoredCatalogue), read when that trainer's code is not loaded; null for
     # imported results and for experiments stored before migration 0013.
     catalogue: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # The names of the metric curves its runs logged, sorted, kept as their points are stored
+    # (run_moves.record_points); null for experiments stored before migration 0014, whose
+    # names are read from their points (experiments.views.curve_metrics).
+    curve_names: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
     @property
     def stored_spec(self) -> ExperimentSpec:

@@ -697,9 +697,10 @@ def test_0008_keeps_every_row_and_an_id_is_never_given_twice(database_url: str) 
     after = _rows(database_url)
     # 0008's deleted, 0009's stop_message (no run of these was stopped), 0010's tracebacks
     # (none failed), 0011's tags and note, 0012's search text (name, no note, trainer), 0013's
-    # catalogue (none recorded before it)
-    assert [(*row[:-4], _json(row[-4]), *row[-3:]) for row in after["experiment"]] == [
-        (*row, False, None, [], None, f"{row[1]}\n\n{row[2]}", None) for row in before["experiment"]
+    # catalogue (none recorded before it), 0014's curve names (read from the points before it)
+    assert [(*row[:-5], _json(row[-5]), *row[-4:]) for row in after["experiment"]] == [
+        (*row, False, None, [], None, f"{row[1]}\n\n{row[2]}", None, None)
+        for row in before["experiment"]
     ]
     for table in ("run", "runattempt"):
         assert after[table] == [(*row, None) for row in before[table]]
@@ -911,9 +912,9 @@ def test_0011_gives_existing_experiments_no_tags_and_they_can_be_tagged_and_foun
     assert upgrade_database(database_url).before == "0010"
     after = _rows(database_url)["experiment"]
     # tags come back as the stored JSON text on SQLite, parsed on PostgreSQL; 0012's search
-    # text and 0013's catalogue (none recorded) last
-    assert [(*row[:-4], _json(row[-4]), *row[-3:]) for row in after] == [
-        (*row, [], None, f"{row[1]}\n\ncollapse", None) for row in before
+    # text, 0013's catalogue (none recorded) and 0014's curve names (none kept) last
+    assert [(*row[:-5], _json(row[-5]), *row[-4:]) for row in after] == [
+        (*row, [], None, f"{row[1]}\n\ncollapse", None, None) for row in before
     ]
 
     engine = make_engine(database_url)
