@@ -290,6 +290,7 @@ def serve(
     with ray_ended_on_exit():
         upgrade_schema(settings)
         load_trainers(trainers)
+        print(serving_banner(settings.host, settings.port), file=sys.stderr, flush=True)
         if dispatch:
             from service.api.app import create_app
 
@@ -313,6 +314,28 @@ def serve(
                 port=settings.port,
                 log_level=settings.log_level,
             )
+
+
+def conditions_times_seeds(n_conditions: int, n_runs: int) -> str:
+    """ "8 conditions x 5 seeds = 40 runs" (the seeds per condition when every condition has as
+    many; else the total alone)."""
+    if n_conditions and n_runs % n_conditions == 0:
+        seeds = n_runs // n_conditions
+        return (
+            f"{n_conditions} condition{'s' * (n_conditions != 1)} x {seeds} "
+            f"seed{'s' * (seeds != 1)} = {n_runs} run{'s' * (n_runs != 1)}"
+        )
+    return f"{n_conditions} conditions, {n_runs} runs"
+
+
+def serving_banner(host: str, port: int) -> str:
+    """Where `seedgrid serve` answers: the API and its dashboard (a host that listens on every
+    interface is shown as this machine's loopback, the address a browser here opens)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    base = f"http://{shown}:{port}"
+    return f"seedgrid API at {base} (docs {base}/docs); the dashboard at {base}/ui"
 
 
 def dispatcher(trainers: TrainersOpt = None) -> None:
@@ -378,7 +401,7 @@ def run(
             created = remote.ask(client, "POST", "/experiments", json=spec)
             render.console.print(
                 f"experiment {created['id']} {created['name']}: "
-                f"{created['n_conditions']} conditions x seeds = {created['n_runs']} runs "
+                f"{conditions_times_seeds(created['n_conditions'], created['n_runs'])} "
                 f"(API at {server.url})",
                 markup=False,
             )

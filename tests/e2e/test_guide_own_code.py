@@ -75,7 +75,7 @@ def run_guide_command(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(400)
 def test_the_guide_command_runs_the_function_trainers_grid(tmp_path: Path) -> None:
     done = run_guide_command(guide_env(tmp_path / "seedgrid.db"))
-    assert "2 conditions x seeds = 12 runs" in done.stdout, done.stdout
+    assert "2 conditions x 6 seeds = 12 runs" in done.stdout, done.stdout
     rows = [line for line in done.stdout.splitlines() if re.search(r"init_scale=(0\.5|2\.0)", line)]
     assert len(rows) >= 2, done.stdout
     # every run completed: the condition table says n = 6 for both levels
@@ -174,7 +174,7 @@ def test_the_guide_command_runs_beside_the_quick_starts_running_service(tmp_path
         assert "mlp_digits" not in service_dispatcher["trainers"], health
 
         done = run_guide_command({**env, "SEEDGRID_PORT": str(free_port())})
-        assert "2 conditions x seeds = 12 runs" in done.stdout, done.stdout
+        assert "2 conditions x 6 seeds = 12 runs" in done.stdout, done.stdout
         with httpx.Client(base_url=serve.url, timeout=60) as client:
             (experiment,) = client.get("/experiments").json()
             assert experiment["trainer"] == "mlp_digits" and experiment["status"] == "completed"
