@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -680,3 +681,65 @@ def test_an_imported_experiment_in_the_dashboard(browser: Browser, tmp_path: Pat
         watched.context.close()
     finally:
         service.close()
+
+
+def test_a_partial_experiment_opens_with_its_failures_and_a_cancelled_one_without_an_error(
+    browser: Browser, start_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39: an experiment that ended partial (some runs failed, the rest completed) had no
+    notice on its first screen, and one the user cancelled opened with a red "First error:
+    cancelled while running". Now the first says how many runs failed and the first failure's
+    error; the second shows no error."""
+    toy = ToyTrainer()
+    monkeypatch.setitem(REGISTRY, toy.name, toy)
+    service = start_service()
+    partial = service.submit(
+        {
+            "name": "browser-partial",
+            "trainer": "toy",
+            "config": {"steps": 5, "log_every": 1},
+            "grid": {"fail_at_step": [2, 100]},  # step 100 is never reached: those complete
+            "seeds": 2,
+        }
+    )["id"]
+    detail = service.wait(partial)
+    assert (detail["counts"]["failed"], detail["counts"]["completed"]) == (2, 2), detail
+    assert detail["message"] is None, detail
+    long = {
+        "name": "browser-cancelled",
+        "trainer": "toy",
+        "config": {"steps": 10**9, "log_every": 10**6},
+        "seeds": 2,
+    }
+    cancelled = service.submit(long)["id"]
+    deadline = time.monotonic() + 60
+    while service.client.get(f"/experiments/{cancelled}").json()["counts"]["running"] == 0:
+        assert time.monotonic() < deadline, "no run of the long experiment started in 60 s"
+        time.sleep(0.1)
+    assert service.client.post(f"/experiments/{cancelled}/cancel").status_code == 202
+    ended = service.wait(cancelled)
+    assert ended["counts"]["cancelled"] == 2, ended
+    assert any(r["error"] for r in service.runs(cancelled))  # a cancelled run's own note
+
+    origin = service.server.url.rstrip("/")
+    watched = Watched(browser, origin)
+    page = watched.page
+    page.goto(f"{origin}/ui#/experiments/{partial}")
+    first_error = page.locator("[data-role=first-error]")
+    first_error.wait_for(timeout=15_000)
+    box = first_error.bounding_box()
+    assert box is not None and box["y"] + box["height"] <= 800
+    failed = [r for r in service.runs(partial) if r["status"] == "failed"]
+    text = first_error.inner_text()
+    assert text.startswith("2 of 4 runs failed. First error: "), text
+    assert min(failed, key=lambda r: r["id"])["error"] in text
+
+    page.goto(f"{origin}/ui#/experiments/{cancelled}")
+    page.locator("h1", has_text="browser-cancelled").wait_for(timeout=15_000)
+    page.locator("[data-role=progress-segment]").first.wait_for(timeout=15_000)
+    assert page.locator("[data-role=first-error]").count() == 0
+    assert page.locator("[data-role=problem]").count() == 0
+    assert "cancelled while running" not in page.locator("main").inner_text()
+    assert watched.blocked == []
+    assert watched.errors == []
+    watched.context.close()

@@ -3,6 +3,11 @@
 // untrusted, so it only ever enters the page as text nodes, never as HTML.
 "use strict";
 
+// Run statuses that end in an error of the run itself (not a cancel).
+const FAILED_STATUSES = ["failed", "diverged"];
+// How many of an experiment's runs failed: its counts, else the failed runs at hand.
+const failedCount = (detail, failedRuns) => (detail.counts
+  ? FAILED_STATUSES.reduce((n, s) => n + (detail.counts[s] || 0), 0) : failedRuns.length);
 const TOKEN_KEY = "seedgrid.token";
 const SVG_NS = "http://www.w3.org/2000/svg";
 const REFRESH_MS = 3000;
@@ -801,7 +806,8 @@ function warningsList(runs, stats) {
         w.diagnostic ? `${where}: ${w.diagnostic} = ${fmt(w.value)}, threshold ${fmt(w.threshold)}`
           : where);
     }
-    if (r.error) add(`error:${r.error}`, `ended with: ${r.error}`, `${where}: ${r.status}`);
+    // a cancelled run's note (cancelled while running) is no warning: the cancel was asked for
+    if (r.error && r.status !== "cancelled") add(`error:${r.error}`, `ended with: ${r.error}`, `${where}: ${r.status}`);
   }
   if (stats) {
     for (const c of stats.conditions) for (const w of c.warnings) add(`stats:${shape(w)}`, w, `${c.condition_key}: ${w}`);
@@ -935,12 +941,16 @@ async function showExperiment(id) {
     .map((r) => ({ runId: r.id, seed: r.seed, value: r.metrics[metric] })) }));
   const readout = el("p", { class: "readout", "data-role": "point-readout", "aria-live": "polite",
     text: "Hover or Tab to a point for its condition, seed and value; Enter opens its run." });
-  // A failed or stopped experiment says why first, with the first run's error.
-  const firstFailed = runs.filter((r) => r.error).sort((a, b) => a.id - b.id)[0];
-  const problem = detail.message || (firstFailed && !finished) ? el("div", { class: "problem",
+  // A failed or stopped experiment, or one some of whose runs failed (running or ended
+  // partial), says why first, with the first failed run's error. A cancelled run is no error
+  // (its cancel was asked for): a user-cancelled experiment opens without a red line.
+  const failedRuns = runs.filter((r) => r.error && FAILED_STATUSES.includes(r.status));
+  const firstFailed = failedRuns.sort((a, b) => a.id - b.id)[0];
+  const problem = detail.message || firstFailed ? el("div", { class: "problem",
     "data-role": "problem" },
   detail.message ? el("p", { class: "error", "data-role": "experiment-message", text: detail.message }) : null,
-  firstFailed ? el("p", { "data-role": "first-error" }, "First error: ",
+  firstFailed ? el("p", { "data-role": "first-error" },
+    `${failedCount(detail, failedRuns)} of ${detail.n_runs} runs failed. First error: `,
     el("a", { href: `#/runs/${firstFailed.id}`, text: `run ${firstFailed.id}` }),
     ` (${keyText(firstFailed.condition_key)}, seed ${firstFailed.seed}, ${firstFailed.status}): `,
     el("code", { class: "error", text: firstFailed.error })) : null) : null;
