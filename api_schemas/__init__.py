@@ -1210,3 +1210,9 @@ class ExperimentComparison(ResponseModel):
     # The base-config fields neither experiment grids over whose values (defaults filled in)
     # differ between them.
     config_differences: list[ConfigDifference] = []
+    # The scale the comparisons' variances and means are tested on: "raw" (the metric) or
+    # "log" (its logarithm: relative spreads); by default the experiments' analysis.scale when
+    # both specs name the same one, else raw. The conditions' own summaries stay raw.
+    scale: str = "raw"
+    # Why the scale is what it is, when the specs disagree (null otherwise).
+    scale_note: str | None = None

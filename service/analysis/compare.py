@@ -39,7 +39,7 @@ from api_schemas import (
 from api_schemas.pages import COMPARE_PAGE
 from service.analysis.catalogue import experiment_catalogue
 from service.analysis.conditions import condition_stats, metric_value
-from service.analysis.stats import compare
+from service.analysis.stats import ScaleError, compare, on_scale
 from service.analysis.stats_store import page_lock
 from service.errors import SpecError
 from service.limits import HeavyReads
@@ -53,7 +53,7 @@ log = logging.getLogger("seedgrid.compare")
 MAX_CONDITIONS_PER_PAGE = COMPARE_PAGE
 # Bumped when the served comparison gains fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-COMPARE_FORMAT = "v2"
+COMPARE_FORMAT = "v3"
 # Stored pages kept per experiment `a` (the least recently computed go first).
 MAX_STORED_PAGES = 64
 
@@ -152,12 +152,15 @@ def compare_json(
     offset: int,
     limit: int,
     heavy: HeavyReads | None = None,
+    scale: str | None = None,
 ) -> str:
     """The page as the JSON text of `api_schemas.ExperimentComparison`: stored, or computed
     and stored when either experiment completed runs since (the computation in one of
-    `heavy`'s slots: service.limits.Busy, a 503, when none is free)."""
+    `heavy`'s slots: service.limits.Busy, a 503, when none is free). `scale`: see
+    analysis_scale."""
     a, b, metric = _checked(session, a_id, b_id, metric)
-    page = f"{COMPARE_FORMAT}|{offset}|{limit}"
+    scale, scale_note = analysis_scale(a.stored_spec, b.stored_spec, scale)
+    page = f"{COMPARE_FORMAT}|{offset}|{limit}|{scale}"
     stored = _stored(session, a, b, metric, page)
     if stored is not None:
         return stored
@@ -167,7 +170,8 @@ def compare_json(
         if stored is not None:
             return stored
         with heavy.slot() if heavy is not None else contextlib.nullcontext():
-            comparison, n_a, n_b = _comparison(session, a, b, metric, offset, limit)
+            comparison, n_a, n_b = _comparison(session, a, b, metric, offset, limit, scale)
+        comparison.scale_note = scale_note
         payload = comparison.model_dump_json()
         try:
             _store(session, a_id, b_id, metric, page, n_a, n_b, payload)
@@ -177,10 +181,34 @@ def compare_json(
         return payload
 
 
+def analysis_scale(
+    a: ExperimentSpec, b: ExperimentSpec, asked: str | None
+) -> tuple[str, str | None]:
+    """The scale two experiments are compared on, and a note when their specs disagree: the
+    one asked for; else the scale both specs' analysis.scale name (a log-scaled metric compared
+    on its raw values would weigh its largest seeds alone); else raw, saying so."""
+    if asked is not None:
+        return asked, None
+    scale_a, scale_b = a.analysis.scale, b.analysis.scale
+    if scale_a == scale_b:
+        return scale_a, None
+    return "raw", (
+        f"the specs analyse on different scales (a: {scale_a}, b: {scale_b}): compared raw; "
+        "?scale= chooses"
+    )
+
+
 def _comparison(
-    session: Session, a: Experiment, b: Experiment, metric: str, offset: int, limit: int
+    session: Session,
+    a: Experiment,
+    b: Experiment,
+    metric: str,
+    offset: int,
+    limit: int,
+    scale: str = "raw",
 ) -> tuple[ExperimentComparison, int, int]:
-    """The page, and how many completed runs of a and of b it was computed from."""
+    """The page, and how many completed runs of a and of b it was computed from; the tests on
+    `scale` (a 422 naming `scale` when "log" meets a value at or below 0)."""
     assert a.id is not None and b.id is not None
     bounds = experiment_catalogue(session, a).metric_bounds.get(metric)
     factors = (set(a.stored_spec.grid) | set(b.stored_spec.grid)) - {SOURCE_FACTOR}
@@ -209,8 +237,8 @@ def _comparison(
                     b=b.id,
                     within=condition,
                     **compare(
-                        [v for _, _, v in runs_a],
-                        [v for _, _, v in runs_b],
+                        _scaled(runs_a, scale, metric),
+                        _scaled(runs_b, scale, metric),
                         [s for _, s, _ in runs_a],
                         [s for _, s, _ in runs_b],
                     ),
@@ -231,10 +259,18 @@ def _comparison(
             only_in_a=[side[1] for r, side in values_a.items() if r not in values_b],
             only_in_b=[side[1] for r, side in values_b.items() if r not in values_a],
             config_differences=config_differences(a.stored_spec, b.stored_spec),
+            scale=scale,
         ),
         n_a,
         n_b,
     )
+
+
+def _scaled(runs: list[Value], scale: str, metric: str) -> list[float]:
+    try:
+        return on_scale([value for _, _, value in runs], scale)
+    except ScaleError as error:
+        raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
 
 
 def _stored(session: Session, a: Experiment, b: Experiment, metric: str, page: str) -> str | None:

@@ -32,6 +32,13 @@ def compare(
     b: Annotated[int, typer.Argument(help="the second experiment's id")],
     url: UrlOpt = None,
     metric: Annotated[str | None, typer.Option(help="metric to compare")] = None,
+    scale: Annotated[
+        str | None,
+        typer.Option(
+            help="raw or log: the scale the variances and means are tested on (default: the "
+            "specs' analysis.scale when both name the same one, else raw)"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ) -> None:
@@ -42,6 +49,8 @@ def compare(
     params: dict[str, Any] = {"a": a, "b": b, "limit": COMPARE_PAGE}
     if metric:
         params["metric"] = metric
+    if scale:
+        params["scale"] = scale
     columns = (
         "condition",
         "n a/b",
@@ -83,12 +92,16 @@ def compare(
     if mode == "csv":
         print_csv(columns, rows)
         return
+    on = body.get("scale", "raw")
     render.console.print(
-        f"{body['trainer']}, metric {body['metric']}: {body['total_conditions']} shared conditions "
-        "(matched by what they run)",
+        f"{body['trainer']}, metric {body['metric']} ({on} scale: "
+        f"{'its logarithm' if on == 'log' else 'the metric itself'} tested; means shown raw): "
+        f"{body['total_conditions']} shared conditions (matched by what they run)",
         markup=False,
         soft_wrap=True,
     )
+    if body.get("scale_note"):
+        render.console.print(body["scale_note"], markup=False, soft_wrap=True)
     for difference in body.get("config_differences", []):
         render.console.print(
             f"config {difference['field']}: {difference['a']} in {a}, {difference['b']} in {b}",

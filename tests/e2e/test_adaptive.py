@@ -248,7 +248,10 @@ def test_two_experiments_compare_side_by_side(service: Service) -> None:
     assert tests["mean_diff"] == pytest.approx(side["a"]["mean"] * (1 - 0.36), rel=1e-6)
 
     shown = cli(service, "compare", str(a["id"]), str(b["id"]))
-    assert "toy, metric loss: 1 shared conditions" in shown and "lr=0.2" in shown
+    assert "toy, metric loss (raw scale: the metric itself tested; means shown raw): 1 shared" in (
+        " ".join(shown.split())
+    )
+    assert "lr=0.2" in shown
     assert "only in a: lr=0.1" in shown and "only in b: lr=0.3" in shown
 
     def refused(params: dict[str, Any]) -> list[Any]:

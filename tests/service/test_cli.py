@@ -342,6 +342,9 @@ def test_compare_shows_the_primary_and_mean_tests_with_raw_p_values(
     shown = render.console.export_text()
     assert "raw p-values, not adjusted for the conditions compared" in shown
     assert "config steps: 300 in 1, 600 in 2" in shown
+    assert "metric loss (raw scale: the metric itself tested; means shown raw)" in " ".join(
+        shown.split()
+    )
     t = side["comparison"]
     assert t["pairing"] == "paired" and t["mean_test"] == "paired t"
     (row,) = [

@@ -17,6 +17,7 @@ from sqlmodel import Session, select
 
 from api_schemas import ExperimentComparison, ExperimentStatus, RunStatus
 from service.analysis.compare import compare_json
+from service.errors import SpecError
 from service.experiments import delete_experiment
 from service.scheduling.purge import purge_deleted
 from service.specs import condition_key, grid_conditions
@@ -271,3 +272,54 @@ def test_conditions_match_by_the_run_config_they_train_with_not_by_grid_keys(
     # dim is base config in both: its change is listed; r and stop_gradient are gridded by one
     # of them, their levels are in the keys
     assert [(d.field, d.a, d.b) for d in body.config_differences] == [("dim", "8", "12")]
+
+
+def test_compare_tests_on_the_specs_analysis_scale_and_says_which(tmp_path: Path) -> None:
+    """Issue 39: `compare` tested raw variances although both specs analyse on the log scale.
+    Now the scale both specs name is the default, ?scale= chooses, specs that disagree are
+    compared raw with a note, and a value log cannot take is a 422 naming `scale`."""
+    url = f"sqlite:///{tmp_path / 'seedgrid.db'}"
+    upgrade_database(url)
+    a_values = [0.91, 0.95, 0.5, 0.93, 0.97, 0.92]
+    b_values = [0.90, 0.94, 0.92, 0.96, 0.91, 0.93]
+    a_id = store_cff_experiment(url, {"clamp": a_values}, n_test=10_000, scale="log")
+    b_id = store_cff_experiment(url, {"clamp": b_values}, n_test=10_000, scale="log")
+    raw_b = store_cff_experiment(url, {"clamp": b_values}, n_test=10_000)
+    zero = store_cff_experiment(url, {"clamp": [0.0, *b_values[1:]]}, n_test=10_000, scale="log")
+    engine = make_engine(url)
+
+    def page(b: int, scale: str | None = None) -> ExperimentComparison:
+        with Session(engine) as session:
+            return ExperimentComparison.model_validate_json(
+                compare_json(
+                    session=session,
+                    a_id=a_id,
+                    b_id=b,
+                    metric=None,
+                    offset=0,
+                    limit=10,
+                    scale=scale,
+                )
+            )
+
+    try:
+        logs = page(b_id)
+        (side,) = logs.conditions
+        assert logs.scale == "log" and logs.scale_note is None
+        want = np.var(np.log(a_values), ddof=1) / np.var(np.log(b_values), ddof=1)
+        assert side.comparison.var_ratio == pytest.approx(want, rel=1e-9)
+        assert side.a.mean == pytest.approx(np.mean(a_values), rel=1e-12)  # summaries raw
+        raw = page(b_id, "raw")
+        (raw_side,) = raw.conditions
+        assert raw.scale == "raw"
+        assert raw_side.comparison.var_ratio == pytest.approx(
+            np.var(a_values, ddof=1) / np.var(b_values, ddof=1), rel=1e-9
+        )
+        mixed = page(raw_b)
+        assert mixed.scale == "raw" and mixed.scale_note is not None
+        assert "a: log, b: raw" in mixed.scale_note
+        with pytest.raises(SpecError) as refused:
+            page(zero)
+        assert refused.value.errors[0]["loc"] == ["query", "scale"]
+    finally:
+        engine.dispose()

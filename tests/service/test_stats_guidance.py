@@ -127,8 +127,11 @@ def test_an_omnibus_from_too_few_seeds_is_warned_about() -> None:
     assert small.primary_p is not None and small.primary_test.startswith("stratified")
 
 
-def store_cff_experiment(url: str, accuracies: dict[str, list[float]], n_test: int) -> int:
-    """A completed cff experiment over `margin_mode` written straight into the database."""
+def store_cff_experiment(
+    url: str, accuracies: dict[str, list[float]], n_test: int, scale: str | None = None
+) -> int:
+    """A completed cff experiment over `margin_mode` written straight into the database (its
+    spec's analysis.scale `scale` when given)."""
     engine = make_engine(url)
     with Session(engine) as session:
         n_runs = sum(len(v) for v in accuracies.values())
@@ -136,7 +139,12 @@ def store_cff_experiment(url: str, accuracies: dict[str, list[float]], n_test: i
             name="noise",
             trainer="cff",
             metric="test_accuracy",
-            spec={"name": "noise", "trainer": "cff", "grid": {"margin_mode": list(accuracies)}},
+            spec={
+                "name": "noise",
+                "trainer": "cff",
+                "grid": {"margin_mode": list(accuracies)},
+                **({"analysis": {"scale": scale}} if scale else {}),
+            },
             n_conditions=len(accuracies),
             n_runs=n_runs,
             runs_completed=n_runs,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 
@@ -37,9 +37,24 @@ def compare_experiments(
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_CONDITIONS_PER_PAGE)] = 50,
     offset: Offset = 0,
+    scale: Annotated[
+        Literal["raw", "log"] | None,
+        Query(
+            description="raw: test the metric's variances and means; log: its logarithm's "
+            "(relative spreads, for a positive metric). Default: the experiments' "
+            "analysis.scale when both specs name the same one, else raw"
+        ),
+    ] = None,
 ) -> Response:
     payload = logic.compare_json(
-        session=session, a_id=a, b_id=b, metric=metric, offset=offset, limit=limit, heavy=heavy
+        session=session,
+        a_id=a,
+        b_id=b,
+        metric=metric,
+        offset=offset,
+        limit=limit,
+        heavy=heavy,
+        scale=scale,
     )
     # the stored JSON as it is, like /stats
     return Response(content=payload, media_type="application/json")
