@@ -867,6 +867,19 @@ class ParamsTable(ResponseModel):
     conditions: list[ConditionParams]
 
 
+class ConfigDifference(ResponseModel):
+    """A config field two compared sides run with different values: two experiments' base
+    configs (GET /compare), or the two levels of a comparison beside its factor (a confound:
+    Comparison.confounds)."""
+
+    field: str
+    # Each side's value as JSON text (8, "cifar10", [64, 64], null): a config value may be any
+    # JSON its trainer's config model takes; for a pooled comparison whose cells differ, each
+    # side's distinct values joined by " | ".
+    a: str
+    b: str
+
+
 class Comparison(ResponseModel):
     """Two levels of one factor compared, within one cell of the other factors or pooled over
     them (docs/api.md "Variance comparisons"). Every spread below is a within-cell spread:
@@ -959,6 +972,11 @@ class Comparison(ResponseModel):
     brown_forsythe_p_holm_all: float | None = None
     welch_p_holm_factor: float | None = None
     welch_p_holm_all: float | None = None
+    # Config fields other than the compared factor whose resolved values (defaults filled in,
+    # as the runs train) differ between the two levels where the other factors are held
+    # equal: the comparison measures their change too (a confound). Empty: only the factor
+    # differs.
+    confounds: list[ConfigDifference] = []
     # Every interval or test here computed from fewer seeds than it needs, and every reading
     # the numbers invite that they do not support, each naming what and why.
     warnings: list[str] = []
@@ -1162,16 +1180,6 @@ class ErrorDetail(ResponseModel):
     """The body of every error but a 422: what went wrong, in one sentence."""
 
     detail: str
-
-
-class ConfigDifference(ResponseModel):
-    """A base-config field two compared experiments run with different values."""
-
-    field: str
-    # Each experiment's value as JSON text (8, "cifar10", [64, 64], null): a config value may
-    # be any JSON its trainer's config model takes.
-    a: str
-    b: str
 
 
 class SideBySide(ResponseModel):

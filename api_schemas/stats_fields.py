@@ -80,6 +80,8 @@ COMPARISON_FIELDS: dict[str, str] = {
     "brown_forsythe_p_holm_all": "brown_forsythe_p Holm-adjusted over every comparison",
     "welch_p_holm_factor": "welch_p Holm-adjusted over the factor's comparisons",
     "welch_p_holm_all": "welch_p Holm-adjusted over every comparison",
+    "confounds": "config fields besides the factor whose resolved values differ between the two "
+    "levels (defaults included): the comparison measures them too; each field, a's and b's",
     "warnings": "every test or interval computed from fewer seeds than it needs, and every "
     "reading the numbers do not support, each saying why",
 }

@@ -29,6 +29,7 @@ from sqlmodel import Session, col
 from api_schemas import SOURCE_FACTOR, RunStatus, RunValue, Stats
 from service.analysis.catalogue import experiment_catalogue, test_set_sizes
 from service.analysis.conditions import metric_value
+from service.analysis.confounds import attach_confounds
 from service.analysis.multiplicity import FamilyPValues
 from service.analysis.sources import source_decomposition
 from service.analysis.stats import (
@@ -52,7 +53,7 @@ MAX_STORED_PAGES = 64
 
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-STATS_FORMAT = "v6"
+STATS_FORMAT = "v7"
 # An experiment of at most this many comparisons and completed runs has its pages computed in
 # milliseconds: they take no heavy-read slot (many small experiments ending at once, as in the
 # load test, are not turned away).
@@ -260,6 +261,7 @@ def _compute(
         raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
     _attach_runs(stats, kept)
     _warn_of_mixed_task_sizes(stats, kept)
+    attach_confounds(experiment.stored_spec, grid, stats.comparisons)
     if SOURCE_FACTOR in grid:
         stats.source_decomposition = source_decomposition(grid, values)
     stats.n_completed = len(rows)

@@ -284,10 +284,23 @@ def comparison_rows(stats: dict[str, Any], marks: bool = True) -> list[list[str]
                 fmt(c["var_ratio"], 3),
                 ratio_interval(c.get("primary_ci95")),
                 shown,
-                _flag(c),
+                ("c " if c.get("confounds") else "") + _flag(c),
             ]
         )
     return rows
+
+
+def confound_lines(stats: dict[str, Any]) -> list[str]:
+    """One line per level pair whose comparisons are confounded: the other fields its two
+    levels change, with both values (the first cell's, where pooled cells differ)."""
+    lines: dict[str, str] = {}
+    for c in stats["comparisons"]:
+        if not c.get("confounds"):
+            continue
+        pair = f"{c['factor']}: {c['a']} vs {c['b']}"
+        changes = ", ".join(f"{d['field']} {d['a']} -> {d['b']}" for d in c["confounds"])
+        lines.setdefault(pair, f"{pair} also changes {changes}")
+    return list(lines.values())
 
 
 def print_interim(stats: dict[str, Any], width: int | None = None) -> None:
@@ -337,6 +350,17 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
             markup=False,
             width=width,
         )
+    confounded = confound_lines(stats)
+    if confounded:
+        console.print(
+            "c: confounded: the two levels also differ in other config fields (resolved as "
+            "the runs train, defaults included), so the comparison measures those too:",
+            style="yellow",
+            markup=False,
+            width=width,
+        )
+        for line in confounded:
+            console.print(f"  {line}", markup=False, width=width)
     if stats.get("source_decomposition"):
         print_source_decomposition(stats)
     warned = sum(1 for c in stats["comparisons"] + stats["conditions"] if c.get("warnings"))

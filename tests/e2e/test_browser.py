@@ -307,6 +307,12 @@ def test_dashboard_and_offline_docs_in_chromium(
     )
     comparison_row = page.locator("[data-role=comparison-row]").first
     assert "pooled" in comparison_row.inner_text()
+    # SPEC leaves lr to the trainer, whose default follows stop_gradient (0.5 without, 0.2 with
+    # it): the comparison is confounded by it, and the row says so (issue 39)
+    assert [(d["field"], d["a"], d["b"]) for d in comparison["confounds"]] == [("lr", "0.5", "0.2")]
+    assert comparison_row.locator("[data-role=confound]").inner_text() == (
+        "confounded: also changes lr 0.5 → 0.2"
+    )
     shown_ratio = _numbers(comparison_row.locator("[data-role=var-ratio]").inner_text())
     assert shown_ratio == pytest.approx([ratio], rel=1e-3)
     interval_cell = comparison_row.locator("[data-role=var-ratio-ci]")

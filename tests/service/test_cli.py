@@ -729,3 +729,24 @@ def test_status_says_where_a_queued_experiment_waits(
     assert "queue position 3: 2 queued experiments start before it" in (
         render.console.export_text()
     )
+
+
+def test_a_confounded_comparison_is_marked_and_its_fields_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stats = stats_payload()
+    first = stats["comparisons"][0]
+    first["confounds"] = [
+        {"field": "steps", "a": "4000", "b": "20000"},
+        {"field": "lr", "a": "0.5", "b": "0.2"},
+    ]
+    monkeypatch.setattr(render, "console", Console(width=160, record=True))
+    cli.print_stats(stats)
+    shown = render.console.export_text()
+    _, rows = comparison_table(shown)
+    assert rows[0][-1].startswith("c") and not any(row[-1].startswith("c") for row in rows[1:])
+    pair = f"{first['factor']}: {first['a']} vs {first['b']}"
+    assert f"{pair} also changes steps 4000 -> 20000, lr 0.5 -> 0.2" in shown
+    assert "c: confounded: the two levels also differ in other config fields" in " ".join(
+        shown.split()
+    )

@@ -722,7 +722,13 @@ function comparisonsTable(stats) {
       + `re-assignments, ${c.primary_exact ? "all enumerated" : "drawn at random"}`;
     return el("tr", { "data-role": "comparison-row", "data-factor": c.factor },
       el("td", { text: c.factor }),
-      el("td", { text: `${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}` }),
+      el("td", {}, `${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}`,
+        // a confound: the two levels also change other config fields (defaults included)
+        (c.confounds || []).length ? el("div", { class: "warn", "data-role": "confound",
+          title: "the two levels also differ in these config fields (resolved as the runs "
+            + "train, defaults included): the comparison measures them too",
+          text: `confounded: also changes ${c.confounds.map((d) => `${d.field} ${d.a} → ${d.b}`)
+            .join(", ")}` }) : null),
       el("td", { text: c.within === null ? "pooled" : conditionLabel(c.within) }),
       el("td", { text: `${c.n_a} / ${c.n_b}` }),
       el("td", { "data-role": "pairing", title: pairingNote, text: c.pairing }),
