@@ -633,6 +633,10 @@ class ExperimentCreated(ResponseModel):
     n_conditions: int
     n_runs: int
     created_at: datetime
+    # What the seeds per condition cannot let the primary test say, whatever the runs give (a
+    # comparison within one cell at 3 seeds cannot reach p <= 0.05), with the seeds that
+    # would: the experiment is queued all the same.
+    seed_warnings: list[str] = []
 
 
 class ExperimentImported(ResponseModel):
@@ -718,6 +722,8 @@ class ExperimentDetail(ExperimentSummary):
     # The metric names that have points (curves), read from one started run per condition
     # (a completed one where there is one), sorted; empty before any run logged a point.
     curve_metrics: list[str] = []
+    # As in ExperimentCreated: what its seeds per condition cannot let the test say.
+    seed_warnings: list[str] = []
 
 
 class RunStop(ResponseModel):

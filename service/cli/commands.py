@@ -43,6 +43,7 @@ def submit(
             f"experiment {created['id']} {created['name']}: {created['n_conditions']} "
             f"conditions, {created['n_runs']} runs"
         )
+        render.print_seed_warnings(created.get("seed_warnings", []))
         if wait:
             watch(client, created["id"])
             exit_on_trouble(report(client, created["id"]))

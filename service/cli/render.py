@@ -303,6 +303,12 @@ def confound_lines(stats: dict[str, Any]) -> list[str]:
     return list(lines.values())
 
 
+def print_seed_warnings(warnings: list[str]) -> None:
+    """What a submitted experiment's seeds per condition cannot let the test say."""
+    for warning in warnings:
+        console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
+
+
 def print_interim(stats: dict[str, Any], width: int | None = None) -> None:
     """An adaptive experiment still adding seeds: say that its p-values are interim looks."""
     if stats.get("interim"):

@@ -405,6 +405,7 @@ def run(
                 f"(API at {server.url})",
                 markup=False,
             )
+            render.print_seed_warnings(created.get("seed_warnings", []))
             watch(client, created["id"], in_process=database_name(settings))
             trouble = report(client, created["id"], metric)
     render.console.print(f"wall time {time.perf_counter() - started:.1f} s")

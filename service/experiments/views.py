@@ -25,6 +25,7 @@ from api_schemas.labels import tag_problem
 from api_schemas.pages import CURVE_POINTS
 from api_schemas.tracebacks import innermost_frame
 from service.analysis.conditions import metric_value
+from service.analysis.seed_warnings import submission_warnings
 from service.errors import SpecError
 from service.scheduling.run_store import experiment_counts
 from service.specs import (
@@ -63,6 +64,7 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         adaptive=experiment.adaptive,
         message=stop_message(experiment),
         queue_position=queue_position(session=session, experiment=experiment),
+        seed_warnings=submission_warnings(experiment.stored_spec),
         curve_metrics=(
             list(experiment.curve_names)
             if experiment.curve_names is not None

@@ -430,3 +430,19 @@ def test_queue_runs_higher_priority_first(start_service) -> None:
     (high_run,) = service.runs(high["id"])
     # at most the low run already claimed when `high` arrived runs before it
     assert high_run["started_at"] < low_starts[1]
+
+
+def test_submission_warns_when_the_seeds_cannot_reach_alpha(service: Service) -> None:
+    """Issue 39: 3 seeds per condition can never give a p at or below 0.05 (one factor: no
+    other to pool over); the 201 body and the experiment's detail say so, with the seeds that
+    would, and queue it all the same."""
+    created = service.submit(spec(seeds=3, config={**FAST, "steps": 50}))
+    (warning,) = created["seed_warnings"]
+    assert "3 seeds per condition" in warning and "no comparison of this grid can" in warning
+    assert "5 seeds per condition would" in warning
+    detail = service.wait(created["id"])
+    assert detail["seed_warnings"] == created["seed_warnings"]
+    assert detail["counts"]["completed"] == 6
+    enough = service.submit(spec(seeds=6, config={**FAST, "steps": 50}))
+    assert enough["seed_warnings"] == []
+    service.wait(enough["id"])

@@ -401,6 +401,13 @@ def test_dashboard_and_offline_docs_in_chromium(
     )
     assert_labels_apart(page, 8)
     assert_no_section_overflows(page)
+    # 2 seeds a condition: the page says that no comparison within a cell can reach 0.05 (as
+    # the 201 body did), on its first screen
+    shown = page.locator("[data-role=seed-warnings]")
+    assert "2 seeds per condition: a comparison within one cell cannot reach" in shown.inner_text()
+    box = shown.bounding_box()
+    assert box is not None and box["y"] < 800
+    assert "8 conditions × 2 seeds = 16 runs" in page.locator("main").inner_text()
 
     # Add-seeds gives every new run the same warning again: listed once, with its count.
     added = service.client.post(f"/experiments/{experiment_id}/seeds", json={"seeds": 1})

@@ -34,6 +34,7 @@ from api_schemas.labels import MAX_TAGS
 from api_schemas.pages import CURVE_POINTS, CURVE_RUNS, EXPERIMENTS_PAGE, RUNS_PAGE
 from service import experiments as logic
 from service.analysis import export
+from service.analysis.seed_warnings import submission_warnings
 from service.analysis.stats import MAX_COMPARISONS_PER_PAGE
 from service.analysis.stats_store import stats_json
 from service.api.deps import (
@@ -82,6 +83,7 @@ def submit_experiment(
         n_conditions=experiment.n_conditions,
         n_runs=experiment.n_runs,
         created_at=experiment.created_at,
+        seed_warnings=submission_warnings(spec),
     )
 
 

@@ -967,6 +967,9 @@ async function showExperiment(id) {
     el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
     labelsLine(detail),
     problem,
+    // what its seeds per condition cannot let the test say (as submit said)
+    (detail.seed_warnings || []).length ? el("ul", { class: "warn", "data-role": "seed-warnings" },
+      detail.seed_warnings.map((w) => el("li", { text: w }))) : null,
     factsList([["status", statusBadge(detail.status)], ["trainer", detail.trainer],
       ...(detail.queue_position ? [["queue", el("span", { "data-role": "queue-position",
         text: detail.queue_position === 1 ? "next to start"
@@ -974,7 +977,9 @@ async function showExperiment(id) {
       ...(detail.waiting_for ? [["waiting", el("span", { class: "error",
         "data-role": "waiting-for", text: detail.waiting_for })]] : []),
       ["progress", progress(detail.counts, detail.n_runs)],
-      ["conditions × seeds", `${detail.n_conditions} conditions, ${detail.n_runs} runs`],
+      ["conditions × seeds", detail.n_conditions && detail.n_runs % detail.n_conditions === 0
+        ? `${detail.n_conditions} conditions × ${detail.n_runs / detail.n_conditions} seeds = ${detail.n_runs} runs`
+        : `${detail.n_conditions} conditions, ${detail.n_runs} runs`],
       ["created", fmtTime(detail.created_at)], ["finished", fmtTime(detail.finished_at)],
       ["counts", Object.entries(detail.counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`).join(", ")]]),
     el("div", { class: "controls" }, el("label", {}, "metric ", select("metric-select", metric,
