@@ -350,7 +350,8 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
         console.print(
             "primary test: randomisation test of squared deviations from the cell "
             "medians (paired: signs flipped within each seed; unpaired: permuted "
-            "within cells); ci95: the ratios it does not reject; Holm p: its p "
+            "within cells); ci95: the ratios it does not reject, raw (each comparison "
+            "alone), so it can exclude 1 beside a Holm p above 0.05; Holm p: its p "
             "Holm-adjusted over the factor's comparisons (* < 0.05, ** < 0.01). "
             "F-test, Brown-Forsythe, the mean test and raw p-values: --all",
             markup=False,

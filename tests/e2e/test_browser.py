@@ -333,7 +333,10 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert _numbers(holm_cell)[0] == pytest.approx(holm, rel=1e-3, abs=1e-4)
     assert holm_cell.count("*") == (2 if holm < 0.01 else 1 if holm < 0.05 else 0)
     headers = page.locator("[data-role=comparisons] th").all_inner_texts()
-    assert {"95% CI (primary)", "primary p (raw)", "Holm p (factor)"} <= set(headers)
+    assert {"95% CI (primary, raw)", "primary p (raw)", "Holm p (factor)"} <= set(headers)
+    # the raw interval beside the adjusted p, explained in one line (issue 39)
+    note = page.locator("[data-role=interval-note]").first.inner_text()
+    assert "raw (each comparison alone)" in note and "Holm p is adjusted" in note
     assert page.locator("[data-role=interim-note]").count() == 0  # not an adaptive experiment
     # The runs table sorts by a clicked header (seed, then reversed).
     page.locator("[data-role=runs] [data-role=sort-header]", has_text="seed").click()

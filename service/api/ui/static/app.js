@@ -754,10 +754,16 @@ function comparisonsTable(stats) {
       el("td", { class: "warn", title: c.warnings.join("\n") || null,
         text: c.warnings.length ? `${c.warnings.length} ⚠` : "" }));
   });
-  return el("div", { class: "table-scroll" }, sortableTable("comparisons", ["factor",
-    "levels a vs b", "within", "n", "pairing", "var a / var b (within cells)", "var ratio",
-    "95% CI (primary)", "primary p (raw)", "Holm p (factor)", "marginal ratio (pooled)",
-    "mean a − b [95% CI]", "warnings"], rows, { class: "numbers" }));
+  return el("div", { class: "table-scroll" },
+    // the interval is the raw test's (each comparison alone), the Holm p adjusted: say so
+    el("p", { class: "muted", "data-role": "interval-note", text: "The 95% CI and the primary "
+      + "p are raw (each comparison alone); Holm p is adjusted over the factor's comparisons, "
+      + "so an interval excluding 1 beside a Holm p above 0.05 is significant alone, not after "
+      + "the adjustment." }),
+    sortableTable("comparisons", ["factor",
+      "levels a vs b", "within", "n", "pairing", "var a / var b (within cells)", "var ratio",
+      "95% CI (primary, raw)", "primary p (raw)", "Holm p (factor)", "marginal ratio (pooled)",
+      "mean a − b [95% CI]", "warnings"], rows, { class: "numbers" }));
 }
 
 function omnibusTable(stats) {
