@@ -4,6 +4,7 @@ it (its statistics, then each distinct reason its runs stopped, failed or diverg
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
+import service.cli.paper_tables as paper_tables
 import service.cli.remote as remote
 import service.cli.render as render
 from api_schemas import ExperimentStatus, RunStatus, first_line
@@ -139,7 +141,14 @@ def report(
     trouble = sum(detail["counts"][s] for s in RunStatus.went_wrong())
     if mode != "table":
         stats = remote.ask(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
-        print_json(stats) if mode == "json" else print_stats_csv(stats)
+        if mode == "json":
+            print_json(stats)
+        elif mode == "csv":
+            print_stats_csv(stats)
+        else:  # markdown or latex: plain text, never wrapped
+            sys.stdout.write(
+                paper_tables.markdown(stats) if mode == "markdown" else paper_tables.latex(stats)
+            )
         return trouble
     render.console.print(
         f"experiment {experiment_id} {detail['name']}: {detail['status']} "

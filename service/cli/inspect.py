@@ -166,10 +166,25 @@ def stats(
             "`table` column says which table a row is from)",
         ),
     ] = False,
+    table_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="markdown or latex: both tables ready for a paper (3 significant digits, "
+            "the raw interval beside the Holm p, confounds noted)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Per-condition table and variance comparisons of an experiment: the primary test of
     each comparison, its p Holm-adjusted per factor (compact; --all for every field)."""
     mode = output_mode(as_json, as_csv)
+    if table_format is not None:
+        if table_format not in ("markdown", "latex"):
+            raise fail(f"--format: expected markdown or latex, got {table_format!r}")
+        if mode != "table":
+            raise fail("--format: give it alone, without --json or --csv")
+        mode = table_format
     if scale not in (None, "raw", "log"):
         raise fail(f"--scale: expected raw or log, got {scale!r}")
     with remote.connect(url, 120) as client:
