@@ -80,6 +80,7 @@ for name, command in (
     ("add-seeds", commands.add_seeds),
     ("compare", inspect.compare),
     ("stats", inspect.stats),
+    ("figure", inspect.figure),
     ("explain", inspect.explain),
     ("list", commands.list_experiments),
     ("tag", organise.tag),

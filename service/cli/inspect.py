@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import difflib
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 import service.cli.remote as remote
 import service.cli.render as render
-from api_schemas.pages import COMPARE_PAGE
+from api_schemas.pages import COMPARE_PAGE, COMPARISONS_PAGE
 from api_schemas.stats_fields import field_meaning, known_fields
 from service.cli.common import CsvOpt, JsonOpt, UrlOpt, fail, output_mode
 from service.cli.follow import report
@@ -189,6 +190,35 @@ def stats(
         raise fail(f"--scale: expected raw or log, got {scale!r}")
     with remote.connect(url, 120) as client:
         report(client, experiment_id, metric, show_all, mode, scale)
+
+
+def figure(
+    experiment_id: int,
+    url: UrlOpt = None,
+    metric: Annotated[str | None, typer.Option(help="metric to draw")] = None,
+    scale: Annotated[
+        str | None,
+        typer.Option(help="raw or log [default: the spec's analysis.scale]", show_default=False),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="folder for the files [default: ./seedgrid-figures-ID]"),
+    ] = None,
+) -> None:
+    """Paper-ready figures of an experiment's statistics, each as SVG and PNG: a forest plot
+    of the variance ratios with their primary 95% intervals (log axis, Holm p beside each; the
+    pooled comparisons first) and every seed's value per condition on the analysis scale."""
+    import service.cli.figures as figures
+
+    if scale not in (None, "raw", "log"):
+        raise fail(f"--scale: expected raw or log, got {scale!r}")
+    params: dict[str, Any] = {"limit": COMPARISONS_PAGE}
+    params.update({k: v for k, v in (("metric", metric), ("scale", scale)) if v})
+    with remote.connect(url, 120) as client:
+        stats = remote.ask(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
+    folder = out if out is not None else Path(f"seedgrid-figures-{experiment_id}")
+    for path in figures.write_figures(stats, folder):
+        render.console.print(str(path), markup=False, soft_wrap=True)
 
 
 def protocol(
