@@ -181,6 +181,45 @@ def _as_shown(x: float) -> float:
     return float(f"{x:.2e}") if x != 0 and not 1e-3 <= abs(x) < 1e5 else float(f"{x:.4g}")
 
 
+def assert_headline_in_first_screen(service: Service, page: Page, experiment_id: int) -> None:
+    """Issue 39: the experiment page's first 1280x800 screen states the answer: per factor its
+    pooled comparison with the smallest Holm p, the variance ratio with its interval and Holm p
+    and the mean difference, as /stats serves them; the distribution chart on the spec's scale."""
+    stats = service.client.get(f"/experiments/{experiment_id}/stats", params={"limit": 2000}).json()
+    spec = service.client.get(f"/experiments/{experiment_id}").json()["spec"]
+    pooled: dict[str, tuple[float, dict[str, object]]] = {}
+    for c in stats["comparisons"]:
+        p = c["primary_p_holm_factor"]
+        p = 2.0 if p is None else p
+        if c["within"] is None and (c["factor"] not in pooled or p < pooled[c["factor"]][0]):
+            pooled[c["factor"]] = (p, c)
+    lines = page.locator("[data-role=headline-comparison]")
+    lines.first.wait_for(timeout=15_000)
+    assert lines.count() == len(pooled) >= 1
+    for i in range(lines.count()):
+        line = lines.nth(i)
+        c = pooled[line.get_attribute("data-factor") or ""][1]
+        for role in ("headline-ratio", "headline-interval", "headline-p", "headline-mean"):
+            box = line.locator(f"[data-role={role}]").bounding_box()
+            assert box is not None and box["y"] + box["height"] <= 800, (role, box)
+        ratio = _numbers(line.locator("[data-role=headline-ratio]").inner_text())
+        assert ratio == pytest.approx([c["var_ratio"]], rel=1e-3)
+        low, high = c["primary_ci95"]
+        assert _numbers(line.locator("[data-role=headline-interval]").inner_text()) == (
+            pytest.approx(
+                [_as_shown(v) for v in ([low] if high is None else [low, high])], rel=1e-9
+            )
+        )
+        holm = c["primary_p_holm_factor"]
+        if holm is not None:
+            shown_p = _numbers(line.locator("[data-role=headline-p]").inner_text())[0]
+            assert shown_p == pytest.approx(holm, rel=1e-3, abs=1e-4)
+        mean = _numbers(line.locator("[data-role=headline-mean]").inner_text())
+        assert mean[0] == pytest.approx(c["mean_diff"], rel=1e-3, abs=1e-12)
+    log = (spec.get("analysis") or {}).get("scale", "raw") == "log"
+    assert page.locator("[data-role=log-scale]").is_checked() == log
+
+
 def test_dashboard_and_offline_docs_in_chromium(
     browser: Browser, start_service: Callable[..., Service]
 ) -> None:
@@ -396,6 +435,7 @@ def test_dashboard_and_offline_docs_in_chromium(
     }
     assert len(fills) == 16  # a colour per condition
     assert_tab_reaches_every_seed_point(page)
+    assert_headline_in_first_screen(service, page, wide_id)
     watched.shot("experiment-16-conditions")
     assert service.wait(bundled_id)["status"] == "completed"
     page.goto(f"{origin}/ui#/experiments/{bundled_id}")
@@ -404,6 +444,7 @@ def test_dashboard_and_offline_docs_in_chromium(
     )
     assert_labels_apart(page, 8)
     assert_no_section_overflows(page)
+    assert_headline_in_first_screen(service, page, bundled_id)
     # 2 seeds a condition: the page says that no comparison within a cell can reach 0.05 (as
     # the 201 body did), on its first screen
     shown = page.locator("[data-role=seed-warnings]")

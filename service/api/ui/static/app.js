@@ -705,6 +705,38 @@ function comparisonsPager(stats, rerender) {
       onclick: go(stats.next_offset), text: `next ${COMPARISONS_PAGE} →` }) : null);
 }
 
+// The answer first: per factor, its headline comparison (the pooled pair with the smallest
+// Holm p on this page) in words: the variance ratio with its interval on the analysis scale and
+// its Holm p, the mean difference with its interval and Holm p, and a confound if any.
+function headline(stats) {
+  const byFactor = new Map();
+  for (const c of stats.comparisons) {
+    if (c.within !== null) continue;
+    const best = byFactor.get(c.factor);
+    const p = c.primary_p_holm_factor === null ? 2 : c.primary_p_holm_factor;
+    if (!best || p < best.p) byFactor.set(c.factor, { c, p });
+  }
+  if (!byFactor.size) return null;
+  const scale = stats.scale === "log" ? `log ${stats.metric}` : stats.metric;
+  return el("section", { class: "headline", "data-role": "headline" },
+    el("h2", { text: `The answer: does each factor change the seed-to-seed variance of ${scale}?` }),
+    [...byFactor.values()].map(({ c }) => {
+      const p = c.primary_p_holm_factor;
+      const verdict = p === null ? "untested" : p < 0.05 ? "differs" : "no difference shown";
+      return el("p", { "data-role": "headline-comparison", "data-factor": c.factor },
+        el("strong", { text: `${c.factor}: ${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}` }),
+        ` — variance ${verdict}: ratio `,
+        el("span", { "data-role": "headline-ratio", text: fmt(c.var_ratio) }), " ",
+        el("span", { "data-role": "headline-interval", text: fmtRatioInterval(c.primary_ci95) }),
+        " (95% CI, raw), Holm p ",
+        el("span", { "data-role": "headline-p", text: fmtP(p) }), ` ${holmMark(p)}; mean a − b `,
+        el("span", { "data-role": "headline-mean", text: `${fmt(c.mean_diff)} ${fmtInterval(c.mean_diff_ci95)}` }),
+        `, Holm p ${fmtP(c.mean_p_holm_factor)}.`,
+        (c.confounds || []).length ? el("span", { class: "warn", "data-role": "headline-confound",
+          text: ` Confounded: also changes ${c.confounds.map((d) => `${d.field} ${d.a} → ${d.b}`).join(", ")}.` }) : null);
+    }));
+}
+
 // One row per comparison: the primary test in the cells, the secondary tests in tooltips.
 function comparisonsTable(stats) {
   const rows = stats.comparisons.map((c) => {
@@ -890,10 +922,14 @@ function conditionLegend(conditions, rerender, place) {
 async function showExperiment(id) {
   const gen = generation;
   if (experimentState.id !== id) Object.assign(experimentState,
-    { id, metric: null, curveMetric: null, seeds: false, log: false, hidden: new Set(),
+    { id, metric: null, curveMetric: null, seeds: false, log: null, hidden: new Set(),
       openWarnings: new Set(), comparisonsOffset: 0 });
   const rerender = () => showExperiment(id).catch(showError);
   const detail = await api(`/experiments/${id}`);
+  // the charts start on the spec's analysis scale (the statistics' scale); the checkbox changes it
+  if (experimentState.log === null) {
+    experimentState.log = ((detail.spec.analysis || {}).scale || "raw") === "log";
+  }
   const trainer = (await trainers()).find((t) => t.name === detail.trainer);
   const { items: runs, truncated } = await apiPages(`/experiments/${id}/runs`, RUNS_PAGE, MAX_RUN_PAGES);
   if (gen !== generation) return;
@@ -973,6 +1009,7 @@ async function showExperiment(id) {
     el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
     labelsLine(detail),
     problem,
+    stats ? headline(stats) : null,
     // what its seeds per condition cannot let the test say (as submit said)
     (detail.seed_warnings || []).length ? el("ul", { class: "warn", "data-role": "seed-warnings" },
       detail.seed_warnings.map((w) => el("li", { text: w }))) : null,
