@@ -290,6 +290,22 @@ def comparison_rows(stats: dict[str, Any], marks: bool = True) -> list[list[str]
     return rows
 
 
+def split_silent(stats: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The stats with only the comparisons that can say something, and those that cannot (the
+    primary interval [0, inf]: no ratio rejected), when there are at least two of the latter
+    (one is shown as it is)."""
+    silent = [
+        c
+        for c in stats["comparisons"]
+        if (c.get("primary_ci95") or [None, 0])[1:] == [None]
+        and (c.get("primary_ci95") or [1])[0] == 0
+    ]
+    if len(silent) < 2:
+        return stats, []
+    kept = [c for c in stats["comparisons"] if not any(c is s for s in silent)]
+    return {**stats, "comparisons": kept}, silent
+
+
 def confound_lines(stats: dict[str, Any]) -> list[str]:
     """One line per level pair whose comparisons are confounded: the other fields its two
     levels change, with both values (the first cell's, where pooled cells differ)."""
@@ -336,11 +352,14 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
         f"variance comparisons of {stats['metric']}{scale}: var_a / var_b within cells, "
         "primary test; Holm p adjusted per factor"
     )
+    # Rows that cannot say anything (the test rejects no ratio: [0, inf]) are one line under
+    # the table, not dozens of identical rows.
+    shown_stats, silent = split_silent(stats)
     # The interval wraps at its space only when abbreviations leave too little room.
     print_table(
         title,
         COMPARISON_COLUMNS,
-        comparison_rows(stats),
+        comparison_rows(shown_stats),
         {"pair", "within", "primary ci95"},
         factors,
         width,
@@ -354,6 +373,16 @@ def print_stats(stats: dict[str, Any], full: bool = False) -> None:
             "alone), so it can exclude 1 beside a Holm p above 0.05; Holm p: its p "
             "Holm-adjusted over the factor's comparisons (* < 0.05, ** < 0.01). "
             "F-test, Brown-Forsythe, the mean test and raw p-values: --all",
+            markup=False,
+            width=width,
+        )
+    if silent:
+        console.print(
+            f"{len(silent)} more comparison{'s' * (len(silent) != 1)} cannot say anything "
+            "(the test rejects no ratio: interval [0, inf], too few seeds or re-assignments): "
+            + ", ".join(sorted({f"{c['factor']} within {_within(c)}" for c in silent})[:6])
+            + (", ..." if len({(c["factor"], _within(c)) for c in silent}) > 6 else "")
+            + "; `--all` lists them",
             markup=False,
             width=width,
         )

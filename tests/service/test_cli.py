@@ -221,13 +221,21 @@ def test_the_compact_table_shows_the_primary_test_and_its_holm_p_per_factor(
     assert set(marks) == {"**", "*", ""}
     assert {c["pairing"] for c in stats["comparisons"]} == {"paired"}
 
-    # 2 seeds: no ratio is rejected, so the interval runs to infinity
+    # 2 seeds: no ratio is rejected, so every interval is [0, inf]: the rows that cannot say
+    # anything are one line under the table
     few = stats_payload(seeds=2)
-    assert few["comparisons"][0]["primary_ci95"][1] is None
+    assert all(c["primary_ci95"] == [0.0, None] for c in few["comparisons"])
+    monkeypatch.setattr(render, "console", Console(width=160, record=True))
+    cli.print_stats(few)
+    shown = render.console.export_text()
+    assert comparison_table(shown)[1] == []
+    assert "6 more comparisons cannot say anything" in " ".join(shown.split())
+    # an interval unbounded above only: its row shows inf
+    few["comparisons"][0]["primary_ci95"] = [0.37, None]
     monkeypatch.setattr(render, "console", Console(width=160, record=True))
     cli.print_stats(few)
     _, rows = comparison_table(render.console.export_text())
-    assert rows[0][5] == f"[{few['comparisons'][0]['primary_ci95'][0]:.2g}, inf]"
+    assert rows[0][5] == "[0.37, inf]"
 
 
 Handler = dict[str, Any]
@@ -750,3 +758,23 @@ def test_a_confounded_comparison_is_marked_and_its_fields_named(
     assert "c: confounded: the two levels also differ in other config fields" in " ".join(
         shown.split()
     )
+
+
+def test_rows_that_cannot_say_anything_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: a 4x4 grid at 3 seeds gave 48 rows of [0, inf]; they are one line now."""
+    stats = stats_payload()
+    within = [c for c in stats["comparisons"] if c["within"] is not None]
+    for c in within:
+        c["primary_ci95"] = [0.0, None]
+    monkeypatch.setattr(render, "console", Console(width=160, record=True))
+    cli.print_stats(stats)
+    shown = render.console.export_text()
+    _, rows = comparison_table(shown)
+    assert len(rows) == len(stats["comparisons"]) - len(within)
+    assert all(row[1] == "pooled" for row in rows)
+    assert f"{len(within)} more comparisons cannot say anything" in " ".join(shown.split())
+    one = stats_payload()
+    one["comparisons"][1]["primary_ci95"] = [0.0, None]  # a single one stays a row
+    monkeypatch.setattr(render, "console", Console(width=160, record=True))
+    cli.print_stats(one)
+    assert len(comparison_table(render.console.export_text())[1]) == len(one["comparisons"])
