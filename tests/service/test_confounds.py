@@ -5,64 +5,20 @@ defaults for a stop-gradient head, and nothing said so)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from sqlmodel import Session
-
-from api_schemas import ExperimentSpec, RunStatus
+from api_schemas import ExperimentSpec
 from service.analysis.confounds import ConditionConfigs, confounds
-from service.specs import condition_key
-from service.storage.db import Experiment, Run, make_engine, upgrade_database
-from tests.service.test_stats_store import served
+from service.storage.db import upgrade_database
+from tests.service.test_stats_store import served, store_collapse_experiment
 
 GRID = {"stop_gradient": [False, True], "r": [0.0, 0.1]}
 
 
 def store_grid(url: str, config: dict[str, Any], seeds: int = 4) -> int:
     """A completed collapse experiment over GRID with base `config`, random min_l2 per run."""
-    rng = np.random.default_rng(3)
-    conditions = [
-        dict(zip(GRID, combo, strict=True)) for combo in itertools.product(*GRID.values())
-    ]
-    engine = make_engine(url)
-    with Session(engine) as session:
-        experiment = Experiment(
-            name="confounds",
-            trainer="collapse",
-            metric="min_l2",
-            spec={"name": "confounds", "trainer": "collapse", "config": config, "grid": GRID},
-            n_conditions=len(conditions),
-            n_runs=len(conditions) * seeds,
-            runs_completed=len(conditions) * seeds,
-        )
-        session.add(experiment)
-        session.commit()
-        experiment_id = experiment.id
-        session.add_all(
-            [
-                Run(
-                    experiment_id=experiment_id,
-                    condition=condition,
-                    condition_key=condition_key(condition),
-                    seed=seed,
-                    trainer="collapse",
-                    status=RunStatus.completed,
-                    warnings=[],
-                    provenance={},
-                    diagnostics={},
-                    metrics={"min_l2": float(rng.lognormal())},
-                )
-                for condition in conditions
-                for seed in range(seeds)
-            ]
-        )
-        session.commit()
-    engine.dispose()
-    assert experiment_id is not None
-    return experiment_id
+    return store_collapse_experiment(url, 0, seeds, 3, grid=GRID, config=config)
 
 
 def test_the_stop_gradients_default_lr_and_steps_are_named_on_its_comparisons(

@@ -6,6 +6,7 @@ Holm families, and a family is analysed within a memory bound."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import tracemalloc
@@ -22,6 +23,7 @@ from service.analysis import omnibus, stats_store, variance
 from service.analysis.stats import experiment_stats
 from service.experiments import SpecError
 from service.limits import Busy, HeavyReads
+from service.specs import condition_key
 from service.storage.db import Experiment, Run, StatsCache, make_engine, upgrade_database
 from tests.service.test_stats_guidance import store_cff_experiment
 
@@ -112,20 +114,37 @@ def test_the_spec_chooses_the_scale_and_the_target_ratio_and_a_query_overrides_t
     assert refused.value.errors[0]["loc"] == ["query", "scale"]
 
 
-def store_collapse_experiment(url: str, levels: int, seeds: int, rng_seed: int) -> int:
-    """A completed collapse experiment over `levels` values of r, random min_l2 per run."""
+def store_collapse_experiment(
+    url: str,
+    levels: int,
+    seeds: int,
+    rng_seed: int,
+    grid: dict[str, list[Any]] | None = None,
+    config: dict[str, Any] | None = None,
+) -> int:
+    """A completed collapse experiment over `levels` values of r (or over `grid`, with base
+    `config`), random min_l2 per run."""
     rng = np.random.default_rng(rng_seed)
-    grid = {"r": [round(i / levels, 6) for i in range(levels)]}
+    grid = grid or {"r": [round(i / levels, 6) for i in range(levels)]}
+    conditions = [
+        dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())
+    ]
+    spec = {
+        "name": "levels",
+        "trainer": "collapse",
+        "grid": grid,
+        **({"config": config} if config else {}),
+    }
     engine = make_engine(url)
     with Session(engine) as session:
         experiment = Experiment(
             name="levels",
             trainer="collapse",
             metric="min_l2",
-            spec={"name": "levels", "trainer": "collapse", "grid": grid},
-            n_conditions=levels,
-            n_runs=levels * seeds,
-            runs_completed=levels * seeds,
+            spec=spec,
+            n_conditions=len(conditions),
+            n_runs=len(conditions) * seeds,
+            runs_completed=len(conditions) * seeds,
         )
         session.add(experiment)
         session.commit()
@@ -134,8 +153,8 @@ def store_collapse_experiment(url: str, levels: int, seeds: int, rng_seed: int) 
             [
                 Run(
                     experiment_id=experiment_id,
-                    condition={"r": r},
-                    condition_key=f"r={r}",
+                    condition=condition,
+                    condition_key=condition_key(condition),
                     seed=seed,
                     trainer="collapse",
                     status=RunStatus.completed,
@@ -144,7 +163,7 @@ def store_collapse_experiment(url: str, levels: int, seeds: int, rng_seed: int) 
                     diagnostics={},
                     metrics={"min_l2": float(rng.lognormal())},
                 )
-                for r in grid["r"]
+                for condition in conditions
                 for seed in range(seeds)
             ]
         )
