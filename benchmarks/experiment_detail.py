@@ -2,8 +2,10 @@
 38 item 3: it should not), over real HTTP from this process to a `seedgrid serve --no-dispatch`
 subprocess on one SQLite file.
 
-Two arms per size, each an experiment of the same runs (10 seeds per condition, every run
-completed, 3 curves of 2 points each, stored through the runs store as workers' points are):
+Two arms per size, each an experiment of the same runs (CONDITIONS conditions, the seeds
+making up the size, so that the spec and its grid stay the same size and only the runs grow;
+every run completed, 3 curves of 2 points each, stored through the runs store as workers'
+points are):
 
 - `kept`: the experiment's curve names are kept in its row as its points are stored (what
   every experiment submitted since migration 0014 has);
@@ -47,7 +49,7 @@ from service.settings import Settings  # noqa: E402
 from service.storage.db import make_engine, upgrade_database  # noqa: E402
 
 GOAL = 1.5  # GET /experiments/{id} at 10x the runs, over its time at 1x
-SEEDS = 10
+CONDITIONS = 20
 CURVES = ("loss", "min_l2", "grad_norm")
 ARMS = ("kept", "legacy")
 
@@ -55,14 +57,13 @@ ARMS = ("kept", "legacy")
 def build(database_url: str, runs: int, arm: str) -> int:
     """An experiment of `runs` completed runs whose points are stored through the runs store;
     for `legacy`, its curve names unset afterwards. Its id."""
-    conditions = runs // SEEDS
     spec = ExperimentSpec.model_validate(
         {
             "name": f"{arm}-{runs}",
             "trainer": "collapse",
             "config": {"steps": 10},
-            "grid": {"r": [round(0.001 * (i + 1), 6) for i in range(conditions)]},
-            "seeds": SEEDS,
+            "grid": {"r": [round(0.001 * (i + 1), 6) for i in range(CONDITIONS)]},
+            "seeds": max(1, runs // CONDITIONS),
         }
     )
     engine = make_engine(database_url)
