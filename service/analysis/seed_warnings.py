@@ -41,10 +41,12 @@ def smallest_p(seeds: int, strata: int = 1) -> float:
     return min(1.0, 2 / resampling.distinct_assignments(prep.layout))
 
 
-def seeds_reaching(alpha: float, strata: int = 1) -> int | None:
-    """The fewest seeds per condition whose comparisons of `strata` cells can reach `alpha`."""
+def seeds_reaching(alpha: float, strata: int = 1, start: int = 2) -> int | None:
+    """The fewest seeds per condition, from `start`, whose comparisons of `strata` cells can
+    reach `alpha`."""
     return next(
-        (n for n in range(2, MAX_SEEDS_LOOKED_AT + 1) if smallest_p(n, strata) <= alpha), None
+        (n for n in range(start, MAX_SEEDS_LOOKED_AT + 1) if smallest_p(n, strata) <= alpha),
+        None,
     )
 
 
@@ -62,9 +64,9 @@ def submission_warnings(spec: ExperimentSpec, alpha: float = ALPHA) -> list[str]
         pooled_can = [
             f
             for f in grid
-            if len(grid[f]) > 1
+            if len(grid) > 1
+            and len(grid[f]) > 1
             and smallest_p(seeds, math.prod(len(grid[g]) for g in grid if g != f)) <= alpha
-            and len(grid) > 1
         ]
         reach = (
             f"comparisons pooled over the other factors can (of {', '.join(pooled_can)})"
@@ -86,14 +88,7 @@ def submission_warnings(spec: ExperimentSpec, alpha: float = ALPHA) -> list[str]
         # every pooled one, where Holm multiplies its p by the comparisons left
         left = family - math.comb(levels, 2)
         if left * within > alpha:
-            needed = next(
-                (
-                    n
-                    for n in range(seeds + 1, MAX_SEEDS_LOOKED_AT + 1)
-                    if left * smallest_p(n) <= alpha
-                ),
-                None,
-            )
+            needed = seeds_reaching(alpha / left, start=seeds + 1)
             warnings.append(
                 f"factor {f}: after Holm over its {family} comparisons none of its {left} "
                 f"within-cell comparisons can reach p <= {alpha:g} (each gives p >= "
