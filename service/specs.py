@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import json
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,13 +15,10 @@ from typing import Any, Protocol
 import pydantic
 
 from api_schemas import IMPORTED_TRAINER, SOURCE_FACTOR, SOURCE_LEVELS, ExperimentSpec
+from api_schemas.levels import format_level
 from api_schemas.system_metrics import is_system_metric
 from service.errors import body_error
 from trainers import REGISTRY, Trainer
-
-
-def format_level(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def condition_key(condition: dict[str, Any]) -> str:

@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from api_schemas.levels import condition_text, pair_text
+
 MISSING = "—"
 LATEX_SPECIAL = {
     "\\": r"\textbackslash{}",
@@ -91,15 +93,13 @@ def _within(c: dict[str, Any]) -> str:
     within = c.get("within")
     if within is None:
         return "pooled"
-    return ", ".join(f"{k}={v}" for k, v in within.items())
+    return condition_text(within)
 
 
 def comparison_rows(stats: dict[str, Any], *, latex: bool) -> list[list[str]]:
     rows = []
     for c in stats["comparisons"]:
-        pair = f"{c['factor']}: {c['a']} vs {c['b']}" + (
-            " (confounded)" if c.get("confounds") else ""
-        )
+        pair = pair_text(c) + (" (confounded)" if c.get("confounds") else "")
         mean = (
             f"{number(c.get('mean_diff'), latex=latex)} "
             f"{interval(c.get('mean_diff_ci95'), latex=latex)}"
@@ -127,9 +127,7 @@ def notes(stats: dict[str, Any]) -> list[str]:
         "adjusted over the factor's comparisons.",
     ]
     confounded = {
-        f"{c['factor']}: {c['a']} vs {c['b']}": ", ".join(
-            f"{d['field']} {d['a']} → {d['b']}" for d in c["confounds"]
-        )
+        pair_text(c): ", ".join(f"{d['field']} {d['a']} → {d['b']}" for d in c["confounds"])
         for c in stats["comparisons"]
         if c.get("confounds")
     }

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api_schemas import environment
+from api_schemas.levels import condition_text, pair_text
 from api_schemas.stats_fields import COMPARISON_FIELDS, CONDITION_FIELDS
 
 # A pipe gets 160 columns unless COLUMNS says otherwise (rich reads COLUMNS itself).
@@ -222,7 +223,7 @@ COMPACT_WIDTH = 100
 
 def _within(comparison: dict[str, Any]) -> str:
     within = comparison["within"]
-    return ", ".join(f"{k}={v}" for k, v in within.items()) if within else "pooled"
+    return condition_text(within) if within else "pooled"
 
 
 def _flag(item: dict[str, Any]) -> str:
@@ -277,7 +278,7 @@ def comparison_rows(stats: dict[str, Any], marks: bool = True) -> list[list[str]
         shown = fmt(holm, 3) + (f" {mark}" if mark else "")
         rows.append(
             [
-                f"{c['factor']}: {c['a']} vs {c['b']}",
+                pair_text(c),
                 spaced(_within(c)),
                 f"{c['n_a']}/{c['n_b']}",
                 c.get("pairing") or "-",
@@ -313,7 +314,7 @@ def confound_lines(stats: dict[str, Any]) -> list[str]:
     for c in stats["comparisons"]:
         if not c.get("confounds"):
             continue
-        pair = f"{c['factor']}: {c['a']} vs {c['b']}"
+        pair = pair_text(c)
         changes = ", ".join(f"{d['field']} {d['a']} -> {d['b']}" for d in c["confounds"])
         lines.setdefault(pair, f"{pair} also changes {changes}")
     return list(lines.values())
@@ -513,7 +514,7 @@ def print_all_stats(stats: dict[str, Any]) -> None:
         )
     for c in stats["comparisons"]:
         block(
-            f"comparison {c['factor']}: {c['a']} vs {c['b']} ({_within(c)})",
+            f"comparison {pair_text(c)} ({_within(c)})",
             {k: v for k, v in c.items() if k not in {"factor", "a", "b", "within"}},
         )
     for family in stats.get("multiplicity", []):
