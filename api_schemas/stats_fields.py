@@ -40,7 +40,9 @@ COMPARISON_FIELDS: dict[str, str] = {
     "var_ratio": "var_a / var_b: above 1, level a spreads more from seed to seed",
     "scale": "raw: variances of the metric; log: of its logarithm (relative spreads)",
     "primary_test": "the test of var_a / var_b = 1 every view reports (randomisation test of "
-    "squared deviations from the cell medians)",
+    "squared deviations from each cell's centre: its median, or at 6-15 unpaired seeds one "
+    "mode-aligned centre, or at up to 15 paired seeds a point between its median and the "
+    "midpoint of its shortest half; the name says which)",
     "primary_p": "the primary test's p-value, raw (not adjusted for other comparisons)",
     "primary_p_holm_factor": "primary_p Holm-adjusted over the factor's comparisons",
     "primary_p_holm_all": "primary_p Holm-adjusted over every comparison of the experiment",

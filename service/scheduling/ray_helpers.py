@@ -3,6 +3,7 @@ a run's resources fit any of its nodes; one line of an exception for a run's err
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -98,6 +99,12 @@ def own_ray_token() -> None:
     Config.initialize("")
 
 
+# Ray's own log lines in this process ("Started a local Ray instance.", "Connecting to existing
+# Ray cluster"): warnings and errors only. seedgrid says which Ray it uses in its own words
+# (`Ray local (started here)`); Ray's INFO lines, in Ray's format, broke into the CLI's output.
+RAY_LOGGING_LEVEL = logging.WARNING
+
+
 def ensure_ray(settings: Settings) -> None:
     """Join the configured cluster, or start a local Ray, once per process, with the
     operator's trainer modules in its runtime environment (worker_runtime_env)."""
@@ -110,7 +117,12 @@ def ensure_ray(settings: Settings) -> None:
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
         if settings.ray_address:
-            ray.init(address=settings.ray_address, log_to_driver=False, runtime_env=runtime_env)
+            ray.init(
+                address=settings.ray_address,
+                log_to_driver=False,
+                runtime_env=runtime_env,
+                logging_level=RAY_LOGGING_LEVEL,
+            )
         else:
             own_ray_token()
             ray.init(
@@ -118,6 +130,7 @@ def ensure_ray(settings: Settings) -> None:
                 include_dashboard=False,
                 log_to_driver=False,
                 runtime_env=runtime_env,
+                logging_level=RAY_LOGGING_LEVEL,
             )
     finally:
         if previous is not None:

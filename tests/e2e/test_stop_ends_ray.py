@@ -31,6 +31,8 @@ LONG = {
 }
 ACTIVE = re.compile(r"dispatcher \S+ is active")
 GONE_WITHIN_S = 10.0
+# A line of Ray's logger: "2026-12-07 18:56:25,423	INFO worker.py:2038 -- Started a local ..."
+RAY_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+[A-Z]+ \S+\.py:\d+ -- ", re.M)
 
 
 @pytest.mark.timeout(240)
@@ -73,6 +75,10 @@ def test_sigterm_ends_every_process_the_command_started(command: str, tmp_path: 
             )
             time.sleep(0.1)
         assert "Traceback" not in process.log()
+        # Ray's own log lines stay out of the command's output (issue 39); it says which Ray
+        assert not RAY_LOG_LINE.search(process.log()), process.log()
+        if command == "run":
+            assert "Ray local (started here)" in process.log()
     finally:
         kill_sessions([session])
         process.stop()
