@@ -1,5 +1,6 @@
-"""`seedgrid figure ID`: paper-ready figures of an experiment's statistics, each as SVG and PNG
-(matplotlib, drawn off-screen):
+"""Paper-ready figures of an experiment's statistics, each as SVG and PNG (matplotlib, drawn
+off-screen), for `seedgrid figure ID` and the dashboard's download buttons
+(GET /experiments/{id}/figure):
 
 - `forest`: the variance ratio of each comparison (the pooled ones first, at most
   MAX_FOREST_ROWS) with its primary 95% interval on a log axis, a line at 1, and the
@@ -8,28 +9,36 @@
 - `distribution`: every completed seed's value per condition, on the experiment's analysis
   scale (log axis when the spec says log), each condition's mean as a bar.
 
-The data come from GET /experiments/{id}/stats, so the figures show what the tables show."""
+The data are GET /experiments/{id}/stats's, so the figures show what the tables show. Each
+figure is a matplotlib Figure of its own (no pyplot state), so the service's threads can draw
+at once."""
 
 from __future__ import annotations
 
+import io
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from api_schemas.levels import condition_text, pair_text
+
 MAX_FOREST_ROWS = 40
 FORMATS = ("svg", "png")
+MEDIA_TYPES = {"svg": "image/svg+xml", "png": "image/png"}
 DPI = 200
 
 
-def _pyplot() -> Any:
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    """A new Figure of that size in inches (drawn by the Agg canvas: no display) and its axes."""
     import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # no display: files only
     # text stays text in the SVG (editable, searchable, the paper's font), not glyph outlines
+    # (set for the process, once: rc_context around each save would race between threads)
     matplotlib.rcParams["svg.fonttype"] = "none"
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots()
 
 
 def forest_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
@@ -43,14 +52,8 @@ def forest_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def comparison_label(c: dict[str, Any]) -> str:
-    within = (
-        "pooled"
-        if c.get("within") is None
-        else ", ".join(f"{k}={v}" for k, v in c["within"].items())
-    )
-    return f"{c['factor']}: {c['a']} vs {c['b']} ({within})" + (
-        " (confounded)" if c.get("confounds") else ""
-    )
+    within = "pooled" if c.get("within") is None else condition_text(c["within"])
+    return f"{pair_text(c)} ({within})" + (" (confounded)" if c.get("confounds") else "")
 
 
 def _p_text(p: float | None) -> str:
@@ -59,11 +62,11 @@ def _p_text(p: float | None) -> str:
     return f"Holm p {p:.2g}" if p >= 1e-3 else f"Holm p {p:.1e}"
 
 
-def forest(stats: dict[str, Any], path_stem: Path) -> list[Path]:
-    plt = _pyplot()
+def forest(stats: dict[str, Any]) -> Any:
+    """The forest plot of `stats`' variance ratios (a Figure)."""
     rows = forest_rows(stats)
     height = 1.2 + 0.35 * max(len(rows), 1)
-    fig, ax = plt.subplots(figsize=(7.5, height))
+    fig, ax = _figure(7.5, height)
     ends = [v for c in rows for v in (c.get("primary_ci95") or []) if v not in (None, 0)]
     ratios = [c["var_ratio"] for c in rows if c["var_ratio"] and c["var_ratio"] > 0]
     positive = [v for v in ends + ratios if v and v > 0 and math.isfinite(v)] or [1.0]
@@ -104,13 +107,13 @@ def forest(stats: dict[str, Any], path_stem: Path) -> list[Path]:
     ax.set_xlabel(f"variance ratio a / b of {scale}{stats['metric']} (primary 95% interval)")
     ax.set_title(f"Variance ratios, {stats['metric']}", fontsize=10)
     fig.tight_layout()
-    return _save(fig, plt, path_stem)
+    return fig
 
 
-def distribution(stats: dict[str, Any], path_stem: Path) -> list[Path]:
-    plt = _pyplot()
+def distribution(stats: dict[str, Any]) -> Any:
+    """Every seed's value per condition, on the analysis scale (a Figure)."""
     conditions = stats["conditions"]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.8 * len(conditions) + 2), 4.0))
+    fig, ax = _figure(max(4.0, 0.8 * len(conditions) + 2), 4.0)
     log = stats.get("scale") == "log"
     for i, c in enumerate(conditions):
         values = [v for v in c.get("values", []) if v is not None and (not log or v > 0)]
@@ -127,20 +130,35 @@ def distribution(stats: dict[str, Any], path_stem: Path) -> list[Path]:
     ax.set_ylabel(f"{stats['metric']}" + (" (log axis)" if log else ""))
     ax.set_title(f"{stats['metric']} per condition: every seed, mean as a bar", fontsize=10)
     fig.tight_layout()
-    return _save(fig, plt, path_stem)
+    return fig
 
 
-def _save(fig: Any, plt: Any, path_stem: Path) -> list[Path]:
-    written = []
-    for kind in FORMATS:
-        path = path_stem.with_suffix(f".{kind}")
-        fig.savefig(path, dpi=DPI, format=kind, metadata={"Date": None} if kind == "svg" else None)
-        written.append(path)
-    plt.close(fig)
-    return written
+FIGURES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "forest": forest,
+    "distribution": distribution,
+}
+
+
+def render(name: str, stats: dict[str, Any], kind: str) -> bytes:
+    """Figure `name` of `stats` as the bytes of an SVG or PNG file."""
+    fig = FIGURES[name](stats)
+    out = io.BytesIO()
+    # no date in an SVG, so the same statistics give the same bytes
+    fig.savefig(out, dpi=DPI, format=kind, metadata={"Date": None} if kind == "svg" else None)
+    return out.getvalue()
+
+
+def filename(experiment_id: int, name: str, kind: str) -> str:
+    return f"seedgrid-{experiment_id}-{name}.{kind}"
 
 
 def write_figures(stats: dict[str, Any], out: Path) -> list[Path]:
     """Every figure of `stats` under `out` (made if missing), as SVG and PNG; the paths."""
     out.mkdir(parents=True, exist_ok=True)
-    return forest(stats, out / "forest") + distribution(stats, out / "distribution")
+    written = []
+    for name in FIGURES:
+        for kind in FORMATS:
+            path = out / f"{name}.{kind}"
+            path.write_bytes(render(name, stats, kind))
+            written.append(path)
+    return written

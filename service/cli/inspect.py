@@ -208,7 +208,7 @@ def figure(
     """Paper-ready figures of an experiment's statistics, each as SVG and PNG: a forest plot
     of the variance ratios with their primary 95% intervals (log axis, Holm p beside each; the
     pooled comparisons first) and every seed's value per condition on the analysis scale."""
-    import service.cli.figures as figures
+    import service.analysis.figures as figures
 
     if scale not in (None, "raw", "log"):
         raise fail(f"--scale: expected raw or log, got {scale!r}")

@@ -26,6 +26,7 @@ from service.api.server import BackgroundServer
 from service.settings import Settings
 from tests.conftest import ROOT, Service
 from tests.e2e.toy_trainer import ToyTrainer
+from tests.service.test_figures import svg_texts
 from trainers import REGISTRY
 
 SCREENSHOTS = ROOT / "tests-output" / "browser"
@@ -218,6 +219,22 @@ def assert_headline_in_first_screen(service: Service, page: Page, experiment_id:
         assert mean[0] == pytest.approx(c["mean_diff"], rel=1e-3, abs=1e-12)
     log = (spec.get("analysis") or {}).get("scale", "raw") == "log"
     assert page.locator("[data-role=log-scale]").is_checked() == log
+    # ... and as a forest plot in that screen too: a row per factor, its ratio's square inside
+    # its interval's line (an end at 0 or infinity runs to the axis' edge)
+    forest = page.locator("[data-role=forest]")
+    box = forest.bounding_box()
+    assert box is not None and box["y"] + box["height"] <= 800, box
+    rows = forest.locator("[data-role=forest-row]")
+    assert sorted(rows.nth(i).get_attribute("data-key") or "" for i in range(rows.count())) == (
+        sorted(pooled)
+    )
+    for i in range(rows.count()):
+        c = pooled[rows.nth(i).get_attribute("data-key") or ""][1]
+        mark = rows.nth(i).locator("[data-role=forest-ratio]").bounding_box()
+        line = rows.nth(i).locator("[data-role=forest-interval]").bounding_box()
+        assert mark is not None and line is not None
+        centre = mark["x"] + mark["width"] / 2
+        assert line["x"] - 0.5 <= centre <= line["x"] + line["width"] + 0.5, (c, mark, line)
 
 
 def test_dashboard_and_offline_docs_in_chromium(
@@ -408,6 +425,15 @@ def test_dashboard_and_offline_docs_in_chromium(
     curve = page.locator("figure[data-metric=min_l2] [data-role=mean-curve]")
     assert len(re.findall("L", curve.get_attribute("d") or "")) > 4
     assert "min_l2_peak" in page.locator("[data-role=diagnostics]").inner_text()
+    # the trainer's curves first, led by those it reports a final value of; sys/ ones last
+    order = [
+        page.locator("[data-role=run-curves-section] figure").nth(i).get_attribute("data-metric")
+        for i in range(page.locator("[data-role=run-curves-section] figure").count())
+    ]
+    finals = next(r for r in runs if r["id"] == run_id)["metrics"]
+    system = [i for i, name in enumerate(order) if (name or "").startswith("sys/")]
+    assert system and system == list(range(len(order) - len(system), len(order))), order
+    assert order[0] in finals, order
     assert page.locator("[data-role=provenance]").count() == 1
     assert "Final metrics" in page.locator("[data-role=run-metrics-section] h2").inner_text()
     page.check("[data-role=run-log-scale]")  # min_l2 falls by decades: a log axis shows it
@@ -445,6 +471,35 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert_labels_apart(page, 8)
     assert_no_section_overflows(page)
     assert_headline_in_first_screen(service, page, bundled_id)
+    # a level written as condition keys write it, on the page as in the CLI and the figures
+    assert page.locator(
+        "[data-role=headline-comparison][data-factor=stop_gradient] strong"
+    ).inner_text() == ("stop_gradient: false vs true")
+    # Config against result (two factors): a line per completed run through stop_gradient, r
+    # and min_l2; Enter on a line opens its run.
+    parallel = page.locator("[data-role=parallel]")
+    assert parallel.locator("[data-role=parallel-axis]").all_text_contents() == [
+        *BUNDLED["grid"],
+        BUNDLED["metric"],
+    ]
+    lines = parallel.locator("[data-role=parallel-line]")
+    assert lines.count() == 16
+    bundled_runs = {r["id"]: r for r in service.runs(bundled_id)}
+    assert {int(lines.nth(i).get_attribute("data-run-id") or -1) for i in range(16)} == set(
+        bundled_runs
+    )
+    watched.shot("experiment-bundled")
+    # The figure buttons download what `seedgrid figure` draws, of the page's metric and scale.
+    with page.expect_download() as download_info:
+        page.click("[data-role=figure-download][data-figure=forest][data-format=svg]")
+    forest_svg = download_info.value
+    assert forest_svg.suggested_filename == f"seedgrid-{bundled_id}-forest.svg"
+    texts = svg_texts(Path(forest_svg.path()))
+    assert any(t.startswith("Holm p") for t in texts)
+    assert any("variance ratio a / b of log min_l2" in t for t in texts)
+    with page.expect_download() as download_info:
+        page.click("[data-role=figure-download][data-figure=distribution][data-format=png]")
+    assert Path(download_info.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # 2 seeds a condition: the page says that no comparison within a cell can reach 0.05 (as
     # the 201 body did), on its first screen
     shown = page.locator("[data-role=seed-warnings]")
@@ -514,6 +569,52 @@ def test_dashboard_and_offline_docs_in_chromium(
     assert ids == sorted(ids) and len(ids) == 4
     id_header.click()
     assert [int(t) for t in page.locator(listed_ids).all_inner_texts()] == sorted(ids)[::-1]
+    # Two experiments side by side (issue 39): tick two, the button opens their comparison
+    # page, with a row and a forest row per condition both ran, and what else differs.
+    compared = service.client.get("/compare", params={"a": experiment_id, "b": bundled_id}).json()
+    assert compared["total_conditions"] == 2  # stop_gradient false / true at r = 0.1
+    for ticked in (experiment_id, bundled_id):
+        page.check(f"[data-role=compare-pick][data-experiment-id='{ticked}']")
+    page.click("[data-role=compare-picked]")
+    page.wait_for_selector("[data-role=compare-row]")
+    assert page.url.endswith(f"#/compare/{experiment_id}/{bundled_id}")
+    compare_rows = page.locator("[data-role=compare-row]")
+    assert compare_rows.count() == 2
+    for i, c in enumerate(compared["conditions"]):
+        shown = compare_rows.nth(i)
+        assert shown.get_attribute("data-condition") == c["condition_key"]
+        assert _numbers(shown.locator("[data-role=compare-ratio]").inner_text()) == (
+            pytest.approx([c["comparison"]["var_ratio"]], rel=1e-3)
+        )
+        # each stands alone: the raw p, in the table and beside its forest row
+        assert _numbers(shown.locator("[data-role=compare-p]").inner_text()) == (
+            pytest.approx([c["comparison"]["primary_p"]], rel=1e-3, abs=1e-4)
+        )
+        forest_p = page.locator("[data-role=compare-forest] [data-role=forest-p]").nth(i)
+        assert forest_p.text_content() == (
+            f"p {shown.locator('[data-role=compare-p]').inner_text()} (raw)"
+        )
+    assert page.locator("[data-role=compare-forest] [data-role=forest-row]").count() == 2
+    differs = page.locator("[data-role=compare-confounds]").inner_text()
+    assert "n_samples 200 → 40" in differs and "steps 800 → 20" in differs
+    # SPEC names no scale, the bundled example log: raw, and the page says why
+    assert compared["scale"] == "raw" and compared["scale_note"]
+    assert compared["scale_note"] in page.locator("[data-role=compare-summary]").inner_text()
+    page.select_option("[data-role=compare-scale]", "log")  # the page asks /compare?scale=log
+    page.wait_for_function(
+        "() => document.querySelector('[data-role=compare-summary]')?.textContent"
+        ".includes('on the log scale')"
+    )
+    logged = service.client.get(
+        "/compare", params={"a": experiment_id, "b": bundled_id, "scale": "log"}
+    ).json()
+    assert _numbers(
+        page.locator("[data-role=compare-row] [data-role=compare-ratio]").first.inner_text()
+    ) == pytest.approx([logged["conditions"][0]["comparison"]["var_ratio"]], rel=1e-3)
+    assert_no_section_overflows(page)
+    watched.shot("compare")
+    page.goto(f"{origin}/ui#/")
+    page.wait_for_function(rows_are, arg=4)
     page.select_option("[data-role=tag-filter]", "browser-tag")
     page.wait_for_function(rows_are, arg=1)
     assert row.locator("[data-role=tag]").all_inner_texts() == ["browser-tag"]

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import service.cli as cli
-from service.cli import figures
+from service.analysis import figures
 from tests.service.test_cli import DETAIL, mock_service, stats_payload
 
 

@@ -1,8 +1,9 @@
-"""/experiments: submit, list (filtered), inspect, label, cancel, delete, runs, statistics, the
-params table and export."""
+"""/experiments: submit, list (filtered), inspect, label, cancel, delete, runs, statistics, their
+figures, the params table and export."""
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime
 from typing import Annotated, Literal
@@ -33,7 +34,7 @@ from api_schemas import (
 from api_schemas.labels import MAX_TAGS
 from api_schemas.pages import CURVE_POINTS, CURVE_RUNS, EXPERIMENTS_PAGE, RUNS_PAGE
 from service import experiments as logic
-from service.analysis import export
+from service.analysis import export, figures
 from service.analysis.seed_warnings import submission_warnings
 from service.analysis.stats import MAX_COMPARISONS_PER_PAGE
 from service.analysis.stats_store import stats_json
@@ -335,6 +336,58 @@ def get_stats(
     )
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
     return Response(content=payload, media_type="application/json")
+
+
+@router.get(
+    "/{experiment_id}/figure",
+    response_class=Response,
+    operation_id="get_figure",
+    summary="A paper-ready figure of the statistics, as an SVG or PNG file",
+    description="forest: each comparison's variance ratio with its primary 95% interval on a "
+    "log axis and its Holm p (the pooled comparisons first, at most "
+    f"{figures.MAX_FOREST_ROWS}); distribution: every completed seed's value per condition on "
+    "the analysis scale. Drawn from what GET /stats serves (the same metric and scale), as "
+    "`seedgrid figure` draws them.",
+    responses={
+        200: {
+            "description": "The figure",
+            "content": {media: {} for media in figures.MEDIA_TYPES.values()},
+        },
+        **errors({404: NO_EXPERIMENT, 503: HEAVY_READS}),
+    },
+)
+def get_figure(
+    experiment_id: ExperimentId,
+    session: SessionDep,
+    heavy: HeavyReadsDep,
+    name: Annotated[
+        Literal["forest", "distribution"], Query(description="which figure")
+    ] = "forest",
+    format: Annotated[Literal["svg", "png"], Query(description="svg or png")] = "svg",
+    metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
+    scale: Annotated[
+        Literal["raw", "log"] | None,
+        Query(description="raw or log; default: the spec's analysis.scale"),
+    ] = None,
+) -> Response:
+    experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
+    payload = stats_json(
+        session=session,
+        experiment=experiment,
+        metric=metric,
+        factor=None,
+        offset=0,
+        limit=MAX_COMPARISONS_PER_PAGE,
+        scale=scale,
+        heavy=heavy,
+    )
+    body = figures.render(name, json.loads(payload), format)
+    filename = figures.filename(experiment_id, name, format)
+    return Response(
+        content=body,
+        media_type=figures.MEDIA_TYPES[format],
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
 
 
 @router.get(

@@ -21,6 +21,8 @@ const MAX_RUN_POINT_PAGES = 5;
 // Comparisons per /stats page (api_schemas.pages.COMPARISONS_PAGE, the server's bound): a grid
 // with more is paged through, never asked for whole (a 422).
 const COMPARISONS_PAGE = 2000;
+// Shared conditions per GET /compare page (api_schemas.pages.COMPARE_PAGE).
+const COMPARE_PAGE = 200;
 // Runs per GET /experiments/{id}/curves (api_schemas.pages.CURVE_RUNS; each curve is cut at
 // CURVE_POINTS = POINTS_PAGE x MAX_RUN_POINT_PAGES points, the bound of a run page's curves).
 const CURVE_RUNS = 20;
@@ -49,6 +51,7 @@ let authRequired = null;
 let trainersCache = null;
 const curveCache = new Map();  // "runId/name" -> points, kept only for runs that have ended
 const listState = { name: "", status: "", tag: "", trainer: "" };
+const picked = new Set();  // the experiments ticked on the list for a side-by-side comparison
 const knownTags = new Set();  // every tag the list has shown, offered by its tag filter
 const experimentState = { id: null, metric: null, curveMetric: null, seeds: false, log: false,
   hidden: new Set(), openWarnings: new Set(), comparisonsOffset: 0 };
@@ -184,9 +187,20 @@ function applySort(role, body, cells) {
     : state.descending ? "descending" : "ascending"));
 }
 
+// A grid level as condition keys write it (api_schemas.levels): a string as it is, anything
+// else as JSON, so that one condition reads the same here, in the CLI and in the figures.
+function levelText(v) {
+  return typeof v === "string" ? v : JSON.stringify(v);
+}
+
+// A comparison's factor and levels: "stop_gradient: false vs true".
+function pairText(c) {
+  return `${c.factor}: ${levelText(c.a)} vs ${levelText(c.b)}`;
+}
+
 function conditionLabel(condition) {
   const entries = Object.entries(condition);
-  return entries.length ? entries.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "(no grid)";
+  return entries.length ? entries.map(([k, v]) => `${k}=${levelText(v)}`).join(", ") : "(no grid)";
 }
 
 // A condition key as shown: an experiment without a grid has one condition, keyed "".
@@ -456,6 +470,64 @@ function distributionChart(groups, metric, log, readout) {
   return chart;
 }
 
+// Config against result: parallel coordinates, an axis per grid factor (its levels in the
+// grid's order) and one for the metric (on the page's scale), each completed run a line through
+// its levels and its value, coloured by the value (blue low, red high). Hover or Tab names the
+// run in `readout`; Enter opens it.
+function parallelChart(grid, runs, metric, log, readout) {
+  const factors = Object.keys(grid);
+  const axes = [...factors, metric];
+  const width = chartWidth();
+  const margin = { top: 34, right: 90, bottom: 16, left: 90 };
+  const height = 340;
+  const top = margin.top;
+  const bottom = height - margin.bottom;
+  const xAt = (k) => margin.left + (k * (width - margin.left - margin.right)) / (axes.length - 1);
+  const lines = runs.filter((r) => Number.isFinite(r.value) && (!log || r.value > 0));
+  const y = yAxis(lines.map((r) => r.value), top, bottom, log);
+  const levelRow = factors.map((f) => {
+    const levels = grid[f].map((v) => JSON.stringify(v));
+    return (v) => {
+      const i = levels.indexOf(JSON.stringify(v));
+      return levels.length === 1 ? (top + bottom) / 2 : top + (i / (levels.length - 1)) * (bottom - top);
+    };
+  });
+  const sorted = lines.map((r) => r.value).sort((u, v) => u - v);
+  const colour = (v) => {
+    const rank = sorted.length > 1 ? sorted.indexOf(v) / (sorted.length - 1) : 0.5;
+    return `hsl(${Math.round(220 - 220 * rank)}, 70%, 48%)`;
+  };
+  const chart = chartSvg(width, height, { "data-role": "parallel", "data-metric": metric });
+  const axisGroup = svg("g", { class: "axis" });
+  axes.forEach((name, k) => {
+    const x = xAt(k);
+    axisGroup.append(svg("line", { x1: x, x2: x, y1: top, y2: bottom }),
+      svg("text", { x, y: top - 14, "text-anchor": "middle", class: "label-key",
+        "data-role": "parallel-axis", "data-fit": Math.max(40, xAt(1) - xAt(0) - 12), text: name }));
+    const ticks = k < factors.length ? grid[name].map((v) => [levelRow[k](v), fmtValue(v)])
+      : y.ticks.map(([value, row, label]) => [row, label || fmt(value)]);
+    for (const [row, label] of ticks) {
+      axisGroup.append(svg("text", { x: k === axes.length - 1 ? x + 6 : x - 6, y: row + 3,
+        "text-anchor": k === axes.length - 1 ? "start" : "end", text: label }));
+    }
+  });
+  const show = (text) => { readout.textContent = text; };
+  const paths = svg("g", {});
+  for (const r of lines) {
+    const rows = [...factors.map((f, k) => levelRow[k](r.condition[f])), y.scale(r.value)];
+    const d = rows.map((row, k) => `${k ? "L" : "M"}${xAt(k).toFixed(1)},${row.toFixed(1)}`).join("");
+    const label = `${keyText(r.key)}, seed ${r.seed}: ${fmt(r.value)} (run ${r.runId})`;
+    const open = () => { location.hash = `#/runs/${r.runId}`; };
+    paths.append(svg("path", { d, "data-role": "parallel-line", "data-run-id": r.runId,
+      class: "parallel-line", stroke: colour(r.value), fill: "none", tabindex: 0, role: "link",
+      "aria-label": label, onclick: open, onfocus: () => show(label), onmouseenter: () => show(label),
+      onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(); } } },
+    svg("title", { text: label })));
+  }
+  chart.append(axisGroup, paths);
+  return chart;
+}
+
 // One chart of curves: per series a mean line, a ±std band (shaded) and the 95% CI of the
 // mean (dashed), and single seeds when asked.
 function curveChart(series, { xLabel, yLabel, log, width = chartWidth(), height = 340, role }) {
@@ -582,7 +654,16 @@ async function showList() {
     ...["", ...[...new Set([...values, current].filter(Boolean))].sort()].map((v) =>
       el("option", { value: v, selected: v === current, text: v || any })));
   const headers = sortHeaders("experiments", ["id", "name", "trainer", "status", "progress",
-    "tags", "created", "finished"], body);
+    "tags", "created", "finished", "compare"], body);
+  // Two ticked experiments open their side-by-side page (GET /compare).
+  const compareButton = el("button", { type: "button", "data-role": "compare-picked",
+    onclick: () => { const [a, b] = [...picked]; location.hash = `#/compare/${a}/${b}`; } });
+  const updateCompare = () => {
+    compareButton.disabled = picked.size !== 2;
+    compareButton.textContent = picked.size === 2 ? `compare #${[...picked].join(" with #")}`
+      : `tick two experiments to compare them (${picked.size} ticked)`;
+  };
+  updateCompare();
   const render = () => {
     const needle = listState.name.toLowerCase();
     const shown = page.filter((e) => [e.name, e.note || "", e.trainer, ...e.tags]
@@ -596,8 +677,18 @@ async function showList() {
     el("td", { "data-role": "tags" }, tagChips(e.tags, (tag) => {
       listState.tag = tag; route();
     })),
-    el("td", { text: fmtTime(e.created_at) }), el("td", { text: fmtTime(e.finished_at) }))));
-    if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 8, class: "muted",
+    el("td", { text: fmtTime(e.created_at) }), el("td", { text: fmtTime(e.finished_at) }),
+    el("td", {}, el("input", { type: "checkbox", "data-role": "compare-pick",
+      "data-experiment-id": e.id, checked: picked.has(e.id),
+      "aria-label": `compare experiment ${e.id}`,
+      onchange: (event) => {
+        if (event.target.checked) picked.add(e.id); else picked.delete(e.id);
+        // at most two: the oldest tick gives way
+        while (picked.size > 2) picked.delete(picked.values().next().value);
+        render();
+        updateCompare();
+      } })))));
+    if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 9, class: "muted",
       text: "no experiments" })));
     note.textContent = page.length === 1000 ? "the newest 1000 shown" : "";
     applySort("experiments", body, headers);
@@ -630,7 +721,8 @@ async function showList() {
   await load();
   if (gen !== generation) return;
   main.replaceChildren(el("h1", { text: "Experiments" }),
-    el("div", { class: "controls" }, search, tagFilter, trainerFilter, statusFilter, note),
+    el("div", { class: "controls" }, search, tagFilter, trainerFilter, statusFilter, note,
+      compareButton),
     el("table", { "data-role": "experiments" }, el("thead", {}, el("tr", {}, headers)), body));
 }
 
@@ -708,7 +800,102 @@ function comparisonsPager(stats, rerender) {
 // The answer first: per factor, its headline comparison (the pooled pair with the smallest
 // Holm p on this page) in words: the variance ratio with its interval on the analysis scale and
 // its Holm p, the mean difference with its interval and Holm p, and a confound if any.
-function headline(stats) {
+// Variance ratios as a forest plot: per row (a headline comparison, or a condition two
+// experiments share) its ratio a square, its primary 95% interval a line (an end at 0 or ∞ runs
+// to the axis' edge as an arrow), a dashed line at 1 (no change), on a log axis; the Holm p at
+// the right (or the raw p, where `raw`: comparisons that stand alone). `rows`: { key, label,
+// comparison }.
+function forestPlot(rows, scaleName, role = "forest", raw = false) {
+  const comparisons = rows.map((r) => r.comparison);
+  const width = Math.min(chartWidth(), 980);
+  const rowHeight = 24;
+  const margin = { top: 8, right: 120, bottom: 34, left: Math.min(300, Math.floor(width * 0.34)) };
+  const height = margin.top + rowHeight * comparisons.length + margin.bottom;
+  const ends = comparisons.flatMap((c) => [c.var_ratio, ...(c.primary_ci95 || [])])
+    .filter((v) => Number.isFinite(v) && v > 0);
+  const lo = Math.floor(Math.log10(Math.min(1, ...ends)) - 0.3);
+  const hi = Math.ceil(Math.log10(Math.max(1, ...ends)) + 0.3);
+  const left = margin.left;
+  const right = width - margin.right;
+  const x = (v) => left + ((Math.log10(v) - lo) / (hi - lo)) * (right - left);
+  const chart = chartSvg(width, height, { "data-role": role,
+    "aria-label": `variance ratio a / b of ${scaleName} with its 95% interval, per row` });
+  const axis = svg("g", { class: "axis" });
+  const bottom = height - margin.bottom;
+  const step = Math.max(1, Math.ceil((hi - lo) / 8));
+  for (let e = lo; e <= hi; e += step) {
+    axis.append(svg("line", { class: "grid", x1: x(10 ** e), x2: x(10 ** e), y1: margin.top, y2: bottom }),
+      svg("text", { x: x(10 ** e), y: bottom + 14, "text-anchor": "middle",
+        text: Math.abs(e) >= 3 ? `1e${e}` : fmt(10 ** e) }));
+  }
+  axis.append(svg("line", { x1: left, x2: right, y1: bottom, y2: bottom }),
+    svg("line", { "data-role": "forest-one", x1: x(1), x2: x(1), y1: margin.top, y2: bottom,
+      "stroke-dasharray": "4 3" }),
+    svg("text", { x: (left + right) / 2, y: height - 4, "text-anchor": "middle",
+      text: `variance ratio a / b of ${scaleName} (log axis), 95% interval` }));
+  chart.append(axis);
+  rows.forEach(({ key, label, comparison: c }, i) => {
+    const y = margin.top + rowHeight * (i + 0.5);
+    const [low, high] = c.primary_ci95 || [null, null];
+    const g = svg("g", { "data-role": "forest-row", "data-key": key },
+      svg("title", { text: `${label}: ratio ${fmt(c.var_ratio)} ${fmtRatioInterval(c.primary_ci95)}` }));
+    g.append(svg("text", { x: left - 8, y: y + 4, "text-anchor": "end", "data-fit": left - 16,
+      text: label }));
+    if (c.primary_ci95) {
+      const x1 = low > 0 ? x(low) : left;
+      const x2 = high === null ? right : x(high);
+      g.append(svg("line", { "data-role": "forest-interval", x1, x2, y1: y, y2: y,
+        stroke: "currentColor", "stroke-width": 2, class: "forest-line" }));
+      if (!(low > 0)) g.append(svg("path", { d: `M${left + 6},${y - 4}L${left},${y}L${left + 6},${y + 4}`, class: "forest-line" }));
+      if (high === null) g.append(svg("path", { d: `M${right - 6},${y - 4}L${right},${y}L${right - 6},${y + 4}`, class: "forest-line" }));
+    }
+    if (Number.isFinite(c.var_ratio) && c.var_ratio > 0) {
+      g.append(svg("rect", { "data-role": "forest-ratio", x: x(c.var_ratio) - 4, y: y - 4,
+        width: 8, height: 8, class: "forest-mark" }));
+    }
+    const p = raw ? c.primary_p : c.primary_p_holm_factor;
+    g.append(svg("text", { x: right + 8, y: y + 4, "data-role": "forest-p",
+      text: raw ? `p ${fmtP(p)} (raw)` : `Holm p ${fmtP(p)} ${holmMark(p)}` }));
+    chart.append(g);
+  });
+  return chart;
+}
+
+// Buttons that download the paper-ready figures (GET /experiments/{id}/figure, drawn by the
+// service as `seedgrid figure` draws them) of the metric and scale the page shows.
+function figureButtons(id, metric, scale) {
+  const download = async (name, format, button) => {
+    const query = new URLSearchParams({ name, format, metric, scale });
+    const headers = {};
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = `Bearer ${token}`;
+    button.disabled = true;
+    try {
+      const response = await fetch(`/experiments/${id}/figure?${query}`, { headers });
+      if (!response.ok) throw new ApiError(response.status, response.statusText);
+      const link = el("a", { href: URL.createObjectURL(await response.blob()),
+        download: `seedgrid-${id}-${name}.${format}` });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+    } catch (error) {
+      // said beside the button: the page stays as it is
+      button.after(el("span", { class: "error", "data-role": "figure-error",
+        text: ` ${error.message || error}` }));
+    } finally { button.disabled = false; }
+  };
+  const button = (name, format) => el("button", { type: "button", "data-role": "figure-download",
+    "data-figure": name, "data-format": format, text: format.toUpperCase(),
+    onclick: (e) => download(name, format, e.currentTarget) });
+  return el("p", { class: "controls", "data-role": "figure-downloads" },
+    el("span", { class: "muted", text: "Figures for the paper:" }),
+    el("span", {}, "forest plot ", button("forest", "svg"), " ", button("forest", "png")),
+    el("span", {}, "every seed per condition ", button("distribution", "svg"), " ",
+      button("distribution", "png")));
+}
+
+function headline(stats, id) {
   const byFactor = new Map();
   for (const c of stats.comparisons) {
     if (c.within !== null) continue;
@@ -724,7 +911,7 @@ function headline(stats) {
       const p = c.primary_p_holm_factor;
       const verdict = p === null ? "untested" : p < 0.05 ? "differs" : "no difference shown";
       return el("p", { "data-role": "headline-comparison", "data-factor": c.factor },
-        el("strong", { text: `${c.factor}: ${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}` }),
+        el("strong", { text: pairText(c) }),
         ` — variance ${verdict}: ratio `,
         el("span", { "data-role": "headline-ratio", text: fmt(c.var_ratio) }), " ",
         el("span", { "data-role": "headline-interval", text: fmtRatioInterval(c.primary_ci95) }),
@@ -735,7 +922,10 @@ function headline(stats) {
         `, Holm p ${fmtP(c.mean_p_holm_factor)}.`,
         (c.confounds || []).length ? el("span", { class: "warn", "data-role": "headline-confound",
           text: ` Confounded: also changes ${c.confounds.map((d) => `${d.field} ${d.a} → ${d.b}`).join(", ")}.` }) : null);
-    }));
+    }),
+    forestPlot([...byFactor.values()].map(({ c }) => ({ key: c.factor, comparison: c,
+      label: pairText(c) })), scale),
+    figureButtons(id, stats.metric, stats.scale));
 }
 
 // One row per comparison: the primary test in the cells, the secondary tests in tooltips.
@@ -755,7 +945,7 @@ function comparisonsTable(stats) {
       + `re-assignments, ${c.primary_exact ? "all enumerated" : "drawn at random"}`;
     return el("tr", { "data-role": "comparison-row", "data-factor": c.factor },
       el("td", { text: c.factor }),
-      el("td", {}, `${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}`,
+      el("td", {}, `${levelText(c.a)} vs ${levelText(c.b)}`,
         // a confound: the two levels also change other config fields (defaults included)
         (c.confounds || []).length ? el("div", { class: "warn", "data-role": "confound",
           title: "the two levels also differ in these config fields (resolved as the runs "
@@ -804,7 +994,7 @@ function omnibusTable(stats) {
     el("thead", {}, el("tr", {}, ["factor (omnibus)", "levels", "n", "primary p (raw)",
       "Brown–Forsythe p (raw)"].map((h) => el("th", { text: h })))),
     el("tbody", {}, stats.omnibus.map((o) => el("tr", {}, el("td", { text: o.factor }),
-      el("td", { text: o.levels.map((v) => JSON.stringify(v)).join(", ") }),
+      el("td", { text: o.levels.map(levelText).join(", ") }),
       el("td", { text: o.n.join(", ") }),
       el("td", { "data-role": "omnibus-primary-p", title: o.primary_test || null,
         text: fmtP(o.primary_p) }),
@@ -858,7 +1048,7 @@ function warningsList(runs, stats) {
     for (const c of stats.conditions) for (const w of c.warnings) add(`stats:${shape(w)}`, w, `${c.condition_key}: ${w}`);
     for (const c of stats.comparisons) {
       for (const w of c.warnings) {
-        add(`stats:${shape(w)}`, w, `${c.factor} ${JSON.stringify(c.a)} vs ${JSON.stringify(c.b)}`
+        add(`stats:${shape(w)}`, w, pairText(c)
           + `${c.within === null ? " (pooled)" : ` within ${conditionLabel(c.within)}`}: ${w}`);
       }
     }
@@ -918,6 +1108,24 @@ function conditionLegend(conditions, rerender, place) {
   experimentState.hidden.size ? el("button", { type: "button", "data-role": "show-all",
     "data-legend": place,
     text: "show all", onclick: () => { experimentState.hidden.clear(); rerender(); } }) : null);
+}
+
+// The config-against-result view of an experiment with two or more grid factors.
+function parallelSection(detail, runs, metric, visible) {
+  const grid = detail.spec.grid || {};
+  if (Object.keys(grid).length < 2) return null;
+  const shown = new Set(visible.map((c) => c.key));
+  const lines = runs.filter((r) => r.status === "completed" && shown.has(r.condition_key)
+    && typeof r.metrics[metric] === "number").map((r) => ({ runId: r.id, seed: r.seed,
+    key: r.condition_key, condition: r.condition, value: r.metrics[metric] }));
+  if (!lines.length) return null;
+  const readout = el("p", { class: "readout", "data-role": "parallel-readout", "aria-live": "polite",
+    text: "Hover or Tab to a line for its run; Enter opens it." });
+  return section(`Config against ${metric}`, "parallel-section",
+    el("p", { class: "muted", text: "Every completed run is a line through its grid values and "
+      + `its ${metric}${experimentState.log ? " (log axis)" : ""}, coloured by the value (blue `
+      + "low, red high): where the lines of one level fan out, that level's seeds spread." }),
+    parallelChart(grid, lines, metric, experimentState.log, readout), readout);
 }
 
 async function showExperiment(id) {
@@ -1010,7 +1218,7 @@ async function showExperiment(id) {
     el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
     labelsLine(detail),
     problem,
-    stats ? headline(stats) : null,
+    stats ? headline(stats, id) : null,
     // what its seeds per condition cannot let the test say (as submit said)
     (detail.seed_warnings || []).length ? el("ul", { class: "warn", "data-role": "seed-warnings" },
       detail.seed_warnings.map((w) => el("li", { text: w }))) : null,
@@ -1051,9 +1259,11 @@ async function showExperiment(id) {
         + (stats && stats.scale === "log" ? "; on the log scale, of the metric's logarithm" : "")
         + ". pooled: every run at each level, over all levels of the other factors; within: "
         + "the other factors held at the levels shown. The primary test is a randomisation test "
-        + "of squared deviations from the cell medians (paired: signs flipped within each seed "
-        + "both levels ran; unpaired: permuted within cells, from one mode-aligned centre at 6-15 "
-        + "seeds); its 95% CI holds the ratios it "
+        + "of squared deviations from each cell's centre (paired: signs flipped within each seed "
+        + "both levels ran, the centre between the cell's median and the midpoint of its "
+        + "shortest half up to 15 seeds, the median from 16; unpaired: permuted within cells, "
+        + "from one mode-aligned centre at 6-15 seeds, the cell medians otherwise; hover a p for "
+        + "the test's name); its 95% CI holds the ratios it "
         + "does not reject (∞: unbounded). * / **: its Holm-adjusted p below 0.05 / 0.01 over "
         + "the factor's comparisons. Hover a cell for the F-test, Brown–Forsythe, the mean "
         + "test and pairing. Click a header to sort." }),
@@ -1070,6 +1280,7 @@ async function showExperiment(id) {
             el("tr", {}, el("td", { text: conditionLabel(d.within) }), el("td", { text: s.source }),
               el("td", { text: s.n }), el("td", { text: fmt(s.var) }),
               el("td", { text: fmtInterval(s.var_ci95) }))))))) : null),
+    parallelSection(detail, runs, metric, visible),
     section(`Curves of ${experimentState.curveMetric || "—"}`, "curves-section",
       detail.spec.imported || !curveMetrics.length ? null : el("div", { class: "controls" },
         el("label", {}, "curve ", select("curve-metric-select", experimentState.curveMetric,
@@ -1104,8 +1315,17 @@ async function showRun(id) {
     if (!byName.has(p.name)) byName.set(p.name, []);
     byName.get(p.name).push([p.step, p.value === null ? NaN : p.value]);
   }
+  // The trainer's own curves first, those it also reports a final value of leading (in that
+  // order), the system's (sys/: memory, time) last.
+  const finals = Object.keys(run.metrics);
+  const rank = (name) => (name.startsWith("sys/") ? [2, 0]
+    : finals.includes(name) ? [0, finals.indexOf(name)] : [1, 0]);
+  const ordered = [...byName].sort(([m], [n]) => {
+    const [a, b] = [rank(m), rank(n)];
+    return a[0] - b[0] || a[1] - b[1];
+  });
   const width = chartWidth(2);
-  const charts = [...byName].map(([name, pts]) => el("figure", { "data-metric": name },
+  const charts = ordered.map(([name, pts]) => el("figure", { "data-metric": name },
     curveChart([{ key: name, color: COLORS[0], mean: pts }], { xLabel: "step", yLabel: name,
       log: runState.log, width, height: 240, role: "run-curve" })));
   const history = run.attempt_history || [];
@@ -1227,10 +1447,94 @@ async function route() {
     let match;
     if ((match = hash.match(/^#\/experiments\/(\d+)$/))) await showExperiment(Number(match[1]));
     else if ((match = hash.match(/^#\/runs\/(\d+)$/))) await showRun(Number(match[1]));
+    else if ((match = hash.match(/^#\/compare\/(\d+)\/(\d+)$/))) {
+      await showCompare(Number(match[1]), Number(match[2]));
+    }
     else await showList();
   } catch (error) {
     showError(error);
   }
+}
+
+// ---------------------------------------------------------------- two experiments side by side
+
+const compareState = { a: null, b: null, offset: 0, scale: "" };
+
+// Two experiments of one trainer, condition by condition (GET /compare): per shared condition
+// the variance ratio a / b with its interval as a forest plot and a table with the tests of
+// /stats (the factor is "experiment"), what else differs between their base configs (the
+// comparison measures that too), and the conditions only one of them ran.
+async function showCompare(a, b) {
+  const gen = generation;
+  if (compareState.a !== a || compareState.b !== b) {
+    Object.assign(compareState, { a, b, offset: 0, scale: "" });
+  }
+  const [ea, eb] = await Promise.all([api(`/experiments/${a}`), api(`/experiments/${b}`)]);
+  let cmp = null;
+  let problem = null;
+  try {
+    const query = new URLSearchParams({ a, b, limit: COMPARE_PAGE, offset: compareState.offset });
+    if (compareState.scale) query.set("scale", compareState.scale);
+    cmp = await api(`/compare?${query}`);
+  } catch (error) { problem = error.message; }
+  if (gen !== generation) return;
+  const rerender = () => showCompare(a, b).catch(showError);
+  const scaleName = cmp && cmp.scale === "log" ? `log ${cmp.metric}` : cmp ? cmp.metric : "";
+  const rows = cmp ? cmp.conditions.map((c) => el("tr", { "data-role": "compare-row",
+    "data-condition": c.condition_key },
+  el("td", { text: keyText(c.condition_key) + (c.condition_key_b && c.condition_key_b
+    !== c.condition_key ? ` (b: ${c.condition_key_b})` : "") }),
+  el("td", { text: `${c.a.n} / ${c.b.n}` }),
+  el("td", { text: `${fmt(c.a.mean)} / ${fmt(c.b.mean)}` }),
+  el("td", { text: `${fmt(c.comparison.var_a)} / ${fmt(c.comparison.var_b)}` }),
+  el("td", { "data-role": "compare-ratio", text: fmt(c.comparison.var_ratio) }),
+  el("td", { "data-role": "compare-interval", text: fmtRatioInterval(c.comparison.primary_ci95) }),
+  el("td", { "data-role": "compare-p", title: c.comparison.primary_test || null,
+    text: fmtP(c.comparison.primary_p) }),
+  el("td", { text: `${fmt(c.comparison.mean_diff)} ${fmtInterval(c.comparison.mean_diff_ci95)}` }),
+  el("td", { class: "warn", title: c.comparison.warnings.join("\n") || null,
+    text: c.comparison.warnings.length ? `${c.comparison.warnings.length} ⚠` : "" }))) : [];
+  const go = (offset) => () => { compareState.offset = offset; rerender(); };
+  replaceView([
+    el("p", {}, el("a", { href: "#/", text: "← experiments" })),
+    el("h1", {}, "Compare ", el("a", { href: `#/experiments/${a}`, text: `#${a} ${ea.name}` }),
+      " (a) with ", el("a", { href: `#/experiments/${b}`, text: `#${b} ${eb.name}` }), " (b)"),
+    problem ? el("p", { class: "error", "data-role": "compare-problem", text: problem }) : null,
+    el("div", { class: "controls" }, el("label", {}, "scale ", el("select", {
+      "data-role": "compare-scale", onchange: (e) => {
+        compareState.scale = e.target.value; compareState.offset = 0; rerender();
+      } }, [["", "the specs' (default)"], ["raw", "raw"], ["log", "log"]].map(([value, text]) =>
+      el("option", { value, selected: value === compareState.scale, text }))))),
+    cmp ? el("p", { "data-role": "compare-summary" }, `${cmp.total_conditions} condition`
+      + `${cmp.total_conditions === 1 ? "" : "s"} both completed runs of; ${cmp.metric} on the `
+      + `${cmp.scale} scale` + (cmp.scale_note ? ` (${cmp.scale_note})` : "") + ". Each row "
+      + "tests a's seeds against b's as /stats tests two levels, and stands alone: its p is "
+      + "raw, not adjusted for the conditions compared.")
+      : null,
+    cmp && cmp.config_differences.length ? el("p", { class: "warn", "data-role": "compare-confounds",
+      text: "The base configs also differ, so every row measures these too: "
+        + cmp.config_differences.map((d) => `${d.field} ${d.a} → ${d.b}`).join(", ") }) : null,
+    cmp && cmp.conditions.length ? section(`Variance ratio a / b of ${scaleName} per condition`,
+      "compare-forest-section", forestPlot(cmp.conditions.map((c) => ({ key: c.condition_key,
+        label: keyText(c.condition_key), comparison: c.comparison })), scaleName, "compare-forest",
+      true))
+      : null,
+    cmp ? section("Side by side", "compare-section", cmp.conditions.length
+      ? el("div", { class: "table-scroll" }, sortableTable("compare", ["condition", "n a / b",
+        "mean a / b", "var a / var b (within)", "var ratio", "95% CI (primary, raw)",
+        "primary p (raw)", "mean a − b [95% CI]", "warnings"], rows,
+      { class: "numbers" }))
+      : el("p", { class: "muted", text: "no condition has completed runs in both" }),
+    cmp.offset > 0 || cmp.next_offset !== null ? el("p", { class: "controls" },
+      cmp.offset > 0 ? el("button", { type: "button", text: "← previous",
+        onclick: go(Math.max(0, cmp.offset - COMPARE_PAGE)) }) : null,
+      cmp.next_offset !== null ? el("button", { type: "button", text: "next →",
+        onclick: go(cmp.next_offset) }) : null) : null,
+    cmp.only_in_a.length ? el("p", { class: "muted", "data-role": "only-in-a",
+      text: `only a (#${a}) ran: ${cmp.only_in_a.map(keyText).join("; ")}` }) : null,
+    cmp.only_in_b.length ? el("p", { class: "muted", "data-role": "only-in-b",
+      text: `only b (#${b}) ran: ${cmp.only_in_b.map(keyText).join("; ")}` }) : null) : null,
+  ]);
 }
 
 // ---------------------------------------------------------------- theme
