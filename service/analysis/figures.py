@@ -7,7 +7,11 @@ off-screen), for `seedgrid figure ID` and the dashboard's download buttons
   Holm-adjusted p beside each row; an interval unbounded above runs to the axis' edge with an
   arrow; a confounded comparison's label ends in "(confounded)";
 - `distribution`: every completed seed's value per condition, on the experiment's analysis
-  scale (log axis when the spec says log), each condition's mean as a bar.
+  scale (log axis when the spec says log), each condition's mean as a bar;
+- `curves`: the metric's curve per condition over training, the mean across seeds as a line
+  and mean +- one standard deviation as a band, at most MAX_CURVE_RUNS_PER_CONDITION seeds of
+  each (on the log scale the mean and deviation are of log10 values: a geometric mean and a
+  band of factors), when the runs logged the metric as points.
 
 The data are GET /experiments/{id}/stats's, so the figures show what the tables show. Each
 figure is a matplotlib Figure of its own (no pyplot state), so the service's threads can draw
@@ -22,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from api_schemas.levels import condition_text, pair_text
+from api_schemas.pages import CURVE_RUNS
 
 MAX_FOREST_ROWS = 40
+MAX_CURVE_RUNS_PER_CONDITION = 20
 FORMATS = ("svg", "png")
 MEDIA_TYPES = {"svg": "image/svg+xml", "png": "image/png"}
 DPI = 200
@@ -133,15 +139,104 @@ def distribution(stats: dict[str, Any]) -> Any:
     return fig
 
 
+# A run's points of one metric: [step, value] in step order, value None where not finite.
+Points = list[tuple[int, float | None]]
+# Fetches metric `name`'s points of these runs (at most CURVE_RUNS at once): run id -> points.
+CurveFetcher = Callable[[str, list[int]], dict[int, Points]]
+
+
+def curve_runs(stats: dict[str, Any]) -> dict[str, list[int]]:
+    """The completed runs whose curves the curves figure draws: per condition, its first
+    MAX_CURVE_RUNS_PER_CONDITION in /stats' order."""
+    return {
+        c["condition_key"]: [r["run_id"] for r in c.get("runs", [])][:MAX_CURVE_RUNS_PER_CONDITION]
+        for c in stats["conditions"]
+    }
+
+
+def fetch_curves(stats: dict[str, Any], name: str, fetch: CurveFetcher) -> dict[str, list[Points]]:
+    """Each condition's runs' curves of metric `name`, CURVE_RUNS runs to a fetch."""
+    wanted = curve_runs(stats)
+    every = [run_id for ids in wanted.values() for run_id in ids]
+    fetched: dict[int, Points] = {}
+    for start in range(0, len(every), CURVE_RUNS):
+        fetched.update(fetch(name, every[start : start + CURVE_RUNS]))
+    return {key: [fetched[i] for i in ids if fetched.get(i)] for key, ids in wanted.items()}
+
+
+def band(
+    curves: list[Points], log: bool
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """The steps some curve has a usable value at, and at each the mean, mean - sd and
+    mean + sd over the curves that have one (sd 0 with one curve); with `log`, of log10 of the
+    positive values, brought back (a geometric mean, a band of factors)."""
+    at: dict[int, list[float]] = {}
+    for points in curves:
+        for step, value in points:
+            if value is None or not math.isfinite(value) or (log and value <= 0):
+                continue
+            at.setdefault(step, []).append(math.log10(value) if log else value)
+    steps, mean, low, high = [], [], [], []
+    for step in sorted(at):
+        values = at[step]
+        m = sum(values) / len(values)
+        sd = (
+            math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+            if len(values) > 1
+            else 0.0
+        )
+        back = (lambda u: 10.0**u) if log else (lambda u: u)
+        steps.append(step)
+        mean.append(back(m))
+        low.append(back(m - sd))
+        high.append(back(m + sd))
+    return steps, mean, low, high
+
+
+def curves(stats: dict[str, Any], name: str, by_condition: dict[str, list[Points]]) -> Any:
+    """Metric `name` over training per condition: mean line, +- one sd band (a Figure)."""
+    fig, ax = _figure(7.5, 4.5)
+    log = stats.get("scale") == "log"
+    for i, (key, runs) in enumerate(by_condition.items()):
+        steps, mean, low, high = band(runs, log)
+        if not steps:
+            continue
+        colour = f"C{i % 10}"  # matplotlib's colour cycle
+        label = f"{key or '(all)'} (n={len(runs)})"
+        ax.plot(steps, mean, color=colour, linewidth=1.4, label=label)
+        ax.fill_between(steps, low, high, color=colour, alpha=0.18, linewidth=0)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(name + (" (log axis)" if log else ""))
+    spread = "geometric mean, x/ one sd of log10" if log else "mean +- one sd"
+    ax.set_title(f"{name} over training per condition: {spread} across seeds", fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, frameon=False, loc="best")
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "forest": forest,
     "distribution": distribution,
 }
 
 
-def render(name: str, stats: dict[str, Any], kind: str) -> bytes:
-    """Figure `name` of `stats` as the bytes of an SVG or PNG file."""
-    fig = FIGURES[name](stats)
+def render(
+    name: str,
+    stats: dict[str, Any],
+    kind: str,
+    curve: tuple[str, dict[str, list[Points]]] | None = None,
+) -> bytes:
+    """Figure `name` of `stats` as the bytes of an SVG or PNG file; `curves` draws `curve`
+    (the metric's name and each condition's runs' points)."""
+    if name == "curves":
+        if curve is None:
+            raise ValueError("the curves figure needs the curves")
+        fig = curves(stats, *curve)
+    else:
+        fig = FIGURES[name](stats)
     out = io.BytesIO()
     # no date in an SVG, so the same statistics give the same bytes
     fig.savefig(out, dpi=DPI, format=kind, metadata={"Date": None} if kind == "svg" else None)
@@ -152,13 +247,18 @@ def filename(experiment_id: int, name: str, kind: str) -> str:
     return f"seedgrid-{experiment_id}-{name}.{kind}"
 
 
-def write_figures(stats: dict[str, Any], out: Path) -> list[Path]:
-    """Every figure of `stats` under `out` (made if missing), as SVG and PNG; the paths."""
+def write_figures(
+    stats: dict[str, Any],
+    out: Path,
+    curve: tuple[str, dict[str, list[Points]]] | None = None,
+) -> list[Path]:
+    """Every figure of `stats` under `out` (made if missing), as SVG and PNG, the curves too
+    when `curve` is given; the paths."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in FIGURES:
+    for name in [*FIGURES, *(["curves"] if curve is not None else [])]:
         for kind in FORMATS:
             path = out / f"{name}.{kind}"
-            path.write_bytes(render(name, stats, kind))
+            path.write_bytes(render(name, stats, kind, curve))
             written.append(path)
     return written

@@ -207,7 +207,8 @@ def figure(
 ) -> None:
     """Paper-ready figures of an experiment's statistics, each as SVG and PNG: a forest plot
     of the variance ratios with their primary 95% intervals (log axis, Holm p beside each; the
-    pooled comparisons first) and every seed's value per condition on the analysis scale."""
+    pooled comparisons first), every seed's value per condition on the analysis scale, and
+    the metric's curve per condition (mean +- sd across seeds) where the runs logged it."""
     import service.analysis.figures as figures
 
     if scale not in (None, "raw", "log"):
@@ -216,9 +217,29 @@ def figure(
     params.update({k: v for k, v in (("metric", metric), ("scale", scale)) if v})
     with remote.connect(url, 120) as client:
         stats = remote.ask(client, "GET", f"/experiments/{experiment_id}/stats", params=params)
+        detail = remote.ask(client, "GET", f"/experiments/{experiment_id}")
+        curve = None
+        if stats["metric"] in (detail.get("curve_metrics") or []):
+
+            def fetch(name: str, run_ids: list[int]) -> dict[int, figures.Points]:
+                answer = remote.ask(
+                    client,
+                    "GET",
+                    f"/experiments/{experiment_id}/curves",
+                    params={"name": name, "run": run_ids},
+                )
+                return {int(k): v for k, v in answer["curves"].items()}
+
+            curve = (stats["metric"], figures.fetch_curves(stats, stats["metric"], fetch))
     folder = out if out is not None else Path(f"seedgrid-figures-{experiment_id}")
-    for path in figures.write_figures(stats, folder):
+    for path in figures.write_figures(stats, folder, curve):
         render.console.print(str(path), markup=False, soft_wrap=True)
+    if curve is None:
+        render.console.print(
+            f"no curves figure: the runs logged no points of {stats['metric']}",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def protocol(

@@ -65,12 +65,17 @@ def experiment_detail(*, session: Session, experiment_id: int) -> ExperimentDeta
         message=stop_message(experiment),
         queue_position=queue_position(session=session, experiment=experiment),
         seed_warnings=submission_warnings(experiment.stored_spec),
-        curve_metrics=(
-            list(experiment.curve_names)
-            if experiment.curve_names is not None
-            else curve_metrics(session=session, experiment_id=experiment_id)
-        ),
+        curve_metrics=logged_curves(session=session, experiment=experiment),
     )
+
+
+def logged_curves(*, session: Session, experiment: Experiment) -> list[str]:
+    """The names an experiment's runs logged as points: kept on the experiment, else (stored
+    before migration 0014) read from its runs."""
+    if experiment.curve_names is not None:
+        return list(experiment.curve_names)
+    assert experiment.id is not None
+    return curve_metrics(session=session, experiment_id=experiment.id)
 
 
 def queue_position(*, session: Session, experiment: Experiment) -> int | None:

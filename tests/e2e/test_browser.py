@@ -500,6 +500,12 @@ def test_dashboard_and_offline_docs_in_chromium(
     with page.expect_download() as download_info:
         page.click("[data-role=figure-download][data-figure=distribution][data-format=png]")
     assert Path(download_info.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the min_l2 curves: a line and a band per condition, each condition in the legend
+    with page.expect_download() as download_info:
+        page.click("[data-role=figure-download][data-figure=curves][data-format=svg]")
+    texts = svg_texts(Path(download_info.value.path()))
+    for key in {r["condition_key"] for r in bundled_runs.values()}:
+        assert f"{key} (n=2)" in texts, (key, texts)
     # 2 seeds a condition: the page says that no comparison within a cell can reach 0.05 (as
     # the 201 body did), on its first screen
     shown = page.locator("[data-role=seed-warnings]")

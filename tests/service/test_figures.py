@@ -8,6 +8,7 @@ import struct
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -59,3 +60,58 @@ def test_a_scale_other_than_raw_or_log_is_refused(monkeypatch: pytest.MonkeyPatc
     mock_service(monkeypatch, {})
     result = CliRunner().invoke(cli.app, ["figure", "1", "--scale", "sqrt"])
     assert result.exit_code != 0 and "expected raw or log" in result.output
+
+
+def test_the_curves_figure_draws_a_mean_and_band_per_condition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stats = stats_payload()
+    for i, c in enumerate(stats["conditions"]):  # /stats names each value's run and seed
+        c["runs"] = [
+            {"run_id": 100 * i + seed, "seed": seed, "value": value}
+            for seed, value in enumerate(c["values"])
+        ]
+    runs = [r for c in stats["conditions"] for r in c["runs"]]
+    # each run's loss falls from its seed's value: [step, value], one value not finite (null)
+    curves = {
+        str(r["run_id"]): [[0, 2.0 + r["seed"]], [10, 1.0 + r["seed"] / 2], [20, None]]
+        for r in runs
+    }
+    answers = {
+        "/experiments/1": {**DETAIL, "curve_metrics": ["loss"]},
+        "/experiments/1/stats": stats,
+        "/experiments/1/curves": {"name": "loss", "curves": curves},
+    }
+    sent = mock_service(monkeypatch, answers)
+    result = CliRunner().invoke(cli.app, ["figure", "1", "--out", str(tmp_path / "figs")])
+    assert result.exit_code == 0, result.output
+    asked = [req for req in sent if req.url.path.endswith("/curves")]
+    # every run of the stats, CURVE_RUNS to a request, each once
+    assert sorted(int(v) for req in asked for v in req.url.params.get_list("run")) == sorted(
+        r["run_id"] for r in runs
+    )
+    assert all(len(req.url.params.get_list("run")) <= 20 for req in asked)
+    shown = svg_texts(tmp_path / "figs" / "curves.svg")
+    for c in stats["conditions"]:
+        assert f"{c['condition_key']} (n={c['n']})" in shown
+    assert png_size(tmp_path / "figs" / "curves.png") == (7.5 * figures.DPI, 4.5 * figures.DPI)
+
+
+def test_the_band_is_the_mean_and_sd_across_seeds_at_each_step() -> None:
+    rng = np.random.default_rng(7)
+    values = rng.lognormal(size=(5, 3))
+    # seed 4 has no point at step 2 (cut short); a NaN and a value <= 0 count only raw / never
+    runs = [[(step, float(values[s, step])) for step in range(3)] for s in range(4)]
+    runs.append([(0, float(values[4, 0])), (1, float(values[4, 1]))])
+    steps, mean, low, high = figures.band(runs, log=False)
+    assert steps == [0, 1, 2]
+    for step, column in ((0, values[:, 0]), (1, values[:, 1]), (2, values[:4, 2])):
+        m, sd = column.mean(), column.std(ddof=1)
+        assert (mean[step], low[step], high[step]) == pytest.approx((m, m - sd, m + sd))
+    # on the log scale: of log10 values (a geometric mean), a value <= 0 left out
+    runs[0] = [(0, -1.0), *runs[0][1:]]
+    steps, mean, low, high = figures.band(runs, log=True)
+    logs = np.log10(values[1:, 0])
+    m, sd = logs.mean(), logs.std(ddof=1)
+    assert (mean[0], low[0], high[0]) == pytest.approx((10**m, 10 ** (m - sd), 10 ** (m + sd)))
+    assert figures.band([[(0, 3.0)]], log=False) == ([0], [3.0], [3.0], [3.0])

@@ -346,8 +346,9 @@ def get_stats(
     description="forest: each comparison's variance ratio with its primary 95% interval on a "
     "log axis and its Holm p (the pooled comparisons first, at most "
     f"{figures.MAX_FOREST_ROWS}); distribution: every completed seed's value per condition on "
-    "the analysis scale. Drawn from what GET /stats serves (the same metric and scale), as "
-    "`seedgrid figure` draws them.",
+    "the analysis scale; curves: the metric over training per condition, mean +- one sd across "
+    f"seeds (at most {figures.MAX_CURVE_RUNS_PER_CONDITION} each). Drawn from what GET /stats "
+    "serves (the same metric and scale), as `seedgrid figure` draws them.",
     responses={
         200: {
             "description": "The figure",
@@ -361,7 +362,7 @@ def get_figure(
     session: SessionDep,
     heavy: HeavyReadsDep,
     name: Annotated[
-        Literal["forest", "distribution"], Query(description="which figure")
+        Literal["forest", "distribution", "curves"], Query(description="which figure")
     ] = "forest",
     format: Annotated[Literal["svg", "png"], Query(description="svg or png")] = "svg",
     metric: Annotated[str | None, Query(max_length=MAX_KEY_LENGTH, pattern=STORABLE_TEXT)] = None,
@@ -381,7 +382,24 @@ def get_figure(
         scale=scale,
         heavy=heavy,
     )
-    body = figures.render(name, json.loads(payload), format)
+    stats = json.loads(payload)
+    curve = None
+    if name == "curves":
+        if stats["metric"] not in logic.logged_curves(session=session, experiment=experiment):
+            raise logic.SpecError.query(
+                "name", f"the runs logged no points of {stats['metric']}: no curves to draw"
+            )
+
+        def fetch(metric_name: str, run_ids: list[int]) -> dict[int, figures.Points]:
+            answer = json.loads(
+                logic.run_curves(
+                    session=session, experiment_id=experiment_id, name=metric_name, run_ids=run_ids
+                )
+            )
+            return {int(k): v for k, v in answer["curves"].items()}
+
+        curve = (stats["metric"], figures.fetch_curves(stats, stats["metric"], fetch))
+    body = figures.render(name, stats, format, curve)
     filename = figures.filename(experiment_id, name, format)
     return Response(
         content=body,

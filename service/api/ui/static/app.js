@@ -863,7 +863,7 @@ function forestPlot(rows, scaleName, role = "forest", raw = false) {
 
 // Buttons that download the paper-ready figures (GET /experiments/{id}/figure, drawn by the
 // service as `seedgrid figure` draws them) of the metric and scale the page shows.
-function figureButtons(id, metric, scale) {
+function figureButtons(id, metric, scale, curves) {
   const download = async (name, format, button) => {
     const query = new URLSearchParams({ name, format, metric, scale });
     const headers = {};
@@ -892,10 +892,12 @@ function figureButtons(id, metric, scale) {
     el("span", { class: "muted", text: "Figures for the paper:" }),
     el("span", {}, "forest plot ", button("forest", "svg"), " ", button("forest", "png")),
     el("span", {}, "every seed per condition ", button("distribution", "svg"), " ",
-      button("distribution", "png")));
+      button("distribution", "png")),
+    // (where the runs logged the metric as points)
+    curves ? el("span", {}, "curves ", button("curves", "svg"), " ", button("curves", "png")) : null);
 }
 
-function headline(stats, id) {
+function headline(stats, id, curves) {
   const byFactor = new Map();
   for (const c of stats.comparisons) {
     if (c.within !== null) continue;
@@ -925,7 +927,7 @@ function headline(stats, id) {
     }),
     forestPlot([...byFactor.values()].map(({ c }) => ({ key: c.factor, comparison: c,
       label: pairText(c) })), scale),
-    figureButtons(id, stats.metric, stats.scale));
+    figureButtons(id, stats.metric, stats.scale, curves));
 }
 
 // One row per comparison: the primary test in the cells, the secondary tests in tooltips.
@@ -1218,7 +1220,7 @@ async function showExperiment(id) {
     el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
     labelsLine(detail),
     problem,
-    stats ? headline(stats, id) : null,
+    stats ? headline(stats, id, curveMetrics.includes(stats.metric)) : null,
     // what its seeds per condition cannot let the test say (as submit said)
     (detail.seed_warnings || []).length ? el("ul", { class: "warn", "data-role": "seed-warnings" },
       detail.seed_warnings.map((w) => el("li", { text: w }))) : null,
