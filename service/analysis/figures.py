@@ -43,6 +43,9 @@ def _figure(width: float, height: float) -> tuple[Any, Any]:
     # text stays text in the SVG (editable, searchable, the paper's font), not glyph outlines
     # (set for the process, once: rc_context around each save would race between threads)
     matplotlib.rcParams["svg.fonttype"] = "none"
+    # the SVG's element ids from a fixed salt, not a random one: the same statistics give the
+    # same bytes (a figure can be cached, compared, diffed)
+    matplotlib.rcParams["svg.hashsalt"] = "seedgrid"
     fig = Figure(figsize=(width, height))
     return fig, fig.subplots()
 
@@ -238,7 +241,7 @@ def render(
     else:
         fig = FIGURES[name](stats)
     out = io.BytesIO()
-    # no date in an SVG, so the same statistics give the same bytes
+    # no date in an SVG (nor a random id: _figure), so the same statistics give the same bytes
     fig.savefig(out, dpi=DPI, format=kind, metadata={"Date": None} if kind == "svg" else None)
     return out.getvalue()
 

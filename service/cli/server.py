@@ -193,8 +193,9 @@ def end_ray() -> None:
         ray.shutdown()
 
 
-def connect_ray(settings: Settings) -> None:
-    """Join SEEDGRID_RAY_ADDRESS's cluster, or start a local Ray, or stop with one line.
+def connect_ray(settings: Settings, quiet: bool = False) -> None:
+    """Join SEEDGRID_RAY_ADDRESS's cluster, or start a local Ray, or stop with one line
+    (`quiet`: without Ray's own INFO lines, ensure_ray).
 
     From the main thread, before a dispatcher starts: Ray started from another thread (a
     dispatcher's, when a standby takes over; the server's in `seedgrid run`) installs its own
@@ -203,7 +204,7 @@ def connect_ray(settings: Settings) -> None:
     from service.scheduling.ray_helpers import ensure_ray
 
     try:
-        ensure_ray(settings)
+        ensure_ray(settings, quiet)
     except Exception as exc:
         where = (
             f"connect to Ray at SEEDGRID_RAY_ADDRESS={settings.ray_address}"
@@ -392,7 +393,9 @@ def run(
         load_trainers(trainers)
         from service.api.server import BackgroundServer
 
-        connect_ray(settings)  # from the main thread, not the server's (see connect_ray)
+        # from the main thread, not the server's (see connect_ray); Ray's INFO lines would
+        # break into the progress and tables below: this line says which Ray instead
+        connect_ray(settings, quiet=True)
         render.console.print(f"Ray {settings.ray_address or 'local (started here)'}", markup=False)
         with (
             BackgroundServer(settings) as server,

@@ -99,15 +99,13 @@ def own_ray_token() -> None:
     Config.initialize("")
 
 
-# Ray's own log lines in this process ("Started a local Ray instance.", "Connecting to existing
-# Ray cluster"): warnings and errors only. seedgrid says which Ray it uses in its own words
-# (`Ray local (started here)`); Ray's INFO lines, in Ray's format, broke into the CLI's output.
-RAY_LOGGING_LEVEL = logging.WARNING
-
-
-def ensure_ray(settings: Settings) -> None:
+def ensure_ray(settings: Settings, quiet: bool = False) -> None:
     """Join the configured cluster, or start a local Ray, once per process, with the
-    operator's trainer modules in its runtime environment (worker_runtime_env)."""
+    operator's trainer modules in its runtime environment (worker_runtime_env). `quiet`: Ray's
+    own INFO lines ("Started a local Ray instance.", in Ray's log format) stay out of this
+    process's output, warnings and errors only: `seedgrid run` says which Ray it uses in its
+    own words, where Ray's lines broke into its progress and tables; a server's log keeps them."""
+    logging_level = logging.WARNING if quiet else logging.INFO
     if ray.is_initialized():
         return
     runtime_env = worker_runtime_env() or None
@@ -121,7 +119,7 @@ def ensure_ray(settings: Settings) -> None:
                 address=settings.ray_address,
                 log_to_driver=False,
                 runtime_env=runtime_env,
-                logging_level=RAY_LOGGING_LEVEL,
+                logging_level=logging_level,
             )
         else:
             own_ray_token()
@@ -130,7 +128,7 @@ def ensure_ray(settings: Settings) -> None:
                 include_dashboard=False,
                 log_to_driver=False,
                 runtime_env=runtime_env,
-                logging_level=RAY_LOGGING_LEVEL,
+                logging_level=logging_level,
             )
     finally:
         if previous is not None:

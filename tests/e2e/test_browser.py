@@ -506,6 +506,16 @@ def test_dashboard_and_offline_docs_in_chromium(
     texts = svg_texts(Path(download_info.value.path()))
     for key in {r["condition_key"] for r in bundled_runs.values()}:
         assert f"{key} (n=2)" in texts, (key, texts)
+    # the endpoint: the figure's own media type, or application/octet-stream when that alone
+    # is accepted (a generated client's bytes); the same bytes either way
+    figure_url = f"/experiments/{bundled_id}/figure"
+    as_image = service.client.get(figure_url, params={"format": "png"})
+    as_bytes = service.client.get(
+        figure_url, params={"format": "png"}, headers={"Accept": "application/octet-stream"}
+    )
+    assert as_image.headers["content-type"] == "image/png"
+    assert as_bytes.headers["content-type"] == "application/octet-stream"
+    assert as_image.content == as_bytes.content
     # 2 seeds a condition: the page says that no comparison within a cell can reach 0.05 (as
     # the 201 body did), on its first screen
     shown = page.locator("[data-role=seed-warnings]")
@@ -560,6 +570,12 @@ def test_dashboard_and_offline_docs_in_chromium(
     seeds_csv = (ROOT / "examples" / "seeds.csv").read_text()
     imported = service.client.post("/experiments/import", json={"name": "other", "csv": seeds_csv})
     assert imported.status_code == 201, imported.text
+    # imported results hold no points: no curves figure, said as a 422 naming `name`
+    no_curves = service.client.get(
+        f"/experiments/{imported.json()['id']}/figure", params={"name": "curves"}
+    )
+    assert no_curves.status_code == 422, no_curves.text
+    assert "no points" in no_curves.text and '"name"' in no_curves.text
     labels = {"tags": ["browser-tag"], "note": "tagged by the browser test"}
     assert service.client.patch(f"/experiments/{experiment_id}", json=labels).status_code == 200
     page.goto(f"{origin}/ui#/")

@@ -54,6 +54,11 @@ def test_figure_writes_the_forest_and_distribution_as_svg_and_png(
     assert png_size(tmp_path / "figs" / "distribution.png")[1] == 4 * figures.DPI
     shown = svg_texts(tmp_path / "figs" / "distribution.svg")
     assert {c["condition_key"] for c in stats["conditions"]} <= set(shown)
+    # the same statistics give the same bytes (no date, no random element id)
+    for name in ("forest", "distribution"):
+        for kind in figures.FORMATS:
+            path = tmp_path / "figs" / f"{name}.{kind}"
+            assert figures.render(name, stats, kind) == path.read_bytes(), path.name
 
 
 def test_a_scale_other_than_raw_or_log_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -50,6 +50,8 @@ from service.api.routes.errors import BODY_TOO_LARGE, HEAVY_READS, NO_EXPERIMENT
 from service.api.routes.paging import Offset, link_next
 from service.scheduling.serving import waiting_note
 
+OCTET_STREAM = "application/octet-stream"
+
 # Runs per page of GET /experiments/{id}/runs.
 MAX_RUNS_PAGE = RUNS_PAGE
 
@@ -352,13 +354,19 @@ def get_stats(
     responses={
         200: {
             "description": "The figure",
-            "content": {media: {} for media in figures.MEDIA_TYPES.values()},
+            # a file's bytes; application/octet-stream when the request accepts only that
+            # (a generated client reads the body as bytes)
+            "content": {
+                media: {"schema": {"type": "string", "format": "binary"}}
+                for media in [*figures.MEDIA_TYPES.values(), OCTET_STREAM]
+            },
         },
         **errors({404: NO_EXPERIMENT, 503: HEAVY_READS}),
     },
 )
 def get_figure(
     experiment_id: ExperimentId,
+    request: Request,
     session: SessionDep,
     heavy: HeavyReadsDep,
     name: Annotated[
@@ -401,9 +409,13 @@ def get_figure(
         curve = (stats["metric"], figures.fetch_curves(stats, stats["metric"], fetch))
     body = figures.render(name, stats, format, curve)
     filename = figures.filename(experiment_id, name, format)
+    accepted = request.headers.get("accept", "")
+    media_type = figures.MEDIA_TYPES[format]
+    if OCTET_STREAM in accepted and media_type not in accepted and "image/" not in accepted:
+        media_type = OCTET_STREAM
     return Response(
         content=body,
-        media_type=figures.MEDIA_TYPES[format],
+        media_type=media_type,
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
 
