@@ -1055,6 +1055,9 @@ class Stats(ResponseModel):
     # One page of the comparisons: those of `factor` (None: of every factor, in grid order),
     # from `offset`; `next_offset` asks for the next page (None: this is the last one).
     factor: str | None = None
+    # True: the page holds only the pooled comparisons (?pooled=true), and total_comparisons
+    # and the offsets count those; their Holm p-values are over the whole families still.
+    pooled: bool = False
     total_comparisons: int = 0
     offset: int = 0
     next_offset: int | None = None

@@ -68,16 +68,23 @@ class ComparisonPlan:
     of levels in grid order, pooled first, then within each combination of the other factors),
     counted and paged without enumerating the ones before the page."""
 
-    def __init__(self, grid: dict[str, list[Any]], factor: str | None = None) -> None:
+    def __init__(
+        self, grid: dict[str, list[Any]], factor: str | None = None, pooled: bool = False
+    ) -> None:
         self.grid = grid
         self.factors = [factor] if factor is not None else list(grid)
+        # only the pooled comparisons (each pair of levels over every level of the others);
+        # their Slot.index stays their place among all of the factor's, Holm's lookup
+        self.pooled = pooled
 
     def scopes(self, factor: str) -> int:
+        """How many comparisons each pair of the factor's levels has: pooled, and within
+        each combination of the other factors."""
         others = [f for f in self.grid if f != factor]
         return 1 + math.prod(len(self.grid[f]) for f in others) if others else 1
 
     def count(self, factor: str) -> int:
-        return math.comb(len(self.grid[factor]), 2) * self.scopes(factor)
+        return math.comb(len(self.grid[factor]), 2) * (1 if self.pooled else self.scopes(factor))
 
     @property
     def total(self) -> int:
@@ -98,9 +105,10 @@ class ComparisonPlan:
                     dict(zip(others, combo, strict=True))
                     for combo in itertools.product(*(self.grid[f] for f in others))
                 ]
-                if others
+                if others and not self.pooled
                 else []
             )
+            every = self.scopes(factor)  # a pair's comparisons in the whole family
             first_pair, first_scope = divmod(offset, len(scopes))
             pairs = itertools.islice(itertools.combinations(self.grid[factor], 2), first_pair, None)
             for i, (level_a, level_b) in enumerate(pairs):
@@ -108,7 +116,7 @@ class ComparisonPlan:
                 for s, within in enumerate(scopes[start:], start):
                     if limit <= 0:
                         return
-                    yield Slot(factor, level_a, level_b, within, (first_pair + i) * len(scopes) + s)
+                    yield Slot(factor, level_a, level_b, within, (first_pair + i) * every + s)
                     limit -= 1
             offset = 0
 
@@ -274,6 +282,7 @@ def experiment_stats(
     factor: str | None = None,
     offset: int = 0,
     limit: int | None = None,
+    pooled: bool = False,
     bounds: tuple[float, float] | None = None,
     test_set_sizes: Sequence[int | None] | None = None,
     scale: str = "raw",
@@ -283,8 +292,9 @@ def experiment_stats(
     """Statistics of one metric; `runs` holds (condition, condition_key, value) per run and
     `seeds` (aligned with it) each run's seed, which pairs the conditions that share seeds.
 
-    Every condition's summary, and the comparisons of `factor` (None: of every factor) from
-    `offset`, at most `limit` of them (None: all; the caller bounds the work), with p-values
+    Every condition's summary, and the comparisons of `factor` (None: of every factor; with
+    `pooled`, only its pooled ones) from `offset`, at most `limit` of them (None: all; the
+    caller bounds the work), with p-values
     Holm-adjusted over their whole families. `bounds`: the metric's declared range;
     `test_set_sizes`: per run (aligned with `runs`), its test-set size or None; `scale`: "raw"
     or "log" (ScaleError when a value is not positive); `target_ratio`: the variance ratio
@@ -307,7 +317,7 @@ def experiment_stats(
         family_p = family_p_values(
             grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio
         )
-    plan = ComparisonPlan(grid, factor)
+    plan = ComparisonPlan(grid, factor, pooled)
     total = plan.total
     limit = total if limit is None else limit
     page = list(plan.page(offset, limit))
@@ -338,6 +348,7 @@ def experiment_stats(
         conditions=conditions,
         comparisons=comparisons,
         factor=factor,
+        pooled=pooled,
         total_comparisons=total,
         offset=offset,
         next_offset=end if end < total else None,

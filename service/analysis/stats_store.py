@@ -53,7 +53,7 @@ MAX_STORED_PAGES = 64
 
 # Bumped when the served statistics gain fields: pages stored by an earlier version are then
 # computed again rather than served without them.
-STATS_FORMAT = "v7"
+STATS_FORMAT = "v8"
 # An experiment of at most this many comparisons and completed runs has its pages computed in
 # milliseconds: they take no heavy-read slot (many small experiments ending at once, as in the
 # load test, are not turned away).
@@ -97,6 +97,7 @@ def stats_json(
     limit: int | None,
     scale: str | None = None,
     heavy: HeavyReads | None = None,
+    pooled: bool = False,
 ) -> str:
     """The statistics page as the JSON text of `api_schemas.Stats`.
 
@@ -119,7 +120,7 @@ def stats_json(
             f"{factor!r} is not a factor of experiment "
             f"{experiment.id}; its factors: {', '.join(grid) or 'none'}",
         )
-    plan = ComparisonPlan(grid, factor)
+    plan = ComparisonPlan(grid, factor, pooled)
     total = plan.total
     if limit is None and total > MAX_COMPARISONS_PER_PAGE:
         counts = ", ".join(f"{f} {plan.count(f):,}" for f in plan.factors)
@@ -138,6 +139,8 @@ def stats_json(
         limit = None  # every comparison: the page asked for without a limit, stored once
     scale = scale or spec.analysis.scale
     page = f"{STATS_FORMAT}|{factor or ''}|{offset}|{'all' if limit is None else limit}|{scale}"
+    if pooled:
+        page += "|pooled"
     # An adaptive experiment that has not stopped: its page is stored apart, so that once it
     # stops (its last look adds no completed run) the interim page is not served as final.
     if experiment.deciding:
@@ -158,6 +161,7 @@ def stats_json(
                 factor=factor,
                 offset=offset,
                 limit=limit,
+                pooled=pooled,
                 grid=grid,
                 page=page,
                 scale=scale,
@@ -200,6 +204,7 @@ def _compute(
     factor: str | None,
     offset: int,
     limit: int | None,
+    pooled: bool,
     grid: dict[str, list[Any]],
     page: str,
     scale: str,
@@ -251,6 +256,7 @@ def _compute(
             factor=factor,
             offset=offset,
             limit=limit,
+            pooled=pooled,
             bounds=trainer.metric_bounds.get(metric),
             test_set_sizes=sizes if any(s is not None for s in sizes) else None,
             scale=scale,

@@ -324,6 +324,13 @@ def get_stats(
             "spreads, for a positive metric). Default: the spec's analysis.scale"
         ),
     ] = None,
+    pooled: Annotated[
+        bool,
+        Query(
+            description="only the pooled comparisons (each pair of levels over every level of "
+            "the other factors: the headlines), counted and paged among themselves"
+        ),
+    ] = False,
 ) -> Response:
     experiment = logic.get_experiment(session=session, experiment_id=experiment_id)
     payload = stats_json(
@@ -335,6 +342,7 @@ def get_stats(
         limit=limit,
         scale=scale,
         heavy=heavy,
+        pooled=pooled,
     )
     # The stored JSON as it is: parsing it only to write it again would cost more than the rest
     return Response(content=payload, media_type="application/json")

@@ -798,7 +798,7 @@ function comparisonsPager(stats, rerender) {
 }
 
 // The answer first: per factor, its headline comparison (the pooled pair with the smallest
-// Holm p on this page) in words: the variance ratio with its interval on the analysis scale and
+// Holm p) in words: the variance ratio with its interval on the analysis scale and
 // its Holm p, the mean difference with its interval and Holm p, and a confound if any.
 // Variance ratios as a forest plot: per row (a headline comparison, or a condition two
 // experiments share) its ratio a square, its primary 95% interval a line (an end at 0 or ∞ runs
@@ -1167,6 +1167,16 @@ async function showExperiment(id) {
     try { stats = await api(`/experiments/${id}/stats?metric=${encodeURIComponent(metric)}&${page}`); }
     catch (error) { statsProblem = error.message; }
   }
+  // The headline's comparisons are the pooled ones of every factor: where the comparisons take
+  // more than one page, they come on a page of their own (?pooled=true), so that the first
+  // screen answers for every factor, whichever page the table shows.
+  let headlineStats = stats;
+  if (stats && (stats.offset > 0 || stats.next_offset !== null)) {
+    try {
+      headlineStats = await api(`/experiments/${id}/stats?metric=${encodeURIComponent(metric)}`
+        + `&pooled=true&limit=${COMPARISONS_PAGE}`);
+    } catch (error) { headlineStats = stats; }
+  }
   const params = await paramsTable(id, metric);
   const conditionKeys = stats ? stats.conditions.map((c) => c.condition_key)
     : [...new Set(runs.map((r) => r.condition_key))];
@@ -1220,7 +1230,7 @@ async function showExperiment(id) {
     el("h1", {}, `${detail.name} `, el("span", { class: "muted", text: `#${detail.id}` })),
     labelsLine(detail),
     problem,
-    stats ? headline(stats, id, curveMetrics.includes(stats.metric)) : null,
+    stats ? headline(headlineStats, id, curveMetrics.includes(stats.metric)) : null,
     // what its seeds per condition cannot let the test say (as submit said)
     (detail.seed_warnings || []).length ? el("ul", { class: "warn", "data-role": "seed-warnings" },
       detail.seed_warnings.map((w) => el("li", { text: w }))) : null,
