@@ -3,10 +3,11 @@ statistics keep their re-assignment matrices and computed comparisons in one."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
@@ -54,3 +55,30 @@ class LruCache(Generic[V]):
 
     def _measure(self, value: V) -> int:
         return self.size(value) if self.size is not None else 0
+
+
+def deep_size(value: Any) -> int:
+    """The bytes a value of plain data holds (dicts, lists, tuples, strings, numbers, None, numpy
+    arrays), its containers' contents included: what a cache bounded by bytes counts for an
+    entry it cannot measure with one attribute. Each object is counted once however often it is
+    referred to; what every entry shares counts nothing: None, True, False, the small ints
+    Python keeps once, and dict keys that are strings (field names, one object for all
+    entries)."""
+    seen: set[int] = set()
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item is None or item is True or item is False or id(item) in seen:
+            continue
+        if type(item) is int and -5 <= item <= 256:
+            continue
+        seen.add(id(item))
+        nbytes = getattr(item, "nbytes", None)  # a numpy array: its buffer
+        total += sys.getsizeof(item) + (nbytes if isinstance(nbytes, int) else 0)
+        if isinstance(item, dict):
+            stack.extend(key for key in item if not isinstance(key, str))
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+    return total

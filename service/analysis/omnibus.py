@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from service.analysis import resampling
-from service.analysis.variance import RESULT_CACHE_SIZE, finite, one_way_anova
-from service.lru import LruCache
+from service.analysis.variance import MAX_RESULT_BYTES, RESULT_CACHE_SIZE, finite, one_way_anova
+from service.lru import LruCache, deep_size
 
 # Omnibus: permutations of the levels' values within blocks; bounded work.
 OMNIBUS_RESAMPLES = 1999
@@ -21,7 +21,9 @@ MAX_OMNIBUS_ENTRIES = 40_000_000  # resamples x values x levels
 
 
 OmnibusResult = tuple[float | None, float | None, str | None, str | None]
-_omnibus_results: LruCache[OmnibusResult] = LruCache(max_items=RESULT_CACHE_SIZE // 100)
+_omnibus_results: LruCache[OmnibusResult] = LruCache(
+    max_items=RESULT_CACHE_SIZE // 100, max_bytes=MAX_RESULT_BYTES // 16, size=deep_size
+)
 
 
 def level_omnibus(

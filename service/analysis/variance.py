@@ -43,7 +43,7 @@ from service.analysis.mean_test import MEAN_TEST, mean_test
 from service.analysis.power import f_ratio_interval
 from service.analysis.primary_power import primary_detectable_ratio, primary_seeds_needed
 from service.analysis.resampling import Prepared, Stratum
-from service.lru import LruCache
+from service.lru import LruCache, deep_size
 
 # Seed minimums behind the warnings. Brown-Forsythe: with 2 seeds both absolute deviations from
 # the median are equal, with 3 one is always 0; 5 is the smallest n at which neither dominates.
@@ -59,10 +59,16 @@ MARGINAL_INFLATION_WARNING = 2.0
 MAX_CELL_SPREAD_DECADES = 3.0
 # Two levels whose means differ this many times over: their raw variances mostly say so.
 MEAN_FOLD_WARNING = 10.0
-# Comparison results kept in memory, keyed by their data.
+# Comparison results kept in memory, keyed by their data: at most this many, and at most
+# MAX_RESULT_BYTES of them (a result is 2-6 KB: its fields, warnings and intervals), so that a
+# service that shows many experiments holds a bounded amount, not a count of entries whose
+# size grows with their warnings.
 RESULT_CACHE_SIZE = 100_000
+MAX_RESULT_BYTES = 64 * 2**20
 
-_results: LruCache[dict[str, Any]] = LruCache(max_items=RESULT_CACHE_SIZE)
+_results: LruCache[dict[str, Any]] = LruCache(
+    max_items=RESULT_CACHE_SIZE, max_bytes=MAX_RESULT_BYTES, size=deep_size
+)
 
 
 @dataclass(frozen=True)

@@ -28,3 +28,54 @@ def test_a_byte_bound_drops_entries_until_it_holds_and_keeps_the_newest() -> Non
     assert cache.get("d") == b"y" and cache.get("e") == b"123456789"
     cache.clear()
     assert len(cache) == 0 and cache.get("e") is None
+
+
+def test_deep_size_counts_what_python_holds_for_a_comparison_result() -> None:
+    # The comparison results the statistics cache (service.analysis.variance) are bounded by
+    # deep_size: it must count what they hold, within a factor of 1.5 of what tracemalloc sees
+    # the analysis keep for them (issue 38: memory bounded by bytes, not entries).
+    import gc
+    import tracemalloc
+
+    import numpy as np
+
+    from service.analysis import resampling, variance
+    from service.lru import deep_size
+
+    rng = np.random.default_rng(38)
+
+    def scopes(count: int) -> list[variance.Scope]:
+        return [
+            variance.Scope(
+                (resampling.Stratum(rng.lognormal(size=6), rng.normal(size=6)),), pooled=False
+            )
+            for _ in range(count)
+        ]
+
+    variance.analyse(scopes(2))  # the (6, 6) layout's matrix, made and cached once
+    fresh = scopes(200)  # the data exist before the count starts
+    variance._results.clear()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        results = variance.analyse(fresh)
+        del results  # what the analysis keeps is the cache's entries
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    kept = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    counted = sum(deep_size(entry) for entry in variance._results._entries.values())
+    assert len(variance._results) == 200
+    assert counted / 1.5 <= kept <= counted * 1.5, (counted, kept)
+    print(f"deep_size {counted:,} B, tracemalloc {kept:,} B")
+    assert 1_000 < counted / 200 < 20_000
+
+
+def test_the_result_caches_are_bounded_by_bytes() -> None:
+    from service.analysis import omnibus, variance
+
+    for cache in (variance._results, omnibus._omnibus_results):
+        assert cache.max_bytes is not None and cache.size is not None
+    assert variance._results.max_bytes == variance.MAX_RESULT_BYTES
