@@ -122,8 +122,7 @@ function fmtTime(t) {
 }
 
 function fmtValue(v) {
-  if (typeof v === "number") return fmt(v);
-  return typeof v === "string" ? v : JSON.stringify(v);
+  return typeof v === "number" ? fmt(v) : levelText(v);
 }
 
 function statusBadge(status) {
@@ -234,10 +233,14 @@ class ApiError extends Error {
   }
 }
 
-async function api(path) {
-  const headers = { Accept: "application/json" };
+// The token this tab holds, as the Authorization header every request of the page sends.
+function authHeaders() {
   const token = sessionStorage.getItem(TOKEN_KEY);
-  if (token) headers.Authorization = `Bearer ${token}`;
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+async function api(path) {
+  const headers = { Accept: "application/json", ...authHeaders() };
   const response = await fetch(path, { headers });
   if (!response.ok) {
     let detail = response.statusText;
@@ -866,12 +869,9 @@ function forestPlot(rows, scaleName, role = "forest", raw = false) {
 function figureButtons(id, metric, scale, curves) {
   const download = async (name, format, button) => {
     const query = new URLSearchParams({ name, format, metric, scale });
-    const headers = {};
-    const token = sessionStorage.getItem(TOKEN_KEY);
-    if (token) headers.Authorization = `Bearer ${token}`;
     button.disabled = true;
     try {
-      const response = await fetch(`/experiments/${id}/figure?${query}`, { headers });
+      const response = await fetch(`/experiments/${id}/figure?${query}`, { headers: authHeaders() });
       if (!response.ok) throw new ApiError(response.status, response.statusText);
       const link = el("a", { href: URL.createObjectURL(await response.blob()),
         download: `seedgrid-${id}-${name}.${format}` });
