@@ -226,13 +226,18 @@ def run_values(
 
 
 def analyse_slots(
-    values: RunValues, slots: Sequence[Slot], target_ratio: float
+    values: RunValues,
+    slots: Sequence[Slot],
+    target_ratio: float,
+    store: variance.ResultStore | None = None,
 ) -> list[dict[str, Any]]:
     """variance.analyse of each slot's scope, ANALYSIS_BATCH at a time (bounded memory)."""
     out: list[dict[str, Any]] = []
     for start in range(0, len(slots), ANALYSIS_BATCH):
         batch = slots[start : start + ANALYSIS_BATCH]
-        out += variance.analyse([values.scope(slot) for slot in batch], target_ratio=target_ratio)
+        out += variance.analyse(
+            [values.scope(slot) for slot in batch], target_ratio=target_ratio, store=store
+        )
     return out
 
 
@@ -243,13 +248,14 @@ def family_p_values(
     seeds: Sequence[int] | None = None,
     scale: str = "raw",
     target_ratio: float = 2.0,
+    store: variance.ResultStore | None = None,
 ) -> FamilyPValues:
     """What every page of an experiment's statistics shares: the raw p-values Holm adjusts
     (service.analysis.multiplicity.ADJUSTED) of every comparison of each factor whose family fits
     MAX_ANALYSED_COMPARISONS (taken in grid order), in ComparisonPlan's order. A page needs
     them all whatever comparisons it shows, so service.analysis.stats_store computes them once per
     experiment, metric, scale and completed runs, and stores them (the arguments are
-    experiment_stats')."""
+    experiment_stats'; `store`: variance.analyse's)."""
     values = run_values(grid, runs, seeds, scale)
     everything = ComparisonPlan(grid)
     raw: FamilyPValues = {}
@@ -264,7 +270,7 @@ def family_p_values(
         for start in range(0, count, ANALYSIS_BATCH):  # each batch's p-values kept, no more
             batch = slots[start : start + ANALYSIS_BATCH]
             for result in variance.analyse(
-                [values.scope(slot) for slot in batch], target_ratio=target_ratio
+                [values.scope(slot) for slot in batch], target_ratio=target_ratio, store=store
             ):
                 for test in ADJUSTED:
                     value = result.get(test)
@@ -288,6 +294,7 @@ def experiment_stats(
     scale: str = "raw",
     target_ratio: float = 2.0,
     family_p: FamilyPValues | None = None,
+    store: variance.ResultStore | None = None,
 ) -> Stats:
     """Statistics of one metric; `runs` holds (condition, condition_key, value) per run and
     `seeds` (aligned with it) each run's seed, which pairs the conditions that share seeds.
@@ -299,7 +306,8 @@ def experiment_stats(
     `test_set_sizes`: per run (aligned with `runs`), its test-set size or None; `scale`: "raw"
     or "log" (ScaleError when a value is not positive); `target_ratio`: the variance ratio
     each comparison plans seeds for; `family_p`: family_p_values() of the same arguments, when
-    the caller has them stored (else they are computed here)."""
+    the caller has them stored (else they are computed here); `store`: where comparisons
+    this process does not hold may be stored (variance.analyse)."""
     by_key: dict[str, tuple[dict[str, Any], list[float], list[int | None]]] = {}
     for i, (condition, key, value) in enumerate(runs):
         entry = by_key.setdefault(key, (condition, [], []))
@@ -315,7 +323,7 @@ def experiment_stats(
     values = run_values(grid, runs, seeds, scale)
     if family_p is None:
         family_p = family_p_values(
-            grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio
+            grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio, store=store
         )
     plan = ComparisonPlan(grid, factor, pooled)
     total = plan.total
@@ -323,7 +331,7 @@ def experiment_stats(
     page = list(plan.page(offset, limit))
     # The page's own comparisons only (a family's were computed with it, and variance keeps
     # them cached by their data).
-    results = analyse_slots(values, page, target_ratio)
+    results = analyse_slots(values, page, target_ratio, store)
     families = Families(grid, family_p, limit=MAX_ANALYSED_COMPARISONS)
     comparisons = [
         Comparison(

@@ -42,7 +42,7 @@ from service.analysis.stats import (
 from service.errors import SpecError
 from service.limits import HeavyReads
 from service.specs import stats_grid, unknown_metric
-from service.storage.db import Experiment, Run, StatsCache, utcnow
+from service.storage.db import ComparisonResult, Experiment, Run, StatsCache, utcnow
 
 log = logging.getLogger("seedgrid.stats")
 
@@ -62,6 +62,10 @@ LIGHT_RUNS = 1000
 # The stored row of an experiment's Holm families, per metric and scale, beside its pages (kept
 # out of MAX_STORED_PAGES: every page needs it).
 FAMILIES_PAGE = f"{STATS_FORMAT}|families|"
+
+# Comparison results stored by digest (ComparisonResult) read and written this many at a time
+# (one statement's bound parameters stay well under SQLite's limit).
+RESULTS_BATCH = 500
 
 # One lock per page being computed in this process: two viewers of a page that is not stored
 # yet wait for one computation instead of both computing it.
@@ -236,6 +240,9 @@ def _compute(
         test_set_sizes(trainer, row.diagnostics, row.provenance).get(metric) for row, _ in kept
     ]
     seeds = [row.seed for row, _ in kept]
+    store = (
+        None if is_light(grid, len(rows)) else StoredResults(session, experiment.id, metric, scale)
+    )
     try:
         family_p = _family_p_values(
             session=session,
@@ -247,6 +254,7 @@ def _compute(
             scale=scale,
             target_ratio=target_ratio,
             n_completed=len(rows),
+            store=store,
         )
         stats = experiment_stats(
             metric=metric,
@@ -262,6 +270,7 @@ def _compute(
             scale=scale,
             target_ratio=target_ratio,
             family_p=family_p,
+            store=store,
         )
     except ScaleError as error:
         raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
@@ -276,6 +285,8 @@ def _compute(
     stats.computed_at = utcnow()
     payload = stats.model_dump_json()
     try:
+        if store is not None:
+            store.flush(prune=False)
         _store(session, experiment.id, metric, page, len(rows), payload)
     except Exception:  # the answer stands; the next request computes it again
         session.rollback()
@@ -294,6 +305,7 @@ def _family_p_values(
     scale: str,
     target_ratio: float,
     n_completed: int,
+    store: StoredResults | None,
 ) -> FamilyPValues:
     """The stored Holm families of these runs (`n_completed` of them), or computed (by one
     viewer of this process at a time) and stored; a light experiment's (LIGHT_*), computed in
@@ -311,9 +323,16 @@ def _family_p_values(
             stored = _stored(session, experiment, metric, page, n_completed)
             if stored is None:
                 family_p = family_p_values(
-                    grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio
+                    grid=grid,
+                    runs=runs,
+                    seeds=seeds,
+                    scale=scale,
+                    target_ratio=target_ratio,
+                    store=store,
                 )
                 try:
+                    if store is not None:  # every analysed comparison: prune the rest
+                        store.flush(prune=True)
                     _store(
                         session,
                         experiment.id,
@@ -329,6 +348,109 @@ def _family_p_values(
                     )
                 return family_p
     return _decode_families(stored)
+
+
+class StoredResults:
+    """The database as service.analysis.variance's ResultStore for one experiment, metric and
+    scale: comparison results that this process does not hold (a restart, another replica)
+    are read from ComparisonResult instead of computed, and every result a computation used
+    that is not stored yet is written there on flush(), so that one more completed run costs
+    only the comparisons whose cells it joined. Only experiments past LIGHT_* use it (a small
+    one computes in milliseconds)."""
+
+    def __init__(self, session: Session, experiment_id: int, metric: str, scale: str) -> None:
+        self.session = session
+        self.experiment_id = experiment_id
+        # STATS_FORMAT: results of an earlier version of the statistics are not served
+        self.prefix = f"{STATS_FORMAT}|{scale}|{metric}|"
+        self.used: set[bytes] = set()
+        self.pending: dict[bytes, dict[str, Any]] = {}
+        self._stored: set[bytes] | None = None
+
+    def _mine(self) -> Any:
+        return col(ComparisonResult.experiment_id) == self.experiment_id
+
+    def stored(self) -> set[bytes]:
+        """The digests stored for this experiment, metric and scale (read once)."""
+        if self._stored is None:
+            self._stored = {
+                bytes.fromhex(digest[len(self.prefix) :])
+                for (digest,) in self.session.execute(
+                    select(col(ComparisonResult.digest)).where(
+                        self._mine(),
+                        col(ComparisonResult.digest).startswith(self.prefix, autoescape=True),
+                    )
+                )
+            }
+        return self._stored
+
+    def load(self, keys: Sequence[bytes]) -> dict[bytes, dict[str, Any]]:
+        stored = self.stored()
+        wanted = [self.prefix + k.hex() for k in keys if k in stored]
+        found: dict[bytes, dict[str, Any]] = {}
+        for start in range(0, len(wanted), RESULTS_BATCH):
+            rows = self.session.execute(
+                select(col(ComparisonResult.digest), col(ComparisonResult.payload)).where(
+                    self._mine(),
+                    col(ComparisonResult.digest).in_(wanted[start : start + RESULTS_BATCH]),
+                )
+            ).all()
+            for digest, payload in rows:
+                found[bytes.fromhex(digest[len(self.prefix) :])] = json.loads(payload)
+        return found
+
+    def keep(self, results: dict[bytes, dict[str, Any]]) -> None:
+        self.used.update(results)
+        stored = self.stored()
+        self.pending.update((k, r) for k, r in results.items() if k not in stored)
+
+    def flush(self, prune: bool) -> None:
+        """Write the results used since the last flush that are not stored (another replica
+        may have written some meanwhile: those stay), in the caller's transaction. `prune`:
+        the computation used every comparison of the experiment's analysed families, so the
+        stored results of this metric and scale it did not use (their cells changed since)
+        are removed, with any of an earlier format."""
+        rows = [
+            {
+                "experiment_id": self.experiment_id,
+                "digest": self.prefix + k.hex(),
+                "payload": _json(r),
+            }
+            for k, r in self.pending.items()
+        ]
+        dialect = postgresql if self.session.get_bind().dialect.name == "postgresql" else sqlite
+        for start in range(0, len(rows), RESULTS_BATCH):
+            self.session.execute(
+                dialect.insert(ComparisonResult)
+                .values(rows[start : start + RESULTS_BATCH])
+                .on_conflict_do_nothing(index_elements=["experiment_id", "digest"])
+            )
+        stored = self.stored()
+        stored.update(self.pending)
+        self.pending = {}
+        if not prune:
+            return
+        unused = stored - self.used
+        stale = [self.prefix + k.hex() for k in unused]
+        for start in range(0, len(stale), RESULTS_BATCH):
+            self.session.execute(
+                delete(ComparisonResult).where(
+                    self._mine(),
+                    col(ComparisonResult.digest).in_(stale[start : start + RESULTS_BATCH]),
+                )
+            )
+        stored -= unused
+        self.session.execute(
+            delete(ComparisonResult).where(
+                self._mine(),
+                ~col(ComparisonResult.digest).startswith(f"{STATS_FORMAT}|", autoescape=True),
+            )
+        )
+
+
+def _json(result: dict[str, Any]) -> str:
+    """A comparison result as JSON (numpy scalars as Python numbers)."""
+    return json.dumps(result, default=lambda v: v.item() if isinstance(v, np.generic) else v)
 
 
 def _encode_families(family_p: FamilyPValues) -> str:

@@ -33,7 +33,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from scipy import special
@@ -71,6 +71,18 @@ _results: LruCache[dict[str, Any]] = LruCache(
 )
 
 
+class ResultStore(Protocol):
+    """Where analyse() finds results past this process's memory, and keeps the ones it
+    computes (service.analysis.stats_store.StoredResults: the database)."""
+
+    def load(self, keys: Sequence[bytes]) -> dict[bytes, dict[str, Any]]:
+        """The stored results of those of `keys` it has."""
+
+    def keep(self, results: dict[bytes, dict[str, Any]]) -> None:
+        """Every result analyse() answered with (from memory, the store or computed): the
+        store keeps those it lacks."""
+
+
 @dataclass(frozen=True)
 class Scope:
     """The data of one comparison: its strata (cells of a and b at each combination of the
@@ -106,18 +118,31 @@ def _interval(values: Sequence[float | None]) -> list[float | None]:
 
 
 def analyse(
-    scopes: Sequence[Scope], *, target_ratio: float = 2.0, mean_test: bool = True
+    scopes: Sequence[Scope],
+    *,
+    target_ratio: float = 2.0,
+    mean_test: bool = True,
+    store: ResultStore | None = None,
 ) -> list[dict[str, Any]]:
     """The fields of api_schemas.Comparison (but factor, levels and Holm) for each scope; the
     primary tests of all scopes not cached run as one batch. mean_test=False leaves out the
     unpaired permutation mean test (mean_p, mean_diff_ci95 and mean_test stay unset), most of
-    an unpaired comparison's cost: a simulation of the variance tests has no use for it."""
+    an unpaired comparison's cost: a simulation of the variance tests has no use for it.
+    `store`: results this process does not hold are looked up there before they are
+    computed, and those computed are kept there."""
     keys = [scope.digest(target_ratio, mean_test) for scope in scopes]
     out: list[dict[str, Any] | None] = []
     for key in keys:
         cached = _results.get(key)
         out.append(None if cached is None else dict(cached))
     todo = [i for i, r in enumerate(out) if r is None]
+    if store is not None and todo:
+        found = store.load([keys[i] for i in todo])
+        for i in todo:
+            if keys[i] in found:
+                out[i] = dict(found[keys[i]])
+                _results.put(keys[i], found[keys[i]])
+        todo = [i for i in todo if out[i] is None]
     usable = {i: resampling.usable_strata(scopes[i].strata) for i in todo}
     pairings = {i: resampling.pairing(usable[i]) for i in todo}
     preps = {i: resampling.prepare(usable[i], pairings[i]) for i in todo}
@@ -132,6 +157,8 @@ def analyse(
         )
     for i in todo:
         _results.put(keys[i], dict(out[i]))  # type: ignore[arg-type]
+    if store is not None:
+        store.keep({key: result for key, result in zip(keys, out, strict=True) if result})
     return [r for r in out if r is not None]
 
 

@@ -78,6 +78,7 @@ from service.scheduling.run_rules import (
 )
 from service.storage.db import (
     CompareCache,
+    ComparisonResult,
     Experiment,
     Run,
     RunAttempt,
@@ -379,6 +380,9 @@ class RunStore(RunMoves):
                 return False
         self.session.execute(
             delete(StatsCache).where(col(StatsCache.experiment_id) == experiment_id)
+        )
+        self.session.execute(
+            delete(ComparisonResult).where(col(ComparisonResult.experiment_id) == experiment_id)
         )
         self.session.execute(
             delete(CompareCache).where(

@@ -263,6 +263,21 @@ class StatsCache(SQLModel, table=True):
     computed_at: datetime = Field(default_factory=utcnow)
 
 
+class ComparisonResult(SQLModel, table=True):
+    """One comparison's computed fields (service.analysis.variance.analyse's result, as JSON),
+    keyed by the digest of its data within its experiment: a /stats computation after a
+    restart, or on another replica, reads the comparisons whose cells did not change instead of
+    computing them again, so one more completed run costs only its own comparisons
+    (service.analysis.stats_store.StoredResults; pruned to the comparisons in use)."""
+
+    __tablename__ = "comparisonresult"
+
+    experiment_id: int = Field(foreign_key="experiment.id", primary_key=True)
+    # "<results format>:<digest hex>"
+    digest: str = Field(primary_key=True)
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+
+
 class CompareCache(SQLModel, table=True):
     """One page of GET /compare of experiments a and b, as the JSON the API returns: stored
     like the statistics (StatsCache) and computed again only when the number of completed runs

@@ -23,6 +23,8 @@ from service.analysis import omnibus, stats_store, variance
 from service.analysis.stats import experiment_stats
 from service.experiments import SpecError
 from service.limits import Busy, HeavyReads
+from service.scheduling.purge import purge_deleted
+from service.scheduling.run_store import RunStore
 from service.specs import condition_key
 from service.storage.db import Experiment, Run, StatsCache, make_engine, upgrade_database
 from tests.service.test_stats_guidance import store_cff_experiment
@@ -324,3 +326,90 @@ def test_a_page_as_large_as_the_whole_list_is_the_page_stored_without_a_limit(
     finally:
         engine.dispose()
     assert len(pages) == 1, pages
+
+
+def add_completed_run(url: str, experiment_id: int, condition: dict[str, Any], seed: int) -> None:
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            session.add(
+                Run(
+                    experiment_id=experiment_id,
+                    condition=condition,
+                    condition_key=condition_key(condition),
+                    seed=seed,
+                    trainer="collapse",
+                    status=RunStatus.completed,
+                    warnings=[],
+                    provenance={},
+                    diagnostics={},
+                    metrics={"min_l2": 3.5},
+                )
+            )
+            experiment = session.get(Experiment, experiment_id)
+            assert experiment is not None
+            experiment.runs_completed += 1
+            experiment.n_runs += 1
+            session.commit()
+    finally:
+        engine.dispose()
+
+
+def test_after_a_restart_one_more_run_computes_only_the_comparisons_of_its_cell(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Comparison results are stored by the digest of their data (ComparisonResult): a process
+    that holds none of them (a restart, another replica) computes, after one more completed
+    run, only the comparisons whose cells that run joined, and serves the same statistics as a
+    computation from nothing. The stored results are pruned to the comparisons in use, and
+    removed with the experiment."""
+    grid = {"r": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "lr": [0.1, 0.2, 0.3, 0.4, 0.5]}
+    experiment_id = store_collapse_experiment(
+        database_url, levels=0, seeds=4, rng_seed=3, grid=grid
+    )
+    # r: 15 pairs x (pooled + 5 cells of lr) = 90; lr: 10 pairs x (pooled + 6 cells of r) = 70
+    cold = served(database_url, experiment_id)
+    assert cold["total_comparisons"] == 160
+    count = f"SELECT count(*) FROM comparisonresult WHERE experiment_id = {experiment_id}"
+    assert sql_rows(database_url, count) == [(160,)]
+
+    computed: list[int] = []
+    real_fields = variance._fields
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        computed.append(1)
+        return real_fields(*args, **kwargs)
+
+    monkeypatch.setattr(variance, "_fields", counted)
+    variance._results.clear()  # a fresh process: nothing in memory
+    omnibus._omnibus_results.clear()
+    add_completed_run(database_url, experiment_id, {"r": 0.0, "lr": 0.1}, seed=4)
+    after = served(database_url, experiment_id)
+    assert after["n_completed"] == 121
+    # the cell r=0.0, lr=0.1 is in r's 5 pooled pairs with 0.0 and its 5 pairs within lr=0.1,
+    # and in lr's 4 pooled pairs with 0.1 and its 4 pairs within r=0.0: 18 of 160
+    assert len(computed) == 18
+    assert sql_rows(database_url, count) == [(160,)]  # the 18 replaced results pruned
+
+    # the same statistics as computed from nothing
+    variance._results.clear()
+    omnibus._omnibus_results.clear()
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        session.execute(delete(StatsCache))
+        session.execute(text("DELETE FROM comparisonresult"))
+        session.commit()
+    engine.dispose()
+    computed.clear()
+    fresh = served(database_url, experiment_id)
+    assert len(computed) == 160
+    assert fresh["comparisons"] == after["comparisons"]
+    assert fresh["multiplicity"] == after["multiplicity"]
+
+    engine = make_engine(database_url)
+    with Session(engine) as session:
+        RunStore(session).mark_deleted(experiment_id)
+        session.commit()
+    assert purge_deleted(engine) == [experiment_id]
+    engine.dispose()
+    assert sql_rows(database_url, count) == [(0,)]
