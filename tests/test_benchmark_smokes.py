@@ -117,21 +117,43 @@ def test_dispatch_pass_smoke_measures_every_size_in_alternating_order(
     assert summary[0][2] == "1.00" and positive(summary[1][2])
 
 
-def test_stats_smoke_times_cold_warm_and_the_earlier_path_on_the_same_comparisons(
+def test_stats_smoke_times_cold_warm_and_a_restart_over_http_against_the_earlier_path(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The statistics benchmark asks a `seedgrid serve` of its own (a subprocess) over HTTP:
+    cold, warm, one more run, and after a restart the stored page and one more run, each
+    printed with the ratio to cold and against its goal."""
     load_script("stats").main(["--smoke"])
     out = capsys.readouterr().out
-    (compared,) = figures(r"60 runs, 20 conditions, (\d+) comparisons \((\d+) paired\)", out)
-    assert int(compared[0]) > 0 and int(compared[1]) > 0, out
+    (compared,) = figures(r"60 runs, 20 conditions, (\d+) comparisons \((\d+) on the first", out)
+    assert int(compared[0]) == int(compared[1]) == 86, out
+    assert "seedgrid serve in its own process, HTTP from this one" in out
     assert f"earlier path (scipy per comparison, {compared[0]} comparisons" in out
     ((cold, warm, poll),) = figures(
         rf"cold ({NUMBER}) ms; warm ({NUMBER}) ms \(median of 2, max {NUMBER}\); "
         rf"after one more run ({NUMBER}) ms",
         out,
     )
-    assert positive(cold) and positive(warm) and positive(poll)
-    assert re.search(rf"cold/earlier {NUMBER}; warm/cold {NUMBER}; one-more-run/cold", out)
+    ((stored, restart),) = figures(
+        rf"after a restart: stored page ({NUMBER}) ms; one more run ({NUMBER}) ms", out
+    )
+    assert all(positive(v) for v in (cold, warm, poll, stored, restart))
+    assert re.search(
+        rf"cold/earlier {NUMBER}; warm/cold {NUMBER}; one-more-run/cold {NUMBER}; "
+        rf"after-restart one-more-run/cold {NUMBER}",
+        out,
+    ), out
+    verdicts = figures(
+        r"(?m)^(cold|warm|one more run|one more run after a restart): goal <= .*: "
+        r"(met|NOT met)$",
+        out,
+    )
+    assert [v[0] for v in verdicts] == [
+        "cold",
+        "warm",
+        "one more run",
+        "one more run after a restart",
+    ], out
 
 
 def smoke_of_its_own_ray(script: str, timeout_s: float) -> str:
