@@ -88,9 +88,10 @@ def report(out: Path) -> str:
         lines.append(
             f"ray task: {ray_task['case']} K = {ray_task['k']} through a local Ray "
             f"{ray_task['ray']} on {ray_task['device']}: {ray_task['completed']}/{ray_task['k']} "
-            f"completed on {', '.join(devices)}; task {task['wall_s']:.1f} s (Ray's worker start "
-            f"included) against {ray_task['k']} solo runs of {ray_task['solo_s']:.1f} s: "
-            f"{ray_task['vs_k_solo']:.2f}x"
+            f"completed on {', '.join(devices)}; seedgrid's task against a bare Ray task of the "
+            f"same seeds (medians of {ray_task['repeats']}): {ray_task['vs_bare']:.2f}x, goal <= "
+            f"{ray_task['goal']:.1f}x: "
+            + ("met" if ray_task["vs_bare"] <= ray_task["goal"] else "NOT met")
         )
         for seed in task["seeds"]:
             if seed["status"] != "completed":

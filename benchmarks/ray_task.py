@@ -1,11 +1,16 @@
-"""One seed-batched task through a local Ray, as the dispatcher sends it: `workers.task.run_task`
-of K seeds of one condition on one GPU (or the CPU), its messages streamed back.
+"""One seed-batched task through a local Ray, as the dispatcher sends it (seedgrid's worker task,
+`workers.task.run_task`, of K seeds of one condition on one GPU or the CPU, its messages streamed
+back), against a bare Ray task doing the same training (the trainer's `run_seeds` of the same
+K seeds, or `run` of one, with the same resources, returning nothing but the seeds' final
+metrics): the cost of seedgrid's worker half at equal work (issue 38, item 4).
 
 It checks the path a GPU cluster runs, end to end below the service: the task lands on a worker
 with the GPU it asked for, every seed starts and ends with a Result, the seeds' final metrics and
-provenance (device, task size and index) come back, and it times the task against the same
-seeds' summed solo time for the epochs they trained (a `Trainer.run` of one seed in this
-process, the baseline, measured before the task, in the same process).
+provenance (device, task size and index) come back. After one untimed bare task (Ray's worker
+start, the imports, the data), the two arms run --repeats times each, alternating which goes
+first, each timed from submission until its last message (seedgrid) or its return (bare) in
+this driver; the medians and their ratio are printed with the goal (at most 1.5x at K > 1,
+2x at K = 1).
 
 Data: the dataset's files under the default data root when they are there, else random CIFAR in
 torchvision's layout written to a temporary named root (real times, meaningless accuracies).
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -41,22 +47,38 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from api_schemas import environment  # noqa: E402
+from trainers import NullReporter, get_trainer  # noqa: E402
 from workers.messages import Result, Started  # noqa: E402
 
 ROOT = gt.ROOT
 
 
-class Timer:
-    """A Reporter for the solo baseline: counts epochs, keeps nothing else."""
+@ray.remote
+def bare_task(trainer_name: str, config: dict[str, Any], seeds: list[int], threads: int) -> int:
+    """The same training as seedgrid's task of `seeds`, with nothing streamed: run_seeds of the
+    seeds (run of one), their outcomes dropped but for a count of those that completed."""
+    trainer = get_trainer(trainer_name)
+    parsed = trainer.Config.model_validate(config)
+    if len(seeds) == 1:
+        trainer.run(parsed, seeds[0], NullReporter(), threads=threads)
+        return 1
+    outcomes = trainer.run_seeds(parsed, seeds, [NullReporter() for _ in seeds], threads=threads)
+    return sum(not isinstance(o, Exception) for o in outcomes)
 
-    def __init__(self) -> None:
-        self.points = 0
 
-    def log(self, step: int, metrics: dict[str, float], epoch: int | None = None) -> None:
-        self.points += 1
-
-    def should_stop(self) -> bool:
-        return False
+def run_bare(
+    trainer_name: str, config: Any, seeds: Sequence[int], num_gpus: float, num_cpus: int
+) -> float:
+    """Seconds from submitting the bare task to its return."""
+    started = time.time()
+    done = ray.get(
+        bare_task.options(num_gpus=num_gpus, num_cpus=num_cpus).remote(
+            trainer_name, config.model_dump(mode="json"), list(seeds), num_cpus
+        )
+    )
+    if done != len(seeds):
+        raise SystemExit(f"the bare task completed {done} of {len(seeds)} seeds")
+    return time.time() - started
 
 
 def case_named(name: str) -> gt.Case:
@@ -144,7 +166,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="training images (default 10000; --smoke: the smoke config's)",
     )
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--smoke", action="store_true", help="tiny config on the CPU, K = 2")
+    parser.add_argument("--repeats", type=int, default=3, help="timed tasks per arm")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny config on the CPU, K = 2, 2 repeats"
+    )
     parser.add_argument("--json", metavar="PATH", default=None)
     args = parser.parse_args(argv)
     if args.k is None:
@@ -153,8 +178,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.train_size = 10_000
     if args.smoke:
         args.device = "cpu"
-    if args.k < 1 or args.epochs < 1:
-        parser.error("--k and --epochs must be at least 1")
+        args.repeats = 2
+    if args.k < 1 or args.epochs < 1 or args.repeats < 1:
+        parser.error("--k, --epochs and --repeats must be at least 1")
     return args
 
 
@@ -181,12 +207,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         seeds = list(range(args.k))
         threads = int(gt.example(case).get("resources", {}).get("num_cpus", 1))
         threads = 1 if args.smoke else min(threads, os.cpu_count() or 1)
-        gt.note(f"solo baseline: seed 0, {args.epochs} epochs, {threads} threads, in this process")
-        timer = Timer()
-        began = time.time()
-        trainer.run(config, 0, timer, threads=threads)
-        gt.synchronize(trainer.device(config))
-        solo_s = time.time() - began
         own = not ray.is_initialized()
         if own:
             gt.note("starting a local Ray")
@@ -198,14 +218,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 log_to_driver=True,
                 runtime_env={"env_vars": env_vars},
             )
+        gpus = 1 if device == "cuda" else 0
+        timed: dict[str, list[float]] = {"bare": [], "seedgrid": []}
         try:
-            gt.note(f"one task of {args.k} seeds through Ray on {device}")
-            task = run_through_ray(
-                case.trainer, config, seeds, 1 if device == "cuda" else 0, threads
-            )
+            gt.note(f"warm-up: one bare task of {args.k} seeds (worker start, imports, data)")
+            run_bare(case.trainer, config, seeds, gpus, threads)
+            for repeat in range(args.repeats):
+                order = ["bare", "seedgrid"] if repeat % 2 == 0 else ["seedgrid", "bare"]
+                for arm in order:
+                    gt.note(f"repeat {repeat}: {arm} task of {args.k} seeds on {device}")
+                    if arm == "bare":
+                        timed[arm].append(run_bare(case.trainer, config, seeds, gpus, threads))
+                    else:
+                        task = run_through_ray(case.trainer, config, seeds, gpus, threads)
+                        timed[arm].append(task["wall_s"])
         finally:
             if own:
                 ray.shutdown()
+    bare_s, seedgrid_s = statistics.median(timed["bare"]), statistics.median(timed["seedgrid"])
     report = {
         "case": case.name,
         "trainer": case.trainer,
@@ -216,12 +246,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "epochs": args.epochs,
         "train_size": getattr(config, "train_size", None),
         "batched": trainer.batched,
-        "solo_s": solo_s,
+        "repeats": args.repeats,
+        "bare_s": timed["bare"],
+        "seedgrid_s": timed["seedgrid"],
+        # the last seedgrid task's stream: where it ran, each seed's Result
         "task": task,
         "completed": sum(s["status"] == "completed" for s in task["seeds"]),
-        # the task's wall time (Ray's start of the worker and its set-up included) against K
-        # solo runs one after another in this process
-        "vs_k_solo": (args.k * solo_s) / task["wall_s"],
+        # seedgrid's worker task against a bare Ray task of the same seeds, medians
+        "vs_bare": seedgrid_s / bare_s,
+        "goal": 1.5 if args.k > 1 else 2.0,
     }
     if args.json is not None:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -235,11 +268,17 @@ def summary(report: dict[str, Any]) -> str:
         f"{report['case']} ({report['trainer']}, batched: {report['batched']}) on "
         f"{report['device']}, torch {report['torch']}, ray {report['ray']}: one task of "
         f"K = {report['k']} seeds, {report['epochs']} epochs, train_size {report['train_size']}",
-        f"  task wall {task['wall_s']:.1f} s (first point after "
-        f"{task['first_point_s'] or 0:.1f} s, "
-        f"{task['points']} points); one solo run {report['solo_s']:.1f} s; "
-        f"K solo runs / task = {report['vs_k_solo']:.2f}x; "
-        f"completed {report['completed']}/{report['k']}",
+        "  repeats (alternating first): bare "
+        + ", ".join(f"{t:.2f}" for t in report["bare_s"])
+        + " s; seedgrid "
+        + ", ".join(f"{t:.2f}" for t in report["seedgrid_s"])
+        + " s",
+        f"  median: bare Ray task {statistics.median(report['bare_s']):.2f} s, seedgrid's task "
+        f"{statistics.median(report['seedgrid_s']):.2f} s (last: first point after "
+        f"{task['first_point_s'] or 0:.2f} s, {task['points']} points); seedgrid/bare "
+        f"{report['vs_bare']:.2f}x, goal <= {report['goal']:.1f}x: "
+        + ("met" if report["vs_bare"] <= report["goal"] else "NOT met")
+        + f"; completed {report['completed']}/{report['k']}",
     ]
     for seed in task["seeds"]:
         shown = ", ".join(

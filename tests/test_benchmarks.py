@@ -402,3 +402,51 @@ def test_dispatch_compares_equal_work_with_alternating_arms_in_its_smoke_mode() 
     }
     assert set(figures) == {"compute alone", "bare Ray tasks", "seedgrid"}, out
     assert all(v > 0 for v in figures.values()), figures
+
+
+def test_ray_task_times_seedgrids_task_against_a_bare_ray_task_and_the_report_reads_it(
+    tmp_path: Path,
+) -> None:
+    """benchmarks/ray_task.py --smoke on its own local Ray: seedgrid's worker task and a bare
+    Ray task of the same two seeds, each first in turn after an untimed warm-up, their medians'
+    ratio against the goal; device_report.py then prints it beside the steps that did not run."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/ray_task.py",
+            "--smoke",
+            "--json",
+            str(tmp_path / "ray_task.json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "ray_task.json").read_text())
+    assert report["completed"] == report["k"] == 2, report
+    assert len(report["bare_s"]) == len(report["seedgrid_s"]) == 2
+    assert all(t > 0 for t in report["bare_s"] + report["seedgrid_s"])
+    medians = [sorted(report[arm]) for arm in ("seedgrid_s", "bare_s")]
+    assert report["vs_bare"] == pytest.approx(sum(medians[0]) / sum(medians[1]))
+    assert "warm-up: one bare task of 2 seeds" in done.stderr
+    order = re.findall(r"repeat (\d): (bare|seedgrid) task", done.stderr)
+    assert order == [("0", "bare"), ("0", "seedgrid"), ("1", "seedgrid"), ("1", "bare")]
+    assert re.search(r"seedgrid/bare [\d.]+x, goal <= 1\.5x: (met|NOT met)", done.stdout)
+
+    shown = subprocess.run(
+        [sys.executable, "benchmarks/device_report.py", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "throughput: no result" in shown.stdout and "launches: no result" in shown.stdout
+    assert re.search(
+        r"ray task: cff K = 2 through a local Ray [\d.]+ on cpu: 2/2 completed on cpu; "
+        r"seedgrid's task against a bare Ray task of the same seeds \(medians of 2\): "
+        r"[\d.]+x, goal <= 1\.5x: (met|NOT met)",
+        shown.stdout,
+    ), shown.stdout
