@@ -380,9 +380,10 @@ def test_a_steps_op_count_does_not_depend_on_the_batch_size(launches: ModuleType
 
 
 def test_dispatch_compares_equal_work_with_alternating_arms_in_its_smoke_mode() -> None:
-    """benchmarks/dispatch.py at 4 seeds a task in both arms (seedgrid's spec and the bare Ray
-    tasks), each arm first in turn, compute alone timed in a Ray worker: it runs to the end on
-    its own local Ray and prints positive figures."""
+    """benchmarks/dispatch.py at 4 seeds a task in both arms (seedgrid's spec, sent over HTTP to
+    a serve of its own that joins the script's Ray, and the bare Ray tasks), each arm first in
+    turn, compute alone timed in a Ray worker: it runs to the end on its own local Ray and
+    prints positive figures and their ratio against the goal."""
     done = subprocess.run(
         [sys.executable, "benchmarks/dispatch.py", "--smoke", "--seeds-per-task", "4"],
         cwd=ROOT,
@@ -402,6 +403,15 @@ def test_dispatch_compares_equal_work_with_alternating_arms_in_its_smoke_mode() 
     }
     assert set(figures) == {"compute alone", "bare Ray tasks", "seedgrid"}, out
     assert all(v > 0 for v in figures.values()), figures
+    # seedgrid out of this process (its own serve, over HTTP), the goal as a ratio
+    assert "serve in its own process, polled over HTTP" in out, out
+    assert "Connecting to existing Ray cluster" in done.stderr, done.stderr[-3000:]
+    (ratio,) = re.findall(
+        r"ratio seedgrid / bare Ray: ([\d.]+)x "
+        r"\(goal <= 1\.5x at 4 seeds a task: (?:met|NOT met)\)",
+        out,
+    )
+    assert float(ratio) == pytest.approx(figures["seedgrid"] / figures["bare Ray tasks"], rel=0.01)
 
 
 def test_ray_task_times_seedgrids_task_against_a_bare_ray_task_and_the_report_reads_it(
