@@ -53,10 +53,13 @@ terms dominate), which is why it takes over only above 40.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import optimize, special
@@ -401,6 +404,53 @@ def primary_power(
     return null_intervals(n_a, n_b, paired, correlation, alpha).power(ratio)
 
 
+# primary_detectable_ratio at the default alpha and power for uncorrelated seeds, every n_a and
+# n_b up to MAX_SIMULATED_SEEDS, paired and unpaired: written by scripts/detectable_ratios.py
+# (each entry a simulation of 0.2-1.2 s, which a comparison whose cells reached a new size
+# paid for again in every new process), beside this module.
+DETECTABLE_TABLE_FILE = "detectable_ratios.json"
+
+
+def detectable_table_key() -> dict[str, Any]:
+    """What the table's entries depend on besides the code: a table written with other
+    settings is not used."""
+    return {
+        "simulations": SIMULATIONS,
+        "resamples": SIMULATION_RESAMPLES,
+        "planning_seed": PLANNING_SEED,
+        "reassignment_stream": REASSIGNMENT_STREAM,
+        "max_simulated_seeds": MAX_SIMULATED_SEEDS,
+        "alpha": DEFAULT_ALPHA,
+        "power": DEFAULT_POWER,
+    }
+
+
+@lru_cache(maxsize=1)
+def detectable_table() -> dict[str, Any] | None:
+    """The table of DETECTABLE_TABLE_FILE, or None where it is missing or was written with
+    other settings (then every entry is simulated, as before the table)."""
+    path = Path(__file__).with_name(DETECTABLE_TABLE_FILE)
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return table if table.get("key") == detectable_table_key() else None
+
+
+def simulated_detectable_ratio(n_a: int, n_b: int, paired: bool) -> float:
+    """primary_detectable_ratio at the defaults for uncorrelated seeds, by simulation (what the
+    table holds; 2 <= n_a, n_b <= MAX_SIMULATED_SEEDS)."""
+    return null_intervals(n_a, n_b, paired, 0.0, DEFAULT_ALPHA).detectable_ratio(DEFAULT_POWER)
+
+
+def _tabled_detectable_ratio(n_a: int, n_b: int, paired: bool) -> float | None:
+    table = detectable_table()
+    if table is None:
+        return None
+    value = table["paired" if paired else "unpaired"][n_a - 2][n_b - 2]
+    return math.inf if value is None else float(value)
+
+
 @lru_cache(maxsize=4096)
 def primary_detectable_ratio(
     n_a: int,
@@ -419,6 +469,10 @@ def primary_detectable_ratio(
     if n_a < 2 or n_b < 2:
         return math.inf
     if max(n_a, n_b) <= MAX_SIMULATED_SEEDS:
+        if correlation == 0 and alpha == DEFAULT_ALPHA and power == DEFAULT_POWER:
+            tabled = _tabled_detectable_ratio(n_a, n_b, paired)
+            if tabled is not None:
+                return tabled
         return null_intervals(n_a, n_b, paired, correlation, alpha).detectable_ratio(power)
     rate = required_rate(power)
 
