@@ -5,6 +5,7 @@ primary_detectable_ratio answers from it without simulating, at the defaults onl
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -29,7 +30,7 @@ def test_the_table_covers_every_size_and_was_written_with_the_current_settings()
         diagonal = [table[kind][n - 2][n - 2] for n in range(2, side + 2)]
         assert diagonal[:3] == [None, None, None], diagonal
         finite = diagonal[3:]
-        assert all(a >= b for a, b in zip(finite, finite[1:])), diagonal
+        assert all(a >= b for a, b in itertools.pairwise(finite)), diagonal
         assert finite[-1] < 3.0 and finite[0] > 100, diagonal
 
 
