@@ -156,6 +156,37 @@ def test_stats_smoke_times_cold_warm_and_a_restart_over_http_against_the_earlier
     ], out
 
 
+def test_ingest_smoke_stores_the_same_points_in_both_arms_in_alternating_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both arms store all 5,000 points (the script stops otherwise), each first in turn, and
+    the ratio is printed against the goal."""
+    result = load_script("ingest").main(["--smoke"])
+    out = capsys.readouterr().out
+    repeats = figures(
+        rf"repeat (\d) \((raw sqlite3|seedgrid) first\): (\w+(?: sqlite3)?) ({NUMBER}) points/s; "
+        rf"(\w+(?: sqlite3)?) ({NUMBER}) points/s",
+        out,
+    )
+    assert [(r[0], r[1]) for r in repeats] == [("0", "raw sqlite3"), ("1", "seedgrid")], out
+    assert all(positive(r[3]) and positive(r[5]) for r in repeats), out
+    assert "5,000 points in 8 passes" in out, out
+    ((ratio, verdict),) = figures(
+        rf"ratio seedgrid / raw sqlite3: ({NUMBER})x \(goal >= 0\.8x: (met|NOT met)\)", out
+    )
+    assert float(ratio) == pytest.approx(result["ratio"], abs=0.006)
+    assert (verdict == "met") == (result["ratio"] >= 0.8)
+
+
+def test_ingest_stops_when_an_arm_stores_other_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    ingest = load_script("ingest")
+    raw_arm = ingest.raw_arm
+    # the raw arm leaves the last pass out
+    monkeypatch.setattr(ingest, "raw_arm", lambda path, passes: raw_arm(path, passes[:-1]))
+    with pytest.raises(SystemExit, match="unequal work: raw sqlite3 stored 4,480 of 5,000"):
+        ingest.main(["--smoke"])
+
+
 def smoke_of_its_own_ray(script: str, timeout_s: float) -> str:
     """A benchmark's --smoke run as a subprocess that starts a seedgrid serve; its output."""
     done = subprocess.run(

@@ -30,6 +30,15 @@ FORCE_CANCEL_AFTER_S = 15.0
 CANCEL_CHECK_INTERVAL_S = 0.25
 
 
+def metric_rows(run_id: int, batch: MetricBatch) -> list[dict[str, Any]]:
+    """A worker's batch of points as the metricpoint rows the harvest stores
+    (service.scheduling.run_moves.record_points; benchmarks/ingest.py times the two)."""
+    return [
+        {"run_id": run_id, "step": s, "epoch": e, "name": n, "value": v}
+        for s, e, n, v in batch.points
+    ]
+
+
 class Harvesting(DispatcherBase):
     """Reading from Ray and storing."""
 
@@ -119,10 +128,7 @@ class Harvesting(DispatcherBase):
             elif isinstance(message, MetricBatch):
                 batched = task.runs.get(message.index)
                 if batched is not None:
-                    harvest.metrics += [
-                        {"run_id": batched.run_id, "step": s, "epoch": e, "name": n, "value": v}
-                        for s, e, n, v in message.points
-                    ]
+                    harvest.metrics += metric_rows(batched.run_id, message)
                     for _, _, name, value in message.points:
                         if is_system_metric(name) and value is not None:
                             self.metrics.record_system(task.trainer, name, value)
@@ -177,7 +183,10 @@ class Harvesting(DispatcherBase):
                     for flight, started in harvest.started
                 ]
             )
-            store.record_points(harvest.metrics)
+            store.record_points(
+                harvest.metrics,
+                {run_id: flight.experiment_id for run_id, flight in harvest.flights.items()},
+            )
             store.finish(
                 [
                     FinishedAttempt(
