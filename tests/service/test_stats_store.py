@@ -116,6 +116,22 @@ def test_the_spec_chooses_the_scale_and_the_target_ratio_and_a_query_overrides_t
     assert refused.value.errors[0]["loc"] == ["query", "scale"]
 
 
+def completed_run(experiment_id: int, condition: dict[str, Any], seed: int, value: float) -> Run:
+    """A completed collapse run of `condition` whose min_l2 is `value`."""
+    return Run(
+        experiment_id=experiment_id,
+        condition=condition,
+        condition_key=condition_key(condition),
+        seed=seed,
+        trainer="collapse",
+        status=RunStatus.completed,
+        warnings=[],
+        provenance={},
+        diagnostics={},
+        metrics={"min_l2": value},
+    )
+
+
 def store_collapse_experiment(
     url: str,
     levels: int,
@@ -151,20 +167,10 @@ def store_collapse_experiment(
         session.add(experiment)
         session.commit()
         experiment_id = experiment.id
+        assert experiment_id is not None
         session.add_all(
             [
-                Run(
-                    experiment_id=experiment_id,
-                    condition=condition,
-                    condition_key=condition_key(condition),
-                    seed=seed,
-                    trainer="collapse",
-                    status=RunStatus.completed,
-                    warnings=[],
-                    provenance={},
-                    diagnostics={},
-                    metrics={"min_l2": float(rng.lognormal())},
-                )
+                completed_run(experiment_id, condition, seed, float(rng.lognormal()))
                 for condition in conditions
                 for seed in range(seeds)
             ]
@@ -332,20 +338,7 @@ def add_completed_run(url: str, experiment_id: int, condition: dict[str, Any], s
     engine = make_engine(url)
     try:
         with Session(engine) as session:
-            session.add(
-                Run(
-                    experiment_id=experiment_id,
-                    condition=condition,
-                    condition_key=condition_key(condition),
-                    seed=seed,
-                    trainer="collapse",
-                    status=RunStatus.completed,
-                    warnings=[],
-                    provenance={},
-                    diagnostics={},
-                    metrics={"min_l2": 3.5},
-                )
-            )
+            session.add(completed_run(experiment_id, condition, seed, 3.5))
             experiment = session.get(Experiment, experiment_id)
             assert experiment is not None
             experiment.runs_completed += 1
