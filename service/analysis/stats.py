@@ -249,14 +249,17 @@ def family_p_values(
     scale: str = "raw",
     target_ratio: float = 2.0,
     store: variance.ResultStore | None = None,
+    values: RunValues | None = None,
 ) -> FamilyPValues:
     """What every page of an experiment's statistics shares: the raw p-values Holm adjusts
     (service.analysis.multiplicity.ADJUSTED) of every comparison of each factor whose family fits
     MAX_ANALYSED_COMPARISONS (taken in grid order), in ComparisonPlan's order. A page needs
     them all whatever comparisons it shows, so service.analysis.stats_store computes them once per
     experiment, metric, scale and completed runs, and stores them (the arguments are
-    experiment_stats'; `store`: variance.analyse's)."""
-    values = run_values(grid, runs, seeds, scale)
+    experiment_stats'; `store`: variance.analyse's; `values`: run_values() of the same runs,
+    when the caller has them)."""
+    if values is None:
+        values = run_values(grid, runs, seeds, scale)
     everything = ComparisonPlan(grid)
     raw: FamilyPValues = {}
     budget = MAX_ANALYSED_COMPARISONS
@@ -295,6 +298,7 @@ def experiment_stats(
     target_ratio: float = 2.0,
     family_p: FamilyPValues | None = None,
     store: variance.ResultStore | None = None,
+    values: RunValues | None = None,
 ) -> Stats:
     """Statistics of one metric; `runs` holds (condition, condition_key, value) per run and
     `seeds` (aligned with it) each run's seed, which pairs the conditions that share seeds.
@@ -307,7 +311,8 @@ def experiment_stats(
     or "log" (ScaleError when a value is not positive); `target_ratio`: the variance ratio
     each comparison plans seeds for; `family_p`: family_p_values() of the same arguments, when
     the caller has them stored (else they are computed here); `store`: where comparisons
-    this process does not hold may be stored (variance.analyse)."""
+    this process does not hold may be stored (variance.analyse); `values`: run_values() of the
+    same runs, when the caller has them (built once for the families and the page)."""
     by_key: dict[str, tuple[dict[str, Any], list[float], list[int | None]]] = {}
     for i, (condition, key, value) in enumerate(runs):
         entry = by_key.setdefault(key, (condition, [], []))
@@ -320,10 +325,17 @@ def experiment_stats(
         for k, (c, v, sizes) in by_key.items()
     ]
 
-    values = run_values(grid, runs, seeds, scale)
+    if values is None:
+        values = run_values(grid, runs, seeds, scale)
     if family_p is None:
         family_p = family_p_values(
-            grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio, store=store
+            grid=grid,
+            runs=runs,
+            seeds=seeds,
+            scale=scale,
+            target_ratio=target_ratio,
+            store=store,
+            values=values,
         )
     plan = ComparisonPlan(grid, factor, pooled)
     total = plan.total

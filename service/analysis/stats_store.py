@@ -35,9 +35,11 @@ from service.analysis.sources import source_decomposition
 from service.analysis.stats import (
     MAX_COMPARISONS_PER_PAGE,
     ComparisonPlan,
+    RunValues,
     ScaleError,
     experiment_stats,
     family_p_values,
+    run_values,
 )
 from service.errors import SpecError
 from service.limits import HeavyReads
@@ -244,6 +246,7 @@ def _compute(
         None if is_light(grid, len(rows)) else StoredResults(session, experiment.id, metric, scale)
     )
     try:
+        scaled = run_values(grid, values, seeds, scale)  # once, for the families and the page
         family_p = _family_p_values(
             session=session,
             experiment=experiment,
@@ -255,6 +258,7 @@ def _compute(
             target_ratio=target_ratio,
             n_completed=len(rows),
             store=store,
+            values=scaled,
         )
         stats = experiment_stats(
             metric=metric,
@@ -271,6 +275,7 @@ def _compute(
             target_ratio=target_ratio,
             family_p=family_p,
             store=store,
+            values=scaled,
         )
     except ScaleError as error:
         raise SpecError.query("scale", f"metric {metric!r}: {error}") from None
@@ -306,6 +311,7 @@ def _family_p_values(
     target_ratio: float,
     n_completed: int,
     store: StoredResults | None,
+    values: RunValues,
 ) -> FamilyPValues:
     """The stored Holm families of these runs (`n_completed` of them), or computed (by one
     viewer of this process at a time) and stored; a light experiment's (LIGHT_*), computed in
@@ -314,7 +320,12 @@ def _family_p_values(
     assert experiment.id is not None
     if is_light(grid, n_completed):
         return family_p_values(
-            grid=grid, runs=runs, seeds=seeds, scale=scale, target_ratio=target_ratio
+            grid=grid,
+            runs=runs,
+            seeds=seeds,
+            scale=scale,
+            target_ratio=target_ratio,
+            values=values,
         )
     page = f"{FAMILIES_PAGE}{scale}"
     stored = _stored(session, experiment, metric, page, n_completed)
@@ -329,6 +340,7 @@ def _family_p_values(
                     scale=scale,
                     target_ratio=target_ratio,
                     store=store,
+                    values=values,
                 )
                 try:
                     if store is not None:  # every analysed comparison: prune the rest
