@@ -48,7 +48,7 @@ import torch  # noqa: E402
 
 from api_schemas import environment  # noqa: E402
 from trainers import NullReporter, get_trainer  # noqa: E402
-from workers.messages import Result, Started  # noqa: E402
+from workers.messages import Result, Started, unbundled  # noqa: E402
 
 ROOT = gt.ROOT
 
@@ -120,15 +120,15 @@ def run_through_ray(
     points = 0
     first_point_s = None
     for ref in stream:
-        message = ray.get(ref)
-        if isinstance(message, Started):
-            where = {"pid": message.pid, "hostname": message.hostname}
-        elif isinstance(message, Result):
-            results[message.index] = message
-        else:
-            points += len(message.points)
-            if first_point_s is None:
-                first_point_s = time.time() - started
+        for message in unbundled(ray.get(ref)):
+            if isinstance(message, Started):
+                where = {"pid": message.pid, "hostname": message.hostname}
+            elif isinstance(message, Result):
+                results[message.index] = message
+            else:
+                points += len(message.points)
+                if first_point_s is None:
+                    first_point_s = time.time() - started
     wall = time.time() - started
     return {
         "wall_s": wall,

@@ -2,6 +2,7 @@
 begin training (all of them at once for a task of one and for a batched trainer's task; each
 in turn for a trainer that runs its seeds one after another), `MetricBatch`es while the trainer
 runs, one `Result` per seed. A seed's `Started` comes before its points and its `Result`.
+`workers.run_task` streams the messages ready together as one `Bundle`.
 `Started`, `MetricBatch` and `Result` name their seed by its index in the task's seeds (0 in a
 task of one). Both sides
 import this module: it is the whole contract between them. A pre-flight task
@@ -69,6 +70,25 @@ class Result:
 
 
 WorkerMessage = Started | MetricBatch | Result
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    """Messages a task had ready together (a seed's last points and its Result, say), streamed
+    as one object: each streamed object costs the task and the dispatcher a Ray object and a
+    read, more than the messages of a small run themselves (benchmarks/dispatch.py). In the
+    order they were made."""
+
+    messages: tuple[WorkerMessage, ...]
+
+
+# What `workers.run_task` streams.
+StreamedMessage = WorkerMessage | Bundle
+
+
+def unbundled(message: StreamedMessage) -> tuple[WorkerMessage, ...]:
+    """The messages one streamed object carries, in order."""
+    return message.messages if isinstance(message, Bundle) else (message,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
@@ -52,7 +52,15 @@ from trainers.base import RunResult
 from trainers.runtime import warm_up
 from workers.grace import GraceClock
 from workers.interrupts import accept_cancels
-from workers.messages import MetricBatch, Point, Result, Started, WorkerMessage
+from workers.messages import (
+    Bundle,
+    MetricBatch,
+    Point,
+    Result,
+    Started,
+    StreamedMessage,
+    WorkerMessage,
+)
 from workers.system_metrics import SystemSampler
 
 # How long the trainer thread gets to notice a cancellation; past it the worker process ends
@@ -61,6 +69,11 @@ from workers.system_metrics import SystemSampler
 CANCEL_GRACE_S = 10.0
 # How often the wait re-reads the grace's clock.
 GRACE_POLL_S = 0.25
+# A task of one seed sends its Started with what its trainer does in this time (at most a
+# batch interval): a small run's whole stream (Started, its points, its Result) is then one
+# streamed object, where each one cost the worker and the dispatcher more than a small run's
+# messages themselves (benchmarks/dispatch.py); a longer run's Started comes this much later.
+STARTED_WITHIN_S = 0.02
 
 
 class StreamingReporter:
@@ -146,6 +159,18 @@ def _outcome(
         error=error_text,
         index=index,
     )
+
+
+M = TypeVar("M", WorkerMessage, StreamedMessage)
+
+
+def bundled(messages: Iterable[WorkerMessage]) -> Iterator[StreamedMessage]:
+    """Messages ready together as one Bundle (one alone as itself)."""
+    ready = tuple(messages)
+    if len(ready) == 1:
+        yield ready[0]
+    elif ready:
+        yield Bundle(ready)
 
 
 def in_ray_task() -> bool:
@@ -286,6 +311,7 @@ class SeedTask:
         self._ended: _TrainerEnded | None = None
         self.sampler = SystemSampler.for_this_task(system_metrics_interval_s)
         self._seed_began_at: dict[int, float] = {}  # perf_counter() at each seed's Started
+        self._points_sent_at = self.began_at  # perf_counter() when points were last flushed
 
     # -- the trainer's side: events on the queue --------------------------------------------
 
@@ -339,16 +365,28 @@ class SeedTask:
         """The task's messages: Started, MetricBatches and one Result per seed. Iterate it in
         one thread; leaving it before the trainer has ended (Ray's cancel as a
         KeyboardInterrupt, or the generator closed) stops the trainer."""
+        return self._stream(iter)
+
+    def streamed(self) -> Iterator[StreamedMessage]:
+        """`messages()` with the messages ready together (a seed's last points and its
+        result) as one Bundle: what `run_task` streams."""
+        return self._stream(bundled)
+
+    def _stream(self, grouped: Callable[[Iterable[WorkerMessage]], Iterator[M]]) -> Iterator[M]:
+        """The messages, each group of those ready together passed through `grouped`."""
         warm_up()  # before Started: a run counts as started when it can train at once
+        started: list[WorkerMessage] = []
         if len(self.seeds) == 1:
             self._announced.add(0)
-            yield self._began(None)
+            started.append(self._began(None))
             self._sample([0])
-        self.began_at = time.perf_counter()
+        self.began_at = self._points_sent_at = time.perf_counter()
         self.thread.start()
         try:
+            if started:  # sent with what the first STARTED_WITHIN_S bring (a small run's all)
+                yield from grouped([*started, *self._flush(self._first_events())])
             while self._ended is None:
-                yield from self._flush(self._next_events())
+                yield from grouped(self._flush(self._next_events()))
         finally:
             # Left before the trainer ended, whichever way: Ray's cancel (KeyboardInterrupt in
             # this frame, or the generator closed when the interrupt lands in Ray's own code
@@ -358,12 +396,26 @@ class SeedTask:
             if self._ended is None:
                 self._cancel()
         self.thread.join()
-        yield from self._unfinished(self._ended.error)
+        yield from grouped(self._unfinished(self._ended.error))
 
-    def _next_events(self) -> list[_Event]:
-        """The events put since the last call: waits up to a batch interval for the first."""
+    def _first_events(self) -> list[_Event]:
+        """The events of a task's first STARTED_WITHIN_S, or until a seed ends before."""
+        deadline = time.perf_counter() + min(STARTED_WITHIN_S, self.batch_interval_s)
+        events: list[_Event] = []
+        while (left := deadline - time.perf_counter()) > 0:
+            try:
+                events.append(self.events.get(timeout=left))
+            except queue.Empty:
+                break
+            if isinstance(events[-1], _SeedDone | _TrainerEnded):
+                return events + self._next_events(wait=False)
+        return events
+
+    def _next_events(self, *, wait: bool = True) -> list[_Event]:
+        """The events put since the last call: waits up to a batch interval for the first
+        (`wait`: not at all)."""
         try:
-            events = [self.events.get(timeout=self.batch_interval_s)]
+            events = [self.events.get(timeout=self.batch_interval_s if wait else 0)]
         except queue.Empty:
             return []
         while True:
@@ -375,7 +427,9 @@ class SeedTask:
     def _flush(self, events: list[_Event]) -> Iterator[WorkerMessage]:
         """In order: the seeds that began (one Started for those that began together, before
         any of their points), the seeds that ended (each with its last points before its
-        result), then the points of the seeds still training."""
+        result), then, once a batch interval has passed since they were last sent, the points
+        of the seeds still training (an event alone does not send them: a small run's points
+        go with its result, one streamed object less)."""
         for starts, group in groupby(events, key=lambda event: isinstance(event, _SeedStarted)):
             if starts:
                 indices = [e.index for e in group if isinstance(e, _SeedStarted)]
@@ -384,6 +438,10 @@ class SeedTask:
             else:
                 for event in group:
                     yield from self._handle(event)
+        now = time.perf_counter()
+        if events and now - self._points_sent_at < self.batch_interval_s:
+            return
+        self._points_sent_at = now
         if self.sampler is not None and self.sampler.due():
             self._sample(self._announced - self._sent)
         for index in sorted(self._announced - self._sent):  # a seed begun since: after Started
@@ -486,12 +544,13 @@ def task_messages(
     source_seeds: Sequence[dict[str, int] | None] | None = None,
     stop_on_checks: Sequence[str] = (),
     system_metrics_interval_s: float | None = None,
-) -> Iterator[WorkerMessage]:
+) -> Iterator[StreamedMessage]:
     """The body of `run_task`, the Ray streaming generator running one condition's seeds (one,
-    or a seed-batched task of several); the dispatcher does retries. Ray's cancel lands in it
-    whatever SIGINT disposition the worker inherited (workers.interrupts)."""
+    or a seed-batched task of several): `execute_seeds`' messages, those ready together as one
+    Bundle (SeedTask.streamed); the dispatcher does retries. Ray's cancel lands in it whatever
+    SIGINT disposition the worker inherited (workers.interrupts)."""
     accept_cancels()
-    yield from execute_seeds(
+    yield from SeedTask(
         trainer_name,
         config,
         seeds,
@@ -499,7 +558,7 @@ def task_messages(
         source_seeds,
         stop_on_checks,
         system_metrics_interval_s,
-    )
+    ).streamed()
 
 
 run_task = ray.remote(max_retries=0)(task_messages)

@@ -107,6 +107,7 @@ class Dispatcher(Launching, Harvesting):
         self._last_look_check = -math.inf
         # A harvest read from Ray whose transaction failed: written before anything else.
         self._unsaved: Harvest | None = None
+        self._unsaved_since = 0.0
         # What the runs of each experiment with runs in flight share (a spec never changes);
         # a str: why the experiment's stored spec cannot make a task.
         self._templates: dict[int, RunTemplate | str] = {}
@@ -423,16 +424,23 @@ class Dispatcher(Launching, Harvesting):
         Ray refuses) ends that experiment's affected runs or its rule, and the pass goes on for
         the others; what escapes is the database's or Ray's own trouble, retried next pass."""
         self.passes += 1
-        self._save_unsaved()
+        self._save_unsaved(when_due=True)
         self._store_refused()
         self._take_due_looks()
         claimed = self._fill()
         self._forward_cancellations()
-        harvest = self._pump(timeout_s=self._next_wait(claimed))
+        held = self._hold_left()
+        if 0 < held < math.inf:
+            # Something is held for its transaction: let more tasks end meanwhile and read them
+            # all at once (one pump, not one a task).
+            self._stop.wait(held)
+            harvest = self._pump(timeout_s=0)
+        else:
+            harvest = self._pump(timeout_s=self._next_wait(claimed))
         if harvest:
             # Read from Ray once only: kept until a transaction has written it.
-            self._unsaved = harvest
-            self._save_unsaved()
+            self._hold(harvest)
+        self._save_unsaved(when_due=True)
 
     def _next_wait(self, claimed: int) -> float:
         """How long this pass waits for Ray or for new work: not at all when it claimed runs,

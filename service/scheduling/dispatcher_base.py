@@ -33,6 +33,7 @@ class DispatcherBase:
     _nodes: list[tuple[float, float]]
     _nodes_checked_at: float
     _unsaved: Harvest | None
+    _unsaved_since: float  # time.monotonic() when the first part of _unsaved was read
     _templates: dict[int, RunTemplate | str]
     _refused: list[tuple[AttemptKey, str]]
 

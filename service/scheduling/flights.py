@@ -76,7 +76,7 @@ class RunTemplate:
 
 @dataclass
 class Harvest:
-    """Everything one pump read from Ray, written in one transaction."""
+    """What one or more pumps read from Ray, written in one transaction."""
 
     metrics: list[dict[str, Any]] = field(default_factory=list)
     started: list[tuple[InFlight, Started]] = field(default_factory=list)
@@ -88,6 +88,16 @@ class Harvest:
 
     def __bool__(self) -> bool:
         return bool(self.metrics or self.started or self.results or self.lost or self.cancelled)
+
+    def extend(self, later: Harvest) -> None:
+        """Add what a later pump read (the dispatcher holds a few pumps' harvests for one
+        transaction): each run's messages stay in the order they were read."""
+        self.metrics += later.metrics
+        self.started += later.started
+        self.results += later.results
+        self.lost += later.lost
+        self.cancelled += later.cancelled
+        self.flights.update(later.flights)
 
     def only(self, run_ids: set[int]) -> Harvest:
         """The part of this harvest about the given runs."""

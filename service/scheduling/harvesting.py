@@ -5,6 +5,7 @@ refuses a run's rows."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import replace
 from typing import Any
@@ -21,13 +22,20 @@ from service.scheduling.ray_helpers import error_line, operator_paths
 from service.scheduling.run_store import FinishedAttempt, RunStore, StartedAttempt
 from service.storage.db import database_trouble
 from trainers import REGISTRY
-from workers.messages import MetricBatch, Result, Started
+from workers.messages import MetricBatch, Result, Started, WorkerMessage, unbundled
 
 log = logging.getLogger("seedgrid.dispatcher")
 
 # After a cooperative cancel, how long a task gets before it is killed.
 FORCE_CANCEL_AFTER_S = 15.0
 CANCEL_CHECK_INTERVAL_S = 0.25
+# What the tasks stream is held up to this long before its transaction, so that one
+# transaction stores the results of the many small tasks that end meanwhile: written a pump at
+# a time, the transactions (the held attempts, the points, the results, the experiments'
+# counts and status) were most of the dispatcher's time per run with small tasks
+# (benchmarks/dispatch.py). A failed, lost or cancelled run, and the last runs in flight, are
+# written at once.
+PERSIST_HOLD_S = 0.05
 
 
 def metric_rows(run_id: int, batch: MetricBatch) -> list[dict[str, Any]]:
@@ -114,38 +122,45 @@ class Harvesting(DispatcherBase):
                         task, harvest, storable_text(f"{type(exc).__name__}: {error_line(exc)}")
                     )
                 return
-            if isinstance(message, Started):
-                now = time.monotonic()
-                if task.started is None:
-                    task.started = message
-                # the seeds that began now: all of them, or (a task running its seeds one
-                # after another) each in turn; one dispatch per run attempt
-                indices = task.runs.keys() if message.indices is None else message.indices
-                for flight in [task.runs[i] for i in indices if i in task.runs]:
-                    flight.started_at = now
-                    self.metrics.dispatch_latency.observe(now - task.claimed_at)
-                    harvest.started.append((flight, message))
-            elif isinstance(message, MetricBatch):
-                batched = task.runs.get(message.index)
-                if batched is not None:
-                    harvest.metrics += metric_rows(batched.run_id, message)
-                    for _, _, name, value in message.points:
-                        if is_system_metric(name) and value is not None:
-                            self.metrics.record_system(task.trainer, name, value)
-            elif isinstance(message, Result):
-                ended = task.runs.pop(message.index, None)
-                if ended is not None:
-                    result = message.storable()
-                    if result.traceback:  # the operator's file, not Ray's copy of it
-                        result = replace(result, traceback=operator_paths(result.traceback))
-                    harvest.results.append((ended, result))
-                    del self.in_flight[ended.run_id]
-                    began = ended.started_at if ended.started_at is not None else task.claimed_at
-                    self.metrics.run_duration.labels(task.trainer).observe(time.monotonic() - began)
-                if not task.runs:
+            for part in unbundled(message):
+                if self._take(task, harvest, part):
                     return
             if not generator.next_ready():
                 return
+
+    def _take(self, task: TaskFlight, harvest: Harvest, message: WorkerMessage) -> bool:
+        """One message of the task into the harvest; True when the task has no seed left."""
+        if isinstance(message, Started):
+            now = time.monotonic()
+            if task.started is None:
+                task.started = message
+            # the seeds that began now: all of them, or (a task running its seeds one
+            # after another) each in turn; one dispatch per run attempt
+            indices = task.runs.keys() if message.indices is None else message.indices
+            for flight in [task.runs[i] for i in indices if i in task.runs]:
+                flight.started_at = now
+                self.metrics.dispatch_latency.observe(now - task.claimed_at)
+                harvest.started.append((flight, message))
+        elif isinstance(message, MetricBatch):
+            batched = task.runs.get(message.index)
+            if batched is not None:
+                harvest.metrics += metric_rows(batched.run_id, message)
+                for _, _, name, value in message.points:
+                    if is_system_metric(name) and value is not None:
+                        self.metrics.record_system(task.trainer, name, value)
+        elif isinstance(message, Result):
+            ended = task.runs.pop(message.index, None)
+            if ended is not None:
+                result = message.storable()
+                if result.traceback:  # the operator's file, not Ray's copy of it
+                    result = replace(result, traceback=operator_paths(result.traceback))
+                harvest.results.append((ended, result))
+                del self.in_flight[ended.run_id]
+                began = ended.started_at if ended.started_at is not None else task.claimed_at
+                self.metrics.run_duration.labels(task.trainer).observe(time.monotonic() - began)
+            if not task.runs:
+                return True
+        return False
 
     def _end_cancelled(self, task: TaskFlight, harvest: Harvest) -> None:
         """The task was cancelled: every seed of it without a result ends cancelled."""
@@ -224,13 +239,37 @@ class Harvesting(DispatcherBase):
                 where = f" at {frame}" if frame is not None else ""
                 log.warning("run %s failed%s: %s", flight.run_id, where, result.error)
 
-    def _save_unsaved(self) -> None:
-        """Write the harvest read from Ray. When its transaction fails, write it run by run, so
-        that one run whose rows the database refuses can neither hold back nor fail another:
-        that run alone ends `failed`, with the reason stored. A failure of the database itself
-        (a dropped connection, a lock) keeps what is unwritten for the next loop."""
+    def _hold(self, harvest: Harvest) -> None:
+        """Keep what a pump read for the next write (`_save_unsaved`), after what is held."""
+        if self._unsaved is None:
+            self._unsaved = harvest
+            self._unsaved_since = time.monotonic()
+        else:
+            self._unsaved.extend(harvest)
+
+    def _hold_left(self) -> float:
+        """Seconds until the held harvest is due (PERSIST_HOLD_S); 0 when it is due now."""
         harvest = self._unsaved
         if harvest is None:
+            return math.inf
+        if (
+            harvest.lost
+            or harvest.cancelled
+            or not self.in_flight
+            # a failure may stop its experiment (its first-failures stop): at once
+            or any(result.status == RunStatus.failed for _, result in harvest.results)
+        ):
+            return 0.0
+        return max(0.0, self._unsaved_since + PERSIST_HOLD_S - time.monotonic())
+
+    def _save_unsaved(self, *, when_due: bool = False) -> None:
+        """Write the harvest read from Ray (`when_due`: only once it has been held
+        PERSIST_HOLD_S). When its transaction fails, write it run by run, so that one run whose
+        rows the database refuses can neither hold back nor fail another: that run alone ends
+        `failed`, with the reason stored. A failure of the database itself (a dropped
+        connection, a lock) keeps what is unwritten for the next loop."""
+        harvest = self._unsaved
+        if harvest is None or (when_due and self._hold_left() > 0):
             return
         try:
             self._persist(harvest)

@@ -11,8 +11,9 @@ from api_schemas import RunStatus
 from tests.e2e.toy_trainer import ToyTrainer
 from trainers import REGISTRY
 from trainers.runtime import RunContext, TrainOutput
-from workers.messages import MetricBatch, Result, Started
-from workers.task import StreamingReporter, execute, execute_seeds
+from workers import task as task_module
+from workers.messages import Bundle, MetricBatch, Result, Started, unbundled
+from workers.task import StreamingReporter, execute, execute_seeds, task_messages
 
 
 def test_execute_streams_started_metric_batches_then_result() -> None:
@@ -209,3 +210,33 @@ def test_a_batched_task_starts_every_seed_at_once(monkeypatch: pytest.MonkeyPatc
     messages = list(execute_seeds("gated", {}, [0, 1, 2], batch_interval_s=0.01))
     assert isinstance(messages[0], Started) and messages[0].indices == (0, 1, 2)
     assert sum(isinstance(m, Started) for m in messages) == 1
+
+
+def test_a_small_run_of_one_seed_streams_one_bundle_and_a_long_one_its_started_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each streamed object costs the worker and the dispatcher a Ray object and a read: a run
+    # that ends within STARTED_WITHIN_S sends Started, its points and its Result as one Bundle
+    # (the window widened here so that a busy machine cannot stretch the run past it)
+    monkeypatch.setattr(task_module, "STARTED_WITHIN_S", 30.0)
+    small = list(task_messages("collapse", {"steps": 5, "n_samples": 64}, [0], 60.0))
+    assert len(small) == 1 and isinstance(small[0], Bundle), small
+    kinds = [type(m) for m in small[0].messages]
+    assert kinds == [Started, MetricBatch, Result], kinds
+    assert small[0].messages[-1].status == RunStatus.completed
+    # the plain generator (execute) streams the same messages one by one
+    plain = list(execute("collapse", {"steps": 5, "n_samples": 64}, seed=0, batch_interval_s=60))
+    assert [type(m) for m in plain] == [Started, MetricBatch, Result]
+    # a run past the window: its Started leads the first object, then its points every batch
+    # interval, its last points with its result; unbundled, in the messages' own order
+    monkeypatch.setattr(task_module, "STARTED_WITHIN_S", 0.0)
+    streamed = list(
+        task_messages("collapse", {"steps": 400, "n_samples": 64, "log_every": 10}, [0], 0.01)
+    )
+    assert len(streamed) > 1
+    parts = [m for s in streamed for m in unbundled(s)]
+    assert isinstance(parts[0], Started) and isinstance(unbundled(streamed[0])[0], Started)
+    assert isinstance(parts[-1], Result) and parts[-1].status == RunStatus.completed
+    assert all(isinstance(m, MetricBatch) for m in parts[1:-1])
+    steps = [p[0] for m in parts[1:-1] if isinstance(m, MetricBatch) for p in m.points]
+    assert steps == sorted(steps) and sorted(set(steps)) == list(range(0, 401, 10)), steps
