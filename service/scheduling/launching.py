@@ -160,7 +160,7 @@ class Launching(DispatcherBase):
         while it has runs in flight: a spec never changes. A spec that cannot make a template
         gives the reason instead, and only that experiment's runs fail."""
         missing = experiment_ids - set(self._templates)
-        for i, stored in store.specs(missing).items():
+        for i, stored in (store.specs(missing) if missing else {}).items():
             try:
                 spec = ExperimentSpec.stored(stored)
                 self._templates[i] = RunTemplate(
