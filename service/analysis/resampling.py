@@ -50,6 +50,7 @@ product per comparison.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter
@@ -95,6 +96,8 @@ PAIRED_MIXED_MAX_SEEDS = 15
 SHORTEST_HALF_WEIGHT = 0.75
 # s_j within this relative distance of the hypothesised scale ratio count as ties (rounding).
 TIE_TOLERANCE = 1e-9
+# Cells whose deviations and strata whose seed split are kept (paired_deviations, _split).
+CELL_MEMO_SIZE = 4096
 
 PAIRED_TEST = "paired sign-flip test of squared deviations from the cell median"
 PAIRED_MIXED_TEST = (
@@ -190,10 +193,47 @@ def paired_centres(x: np.ndarray) -> np.ndarray:
 
 def paired_deviations(x: np.ndarray, smaller_cell: int) -> np.ndarray:
     """A paired cell's squared deviations: from paired_centres up to PAIRED_MIXED_MAX_SEEDS seeds
-    in the stratum's smaller cell, else from the median (rows: each row one cell)."""
-    if paired_test_name(smaller_cell) == PAIRED_MIXED_TEST:
+    in the stratum's smaller cell, else from the median (rows: each row one cell). One cell's
+    (a 1-d x) are kept (read-only), by its values: a grid's cell takes part in many comparisons
+    (a 10 x 10 grid's 100 cells in 990), and its deviations were a quarter of a cold /stats."""
+    mixed = paired_test_name(smaller_cell) == PAIRED_MIXED_TEST
+    if np.ndim(x) == 1:
+        return _cell_deviations(np.asarray(x, dtype=np.float64).tobytes(), mixed)
+    if mixed:
         return (x - paired_centres(x)[..., None]) ** 2
     return (x - np.median(x, axis=-1, keepdims=True)) ** 2
+
+
+def cell_mean(x: np.ndarray) -> float:
+    """A cell's mean, kept by its values as its deviations are."""
+    return _cell_moments(np.asarray(x, dtype=np.float64).tobytes())[2]
+
+
+def cell_variance(x: np.ndarray) -> float:
+    """A cell's variance (ddof 1; at least 2 values), kept by its values as its deviations are."""
+    return _cell_moments(np.asarray(x, dtype=np.float64).tobytes())[0]
+
+
+def cell_absolute_deviations(x: np.ndarray) -> np.ndarray:
+    """|x - median(x)| of a cell (read-only), kept by its values (Brown-Forsythe's)."""
+    return _cell_moments(np.asarray(x, dtype=np.float64).tobytes())[1]
+
+
+@functools.lru_cache(maxsize=CELL_MEMO_SIZE)
+def _cell_moments(values: bytes) -> tuple[float, np.ndarray, float]:
+    x = np.frombuffer(values, dtype=np.float64)
+    variance = float(np.var(x, ddof=1)) if len(x) >= 2 else math.nan
+    absolute = np.abs(x - np.median(x))
+    absolute.flags.writeable = False
+    return variance, absolute, float(x.mean()) if len(x) else math.nan
+
+
+@functools.lru_cache(maxsize=CELL_MEMO_SIZE)
+def _cell_deviations(values: bytes, mixed: bool) -> np.ndarray:
+    x = np.frombuffer(values, dtype=np.float64)
+    d = (x - paired_centres(x)) ** 2 if mixed else (x - np.median(x)) ** 2
+    d.flags.writeable = False
+    return d
 
 
 def mode_aligned_deviations(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -254,17 +294,28 @@ def usable_strata(strata: Sequence[Stratum]) -> list[Stratum]:
 
 
 def _split(s: Stratum) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Indices into a and b of the seeds both ran once (in seed order), and of the rest."""
+    """Indices into a and b of the seeds both ran once (in seed order), and of the rest (kept,
+    read-only, by the two cells' seeds: each comparison asks it of each stratum three times,
+    and a grid's strata share their seeds)."""
     assert s.a_seeds is not None and s.b_seeds is not None
-    count_a, count_b = Counter(s.a_seeds), Counter(s.b_seeds)
+    return _split_seeds(tuple(s.a_seeds), tuple(s.b_seeds))
+
+
+@functools.lru_cache(maxsize=CELL_MEMO_SIZE)
+def _split_seeds(
+    a_seeds: tuple[int, ...], b_seeds: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    count_a, count_b = Counter(a_seeds), Counter(b_seeds)
     shared = sorted(seed for seed in count_a if count_a[seed] == 1 and count_b[seed] == 1)
-    where_a = {seed: i for i, seed in enumerate(s.a_seeds)}
-    where_b = {seed: i for i, seed in enumerate(s.b_seeds)}
+    where_a = {seed: i for i, seed in enumerate(a_seeds)}
+    where_b = {seed: i for i, seed in enumerate(b_seeds)}
     pa = np.array([where_a[seed] for seed in shared], dtype=np.int64)
     pb = np.array([where_b[seed] for seed in shared], dtype=np.int64)
     paired_a, paired_b = set(pa.tolist()), set(pb.tolist())
-    ua = np.array([i for i in range(len(s.a)) if i not in paired_a], dtype=np.int64)
-    ub = np.array([i for i in range(len(s.b)) if i not in paired_b], dtype=np.int64)
+    ua = np.array([i for i in range(len(a_seeds)) if i not in paired_a], dtype=np.int64)
+    ub = np.array([i for i in range(len(b_seeds)) if i not in paired_b], dtype=np.int64)
+    for made in (pa, pb, ua, ub):
+        made.flags.writeable = False
     return pa, pb, ua, ub
 
 
@@ -311,12 +362,18 @@ def seed_correlation(
     strata: Sequence[Stratum], matched: Sequence[tuple[np.ndarray, np.ndarray]]
 ) -> float | None:
     """Pearson correlation of the paired values, each centred on its full cell's mean."""
-    centred_a = np.concatenate([a - s.a.mean() for s, (a, _) in zip(strata, matched, strict=True)])
-    centred_b = np.concatenate([b - s.b.mean() for s, (_, b) in zip(strata, matched, strict=True)])
+    centred_a = np.concatenate(
+        [a - cell_mean(s.a) for s, (a, _) in zip(strata, matched, strict=True)]
+    )
+    centred_b = np.concatenate(
+        [b - cell_mean(s.b) for s, (_, b) in zip(strata, matched, strict=True)]
+    )
     if len(centred_a) < 2:
         return None
+    # np.corrcoef written out (its wrapper cost more than the sums on a cell of seeds)
+    ca, cb = centred_a - centred_a.mean(), centred_b - centred_b.mean()
     with np.errstate(all="ignore"):
-        value = float(np.corrcoef(centred_a, centred_b)[0, 1])
+        value = float(ca @ cb / math.sqrt(float(ca @ ca) * float(cb @ cb)))
     return value if math.isfinite(value) else None
 
 

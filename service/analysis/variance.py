@@ -200,8 +200,8 @@ def _fields(
     if usable:
         dof_a = sum(len(s.a) - 1 for s in usable)
         dof_b = sum(len(s.b) - 1 for s in usable)
-        var_a = float(sum((len(s.a) - 1) * np.var(s.a, ddof=1) for s in usable) / dof_a)
-        var_b = float(sum((len(s.b) - 1) * np.var(s.b, ddof=1) for s in usable) / dof_b)
+        var_a = float(sum((len(s.a) - 1) * resampling.cell_variance(s.a) for s in usable) / dof_a)
+        var_b = float(sum((len(s.b) - 1) * resampling.cell_variance(s.b) for s in usable) / dof_b)
         out.update(var_a=var_a, var_b=var_b, dof_a=dof_a, dof_b=dof_b)
         out["brown_forsythe_p"] = _brown_forsythe(usable)
         if var_a > 0 and var_b > 0:
@@ -317,8 +317,8 @@ def _paired_t(
 def _brown_forsythe(strata: Sequence[Stratum]) -> float | None:
     """One-way ANOVA of |x - median(cell)| between the two levels, F(1, N - 2) (for one cell a
     side, scipy.stats.levene(center="median"))."""
-    dev_a = np.concatenate([np.abs(s.a - np.median(s.a)) for s in strata])
-    dev_b = np.concatenate([np.abs(s.b - np.median(s.b)) for s in strata])
+    dev_a = np.concatenate([resampling.cell_absolute_deviations(s.a) for s in strata])
+    dev_b = np.concatenate([resampling.cell_absolute_deviations(s.b) for s in strata])
     return one_way_anova([dev_a, dev_b])
 
 
@@ -402,7 +402,9 @@ def comparison_warnings(result: dict[str, Any], scope: Scope, usable: int) -> li
                 "seed variance; var_ratio and the tests are within cells"
             )
     spreads = [
-        float(np.var(c, ddof=1)) for s in resampling.usable_strata(scope.strata) for c in (s.a, s.b)
+        resampling.cell_variance(c)
+        for s in resampling.usable_strata(scope.strata)
+        for c in (s.a, s.b)
     ]
     positive = [v for v in spreads if v > 0]
     if len(scope.strata) > 1 and len(positive) > 1:
