@@ -103,8 +103,14 @@ def _omnibus(
             shuffled = rng.permuted(
                 np.broadcast_to(labels, (OMNIBUS_RESAMPLES, len(labels))), axis=1
             )
+            # each resample's sum per level in one pass (a mask per level cost `levels` passes)
+            slot = shuffled + levels * np.arange(OMNIBUS_RESAMPLES)[:, None]
+            resampled += np.bincount(
+                slot.ravel(),
+                weights=np.broadcast_to(values, shuffled.shape).ravel(),
+                minlength=OMNIBUS_RESAMPLES * levels,
+            ).reshape(OMNIBUS_RESAMPLES, levels)
             for k in range(levels):
-                resampled[:, k] += (values * (shuffled == k)).sum(axis=1)
                 observed[k] += parts[k].sum()
                 counts[k] += len(parts[k])
     name = (

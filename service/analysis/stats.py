@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from api_schemas import Comparison, Omnibus, Stats, level_key
+from api_schemas import Comparison, ConditionStats, Omnibus, Stats, level_key
 from api_schemas.pages import COMPARISONS_PAGE
 from service.analysis import variance
 from service.analysis.conditions import condition_stats
@@ -37,6 +37,7 @@ from service.analysis.multiplicity import ADJUSTED, Families, FamilyPValues
 from service.analysis.omnibus import level_omnibus
 from service.analysis.resampling import Stratum
 from service.analysis.variance import Scope
+from service.lru import LruCache, deep_size
 
 # Above this many comparisons in an experiment, only the page's are computed (and the families
 # they belong to are not adjusted; Stats.multiplicity says why).
@@ -282,6 +283,36 @@ def family_p_values(
     return raw
 
 
+# Each condition's summary, kept by its values (a run that completes changes one condition's;
+# the others' bounded intervals were a tenth of a poll's computation at 1,000 runs).
+_conditions: LruCache[ConditionStats] = LruCache(
+    max_items=4096, max_bytes=32 * 2**20, size=lambda kept: deep_size(kept.__dict__)
+)
+
+
+def kept_condition_stats(
+    condition: dict[str, Any],
+    key: str,
+    values: Sequence[float],
+    *,
+    bounds: tuple[float, float] | None,
+    test_set_sizes: Sequence[int | None] | None,
+) -> ConditionStats:
+    """condition_stats, computed once for the same condition, values, bounds and sizes; each
+    call gets its own copy (the callers add runs and warnings to it)."""
+    memo = (
+        key,
+        tuple(values),
+        bounds,
+        None if test_set_sizes is None else tuple(test_set_sizes),
+    )
+    kept = _conditions.get(memo)
+    if kept is None:
+        kept = condition_stats(condition, key, values, bounds=bounds, test_set_sizes=test_set_sizes)
+        _conditions.put(memo, kept)
+    return kept.model_copy(deep=True)
+
+
 def experiment_stats(
     *,
     metric: str,
@@ -319,7 +350,7 @@ def experiment_stats(
         entry[1].append(value)
         entry[2].append(test_set_sizes[i] if test_set_sizes is not None else None)
     conditions = [
-        condition_stats(
+        kept_condition_stats(
             c, k, v, bounds=bounds, test_set_sizes=sizes if test_set_sizes is not None else None
         )
         for k, (c, v, sizes) in by_key.items()
