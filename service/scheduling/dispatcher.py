@@ -14,8 +14,9 @@ a trainer, it re-queues the runs of that trainer a previous holder left in Ray. 
    each seed stays its own run);
 2. forwards cancellations requested through the API to Ray;
 3. reads whatever the in-flight tasks streamed (start, metric batches, final result) and
-   persists it in one transaction; when the database refuses that, run by run, so that a run
-   whose rows cannot be stored ends `failed` alone and every other run is written.
+   persists it in one transaction, what ends within PERSIST_HOLD_S (50 ms) together; when the
+   database refuses that, run by run, so that a run whose rows cannot be stored ends `failed`
+   alone and every other run is written.
 A run whose worker or node died is re-queued until it has used max_retries + 1 attempts; when
 a seed-batched task dies, only its seeds without a result are.
 
@@ -105,7 +106,8 @@ class Dispatcher(Launching, Harvesting):
         self._last_lock_check = 0.0
         self._last_lock_poll = 0.0
         self._last_look_check = -math.inf
-        # A harvest read from Ray whose transaction failed: written before anything else.
+        # What was read from Ray and is not written yet: held up to PERSIST_HOLD_S for one
+        # transaction (service.scheduling.harvesting), or kept after its transaction failed.
         self._unsaved: Harvest | None = None
         self._unsaved_since = 0.0
         # What the runs of each experiment with runs in flight share (a spec never changes);
